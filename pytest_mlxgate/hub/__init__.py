@@ -1,0 +1,38 @@
+"""Verified snapshots from the Hugging Face hub, in huggingface_hub's own cache layout.
+
+Every byte is checked against its checksum while it streams; a blob gets its final name only
+verified, fsynced and atomically renamed; partial downloads resume across runs.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    HubAuthError,
+    HubChecksumError,
+    HubError,
+    HubNotFoundError,
+    HubOfflineError,
+    HubProtocolError,
+    HubRetryError,
+    HubUnsafePathError,
+    HubVerifyError,
+)
+from .snapshot import snapshot_download
+from .verify import VerifyReport, verify_snapshot
+from .settings import resolve_cache_dir
+
+__all__ = [
+    "HubAuthError",
+    "HubChecksumError",
+    "HubError",
+    "HubNotFoundError",
+    "HubOfflineError",
+    "HubProtocolError",
+    "HubRetryError",
+    "HubUnsafePathError",
+    "HubVerifyError",
+    "VerifyReport",
+    "resolve_cache_dir",
+    "snapshot_download",
+    "verify_snapshot",
+]

@@ -1,0 +1,41 @@
+"""Fixtures shared by the plugin's own tests: the fake hub on loopback and a fast retry policy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def fakehub() -> Iterator["FakeHub"]:  # noqa: F821
+    """One real HTTP hub (and CDN) on 127.0.0.1 for the whole session; tests add their own repos."""
+    from fakehub import FakeHub
+
+    with FakeHub(tree_page_size=3) as hub:
+        yield hub
+
+
+@pytest.fixture
+def hub(fakehub: "FakeHub") -> "FakeHub":  # noqa: F821
+    """The session's fake hub with an empty request log and no faults left over."""
+    fakehub.reset_log()
+    fakehub.clear_faults()
+    return fakehub
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "hub-cache"
+
+
+@pytest.fixture
+def fast_policy() -> "RetryPolicy":  # noqa: F821
+    """Real retry logic with sleeps short enough for tests."""
+    from pytest_mlxgate.hub.transport import RetryPolicy
+
+    return RetryPolicy(backoff_base=0.01, backoff_max=0.05, max_retry_after=0.05, stall_window=0.5,
+                       min_bytes_per_window=4096, connect_timeout=2.0, workers=4)
