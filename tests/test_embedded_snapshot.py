@@ -1,0 +1,65 @@
+"""The embedded model is published into the hub cache like a download: hash-named blobs, a
+manifest, refs/main — so verify, offline lookup and huggingface_hub all treat it alike."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_mlxgate.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
+from pytest_mlxgate.hub import snapshot_download, verify_snapshot
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("embedded-cache")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)  # 0.5 GB
+
+
+@pytest.fixture(scope="module")
+def snapshot(cache: Path) -> Path:
+    return ensure_embedded_snapshot(cache)
+
+
+def test_published_in_the_hub_layout_and_verified(cache: Path, snapshot: Path) -> None:
+    assert snapshot.parent.parent == cache / "models--mlxgate--SmolLM2-135M-Instruct-f32"
+    names = sorted(p.name for p in snapshot.iterdir())
+    assert "model.safetensors" in names and "tokenizer.json" in names and "config.json" in names
+    for p in snapshot.iterdir():
+        assert p.is_symlink() and not os.path.isabs(os.readlink(p))
+    report = verify_snapshot(EMBEDDED_REPO_ID, cache_dir=cache)
+    assert report.ok and report.files_checked == len(names)
+    assert snapshot_download(EMBEDDED_REPO_ID, cache_dir=cache, offline=True) == snapshot
+
+
+def test_built_once(cache: Path, snapshot: Path) -> None:
+    blob = Path(os.path.realpath(snapshot / "model.safetensors"))
+    before = blob.stat().st_mtime_ns
+    assert ensure_embedded_snapshot(cache) == snapshot
+    assert blob.stat().st_mtime_ns == before
+
+
+def test_a_corrupted_blob_is_caught_and_rebuilt(cache: Path, snapshot: Path) -> None:
+    blob = Path(os.path.realpath(snapshot / "config.json"))
+    original = blob.read_bytes()
+    blob.write_bytes(original.replace(b"llama", b"LLAMA"))
+    report = verify_snapshot(EMBEDDED_REPO_ID, cache_dir=cache, repair=True)
+    assert not report.ok and "config.json" in report.problems[0]
+    assert ensure_embedded_snapshot(cache) == snapshot  # the missing blob makes it rebuild
+    assert blob.read_bytes() == original
+    assert verify_snapshot(EMBEDDED_REPO_ID, cache_dir=cache).ok
+
+
+def test_huggingface_hub_reads_it(cache: Path, snapshot: Path) -> None:
+    hf = pytest.importorskip("huggingface_hub")
+    info = hf.scan_cache_dir(cache)
+    assert not info.warnings
+    (repo,) = [r for r in info.repos if r.repo_id == EMBEDDED_REPO_ID]
+    assert {rev.commit_hash for rev in repo.revisions} == {snapshot.name}
+    path = hf.snapshot_download(EMBEDDED_REPO_ID, cache_dir=cache, local_files_only=True)
+    assert Path(path) == snapshot
