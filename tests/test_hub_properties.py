@@ -137,6 +137,7 @@ def test_a_server_that_always_fails_ends_in_a_hub_error(fakehub, files: dict[str
     fakehub.add_repo(repo, files)
     target = max(files, key=lambda p: len(files[p]))
     assume(files[target])  # an empty file is never requested: its hash is known without bytes
+    assume(kind != "wrong_cr" or len(files[target]) > 1)  # the fake hub clamps the shift to the file
     fault = {"corrupt": Fault.corrupt(0), "status": Fault.status(503, "0"), "truncate0": Fault.truncate(0),
              "wrong_cr": Fault.wrong_content_range(1)}[kind]
     fakehub.clear_faults()
