@@ -1,0 +1,40 @@
+"""Gate: the candidate is the model it claims to be, and it works.
+
+Every other gate trusts the weights. This one re-hashes the candidate's snapshot against the
+hashes that name its blobs — so a corrupt cache fails here, by name, instead of showing up as
+unexplained drift in a KL gate — and checks that the model loads and answers a question that
+has one right answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_mlxgate import ResolvedSnapshot, verify_snapshot
+
+
+def test_snapshot_is_intact(mlx_snapshot: ResolvedSnapshot) -> None:
+    if mlx_snapshot.kind == "local":
+        pytest.skip("a local directory carries no hashes to check against")
+    assert mlx_snapshot.repo_id is not None
+    report = verify_snapshot(
+        mlx_snapshot.repo_id,
+        revision=mlx_snapshot.commit,
+        repo_type=mlx_snapshot.repo_type,
+        cache_dir=mlx_snapshot.dir.parents[2],
+    )
+    assert report.files_checked > 0
+    assert report.ok, (
+        f"{mlx_snapshot.pinned}: the cached snapshot is corrupt:\n  " + "\n  ".join(report.problems)
+        + f"\nfix: mlxgate verify {mlx_snapshot.name} --repair, then run again to fetch the damaged files"
+    )
+
+
+def test_model_answers(mlx_model: tuple[object, object]) -> None:
+    import mlx_lm
+
+    model, tokenizer = mlx_model
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)  # type: ignore[attr-defined]
+    answer = mlx_lm.generate(model, tokenizer, prompt, max_tokens=24)
+    assert "Paris" in answer, f"greedy answer to {messages[0]['content']!r}: {answer!r}"

@@ -1,0 +1,169 @@
+"""`mlxgate get NAME` puts a verified snapshot in the cache and prints its path; `mlxgate verify NAME`
+re-hashes one. NAME is anything `--mlx-candidate` accepts.
+
+stdout carries only the result (so `$(mlxgate get e4b)` works); progress and errors go to stderr.
+Exit status: 0 ok, 1 the hub failed or verification found problems, 2 bad usage or name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import MlxgateUsageError
+from .names import CandidateSpec, find_pyproject, load_aliases, parse_name
+from .settings import cache_dir_arg, endpoint_arg
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        spec = _spec(args)
+    except MlxgateUsageError as e:
+        print(f"mlxgate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _get(spec, args) if args.command == "get" else _verify(spec, args)
+    except KeyboardInterrupt:
+        print("\nmlxgate: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxgate", description="Verified model snapshots for pytest-mlxgate."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{get,verify}")
+    for name, help_ in (
+        ("get", "download (or build) a snapshot and print its path"),
+        ("verify", "re-hash a cached snapshot and report each problem"),
+    ):
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument(
+            "name",
+            metavar="NAME",
+            help="alias, repo id org/name[@revision], or local directory",
+        )
+        p.add_argument("--revision", metavar="R", help="branch, tag or commit (default: main)")
+        p.add_argument("--dataset", action="store_true", help="NAME is a dataset repo")
+        p.add_argument(
+            "--cache-dir", metavar="D", type=cache_dir_arg, help="hub cache (default: HF_HUB_CACHE, ...)"
+        )
+        if name == "get":
+            p.add_argument(
+                "--offline", action="store_true", default=None, help="use the cache only"
+            )
+            p.add_argument("--endpoint", metavar="URL", type=endpoint_arg, help="hub endpoint")
+        else:
+            p.add_argument(
+                "--repair",
+                action="store_true",
+                help="move corrupt blobs aside (never deleted) so the next `get` fetches them again",
+            )
+    return parser
+
+
+def _spec(args: argparse.Namespace) -> CandidateSpec:
+    cwd = Path.cwd()
+    aliases = load_aliases(find_pyproject(cwd))
+    spec = parse_name(args.name, aliases=aliases, base_dir=cwd, role="model").with_revision(
+        args.revision
+    )
+    if args.dataset and spec.kind != "hub":
+        raise MlxgateUsageError(f"--dataset needs a hub repo id org/name, not '{args.name}'")
+    return spec
+
+
+def _get(spec: CandidateSpec, args: argparse.Namespace) -> int:
+    from .snapshots import materialize
+
+    bar = None
+    if sys.stderr.isatty():
+        from .progress import TerminalBar
+
+        unit = "files" if spec.kind == "embedded" else "B"  # the builder counts files
+        bar = TerminalBar(sys.stderr, spec.repo_id or spec.name, unit=unit)
+    try:
+        snap = materialize(
+            spec,
+            cache_dir=args.cache_dir,
+            endpoint=args.endpoint,
+            offline=args.offline,
+            progress=bar,
+            repo_type="dataset" if args.dataset else "model",
+        )
+    except Exception as e:
+        if bar is not None:
+            bar.close()
+        if not _is_expected(e):
+            raise
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if bar is not None:
+        bar.close()
+    print(snap.path)
+    return EXIT_OK
+
+
+def _verify(spec: CandidateSpec, args: argparse.Namespace) -> int:
+    if spec.kind == "local":
+        print(
+            f"mlxgate: error: '{spec.name}' is a local directory: there are no hub checksums to "
+            "verify it against",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    from .hub import HubError, verify_snapshot
+
+    if spec.kind == "embedded":
+        from .embedded import EMBEDDED_REPO_ID
+
+        repo_id, revision = EMBEDDED_REPO_ID, "main"
+    else:
+        assert spec.repo_id is not None
+        repo_id, revision = spec.repo_id, spec.revision or "main"
+    try:
+        report = verify_snapshot(
+            repo_id,
+            revision=revision,
+            repo_type="dataset" if args.dataset else "model",
+            cache_dir=args.cache_dir,
+            repair=args.repair,
+        )
+    except HubError as e:
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    from .progress import format_bytes
+
+    commit = Path(report.path).name
+    verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"
+    print(
+        f"{repo_id}@{commit[:7]}: {report.files_checked} files, "
+        f"{format_bytes(report.bytes_checked)} re-hashed: {verdict}"
+    )
+    for problem in report.problems:
+        print(f"  {problem}")
+    if not report.ok and not args.repair:
+        print(f"fix: mlxgate verify {args.name} --repair, then mlxgate get {args.name}")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _is_expected(e: Exception) -> bool:
+    """Errors whose message is the whole story: print it, no traceback."""
+    from .errors import MlxgateError
+
+    if isinstance(e, (MlxgateError, OSError)):
+        return True
+    from .hub import HubError
+
+    return isinstance(e, HubError)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

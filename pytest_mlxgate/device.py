@@ -1,0 +1,114 @@
+"""Which device and which BLAS MLX runs on: facts for the header line and the slow-BLAS warning.
+
+Named `device`, not `platform`, so that it can never shadow the standard library's `platform`.
+Only these functions import mlx, and only when called.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = [
+    "REFERENCE_BLAS",
+    "blas_in_use",
+    "classify_blas",
+    "mapped_libraries",
+    "mlx_device",
+    "openblas_preload_path",
+    "reference_blas_warning",
+]
+
+#: What `blas_in_use` says when MLX's Linux CPU wheel uses the netlib BLAS it bundles.
+REFERENCE_BLAS = "reference BLAS"
+
+
+def mlx_device() -> str:
+    """MLX's default device: 'gpu · Metal', 'gpu · CUDA', 'cpu' (or 'no mlx')."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return "no mlx"
+    if mx.default_device().type != mx.gpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "gpu · Metal"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "gpu · CUDA"
+    return "gpu"
+
+
+def blas_in_use() -> str:
+    """The BLAS MLX's CPU matmuls call: 'Accelerate', 'OpenBLAS', REFERENCE_BLAS, 'MKL', 'BLIS', 'unknown'."""
+    if sys.platform == "darwin":
+        return "Accelerate"
+    if not sys.platform.startswith("linux"):
+        return "unknown"
+    try:
+        import mlx.core  # noqa: F401  (maps MLX's libraries, which is what we inspect)
+    except ImportError:
+        return "unknown"
+    return classify_blas(mapped_libraries())
+
+
+def mapped_libraries(maps: Path = Path("/proc/self/maps")) -> set[str]:
+    """Paths of the files mapped into this process (Linux)."""
+    paths: set[str] = set()
+    try:
+        text = maps.read_text()
+    except OSError:
+        return paths
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            paths.add(fields[5].removesuffix(" (deleted)"))
+    return paths
+
+
+def classify_blas(paths: Iterable[str]) -> str:
+    """Which BLAS wins symbol lookup, given the mapped library paths.
+
+    Libraries vendored into wheels (`*.libs/`, auditwheel) have private hashed names and
+    prefixed symbols (numpy's `scipy_openblas`), so they cannot serve MLX -- except MLX's own
+    `mlx*.libs/libblas-*`, the reference BLAS. A system OpenBLAS/MKL/BLIS mapped next to it
+    came in through LD_PRELOAD (or MLX was built against it) and wins.
+    """
+    vendored_reference = False
+    for raw in sorted(paths):
+        path = Path(raw)
+        base = path.name.lower()
+        if path.parent.name.endswith(".libs"):
+            vendored_reference |= path.parent.name.startswith("mlx") and base.startswith("libblas")
+            continue
+        if base.startswith("libopenblas") or (base.startswith("libblas") and "openblas" in raw.lower()):
+            return "OpenBLAS"
+        if base.startswith("libmkl_rt") or base.startswith("libmkl_core"):
+            return "MKL"
+        if base.startswith("libblis"):
+            return "BLIS"
+    return REFERENCE_BLAS if vendored_reference else "unknown"
+
+
+def openblas_preload_path() -> str:
+    """Debian's multi-arch path of the pthread OpenBLAS that provides libblas.so.3 (as ./dev uses)."""
+    return f"/usr/lib/{platform.machine()}-linux-gnu/openblas-pthread/libblas.so.3"
+
+
+def reference_blas_warning(blas: str | None = None) -> str | None:
+    """The one warning, with the fix, when MLX runs on the reference BLAS; None otherwise."""
+    blas = blas_in_use() if blas is None else blas
+    if blas != REFERENCE_BLAS:
+        return None
+    lib = openblas_preload_path()
+    install = (
+        "" if os.path.exists(lib) else "install it with `apt-get install libopenblas0-pthread`, then "
+    )
+    return (
+        "MLX runs on the reference BLAS bundled in its Linux CPU wheel (~8 GFLOP/s): CPU gates run "
+        f"~20x slower than with OpenBLAS. Fix: {install}run with LD_PRELOAD={lib} "
+        "-- or run through ./dev, which does this for you."
+    )

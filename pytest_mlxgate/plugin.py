@@ -1,0 +1,144 @@
+"""pytest-mlxgate's wiring: options, configure, xdist glue, fixtures.
+
+pytest imports this module in every run of every project where the package is installed, the
+xdist controller included; so it imports neither mlx, mlx_lm nor httpx. Fixtures import their
+implementation inside their bodies.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .settings import cache_dir_arg, endpoint_arg, name_arg
+
+if TYPE_CHECKING:
+    from .session import MlxgateSession, Role
+    from .snapshots import ResolvedSnapshot
+
+SESSION_KEY = pytest.StashKey["MlxgateSession"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mlxgate", "mlxgate: quality gates for MLX inference levers")
+    group.addoption(
+        "--mlx-candidate",
+        dest="mlx_candidate",
+        metavar="NAME",
+        type=name_arg,
+        default=None,
+        help="model under test: an alias (e2b, e4b, smollm2-135m, or [tool.mlxgate.aliases]), "
+        "a repo id org/name[@revision], or a local directory. Default: smollm2-135m.",
+    )
+    group.addoption(
+        "--mlx-reference",
+        dest="mlx_reference",
+        metavar="NAME",
+        type=name_arg,
+        default=None,
+        help="reference model, same forms as --mlx-candidate. Default: none.",
+    )
+    group.addoption(
+        "--mlx-cache-dir",
+        dest="mlx_cache_dir",
+        metavar="DIR",
+        type=cache_dir_arg,
+        default=None,
+        help="hub cache directory. Default: HF_HUB_CACHE, else $HF_HOME/hub, else "
+        "~/.cache/huggingface/hub.",
+    )
+    group.addoption(
+        "--mlx-offline",
+        dest="mlx_offline",
+        action="store_true",
+        default=None,
+        help="never touch the network; use complete cached snapshots only. Default: HF_HUB_OFFLINE.",
+    )
+    group.addoption(
+        "--mlx-endpoint",
+        dest="mlx_endpoint",
+        metavar="URL",
+        type=endpoint_arg,
+        default=None,
+        help="hub endpoint. Default: HF_ENDPOINT, else https://huggingface.co.",
+    )
+    parser.addini("mlx_candidate", "default for --mlx-candidate", default=None)
+    parser.addini("mlx_reference", "default for --mlx-reference", default=None)
+    parser.addini("mlx_cache_dir", "default for --mlx-cache-dir (relative to this file)", default=None)
+    parser.addini("mlx_offline", "default for --mlx-offline", type="bool", default=None)
+    parser.addini("mlx_endpoint", "default for --mlx-endpoint", default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from .session import MlxgateSession
+    from .settings import read_settings
+
+    state = MlxgateSession(config, read_settings(config))
+    config.stash[SESSION_KEY] = state
+    config.pluginmanager.register(state, "mlxgate-session")
+    if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
+        config.pluginmanager.register(XdistHooks(state), "mlxgate-xdist")
+    state.warn_if_reference_blas()
+
+
+class XdistHooks:
+    """xdist-only hooks; registered only when xdist is loaded, else pytest rejects the unknown hook."""
+
+    def __init__(self, state: MlxgateSession) -> None:
+        self.state = state
+
+    def pytest_configure_node(self, node: Any) -> None:
+        """Ship the controller's pinned snapshots (JSON) so workers never resolve or download."""
+        node.workerinput.update(self.state.worker_payload())
+
+
+def _state(request: pytest.FixtureRequest) -> MlxgateSession:
+    return request.config.stash[SESSION_KEY]
+
+
+def _snapshot_or_fail(request: pytest.FixtureRequest, role: Role) -> ResolvedSnapshot | None:
+    """The role's snapshot, or a test failure whose text is the whole story (no traceback)."""
+    from .errors import ModelUnavailableError
+
+    try:
+        return _state(request).snapshot(role)
+    except ModelUnavailableError as e:
+        message = str(e)
+    pytest.fail(message, pytrace=False)  # outside `except`: no chained tracebacks in the report
+
+
+@pytest.fixture(scope="session")
+def mlx_snapshot(request: pytest.FixtureRequest) -> ResolvedSnapshot:
+    """The candidate model's snapshot (`--mlx-candidate`, default `smollm2-135m`), pinned to its
+    commit and hash-verified (a local directory is used as is): `.path`, `.repo_id`, `.commit`.
+
+    Resolved once per run: on the xdist controller before workers start (workers receive it), or
+    on first use without xdist. A download or build is reported on the terminal.
+    """
+    snap = _snapshot_or_fail(request, "candidate")
+    assert snap is not None
+    return snap
+
+
+@pytest.fixture(scope="session")
+def mlx_reference_snapshot(request: pytest.FixtureRequest) -> ResolvedSnapshot:
+    """The reference model's snapshot (`--mlx-reference`), like `mlx_snapshot`; tests that use it
+    are skipped when no reference is configured."""
+    snap = _snapshot_or_fail(request, "reference")
+    if snap is None:
+        pytest.skip("no reference model: pass --mlx-reference NAME or set mlx_reference in the ini")
+    return snap
+
+
+@pytest.fixture(scope="session")
+def mlx_model(request: pytest.FixtureRequest, mlx_snapshot: ResolvedSnapshot) -> tuple[Any, Any]:
+    """`(model, tokenizer)` of the candidate, from `mlx_lm.load(mlx_snapshot.path)`; loaded once
+    per process and shared by every test in it."""
+    from .errors import ModelUnavailableError
+
+    try:
+        return _state(request).model()
+    except ModelUnavailableError as e:
+        message = str(e)
+    pytest.fail(message, pytrace=False)  # outside `except`: no chained tracebacks in the report

@@ -1,0 +1,227 @@
+"""One run's mlxgate state, registered as a pytest plugin: which models, their snapshots, the loaded model.
+
+Resolution happens once per run, on the controller: eagerly at session start when xdist
+distributes (the pinned result rides down in `workerinput`), lazily on first fixture use otherwise.
+Only the controller prints; workers never download and never write to the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import pytest
+
+from .errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
+from .names import Aliases, CandidateSpec, load_aliases, parse_name
+from .progress import LineProgress, format_bytes
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .snapshots import ResolvedSnapshot
+
+__all__ = ["MlxgateSession", "Role", "WORKERINPUT_KEYS"]
+
+Role = Literal["candidate", "reference"]
+#: workerinput keys carrying each role's ResolvedSnapshot as JSON, controller -> workers.
+WORKERINPUT_KEYS: dict[Role, str] = {
+    "candidate": "mlxgate_snapshot",
+    "reference": "mlxgate_reference_snapshot",
+}
+
+
+class MlxgateSession:
+    """Per-run state and the hooks that need it (no module globals, no `config._x`)."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+        try:
+            self.aliases: Aliases = load_aliases(settings.pyproject, settings.tool_table)
+            names: dict[Role, str | None] = {
+                "candidate": settings.candidate,
+                "reference": settings.reference,
+            }
+            self.specs: dict[Role, CandidateSpec | None] = {
+                role: parse_name(
+                    name, aliases=self.aliases, base_dir=settings.names_dir[role], role=role
+                )
+                if name
+                else None
+                for role, name in names.items()
+            }
+        except MlxgateUsageError as e:
+            raise pytest.UsageError(str(e)) from None
+        self._resolved: dict[Role, ResolvedSnapshot] = {}
+        self._failed: dict[Role, str] = {}
+        self._machine: tuple[str, str] | None = None
+        self._header_shown = False
+        self._model: tuple[Any, Any] | None = None
+
+    @property
+    def is_worker(self) -> bool:
+        return self.workerinput is not None
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Under xdist, resolve on the controller before xdist starts the workers that need it."""
+        if self.is_worker or not self.settings.in_use:
+            return
+        if not self.config.pluginmanager.hasplugin("dsession"):
+            return  # not distributing: fixtures resolve lazily, only if a test needs a model
+        for role in WORKERINPUT_KEYS:
+            try:
+                self.snapshot(role)
+            except ModelUnavailableError as e:
+                raise pytest.UsageError(str(e)) from None
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        """`mlxgate: name → repo@commit (verified, cached) · device · BLAS`, only when in use."""
+        if self.is_worker or not self.settings.in_use:
+            return []
+        device, blas = self.machine()
+        lines = []
+        for role, spec in self.specs.items():
+            if spec is not None:
+                lines.append(self._describe(role, spec, self._resolved.get(role)))
+        lines[0] += f" · {device} · {blas}"
+        self._header_shown = True
+        return lines
+
+    # -- what fixtures call --------------------------------------------------------------------
+
+    def machine(self) -> tuple[str, str]:
+        """(device, BLAS), computed once; this is where mlx.core gets imported on the controller."""
+        if self._machine is None:
+            from .device import REFERENCE_BLAS, blas_in_use, mlx_device
+
+            blas = blas_in_use()
+            label = f"{blas} (slow, see warning)" if blas == REFERENCE_BLAS else blas
+            self._machine = (mlx_device(), label)
+        return self._machine
+
+    def warn_if_reference_blas(self) -> None:
+        """Warn once per run, from the controller, with the fix."""
+        if self.is_worker or not self.settings.in_use:
+            return
+        from .device import reference_blas_warning
+
+        message = reference_blas_warning()
+        if message:
+            self.config.issue_config_time_warning(MlxgateWarning(message), stacklevel=2)
+
+    def snapshot(self, role: Role = "candidate") -> ResolvedSnapshot | None:
+        """The role's snapshot (None: no such model configured); resolves at most once per process.
+
+        Raises `ModelUnavailableError` with the user-facing message when it cannot be had.
+        """
+        if role in self._resolved:
+            return self._resolved[role]
+        if role in self._failed:
+            raise ModelUnavailableError(self._failed[role])
+        spec = self.specs[role]
+        if spec is None:
+            return None
+        shipped = (self.workerinput or {}).get(WORKERINPUT_KEYS[role])
+        if shipped is not None:
+            from .snapshots import ResolvedSnapshot
+
+            snap = ResolvedSnapshot.from_json(shipped)
+            if not snap.dir.is_dir():
+                self._failed[role] = (
+                    f"mlxgate: the controller's {role} snapshot {snap.path} is not on this worker's "
+                    "machine; remote xdist workers need the hub cache on a shared path "
+                    "(--mlx-cache-dir)"
+                )
+                raise ModelUnavailableError(self._failed[role])
+        else:
+            # Not shipped: no xdist, or mlxgate not in use on the controller. Not in use means
+            # no option, ini or [tool.mlxgate]: the default embedded model, which each worker
+            # builds or finds quietly (its builder is locked across processes); never a download.
+            snap = self._materialize(role, spec)
+        self._resolved[role] = snap
+        return snap
+
+    def model(self) -> tuple[Any, Any]:
+        """(model, tokenizer) of the candidate through `mlx_lm.load`, once per process."""
+        if self._model is None:
+            snap = self.snapshot("candidate")
+            assert snap is not None
+            import mlx_lm
+
+            try:
+                loaded = mlx_lm.load(snap.path)
+            except (OSError, ValueError) as e:
+                raise ModelUnavailableError(
+                    f"mlxgate: mlx_lm.load could not load {snap.pinned} ({snap.name}): {e}"
+                ) from e
+            self._model = (loaded[0], loaded[1])
+        return self._model
+
+    def worker_payload(self) -> dict[str, str]:
+        """What `pytest_configure_node` puts into each worker's `workerinput`: pinned snapshots."""
+        return {WORKERINPUT_KEYS[r]: s.to_json() for r, s in self._resolved.items()}
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _materialize(self, role: Role, spec: CandidateSpec) -> ResolvedSnapshot:
+        from .snapshots import materialize
+
+        expected: tuple[type[Exception], ...] = (MlxgateError, OSError)
+        if spec.kind != "local":  # a local directory never needs the downloader (nor httpx)
+            from .hub import HubError
+
+            expected += (HubError,)
+
+        with self._terminal() as write_line:
+            label = spec.repo_id or spec.name
+            unit = "files" if spec.kind == "embedded" else "B"  # the builder counts files
+            progress = LineProgress(write_line, label, unit=unit) if write_line else None
+            try:
+                snap = materialize(
+                    spec,
+                    cache_dir=self.settings.cache_dir,
+                    endpoint=self.settings.endpoint,
+                    offline=self.settings.offline,
+                    progress=progress,
+                )
+            except expected as e:
+                self._failed[role] = f"mlxgate: cannot get the {role} '{spec.name}': {e}"
+                raise ModelUnavailableError(self._failed[role]) from e
+            if progress is not None:
+                progress.finish("built" if spec.kind == "embedded" else "fetched")
+            if write_line and self._header_shown:
+                write_line(self._describe(role, spec, snap))
+        return snap
+
+    @contextlib.contextmanager
+    def _terminal(self) -> Iterator[Callable[[str], None] | None]:
+        """A line writer to the real terminal even mid-test (capture suspended); None on workers."""
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if self.is_worker or reporter is None:
+            yield None
+            return
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+        with ctx:
+            yield reporter.write_line
+
+    @staticmethod
+    def _describe(role: Role, spec: CandidateSpec, snap: ResolvedSnapshot | None) -> str:
+        prefix = "mlxgate:" if role == "candidate" else "mlxgate reference:"
+        if snap is None:
+            return f"{prefix} {spec.name} (resolved on first use)"
+        if snap.kind == "local":
+            return f"{prefix} {spec.name} → {snap.path} (local directory, not verified)"
+        status = {
+            "cached": "verified, cached",
+            "downloaded": f"verified, downloaded {format_bytes(snap.fetched_bytes)} in {snap.seconds:.1f} s",
+            "built": "verified, built",
+        }.get(snap.source, snap.source)
+        same = spec.kind == "hub" and spec.name.split("@")[0] == snap.repo_id
+        named = snap.pinned if same else f"{spec.name} → {snap.pinned}"
+        return f"{prefix} {named} ({status})"
