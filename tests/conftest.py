@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import os
+
 import pytest
+from hypothesis import settings
 
 pytest_plugins = ["pytester"]
+
+# CI runs the same examples every time: a red build is reproducible, never a dice roll.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
