@@ -1,8 +1,12 @@
 """Fetching one blob: resumable, hashed while it streams, published only when verified.
 
-A partial download lives in blobs/<etag>.<owner>.mlxgate-partial, a name unique to its writer.
-Under the per-blob lock a later run claims a left-over partial by renaming it (atomic: only one
-claimer wins), re-hashes its prefix from disk in constant memory and asks for the rest with Range.
+A partial download being written is blobs/<etag>.live-<pid>-<id>.mlxgate-partial: a name no
+one else writes to. When its writer stops (an error, Ctrl-C) it renames the file to a left-over
+name; a later run claims a left-over by renaming it to its own live name (atomic: one claimer
+wins), re-hashes its prefix from disk in constant memory and asks for the rest with Range.
+A live partial is never taken from its writer unless it has not changed for STALE_AFTER seconds
+(its writer died without cleaning up): so even where the lock does nothing, no two writers ever
+share a file, and the file that gets published was written by the one who verified it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from .hashing import CHUNK, Hasher, hash_file_prefix, new_hasher
 from .transport import HubClient, RetryPolicy, TransientError, check_status, redact
 
 PARTIAL_SUFFIX = ".mlxgate-partial"
+LIVE_PREFIX = "live-"
+STALE_AFTER = 600.0  # seconds unchanged before a live partial counts as abandoned (watchdog ≪ this)
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 Progress = Callable[[int], None]  # called with the number of new bytes written
@@ -107,6 +113,7 @@ def fetch_blob(
             _publish(partial, blob)
         finally:
             partial.close()
+            _leave(partial.path)
     return stats
 
 
@@ -118,15 +125,48 @@ def _is_published(blob: Path, file: RepoFile) -> bool:
 
 
 def _claim_partial(blobs: Path, etag: str) -> Path:
-    """Take over a partial left by an earlier run (atomic rename), or name a fresh one."""
-    mine = blobs / f"{etag}.{os.getpid()}-{uuid.uuid4().hex[:8]}{PARTIAL_SUFFIX}"
-    for old in sorted(blobs.glob(f"{etag}.*{PARTIAL_SUFFIX}"), key=_size, reverse=True):
+    """Take over the largest left-over partial (atomic rename), or name a fresh one.
+
+    Other left-overs of the same blob are deleted: they have no writer, and we keep the best.
+    """
+    mine = blobs / f"{etag}.{LIVE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}{PARTIAL_SUFFIX}"
+    now = time.time()
+    candidates = [p for p in blobs.glob(f"{etag}.*{PARTIAL_SUFFIX}") if _abandoned(p, now)]
+    claimed = False
+    for old in sorted(candidates, key=_size, reverse=True):
         try:
-            os.rename(old, mine)
-            return mine
+            if not claimed:
+                os.rename(old, mine)
+                claimed = True
+            else:
+                old.unlink()
         except OSError:
-            continue  # another process claimed it first
+            continue  # another process got to it first
     return mine
+
+
+def _abandoned(path: Path, now: float) -> bool:
+    """A left-over, or a live partial whose writer has not touched it for STALE_AFTER seconds."""
+    if not path.name.split(".", 2)[1].startswith(LIVE_PREFIX):
+        return True
+    try:
+        return now - path.stat().st_mtime > STALE_AFTER
+    except OSError:
+        return False
+
+
+def _leave(path: Path) -> None:
+    """Our partial outlived the fetch (an error): give it a left-over name so the next run resumes it."""
+    if not path.exists():
+        return  # published, or nothing written
+    if _size(path) <= 0:
+        path.unlink(missing_ok=True)
+        return
+    etag = path.name.split(".", 1)[0]
+    try:
+        os.replace(path, path.with_name(f"{etag}.left-{uuid.uuid4().hex[:8]}{PARTIAL_SUFFIX}"))
+    except OSError:
+        pass
 
 
 def _size(path: Path) -> int:
@@ -301,6 +341,12 @@ def _publish(partial: _Partial, blob: Path) -> None:
     os.fsync(partial.f.fileno())
     if os.fstat(partial.f.fileno()).st_size != partial.file.size:
         raise HubProtocolError(f"{partial.file.path}: the partial file changed size under us; not published")
-    os.chmod(partial.path, 0o644)
-    os.replace(partial.path, blob)
+    try:
+        os.chmod(partial.path, 0o644)
+        os.replace(partial.path, blob)
+    except FileNotFoundError as exc:
+        raise HubProtocolError(
+            f"{partial.file.path}: our partial file vanished before publishing (another process removed "
+            f"it); nothing was published, run again"
+        ) from exc
     fsync_dir(blob.parent)
