@@ -150,7 +150,8 @@ def _verify(spec: CandidateSpec, args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"  {problem}")
     if not report.ok and not args.repair:
-        print(f"fix: mlxgate verify {args.name} --repair, then mlxgate get {args.name}")
+        where = (" --dataset" if args.dataset else "") + (f" --cache-dir {args.cache_dir}" if args.cache_dir else "")
+        print(f"fix: mlxgate verify {args.name}{where} --repair, then mlxgate get {args.name}{where}")
     return EXIT_OK if report.ok else EXIT_FAILED
 
 

@@ -42,13 +42,13 @@ def ensure_embedded_snapshot(
     gguf = find_embedded_gguf()
     commit = embedded_commit(_gguf_identity(gguf))
     cache = RepoCache(resolve_cache_dir(cache_dir), EMBEDDED_REPO_ID, "model")
-    done = _complete(cache, commit)
+    done = cache.complete_snapshot(commit)
     if done is not None:
         return done
     lock = cache.cache_dir / ".locks" / cache.root.name / f"build-{commit}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock)):
-        done = _complete(cache, commit)
+        done = cache.complete_snapshot(commit)
         if done is not None:
             return done
         cache.blobs.mkdir(parents=True, exist_ok=True)
@@ -73,18 +73,8 @@ def ensure_embedded_snapshot(
     return cache.snapshot_dir(commit)
 
 
-def _complete(cache: object, commit: str) -> Path | None:
-    from .hub.cache import RepoCache
-
-    assert isinstance(cache, RepoCache)
-    files = cache.read_manifest(commit)
-    if files is None or cache.missing_files(commit, files):
-        return None
-    return cache.snapshot_dir(commit)
-
-
 def _gguf_identity(gguf: Path) -> str:
-    """sha256 of the GGUF, remembered next to nothing: 98 MB hash in ~0.1 s, cheap enough per run."""
+    """sha256 of the GGUF: the source's identity (98 MB hashes in ~0.1 s, cheap enough per run)."""
     from .hub.hashing import hash_file
 
     return hash_file(gguf, "sha256")

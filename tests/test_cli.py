@@ -1,9 +1,14 @@
-"""`mlxgate get|verify` in a subprocess: stdout carries only the result, exit codes 0/1/2."""
+"""`mlxgate get|verify` in a subprocess: stdout carries only the result, exit codes 0/1/2.
+
+Hub names go through the real downloader to the fake hub on loopback (`tests/fakehub.py`); each
+subprocess gets an isolated HF_* environment whose HF_ENDPOINT refuses connections, so a command
+not given `--endpoint` could never reach the internet.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import io
-import json
 import os
 import subprocess
 import sys
@@ -11,24 +16,29 @@ from pathlib import Path
 
 import pytest
 
-import standin_hub
+from fakehub import FakeHub, Request
 
-TESTS = Path(__file__).parent
-# Runs the CLI with the stand-in hub in place of the real one (no network in these tests).
-WITH_STANDIN = (
-    "import standin_hub; standin_hub.install(); "
-    "from pytest_mlxgate.cli import main; raise SystemExit(main())"
-)
+TOKEN = "hf_cli_test_token_0123456789"
+NO_HUB = "http://127.0.0.1:9"  # discard port on loopback: connection refused
 
 
-def mlxgate(
-    cwd: Path, *args: str, standin: bool = False, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    run_env = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
-    code = WITH_STANDIN if standin else "from pytest_mlxgate.cli import main; raise SystemExit(main())"
+def hf_env(tmp_path: Path) -> dict[str, str]:
+    """The environment with every HF_* variable replaced: no token, no cache, not offline."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {**env, "HF_HOME": str(tmp_path / "hf-home"), "HF_ENDPOINT": NO_HUB}
+
+
+def mlxgate(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "from pytest_mlxgate.cli import main; raise SystemExit(main())"
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, env=run_env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, *args], cwd=cwd, env={**hf_env(cwd), **(env or {})},
+        capture_output=True, text=True, timeout=60,
     )
+
+
+def requests_for(hub: FakeHub, repo_id: str) -> list[Request]:
+    """Every request the hub (or its CDN) got for `repo_id`: API, resolve and content."""
+    return [r for r in list(hub.log) if (r.file is not None and r.file[1] == repo_id) or f"/{repo_id}/" in r.path]
 
 
 def test_get_local_directory_prints_only_its_path(tmp_path: Path) -> None:
@@ -59,40 +69,87 @@ def test_bad_names_exit_2_with_the_fix(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not a hub endpoint" in out.stderr  # argparse's own exit 2
 
 
-def test_get_and_verify_through_the_hub(tmp_path: Path) -> None:
-    cache, log = tmp_path / "cache", tmp_path / "calls.jsonl"
-    env = {"STANDIN_HUB_LOG": str(log)}
-    got = mlxgate(tmp_path, "get", "org/model", "--cache-dir", str(cache), "--dataset", "--offline", standin=True, env=env)
-    assert got.returncode == 1 and "not in the cache and we are offline" in got.stderr
-    assert "Traceback" not in got.stderr
+def test_get_and_verify_through_the_hub(hub: FakeHub, tmp_path: Path) -> None:
+    files = {"config.json": b'{"model_type": "cli"}', "weights.bin": bytes(range(256)) * 8}  # 2 kB: LFS, via the CDN
+    commit = hub.add_repo("cli/data", files, repo_type="dataset")
+    cache = tmp_path / "cache"
+    get = ("get", "cli/data", "--cache-dir", str(cache), "--dataset", "--endpoint", hub.endpoint)
 
-    got = mlxgate(tmp_path, "get", "org/model", "--cache-dir", str(cache), "--dataset", "--endpoint", "http://h.invalid",
-                  standin=True, env=env)
-    snapshot = cache / "datasets--org--model" / "snapshots" / standin_hub.COMMIT
+    got = mlxgate(tmp_path, *get, "--offline")
+    assert (got.returncode, got.stdout) == (1, "")
+    assert got.stderr.startswith(f"mlxgate: offline, and dataset cli/data@main is not in the cache {cache}. ")
+    assert "mlxgate get cli/data --dataset" in got.stderr  # the fix
+    assert "Traceback" not in got.stderr
+    got = mlxgate(tmp_path, *get, env={"HF_HUB_OFFLINE": "1"})  # no --offline: the environment decides
+    assert got.returncode == 1 and "offline, and dataset cli/data@main is not in the cache" in got.stderr
+    assert requests_for(hub, "cli/data") == []
+
+    with FakeHub() as elsewhere:  # --endpoint over HF_ENDPOINT
+        got = mlxgate(tmp_path, *get, env={"HF_ENDPOINT": elsewhere.endpoint})
+    assert elsewhere.log == []
+    snapshot = cache / "datasets--cli--data" / "snapshots" / commit
     assert (got.returncode, got.stdout) == (0, f"{snapshot}\n")
     assert got.stderr == ""  # not a TTY: no bar
-    call = json.loads(log.read_text().splitlines()[-1])
-    assert (call["repo_type"], call["endpoint"], call["offline"]) == ("dataset", "http://h.invalid", None)
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == files
+    assert [r.path for r in hub.log if "/revision/" in r.path] == ["/api/datasets/cli/data/revision/main"]
+    assert hub.bytes_served("cli/data") == sum(len(b) for b in files.values())
 
-    ok = mlxgate(tmp_path, "verify", "org/model", "--dataset", "--cache-dir", str(cache), standin=True)
-    assert ok.returncode == 0
-    assert ok.stdout == f"org/model@{standin_hub.COMMIT[:7]}: 1 files, 25 B re-hashed: ok\n"
+    verify = ("verify", "cli/data", "--dataset", "--cache-dir", str(cache))
+    ok = mlxgate(tmp_path, *verify)
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"cli/data@{commit[:7]}: 2 files, 2.1 kB re-hashed: ok\n", "")
 
-    (snapshot / "corrupt.bin").write_bytes(b"x")
-    bad = mlxgate(tmp_path, "verify", "org/model", "--dataset", "--cache-dir", str(cache), standin=True)
+    blob = (snapshot / "weights.bin").resolve()
+    blob.write_bytes(bytes(2048))  # same size, other bytes
+    bad = mlxgate(tmp_path, *verify)
     assert bad.returncode == 1
-    assert bad.stdout.splitlines() == [
-        f"org/model@{standin_hub.COMMIT[:7]}: 2 files, 26 B re-hashed: 1 problem(s)",
-        "  corrupt.bin: sha256 mismatch",
+    lines = bad.stdout.splitlines()
+    assert lines[:2] == [
+        f"cli/data@{commit[:7]}: 2 files, 2.1 kB re-hashed: 1 problem(s)",
+        f"  weights.bin: content hashes to {hashlib.sha256(bytes(2048)).hexdigest()}, "
+        f"not {hashlib.sha256(files['weights.bin']).hexdigest()} (corrupt blob {blob})",
     ]
+    assert len(lines) == 3 and lines[2].startswith("fix: mlxgate verify cli/data") and "--repair" in lines[2]
+
+    # The fix it prints: --repair moves the blob aside, `get` fetches that file alone again.
+    fixed = mlxgate(tmp_path, *verify, "--repair")
+    assert fixed.returncode == 1 and "moved aside" in fixed.stdout and "fix:" not in fixed.stdout
+    hub.reset_log()
+    got = mlxgate(tmp_path, *get)
+    assert (got.returncode, got.stdout) == (0, f"{snapshot}\n")
+    assert hub.bytes_served("cli/data") == hub.bytes_served("cli/data", "weights.bin") == 2048
+    ok = mlxgate(tmp_path, *verify)
+    assert (ok.returncode, ok.stdout) == (0, f"cli/data@{commit[:7]}: 2 files, 2.1 kB re-hashed: ok\n")
 
 
-def test_hub_errors_exit_1_with_the_hubs_message(tmp_path: Path) -> None:
-    out = mlxgate(tmp_path, "get", "missing/model", "--cache-dir", str(tmp_path), standin=True)
-    assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr == "mlxgate: missing/model does not exist on the hub (404); check the name\n"
-    out = mlxgate(tmp_path, "verify", "org/never-fetched", "--cache-dir", str(tmp_path), standin=True)
-    assert out.returncode == 1 and "is not in the cache" in out.stderr
+def test_hub_errors_exit_1_with_the_hubs_message(hub: FakeHub, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    out = mlxgate(tmp_path, "get", "cli/missing", "--cache-dir", cache, "--endpoint", hub.endpoint)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr.startswith(
+        f"mlxgate: looking up model cli/missing@main: {hub.endpoint}/api/models/cli/missing/revision/main "
+        "answered 404 (RepoNotFound). Check the repo id, the revision and whether it is a model or a dataset repo; "
+    )
+    assert out.stderr.count("\n") == 1 and out.stderr.endswith("\n")  # one line, no traceback
+
+    hub.add_repo("cli/gated", {"config.json": b"{}"}, gated_token=TOKEN)
+    out = mlxgate(tmp_path, "get", "cli/gated", "--cache-dir", cache, "--endpoint", hub.endpoint)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr.startswith(
+        f"mlxgate: looking up model cli/gated@main: {hub.endpoint}/api/models/cli/gated/revision/main "
+        "answered 401 (GatedRepo; no token was sent). "
+        f"To fix: if the repo is gated, accept its terms on {hub.endpoint}; "
+    )
+    assert "HF_TOKEN" in out.stderr and out.stderr.count("\n") == 1
+    out = mlxgate(
+        tmp_path, "get", "cli/gated", "--cache-dir", cache, "--endpoint", hub.endpoint, env={"HF_TOKEN": TOKEN}
+    )
+    assert out.returncode == 0 and out.stdout.startswith(f"{cache}/models--cli--gated/snapshots/")
+    assert TOKEN not in out.stdout + out.stderr
+    assert len(requests_for(hub, "cli/missing")) == 1  # a 404 is not retried
+
+    out = mlxgate(tmp_path, "verify", "cli/never-fetched", "--cache-dir", cache)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == f"mlxgate: model cli/never-fetched@main is not in the cache {cache}; nothing to verify\n"
 
 
 def test_verify_a_local_directory_is_a_usage_error(tmp_path: Path) -> None:
@@ -102,20 +159,23 @@ def test_verify_a_local_directory_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_progress_bar_only_on_a_terminal(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """In-process: stderr pretends to be a TTY, the stand-in hub reports progress."""
+    """In-process: stderr pretends to be a TTY, the real downloader reports progress."""
     from pytest_mlxgate import cli
 
     class TTY(io.StringIO):
         def isatty(self) -> bool:
             return True
 
+    for var in [v for v in os.environ if v.startswith("HF_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    commit = hub.add_repo("cli/bar", {"config.json": b'{"model_type": "tty-bar"}'})  # 25 B
     tty = TTY()
-    monkeypatch.setitem(sys.modules, "pytest_mlxgate.hub", standin_hub)
     monkeypatch.setattr(sys, "stderr", tty)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["get", "org/model", "--cache-dir", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.endswith(f"{standin_hub.COMMIT}\n")
+    assert cli.main(["get", "cli/bar", "--cache-dir", str(tmp_path), "--endpoint", hub.endpoint]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'models--cli--bar' / 'snapshots' / commit}\n"
     frame = tty.getvalue().split("\r")[-1]
-    assert frame.startswith("org/model [") and "100%" in frame and "25 B / 25 B" in frame and frame.endswith("\n")
+    assert frame.startswith("cli/bar [") and "100%" in frame and "25 B / 25 B" in frame and frame.endswith("\n")

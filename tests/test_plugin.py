@@ -1,50 +1,63 @@
 """The plugin end to end through pytester: options and ini twins, names, header, xdist shipping.
 
-The hub is replaced by `standin_hub` (same contract, no network): these tests are about the
-wiring, the downloader has its own.
+Hub names go through the real downloader to the fake hub on loopback (`tests/fakehub.py`, the
+`hub` fixture): what the plugin passed down is read off the hub's request log (which server was
+asked, for which revision, how often), `bytes_served` (what was downloaded) and the cache folder
+the snapshot landed in. Each test uses repo ids of its own, since the fake hub lives for the session.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import hypothesis  # noqa: F401  (see below)
 import mlx.core  # noqa: F401  (see below)
 import pytest
 
-import standin_hub
+from fakehub import FakeHub, Request
 from pytest_mlxgate.snapshots import ResolvedSnapshot
 
 # In-process pytester runs drop the modules an inner run imported. mlx.core (a nanobind
 # extension) aborts the process when imported a second time, and hypothesis's plugin would
 # re-import (and assert-rewrite) hypothesis in every inner run. Importing both here keeps them.
 
-STANDIN_SOURCE = Path(standin_hub.__file__).read_text()
-PIN = standin_hub.COMMIT[:7]
+TOKEN = "hf_plugin_test_token_0123456789"
 
 SHOW_SNAPSHOT = """
 def test_show(mlx_snapshot):
     print("SNAP", mlx_snapshot.to_json())
 """
 
-Calls = Callable[[], list[dict[str, Any]]]
-
 
 @pytest.fixture
-def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Calls:
-    """Stand-in hub for in-process runs; returns a reader of its call log."""
-    monkeypatch.setitem(sys.modules, "pytest_mlxgate.hub", standin_hub)
-    log = tmp_path / "standin-calls.jsonl"
-    monkeypatch.setenv("STANDIN_HUB_LOG", str(log))
+def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hub: FakeHub) -> Path:
+    """The hub's environment layer, isolated: HF_ENDPOINT is the fake hub, HF_HUB_CACHE a fresh
+    folder (returned), no token, not offline. Inner runs, in-process or not, inherit it."""
+    for var in ("HF_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file, no default cache
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "env-cache"))
-    return lambda: [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return tmp_path / "env-cache"
+
+
+def requests_for(hub: FakeHub, repo_id: str) -> list[Request]:
+    """Every request the hub (or its CDN) got for `repo_id`: API, resolve and content."""
+    return [r for r in list(hub.log) if (r.file is not None and r.file[1] == repo_id) or f"/{repo_id}/" in r.path]
+
+
+def resolutions(hub: FakeHub, repo_id: str, repo_type: str = "model") -> list[str]:
+    """The revisions asked for `repo_id` (`/api/<type>s/<repo>/revision/<rev>`): one per resolution."""
+    prefix = f"/api/{repo_type}s/{repo_id}/revision/"
+    return [r.path[len(prefix) :] for r in list(hub.log) if r.origin == "hub" and r.path.startswith(prefix)]
+
+
+def snapshot_dir(cache: Path, repo_id: str, commit: str) -> Path:
+    return cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit
 
 
 def snapshot_printed(result: pytest.RunResult) -> ResolvedSnapshot:
@@ -63,43 +76,70 @@ def uses_reference_blas_without_preload() -> bool:
 # -- options, ini twins, precedence ---------------------------------------------------------------
 
 
-def test_env_then_ini_then_command_line(pytester: pytest.Pytester, standin: Calls, tmp_path: Path) -> None:
-    pytester.makepyfile(SHOW_SNAPSHOT)
+def test_env_then_ini_then_command_line(
+    pytester: pytest.Pytester, hub: FakeHub, hf_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_* < ini < command line, for the endpoint, the cache and offline. Each layer's choice shows
+    where it acts: which server the requests reach, where the snapshot lands, whether any is sent."""
+    test_file = pytester.makepyfile(SHOW_SNAPSHOT)
     pytester.makepyprojecttoml("")
-    assert pytester.runpytest("-s", "--mlx-candidate", "org/from-env").ret == 0
-    env_call = standin()[-1]
-    # nothing set here: None goes down and the hub reads HF_ENDPOINT / HF_HUB_OFFLINE / HF_HUB_CACHE
-    assert (env_call["endpoint"], env_call["offline"], env_call["cache_dir"]) == (None, None, None)
 
-    pytester.makepyprojecttoml(
-        """
-        [tool.pytest.ini_options]
-        mlx_candidate = "org/from-ini"
-        mlx_endpoint = "http://ini.invalid"
-        mlx_cache_dir = "ini-cache"
-        mlx_offline = false
-        """
-    )
-    result = pytester.runpytest("-s")
+    # Nothing set here: None goes down and the hub reads HF_ENDPOINT / HF_HUB_CACHE / HF_HUB_OFFLINE.
+    env_commit = hub.add_repo("layers/from-env", {"config.json": b'{"layer": "env"}'})
+    result = pytester.runpytest("-s", "--mlx-candidate", "layers/from-env")
     assert result.ret == 0
-    ini_call = standin()[-1]
-    assert snapshot_printed(result).repo_id == "org/from-ini"
-    assert ini_call["endpoint"] == "http://ini.invalid"
-    assert ini_call["cache_dir"] == str(pytester.path / "ini-cache")  # relative to the ini file
-    assert ini_call["offline"] is False
+    assert snapshot_printed(result).path == str(snapshot_dir(hf_env, "layers/from-env", env_commit))
+    assert resolutions(hub, "layers/from-env") == ["main"]
+    hub.add_repo("layers/from-env", {"config.json": b'{"layer": "env", "v": 2}'})  # main moves on
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = pytester.runpytest("-s", "--mlx-candidate", "layers/from-env")
+    assert result.ret == 0
+    assert snapshot_printed(result).commit == env_commit  # the cached one: the hub was not asked
+    assert resolutions(hub, "layers/from-env") == ["main"]
 
-    cli_cache = pytester.path / "cli-cache"
-    standin_hub.snapshot_download("org/from-cli", cache_dir=cli_cache)  # so offline finds it
-    result = pytester.runpytest(
-        "-s", "--mlx-candidate", "org/from-cli", "--mlx-endpoint", "http://cli.invalid/",
-        "--mlx-cache-dir", "cli-cache", "--mlx-offline",
-    )
-    assert result.ret == 0
-    cli_call = standin()[-1]
-    assert snapshot_printed(result).repo_id == "org/from-cli"
-    assert cli_call["endpoint"] == "http://cli.invalid"
-    assert cli_call["cache_dir"] == str(cli_cache)
-    assert cli_call["offline"] is True
+    # From here on the runs start in a subfolder: ini paths are relative to the ini file,
+    # command-line paths to where pytest was started.
+    monkeypatch.chdir(pytester.mkdir("sub"))
+    with FakeHub() as ini_hub:
+        ini_commit = ini_hub.add_repo("layers/from-ini", {"config.json": b'{"layer": "ini"}'})
+        pytester.makepyprojecttoml(
+            f"""
+            [tool.pytest.ini_options]
+            mlx_candidate = "layers/from-ini"
+            mlx_endpoint = "{ini_hub.endpoint}"
+            mlx_cache_dir = "ini-cache"
+            mlx_offline = false
+            """
+        )
+        result = pytester.runpytest("-s", str(test_file))
+        assert result.ret == 0, result.stdout.str()
+        snap = snapshot_printed(result)
+        assert (snap.repo_id, snap.commit) == ("layers/from-ini", ini_commit)
+        # ini over HF_HUB_CACHE, relative to the ini file (not to the subfolder the run started in)
+        assert snap.path == str(snapshot_dir(pytester.path / "ini-cache", "layers/from-ini", ini_commit))
+        # ini endpoint over HF_ENDPOINT; mlx_offline = false over HF_HUB_OFFLINE=1 (it went online)
+        assert resolutions(ini_hub, "layers/from-ini") == ["main"]
+        assert requests_for(hub, "layers/from-ini") == []
+        ini_hub.reset_log()
+
+        cli_commit = hub.add_repo("layers/from-cli", {"config.json": b'{"layer": "cli"}'})
+        cli_args = ("-s", str(test_file), "--mlx-candidate", "layers/from-cli",
+                    "--mlx-endpoint", f"{hub.endpoint}/", "--mlx-cache-dir", "cli-cache")
+        result = pytester.runpytest(*cli_args)
+        assert result.ret == 0, result.stdout.str()
+        snap = snapshot_printed(result)
+        assert (snap.repo_id, snap.commit) == ("layers/from-cli", cli_commit)
+        assert snap.path == str(snapshot_dir(pytester.path / "sub" / "cli-cache", "layers/from-cli", cli_commit))
+        assert resolutions(hub, "layers/from-cli") == ["main"]  # the trailing '/' was dropped: no '//api'
+        assert ini_hub.log == []  # the ini's endpoint was not asked anything
+
+        # --mlx-offline over mlx_offline = false: the cached snapshot, though main has moved on
+        hub.add_repo("layers/from-cli", {"config.json": b'{"layer": "cli", "v": 2}'})
+        result = pytester.runpytest(*cli_args, "--mlx-offline")
+        assert result.ret == 0, result.stdout.str()
+        assert snapshot_printed(result).commit == cli_commit
+        assert resolutions(hub, "layers/from-cli") == ["main"]
+        assert ini_hub.log == []
 
 
 def test_options_are_in_one_group_with_ini_twins(pytester: pytest.Pytester) -> None:
@@ -164,22 +204,28 @@ def test_local_directory_candidate_and_the_header(pytester: pytest.Pytester) -> 
     result.stderr.fnmatch_lines(["ERROR: local model directory './absent' (*) does not exist*"])
 
 
-def test_aliases_from_pyproject(pytester: pytest.Pytester, standin: Calls) -> None:
+def test_aliases_from_pyproject(pytester: pytest.Pytester, hub: FakeHub, hf_env: Path) -> None:
+    hub.add_repo("aliases/remote", {"config.json": b'{"branch": "main"}'})
+    v3 = hub.add_repo("aliases/remote", {"config.json": b'{"branch": "v3"}'}, branch="v3")
     (pytester.path / "models" / "tiny").mkdir(parents=True)
     pytester.makepyprojecttoml(
         """
         [tool.mlxgate.aliases]
         tiny = "models/tiny"
-        remote = "org/remote@v3"
+        remote = "aliases/remote@v3"
         """
     )
     pytester.makepyfile(SHOW_SNAPSHOT)
     result = pytester.runpytest("-s", "--mlx-candidate", "tiny")
     assert snapshot_printed(result).path == str(pytester.path / "models" / "tiny")
+    assert requests_for(hub, "aliases/remote") == []
     result = pytester.runpytest("-s", "--mlx-candidate", "remote")
     assert result.ret == 0
-    assert [(c["repo_id"], c["revision"]) for c in standin()] == [("org/remote", "v3")]
-    result.stdout.fnmatch_lines([f"*mlxgate: remote → org/remote@{PIN} (verified, downloaded *)"])
+    assert resolutions(hub, "aliases/remote") == ["v3"]
+    snap = snapshot_printed(result)
+    assert (snap.repo_id, snap.commit, snap.name) == ("aliases/remote", v3, "remote")
+    assert (snap.dir / "config.json").read_bytes() == b'{"branch": "v3"}'
+    result.stdout.fnmatch_lines([f"*mlxgate: remote → aliases/remote@{v3[:7]} (verified, downloaded 16 B in * s)"])
     result = pytester.runpytest("--mlx-candidate", "nope")
     result.stderr.fnmatch_lines(
         ["ERROR: 'nope' is not a known candidate; known: e2b, e4b, remote, smollm2-135m, tiny; *"]
@@ -196,33 +242,56 @@ def test_a_mlxgate_table_alone_puts_mlxgate_in_use(pytester: pytest.Pytester) ->
 # -- fixtures -------------------------------------------------------------------------------------
 
 
-def test_hub_errors_fail_the_tests_cleanly_and_resolve_once(pytester: pytest.Pytester, standin: Calls) -> None:
+@pytest.mark.parametrize("case", ["missing", "gated"])
+def test_hub_errors_fail_the_tests_cleanly_and_resolve_once(
+    pytester: pytest.Pytester, hub: FakeHub, hf_env: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A 404 and a gated repo's 401: every test that needs the model errors with the hub's own
+    message (what, why, the fix) and no traceback, after a single request to the hub."""
+    repo = f"errors/{case}"
+    if case == "gated":
+        hub.add_repo(repo, {"config.json": b"{}"}, gated_token=TOKEN)
     pytester.makepyfile(
         """
         def test_a(mlx_snapshot): pass
         def test_b(mlx_snapshot): pass
         """
     )
-    result = pytester.runpytest("--mlx-candidate", "missing/model")
+    result = pytester.runpytest("--mlx-candidate", repo, "--mlx-endpoint", hub.endpoint)
     result.assert_outcomes(errors=2)
-    result.stdout.fnmatch_lines(
-        ["*mlxgate: cannot get the candidate 'missing/model': missing/model does not exist on the hub (404)*"]
-    )
+    url = f"{hub.endpoint}/api/models/{repo}/revision/main"
+    why = {
+        "missing": f"{url} answered 404 (RepoNotFound). Check the repo id, the revision and whether it is a model or a dataset repo; *",
+        "gated": f"{url} answered 401 (GatedRepo; no token was sent). To fix: if the repo is gated, "
+        f"accept its terms on {hub.endpoint}; make sure your token has access: set HF_TOKEN *",
+    }[case]
+    result.stdout.fnmatch_lines([f"*mlxgate: cannot get the candidate '{repo}': looking up model {repo}@main: {why}"])
     out = result.stdout.str()
-    assert "standin_hub.py" not in out and "exception" not in out  # no (chained) traceback
-    assert len(standin()) == 1
+    assert "Traceback" not in out and "exception" not in out  # no (chained) traceback
+    assert "pytest_mlxgate/hub" not in out and "httpx" not in out
+    assert len(requests_for(hub, repo)) == 1  # resolved once for both tests, no retry
+    if case == "gated":  # and the fix works: the token from the environment reaches the hub
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        result = pytester.runpytest("--mlx-candidate", repo, "--mlx-endpoint", hub.endpoint)
+        result.assert_outcomes(passed=2)
+        assert TOKEN not in result.stdout.str() + result.stderr.str()
 
 
-def test_a_failed_resolution_is_not_retried(pytester: pytest.Pytester, standin: Calls) -> None:
+def test_a_failed_resolution_is_not_retried(pytester: pytest.Pytester, hub: FakeHub, hf_env: Path) -> None:
     """Later callers (fixtures of later issues) get the first failure, not a second download."""
     from pytest_mlxgate.errors import ModelUnavailableError
     from pytest_mlxgate.plugin import SESSION_KEY
 
-    state = pytester.parseconfigure("--mlx-candidate", "missing/model").stash[SESSION_KEY]
+    config = pytester.parseconfigure("--mlx-candidate", "errors/not-retried", "--mlx-endpoint", hub.endpoint)
+    state = config.stash[SESSION_KEY]
     for _ in range(2):
-        with pytest.raises(ModelUnavailableError, match="does not exist on the hub"):
+        with pytest.raises(ModelUnavailableError, match=r"errors/not-retried.* answered 404 \(RepoNotFound\)"):
             state.snapshot("candidate")
-    assert len(standin()) == 1
+    assert resolutions(hub, "errors/not-retried") == ["main"]
+    hub.add_repo("errors/not-retried", {"config.json": b"{}"})  # even once it exists, this run remembers
+    with pytest.raises(ModelUnavailableError, match="answered 404"):
+        state.snapshot("candidate")
+    assert resolutions(hub, "errors/not-retried") == ["main"]
 
 
 def test_reference_snapshot_skips_without_a_reference(pytester: pytest.Pytester) -> None:
@@ -303,19 +372,19 @@ def test_runs_without_xdist(pytester: pytest.Pytester) -> None:
     assert result.ret == 0
     assert snapshot_printed(result).kind == "local"
 
-
 def test_xdist_controller_resolves_once_and_ships_the_pin(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    pytester: pytest.Pytester, hub: FakeHub, hf_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    log, seen = tmp_path / "calls.jsonl", tmp_path / "seen"
+    """Under -n 2 the controller resolves and downloads once, then ships the commit-pinned
+    snapshot: one revision lookup, every file fetched once and by commit, never by branch."""
+    files = {"config.json": b'{"model_type": "xdist"}', "weights.bin": bytes(range(256)) * 8}  # 2 kB: LFS, via the CDN
+    commit = hub.add_repo("xdist/model", files)
+    seen = tmp_path / "seen"
     seen.mkdir()
-    monkeypatch.setenv("STANDIN_HUB_LOG", str(log))
     monkeypatch.setenv("SEEN_DIR", str(seen))
     monkeypatch.delenv("LD_PRELOAD", raising=False)  # so the reference-BLAS warning shows
     for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(var, raising=False)  # when this suite itself runs under xdist
-    pytester.makepyfile(standin_hub=STANDIN_SOURCE)
-    pytester.makeconftest("import standin_hub\nstandin_hub.install()\n")
     pytester.makepyfile(
         test_w="""
         import os, pathlib
@@ -325,47 +394,56 @@ def test_xdist_controller_resolves_once_and_ships_the_pin(
         """
     )
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--dist", "each", "--mlx-candidate", "org/model", "--mlx-cache-dir", "cache"
+        "-n", "2", "--dist", "each", "--mlx-candidate", "xdist/model",
+        "--mlx-endpoint", hub.endpoint, "--mlx-cache-dir", "cache",
     )
     result.assert_outcomes(passed=2)
-    calls = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [(c["worker"], c["repo_id"], c["revision"]) for c in calls] == [("controller", "org/model", "main")]
+    # One resolution for three processes: the controller's (its header below reports the download;
+    # a worker that resolved would add a lookup of its own).
+    assert resolutions(hub, "xdist/model") == ["main"]
+    assert hub.bytes_served("xdist/model") == sum(len(b) for b in files.values())  # downloaded once
+    fetched = [r for r in requests_for(hub, "xdist/model") if r.file is not None and r.method == "GET"]
+    assert sorted(r.file[2] for r in fetched if r.origin == "hub") == ["config.json", "weights.bin"]
+    assert all(f"/resolve/{commit}/" in r.path for r in fetched if r.origin == "hub")  # pinned, not "main"
+    assert all(f"/tree/{commit}" in r.path for r in requests_for(hub, "xdist/model") if "/tree/" in r.path)
     shipped = {p.name: ResolvedSnapshot.from_json(p.read_text()) for p in seen.iterdir()}
     assert sorted(shipped) == ["gw0", "gw1"]
-    assert {s.commit for s in shipped.values()} == {standin_hub.COMMIT}
-    assert {s.path for s in shipped.values()} == {
-        str(pytester.path / "cache" / "models--org--model" / "snapshots" / standin_hub.COMMIT)
-    }
+    assert {s.commit for s in shipped.values()} == {commit}
+    assert {s.path for s in shipped.values()} == {str(snapshot_dir(pytester.path / "cache", "xdist/model", commit))}
     out = result.stdout.str()
-    result.stdout.fnmatch_lines([f"mlxgate: org/model@{PIN} (verified, downloaded * in * s) · * · *"])
+    result.stdout.fnmatch_lines([f"mlxgate: xdist/model@{commit[:7]} (verified, downloaded 2.1 kB in * s) · * · *"])
     expected_warnings = 1 if uses_reference_blas_without_preload() else 0
     assert out.count("MlxgateWarning: MLX runs on the reference BLAS") == expected_warnings
 
 
-def test_xdist_resolution_error_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("STANDIN_HUB_LOG", raising=False)
-    pytester.makepyfile(standin_hub=STANDIN_SOURCE)
-    pytester.makeconftest("import standin_hub\nstandin_hub.install()\n")
+def test_xdist_resolution_error_is_a_usage_error(pytester: pytest.Pytester, hub: FakeHub, hf_env: Path) -> None:
     pytester.makepyfile(SHOW_SNAPSHOT)
-    result = pytester.runpytest_subprocess("-n", "2", "--mlx-candidate", "missing/model")
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "--mlx-candidate", "xdist/missing", "--mlx-endpoint", hub.endpoint
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["ERROR: mlxgate: cannot get the candidate 'missing/model': missing/model does not exist on the hub (404)*"]
+        [
+            "ERROR: mlxgate: cannot get the candidate 'xdist/missing': looking up model xdist/missing@main: "
+            f"{hub.endpoint}/api/models/xdist/missing/revision/main answered 404 (RepoNotFound). Check the repo id*"
+        ]
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert resolutions(hub, "xdist/missing") == ["main"]  # the controller's, before any worker started
 
 
 def test_a_worker_uses_the_shipped_snapshot_and_refuses_a_missing_one(
-    pytester: pytest.Pytester, standin: Calls
+    pytester: pytest.Pytester, hub: FakeHub, hf_env: Path
 ) -> None:
     from pytest_mlxgate.errors import ModelUnavailableError
     from pytest_mlxgate.session import MlxgateSession
     from pytest_mlxgate.settings import read_settings
 
+    commit = hub.add_repo("worker/model", {"config.json": b"{}"})  # there to be had: a worker must still not ask
     here = pytester.mkdir("snap")
     for path, works in ((here, True), (pytester.path / "elsewhere", False)):
-        config = pytester.parseconfig("--mlx-candidate", "org/model")
-        shipped = ResolvedSnapshot("org/model", "hub", "org/model", standin_hub.COMMIT, str(path))
+        config = pytester.parseconfig("--mlx-candidate", "worker/model", "--mlx-endpoint", hub.endpoint)
+        shipped = ResolvedSnapshot("worker/model", "hub", "worker/model", commit, str(path))
         config.workerinput = {"mlxgate_snapshot": shipped.to_json()}  # type: ignore[attr-defined]
         state = MlxgateSession(config, read_settings(config))
         if works:
@@ -373,7 +451,7 @@ def test_a_worker_uses_the_shipped_snapshot_and_refuses_a_missing_one(
         else:
             with pytest.raises(ModelUnavailableError, match="not on this worker's machine"):
                 state.snapshot()
-    assert standin() == []  # workers never resolve
+    assert requests_for(hub, "worker/model") == []  # workers never resolve
 
 
 @pytest.mark.skipif(os.name != "posix", reason="paths")

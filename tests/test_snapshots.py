@@ -3,25 +3,25 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import standin_hub
+from fakehub import FakeHub
 from pytest_mlxgate.names import CandidateSpec
-from pytest_mlxgate.snapshots import ResolvedSnapshot, materialize
+from pytest_mlxgate.snapshots import ResolvedSnapshot, _commit_of, materialize
 
 
 @pytest.fixture
-def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The stand-in hub in place of the real one; returns its call log."""
-    monkeypatch.setitem(sys.modules, "pytest_mlxgate.hub", standin_hub)
-    log = tmp_path / "calls.jsonl"
-    monkeypatch.setenv("STANDIN_HUB_LOG", str(log))
-    return log
+def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No token, cache or offline setting from the environment: the calls say it all. HF_ENDPOINT
+    refuses connections, so a call that lost its endpoint fails here instead of reaching the internet."""
+    for var in ("HF_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port on loopback
 
 
 def test_local_directory_is_its_own_snapshot(tmp_path: Path) -> None:
@@ -33,33 +33,47 @@ def test_local_directory_is_its_own_snapshot(tmp_path: Path) -> None:
     assert snap.pinned == str(tmp_path)
 
 
-def test_hub_snapshot_is_pinned_to_its_commit(standin: Path, tmp_path: Path) -> None:
-    spec = CandidateSpec(kind="hub", name="alias", repo_id="org/model")
+def test_hub_snapshot_is_pinned_to_its_commit(hub: FakeHub, hf_env: None, tmp_path: Path) -> None:
+    """The real downloader against the fake hub: the commit `main` pointed to is the pin."""
+    files = {"config.json": b'{"model_type": "snapshots"}', "weights.bin": bytes(range(256)) * 8}  # 2 kB: LFS
+    commit = hub.add_repo("snapshots/model", files)
+    size = sum(len(b) for b in files.values())
+    spec = CandidateSpec(kind="hub", name="alias", repo_id="snapshots/model")
     seen: list[tuple[int, int]] = []
-    first = materialize(spec, cache_dir=tmp_path / "c", endpoint="http://x", offline=False,
+    first = materialize(spec, cache_dir=tmp_path / "c", endpoint=hub.endpoint, offline=False,
                         progress=lambda d, t: seen.append((d, t)))
-    assert first.commit == standin_hub.COMMIT and first.dir.name == standin_hub.COMMIT
-    assert (first.source, first.fetched_bytes) == ("downloaded", len(standin_hub.PAYLOAD))
-    assert first.pinned == f"org/model@{standin_hub.COMMIT[:7]}"
-    assert seen[-1] == (len(standin_hub.PAYLOAD), len(standin_hub.PAYLOAD))
-    again = materialize(spec, cache_dir=tmp_path / "c")
-    assert again.source == "cached" and again.path == first.path
-    calls = [json.loads(line) for line in standin.read_text().splitlines()]
-    assert calls[0]["revision"] == "main" and calls[0]["endpoint"] == "http://x"
+    assert first.commit == commit and first.dir.name == commit
+    assert first.dir == tmp_path / "c" / "models--snapshots--model" / "snapshots" / commit
+    assert (first.source, first.fetched_bytes) == ("downloaded", size)
+    assert (first.name, first.repo_id, first.kind) == ("alias", "snapshots/model", "hub")
+    assert first.pinned == f"snapshots/model@{commit[:7]}"
+    assert seen[-1] == (size, size)
+    assert [r.path for r in hub.log if "/revision/" in r.path] == ["/api/models/snapshots/model/revision/main"]
+    assert hub.bytes_served("snapshots/model") == size
+
+    again = materialize(spec, cache_dir=tmp_path / "c", endpoint=hub.endpoint)
+    assert (again.source, again.fetched_bytes, again.path) == ("cached", 0, first.path)
+    offline = materialize(spec, cache_dir=tmp_path / "c", offline=True)
+    assert (offline.source, offline.commit) == ("cached", commit)
+    assert hub.bytes_served("snapshots/model") == size  # nothing fetched twice
+    assert len([r for r in hub.log if "/revision/" in r.path]) == 2  # the offline call asked nothing
 
 
-def test_dataset_repo_type_reaches_the_hub(standin: Path, tmp_path: Path) -> None:
-    spec = CandidateSpec(kind="hub", name="org/data", repo_id="org/data", revision="v1")
-    snap = materialize(spec, cache_dir=tmp_path, repo_type="dataset")
-    assert snap.repo_type == "dataset" and "datasets--org--data" in snap.path
-    assert json.loads(standin.read_text())["revision"] == "v1"
+def test_dataset_repo_type_reaches_the_hub(hub: FakeHub, hf_env: None, tmp_path: Path) -> None:
+    commit = hub.add_repo("snapshots/data", {"data.csv": b"a,b\n1,2\n"}, repo_type="dataset", branch="v1")
+    spec = CandidateSpec(kind="hub", name="snapshots/data", repo_id="snapshots/data", revision="v1")
+    snap = materialize(spec, cache_dir=tmp_path, endpoint=hub.endpoint, repo_type="dataset")
+    assert (snap.repo_type, snap.commit) == ("dataset", commit)
+    assert snap.path == str(tmp_path / "datasets--snapshots--data" / "snapshots" / commit)
+    assert [r.path for r in hub.log if "/revision/" in r.path] == ["/api/datasets/snapshots/data/revision/v1"]
 
 
-def test_a_snapshot_not_named_by_a_commit_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "pytest_mlxgate.hub", standin_hub)
-    monkeypatch.setattr(standin_hub, "snapshot_download", lambda *a, **k: tmp_path / "main")
+def test_a_snapshot_not_named_by_a_commit_is_refused(tmp_path: Path) -> None:
+    """The pin is the snapshot folder's name; the real hub always names it by the commit, so the
+    guard against a folder that is not one is checked directly."""
     with pytest.raises(ValueError, match="not named by a 40-hex commit"):
-        materialize(CandidateSpec(kind="hub", name="o/m", repo_id="o/m"))
+        _commit_of(tmp_path / "main")
+    assert _commit_of(tmp_path / ("ab" * 20)) == "ab" * 20
 
 
 @given(

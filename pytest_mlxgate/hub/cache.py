@@ -153,6 +153,13 @@ class RepoCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def complete_snapshot(self, commit: str) -> Path | None:
+        """The snapshot's folder if our manifest lists it and every file is there at its size."""
+        files = self.read_manifest(commit)
+        if files is None or self.missing_files(commit, files):
+            return None
+        return self.snapshot_dir(commit)
+
     def missing_files(self, commit: str, files: list[RepoFile]) -> list[str]:
         """Files whose link or blob is absent or of the wrong size: what makes a snapshot incomplete."""
         missing = []

@@ -44,7 +44,7 @@ def snapshot_download(
     policy = policy or RetryPolicy()
 
     if COMMIT_RE.match(revision):
-        done = _complete_snapshot(cache, revision)
+        done = cache.complete_snapshot(revision)
         if done is not None:
             return done
     if resolve_offline(offline):
@@ -63,13 +63,6 @@ def snapshot_download(
     return cache.snapshot_dir(commit)
 
 
-def _complete_snapshot(cache: RepoCache, commit: str) -> Path | None:
-    files = cache.read_manifest(commit)
-    if files is None or cache.missing_files(commit, files):
-        return None
-    return cache.snapshot_dir(commit)
-
-
 def _offline_snapshot(cache: RepoCache, revision: str) -> Path:
     what = f"{cache.repo_type} {cache.repo_id}@{revision}"
     commit = cache.read_ref(revision)
@@ -77,7 +70,8 @@ def _offline_snapshot(cache: RepoCache, revision: str) -> Path:
         raise HubOfflineError(
             f"offline, and {what} is not in the cache {cache.cache_dir}. Download it once with network "
             f"(mlxgate get {cache.repo_id}{'' if revision == 'main' else '@' + revision}"
-            f"{' --dataset' if cache.repo_type == 'dataset' else ''}), or unset HF_HUB_OFFLINE / --mlx-offline"
+            f"{' --dataset' if cache.repo_type == 'dataset' else ''} --cache-dir {cache.cache_dir}), or go "
+            "online: unset HF_HUB_OFFLINE and drop the offline option"
         )
     files = cache.read_manifest(commit)
     if files is None:

@@ -195,6 +195,7 @@ def check_status(response: httpx.Response, what: str, client: HubClient) -> None
     if status == 404:
         raise HubNotFoundError(
             f"{what}: {url} answered 404 ({code or 'not found'}). Check the repo id, the revision and "
-            "--dataset; a private repo also answers 404 without a token (set HF_TOKEN)"
+            "whether it is a model or a dataset repo; a private repo also answers 404 without a token "
+            "(set HF_TOKEN)"
         )
     raise HubError(f"{what}: {url} answered {status} {response.reason_phrase}")
