@@ -58,16 +58,16 @@ def ensure_embedded_snapshot(
             files = []
             for i, name in enumerate(names):
                 src = out / name
-                with open(src, "rb+") as f:
-                    os.fsync(f.fileno())
+                with open(src, "rb+") as handle:
+                    os.fsync(handle.fileno())
                 sha = hash_file(src, "sha256")
                 files.append(RepoFile(path=name, size=src.stat().st_size, etag=sha, algo="sha256"))
                 os.replace(src, cache.blob_path(sha))
                 if progress:
                     progress(i + 1, len(names))
             fsync_dir(cache.blobs)
-        for f in files:
-            cache.link(commit, f)
+        for file in files:
+            cache.link(commit, file)
         cache.write_manifest(commit, files)
         cache.write_ref("main", commit)
     return cache.snapshot_dir(commit)

@@ -322,7 +322,10 @@ def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, *, dtype: str =
     if any(out_dir.iterdir()):
         raise FileExistsError(f"output directory {out_dir} is not empty")
 
-    weights, metadata = mx.load(str(gguf_path), return_metadata=True)
+    loaded = mx.load(str(gguf_path), return_metadata=True)
+    assert isinstance(loaded, tuple), "mx.load(..., return_metadata=True) returns (arrays, metadata)"
+    weights: dict[str, Any] = loaded[0]
+    metadata: dict[str, Any] = loaded[1]
     hp = _hyper_parameters(metadata)
     ids = _special_ids(metadata)
     tied = "output.weight" not in weights

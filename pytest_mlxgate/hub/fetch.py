@@ -77,7 +77,7 @@ class _Partial:
         self.hasher = new_hasher(self.file.algo, self.file.size)
         self.size = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         self.f.write(data)
         self.hasher.update(data)
         self.size += len(data)

@@ -44,7 +44,7 @@ class RetryPolicy:
     def backoff(self, failures: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_retry_after)
-        delay = min(self.backoff_max, self.backoff_base * 2 ** max(failures - 1, 0))
+        delay = min(self.backoff_max, self.backoff_base * 2.0 ** max(failures - 1, 0))
         return delay * (0.5 + random.random() / 2)
 
 
