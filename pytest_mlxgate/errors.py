@@ -15,6 +15,11 @@ __all__ = [
     "MlxgateWarning",
     "ModelNameError",
     "ModelUnavailableError",
+    "LeverError",
+    "PromptsError",
+    "GateRunError",
+    "NonFiniteLogitsError",
+    "VocabularyMismatchError",
 ]
 
 
@@ -32,6 +37,26 @@ class ModelNameError(MlxgateUsageError):
 
 class ModelUnavailableError(MlxgateError):
     """A configured model cannot be had (download, build or load failed); the message says why."""
+
+
+class LeverError(MlxgateUsageError):
+    """A lever (marker, --mlx-lever/--mlx-ref-value/--mlx-cand-value, KV config) cannot work as written."""
+
+
+class PromptsError(MlxgateUsageError):
+    """A prompts file (--mlx-prompts-file) or prompt setting is unusable; the message names the line."""
+
+
+class GateRunError(MlxgateError):
+    """A gate's arms could not be run to the end (the message names the arm, prompt and position)."""
+
+
+class NonFiniteLogitsError(GateRunError):
+    """An arm produced NaN or inf logits: a broken kernel, not a small drift."""
+
+
+class VocabularyMismatchError(GateRunError):
+    """Two-model mode with models whose tokenizers differ: their KL would be garbage."""
 
 
 class MlxgateWarning(pytest.PytestWarning):
