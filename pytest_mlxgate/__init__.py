@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .assertions import assert_kl_below
     from .device import blas_in_use, mlx_device
     from .errors import (
         MlxgateError,
@@ -20,12 +21,18 @@ if TYPE_CHECKING:
         ModelUnavailableError,
     )
     from .hub import HubError, snapshot_download, verify_snapshot
+    from .levers import Lever
     from .names import CandidateSpec, parse_name
+    from .paired import KLResult, Paired
     from .snapshots import ResolvedSnapshot, materialize
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {
     "CandidateSpec": "names",
+    "KLResult": "paired",
+    "Lever": "levers",
+    "Paired": "paired",
+    "assert_kl_below": "assertions",
     "HubError": "hub",
     "MlxgateError": "errors",
     "MlxgateUsageError": "errors",

@@ -7,13 +7,15 @@ implementation inside their bodies.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .settings import cache_dir_arg, endpoint_arg, name_arg
+from .settings import cache_dir_arg, count_arg, endpoint_arg, file_arg, name_arg
 
 if TYPE_CHECKING:
+    from .paired import Paired
     from .session import MlxgateSession, Role
     from .snapshots import ResolvedSnapshot
 
@@ -63,17 +65,68 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="hub endpoint. Default: HF_ENDPOINT, else https://huggingface.co.",
     )
+    group.addoption(
+        "--mlx-lever",
+        dest="mlx_lever",
+        metavar="NAME",
+        default=None,
+        help="override the gates' lever: a module's lever name (new values for it), an environment "
+        "variable (env:VAR or a bare NAME), patch:module.attr, kv, or model. Needs both values below.",
+    )
+    group.addoption("--mlx-ref-value", dest="mlx_ref_value", metavar="V", default=None,
+                    help="the lever's reference value (with --mlx-lever)")
+    group.addoption("--mlx-cand-value", dest="mlx_cand_value", metavar="V", default=None,
+                    help="the lever's candidate value (with --mlx-lever)")
+    group.addoption(
+        "--mlx-prompts-file",
+        dest="mlx_prompts_file",
+        metavar="JSONL",
+        type=file_arg,
+        default=None,
+        help='KL prompts, one JSON object per line: {"text": ...} or {"messages": [...]} (chat '
+        "template). Default: the built-in domain-diverse set.",
+    )
+    group.addoption("--mlx-kl-prompts", dest="mlx_kl_prompts", metavar="N", type=count_arg, default=None,
+                    help="sequences per KL gate (default: the gate's mlx_kl marker, else 64)")
+    group.addoption("--mlx-kl-tokens", dest="mlx_kl_tokens", metavar="T", type=count_arg, default=None,
+                    help="tokens per sequence (default: the gate's mlx_kl marker, else 256)")
+    group.addoption("--mlx-kl-decode", dest="mlx_kl_decode", metavar="D", type=count_arg, default=None,
+                    help="serving path: the last D tokens are decoded one at a time (default: marker, else 32)")
+    group.addoption("--mlx-refresh-reference", dest="mlx_refresh_reference", action="store_true", default=None,
+                    help="recompute the reference arm even when the reference cache has it")
+    group.addoption("--mlx-aa", dest="mlx_aa", action="store_true", default=None,
+                    help="A/A calibration: run each gate's reference arm against itself (and with another "
+                    "prefill chunk size) and check every limit sits above that noise floor")
+    group.addoption("--mlx-report", dest="mlx_report", metavar="PATH", default=None,
+                    help="write a JSON report, one record per gate")
+    group.addoption("--mlx-db", dest="mlx_db", metavar="PATH", default=None,
+                    help="sqlite results history (table quality_runs); 'off' disables. "
+                    "Default: .mlxgate/results.sqlite under the rootdir")
     parser.addini("mlx_candidate", "default for --mlx-candidate", default=None)
     parser.addini("mlx_reference", "default for --mlx-reference", default=None)
     parser.addini("mlx_cache_dir", "default for --mlx-cache-dir (relative to this file)", default=None)
     parser.addini("mlx_offline", "default for --mlx-offline", type="bool", default=None)
     parser.addini("mlx_endpoint", "default for --mlx-endpoint", default=None)
+    for name in ("mlx_lever", "mlx_ref_value", "mlx_cand_value", "mlx_prompts_file", "mlx_kl_prompts",
+                 "mlx_kl_tokens", "mlx_kl_decode", "mlx_report", "mlx_db"):
+        parser.addini(name, f"default for --{name.replace('_', '-')}", default=None)
+    parser.addini("mlx_refresh_reference", "default for --mlx-refresh-reference", type="bool", default=False)
+    parser.addini("mlx_aa", "default for --mlx-aa", type="bool", default=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from .session import MlxgateSession
     from .settings import read_settings
 
+    config.addinivalue_line(
+        "markers",
+        "mlx_lever(name, *, env=VAR | patch='mod.attr' | kv=True | context=factory, ref=..., cand=..., "
+        "path='prefill'|'serving'): the lever a gate module's `paired` fixture switches between its arms",
+    )
+    config.addinivalue_line(
+        "markers",
+        "mlx_kl(prompts=N, tokens=T, decode=D, chunk=C): a KL gate's sizes (the command line overrides them)",
+    )
     state = MlxgateSession(config, read_settings(config))
     config.stash[SESSION_KEY] = state
     config.pluginmanager.register(state, "mlxgate-session")
@@ -129,6 +182,28 @@ def mlx_reference_snapshot(request: pytest.FixtureRequest) -> ResolvedSnapshot:
     if snap is None:
         pytest.skip("no reference model: pass --mlx-reference NAME or set mlx_reference in the ini")
     return snap
+
+
+@pytest.fixture
+def paired(request: pytest.FixtureRequest) -> Iterator[Paired]:
+    """Both arms of the module's lever (`pytestmark = pytest.mark.mlx_lever(...)`) over identical
+    token ids: pass it to `assert_kl_below(paired, mean=..., p99=...)`.
+
+    The arms run once per module on first use, with one weight load of the candidate (two in
+    two-model mode); the reference arm comes from the reference cache when nothing it depends on
+    changed. Sizes: `pytest.mark.mlx_kl(prompts=, tokens=, decode=)`, or --mlx-kl-prompts/-tokens/-decode.
+    """
+    from .errors import MlxgateError
+
+    try:
+        value = _state(request).paired(request.node)
+    except MlxgateError as e:
+        message = str(e)
+    else:
+        yield value
+        value.finish()
+        return
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -542,7 +542,12 @@ def _gate_rows(record: Mapping[str, Any]) -> list[_Row]:
     checks = record.get("checks")
     verdict = record.get("verdict")
     rows: list[_Row]
-    if record.get("mode") == "aa":
+    has_checks = isinstance(checks, Sequence) and not isinstance(checks, str) and bool(checks)
+    if record.get("mode") == "aa" and has_checks:
+        # A/A with limits: each limit against the noise floor it must sit above
+        rows = [(m, v, _DASH, lim, "above floor" if verdict_ == "pass" else verdict_)
+                for m, v, _, lim, verdict_ in _check_rows(checks)]  # type: ignore[arg-type]
+    elif record.get("mode") == "aa":
         rows = _floor_rows(_map(record.get("aa")))
     elif isinstance(checks, Sequence) and not isinstance(checks, str) and checks:
         rows = _check_rows(checks)

@@ -8,6 +8,7 @@ Only the controller prints; workers never download and never write to the termin
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,6 +20,8 @@ from .progress import LineProgress, format_bytes
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .paired import Paired, PairedRun
+    from .reporting import RunInfo
     from .snapshots import ResolvedSnapshot
 
 __all__ = ["MlxgateSession", "Role", "WORKERINPUT_KEYS"]
@@ -58,7 +61,11 @@ class MlxgateSession:
         self._failed: dict[Role, str] = {}
         self._machine: tuple[str, str] | None = None
         self._header_shown = False
-        self._model: tuple[Any, Any] | None = None
+        self._written: list[str] = []
+        self._started = time.time()
+        self._models: dict[Role, tuple[Any, Any]] = {}
+        self._runs: dict[str, PairedRun] = {}
+        self.records: list[dict[str, Any]] = []  # gate records seen by this process's reports
 
     @property
     def is_worker(self) -> bool:
@@ -91,6 +98,82 @@ class MlxgateSession:
         lines[0] += f" · {device} · {blas}"
         self._header_shown = True
         return lines
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Gate records ride the teardown report's user_properties (so they cross xdist too)."""
+        if self.is_worker or report.when != "teardown":
+            return
+        for name, value in report.user_properties:
+            if name == "mlxgate" and isinstance(value, dict):
+                self.records.append(value)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One table for the whole run, printed by the controller only."""
+        if self.is_worker or not self.records:
+            return
+        from .reporting import summary_lines
+
+        terminalreporter.section("mlxgate")
+        for line in summary_lines(self.records, width=terminalreporter._tw.fullwidth):
+            terminalreporter.write_line(line)
+        for line in self._written:
+            terminalreporter.write_line(line)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """The controller writes the JSON report and appends to the results DB, once per run."""
+        self._written = []
+        if self.is_worker or not self.records or self.settings.gate is None:
+            return
+        from .reporting import ResultsDB, write_json_report
+
+        run = self._run_info()
+        gate = self.settings.gate
+        if gate.report is not None:
+            write_json_report(gate.report, run, self.records)
+            self._written.append(f"mlxgate: JSON report → {gate.report}")
+        if gate.db is not None:
+            try:
+                rows = ResultsDB(gate.db).append(run, self.records)
+            except (OSError, MlxgateError, ValueError) as e:  # history is a by-product: warn, keep the verdict
+                self.config.issue_config_time_warning(MlxgateWarning(f"results DB {gate.db} not written: {e}"), 2)
+            else:
+                self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
+
+    def _run_info(self) -> RunInfo:
+        import platform
+        import sys
+        import time
+        import uuid
+        from importlib.metadata import PackageNotFoundError, version
+
+        from .reporting import RunInfo, git_state
+
+        def v(dist: str) -> str:
+            try:
+                return version(dist)
+            except PackageNotFoundError:
+                return "absent"
+
+        commit, dirty = git_state(self.config.rootpath)
+        device, blas = self.machine()
+        gate = self.settings.gate
+        config = {
+            "candidate": self.settings.candidate,
+            "reference": self.settings.reference,
+            "offline": self.settings.offline,
+            "gate": {k: (str(v_) if v_ is not None else None) for k, v_ in vars(gate).items()} if gate else None,
+        }
+        return RunInfo(
+            run_id=uuid.uuid4().hex,
+            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._started)),
+            code_commit=commit,
+            code_dirty=dirty,
+            argv=[str(a) for a in self.config.invocation_params.args],
+            config=config,
+            machine={"device": device, "blas": blas, "mlx": v("mlx"), "mlx_lm": v("mlx-lm"),
+                     "python": sys.version.split()[0], "platform": platform.platform()},
+        )
 
     # -- what fixtures call --------------------------------------------------------------------
 
@@ -146,11 +229,12 @@ class MlxgateSession:
         self._resolved[role] = snap
         return snap
 
-    def model(self) -> tuple[Any, Any]:
-        """(model, tokenizer) of the candidate through `mlx_lm.load`, once per process."""
-        if self._model is None:
-            snap = self.snapshot("candidate")
-            assert snap is not None
+    def model(self, role: Role = "candidate") -> tuple[Any, Any]:
+        """(model, tokenizer) of the role through `mlx_lm.load`, once per process."""
+        if role not in self._models:
+            snap = self.snapshot(role)
+            if snap is None:
+                raise ModelUnavailableError(f"mlxgate: no {role} model configured (--mlx-{role} NAME)")
             import mlx_lm
 
             try:
@@ -159,8 +243,19 @@ class MlxgateSession:
                 raise ModelUnavailableError(
                     f"mlxgate: mlx_lm.load could not load {snap.pinned} ({snap.name}): {e}"
                 ) from e
-            self._model = (loaded[0], loaded[1])
-        return self._model
+            self._models[role] = (loaded[0], loaded[1])
+        return self._models[role]
+
+    def paired(self, item: pytest.Item) -> Paired:
+        """The `paired` fixture's value: the item's module run (built once per module and lever)."""
+        from .gate_config import build_paired_run, rerun_command
+        from .paired import Paired
+
+        run = build_paired_run(self, item, self._runs)
+        return Paired(run, item, rerun_command(self.config, item.nodeid))
+
+    def terminal_line_writer(self) -> contextlib.AbstractContextManager[Callable[[str], None] | None]:
+        return self._terminal()
 
     def worker_payload(self) -> dict[str, str]:
         """What `pytest_configure_node` puts into each worker's `workerinput`: pinned snapshots."""

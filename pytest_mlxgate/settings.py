@@ -18,8 +18,17 @@ from .errors import MlxgateUsageError, ModelNameError
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
 
 __all__ = [
+    "DEFAULT_DB",
+    "DEFAULT_KL_DECODE",
+    "DEFAULT_KL_PROMPTS",
+    "DEFAULT_KL_TOKENS",
+    "GATE_OPTION_NAMES",
+    "GateSettings",
     "OPTION_NAMES",
     "Settings",
+    "count_arg",
+    "file_arg",
+    "read_gate_settings",
     "cache_dir_arg",
     "check_endpoint",
     "endpoint_arg",
@@ -36,6 +45,29 @@ OPTION_NAMES: dict[str, str] = {
     "mlx_endpoint": "--mlx-endpoint",
 }
 
+#: The KL gate's options (dest/ini name -> flag); they also put mlxgate in use.
+GATE_OPTION_NAMES: dict[str, str] = {
+    "mlx_lever": "--mlx-lever",
+    "mlx_ref_value": "--mlx-ref-value",
+    "mlx_cand_value": "--mlx-cand-value",
+    "mlx_prompts_file": "--mlx-prompts-file",
+    "mlx_kl_prompts": "--mlx-kl-prompts",
+    "mlx_kl_tokens": "--mlx-kl-tokens",
+    "mlx_kl_decode": "--mlx-kl-decode",
+    "mlx_refresh_reference": "--mlx-refresh-reference",
+    "mlx_aa": "--mlx-aa",
+    "mlx_report": "--mlx-report",
+    "mlx_db": "--mlx-db",
+}
+
+#: The anchors' size (llama.cpp's and the project's ancestors'): 64 prompts x 256 tokens.
+DEFAULT_KL_PROMPTS = 64
+DEFAULT_KL_TOKENS = 256
+#: Serving path: how many of the last tokens are fed one at a time (decode is ~15x slower than prefill).
+DEFAULT_KL_DECODE = 32
+#: Where the results history goes unless --mlx-db/mlx_db says otherwise ("off" turns it off).
+DEFAULT_DB = ".mlxgate/results.sqlite"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -50,6 +82,28 @@ class Settings:
     pyproject: Path  # the rootdir's pyproject.toml: aliases live there (it may not exist)
     tool_table: dict[str, object] | None  # its [tool.mlxgate], None when absent
     in_use: bool  # any mlxgate option/ini set, or a [tool.mlxgate] table exists
+    gate: GateSettings | None = None
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """The KL gate's settings. Sizes left None fall back to the gate's `mlx_kl` marker, then defaults."""
+
+    lever: str | None
+    ref_value: str | None
+    cand_value: str | None
+    prompts_file: Path | None
+    kl_prompts: int | None
+    kl_tokens: int | None
+    kl_decode: int | None
+    kl_prompts_ini: int | None  # ini sizes rank below a module's marker; the command line above it
+    kl_tokens_ini: int | None
+    kl_decode_ini: int | None
+    refresh_reference: bool
+    aa: bool
+    report: Path | None
+    db: Path | None  # None: off
+    invocation_dir: Path
 
 
 def name_arg(value: str) -> str:
@@ -88,6 +142,84 @@ def cache_dir_arg(value: str) -> str:
     return value
 
 
+def count_arg(value: str) -> int:
+    """argparse `type=` for a positive count (prompts, tokens)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def file_arg(value: str) -> str:
+    """argparse `type=` for an input file that must exist now (not after an hour of model loading)."""
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"'{value}' is not a file")
+    return value
+
+
+def _ini_count(config: pytest.Config, name: str) -> int | None:
+    value = config.getini(name)
+    if value in (None, ""):
+        return None
+    try:
+        return count_arg(str(value))
+    except argparse.ArgumentTypeError as e:
+        raise MlxgateUsageError(f"{name} in {config.inipath or 'the ini file'}: {e}") from None
+
+
+def read_gate_settings(config: pytest.Config) -> GateSettings:
+    """The KL gate's options, command line over ini; paths relative to where they were written."""
+    cli = {name: config.getoption(name) for name in GATE_OPTION_NAMES}
+    inidir = config.inipath.parent if config.inipath else config.invocation_params.dir
+    here = config.invocation_params.dir
+
+    def path(name: str) -> Path | None:
+        if cli[name]:
+            return here / Path(cli[name]).expanduser()
+        ini = config.getini(name)
+        return inidir / Path(str(ini)).expanduser() if ini else None
+
+    prompts_file = path("mlx_prompts_file")
+    if prompts_file is not None and not prompts_file.is_file():
+        raise MlxgateUsageError(f"mlx_prompts_file: '{prompts_file}' is not a file")
+    db_raw = cli["mlx_db"] or config.getini("mlx_db") or None
+    db = (None if str(db_raw).lower() in ("off", "none", "0", "false") else path("mlx_db")) if db_raw else (
+        config.rootpath / DEFAULT_DB)
+    lever = cli["mlx_lever"] or config.getini("mlx_lever") or None
+    ref_value = cli["mlx_ref_value"] if cli["mlx_ref_value"] is not None else (config.getini("mlx_ref_value") or None)
+    cand_value = cli["mlx_cand_value"] if cli["mlx_cand_value"] is not None else (
+        config.getini("mlx_cand_value") or None)
+    if lever is None and (ref_value is not None or cand_value is not None):
+        raise MlxgateUsageError(
+            "--mlx-ref-value/--mlx-cand-value need --mlx-lever NAME: say which lever the values are for"
+        )
+    if lever not in (None, "model") and (ref_value is None or cand_value is None):
+        raise MlxgateUsageError(
+            f"--mlx-lever {lever} needs both values: pass --mlx-ref-value V and --mlx-cand-value V"
+        )
+    return GateSettings(
+        lever=lever,
+        ref_value=ref_value,
+        cand_value=cand_value,
+        prompts_file=prompts_file,
+        kl_prompts=cli["mlx_kl_prompts"],
+        kl_tokens=cli["mlx_kl_tokens"],
+        kl_decode=cli["mlx_kl_decode"],
+        kl_prompts_ini=_ini_count(config, "mlx_kl_prompts"),
+        kl_tokens_ini=_ini_count(config, "mlx_kl_tokens"),
+        kl_decode_ini=_ini_count(config, "mlx_kl_decode"),
+        refresh_reference=bool(cli["mlx_refresh_reference"] or config.getini("mlx_refresh_reference")),
+        aa=bool(cli["mlx_aa"] or config.getini("mlx_aa")),
+        report=path("mlx_report"),
+        db=db,
+        invocation_dir=here,
+    )
+
+
 def read_settings(config: pytest.Config) -> Settings:
     """Merge command line over ini; relative paths are relative to where each was written."""
     cli = {name: config.getoption(name) for name in OPTION_NAMES}
@@ -110,9 +242,15 @@ def read_settings(config: pytest.Config) -> Settings:
         if ini["mlx_cache_dir"]
         else None
     )
+    try:
+        gate = read_gate_settings(config)
+    except MlxgateUsageError as e:
+        raise pytest.UsageError(str(e)) from None
+    gate_set = [config.getoption(n) for n in GATE_OPTION_NAMES] + [config.getini(n) for n in GATE_OPTION_NAMES]
     in_use = (
         any(v not in (None, "") for v in cli.values())
         or any(v not in (None, "") for v in ini.values())
+        or any(v not in (None, "", False) for v in gate_set)
         or tool_table is not None
     )
     return Settings(
@@ -128,6 +266,7 @@ def read_settings(config: pytest.Config) -> Settings:
         pyproject=pyproject,
         tool_table=tool_table,
         in_use=in_use,
+        gate=gate,
     )
 
 

@@ -47,3 +47,11 @@ def fast_policy() -> "RetryPolicy":  # noqa: F821
 
     return RetryPolicy(backoff_base=0.01, backoff_max=0.05, max_retry_after=0.05, stall_window=0.5,
                        min_bytes_per_window=4096, connect_timeout=2.0, workers=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama (real mlx_lm model, real tokenizer) that loads in milliseconds."""
+    from tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -1,0 +1,232 @@
+"""Running one arm of a gate: the model's next-token logits over fixed token ids, on one of two paths.
+
+- prefill: one teacher-forced forward per sequence (or the same tokens in chunks through a KV
+  cache, which is how the A/A calibration measures chunking noise);
+- serving: the prefix goes through the production cache path in prefill chunks, then the
+  remaining tokens are fed one at a time, quantizing the cache after every call exactly where
+  `mlx_lm.generate.generate_step` does, so decode kernels and quantized caches are what is scored.
+
+Both arms see identical token ids; the lever decides everything else. Each arm streams: one
+sequence's logits (positions × vocabulary, float32) exist at a time, whatever the prompt count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .errors import LeverError, NonFiniteLogitsError
+
+if TYPE_CHECKING:
+    from .kl import RefDistributions, TokenScores
+    from .kvcache import KVPlan
+    from .levers import Arm, Lever
+    from .prompts import TokenSequence
+
+__all__ = ["ArmCounters", "RunShape", "SequenceLogits", "run_candidate", "run_reference", "sequence_logits"]
+
+Path_ = Literal["prefill", "serving"]
+
+#: mlx_lm.generate's default prefill step: the serving path's prefix is processed in chunks this big.
+SERVING_PREFILL_STEP = 2048
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How much of each sequence is scored, and how it is fed to the model."""
+
+    path: Path_
+    tokens: int  # sequence length T: ids hold T + 1 tokens, the last one only ever predicted
+    decode: int  # serving: the last `decode` positions are fed one token at a time
+    chunk: int | None = None  # prefill chunk size; None: one forward (prefill) / 2048 (serving)
+
+    def __post_init__(self) -> None:
+        if self.tokens < 2:
+            raise LeverError(f"a gate needs at least 2 tokens per sequence, got {self.tokens}")
+        if self.path == "serving" and not 1 <= self.decode < self.tokens:
+            raise LeverError(
+                f"the serving path feeds the last `decode` of {self.tokens} tokens one at a time, "
+                f"so decode must be between 1 and {self.tokens - 1}, got {self.decode}; "
+                "change --mlx-kl-decode (or mlx_kl(decode=...))"
+            )
+        if self.chunk is not None and self.chunk < 1:
+            raise LeverError(f"the prefill chunk size must be positive, got {self.chunk}")
+
+    @property
+    def scored(self) -> int:
+        """Scored positions per sequence."""
+        return self.decode if self.path == "serving" else self.tokens
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "tokens": self.tokens, "decode": self.decode if self.path == "serving" else None,
+                "chunk": self.chunk}
+
+
+@dataclass
+class SequenceLogits:
+    """One sequence's scored distributions: logits[i] predicts next_tokens[i] at positions[i]."""
+
+    logits: np.ndarray  # (rows, V) float32
+    next_tokens: np.ndarray  # (rows,) int32
+    positions: np.ndarray  # (rows,) int32
+    dtype: str  # the model's own logits dtype, before the float32 cast (near-ties depend on it)
+
+
+@dataclass
+class ArmCounters:
+    """Forward calls per arm: how tests prove a cached reference arm really did not run."""
+
+    reference_forwards: int = 0
+    candidate_forwards: int = 0
+
+    def add(self, arm: Arm, n: int) -> None:
+        if arm == "reference":
+            self.reference_forwards += n
+        else:
+            self.candidate_forwards += n
+
+
+def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan) -> tuple[SequenceLogits, int]:
+    """Run one sequence on `shape.path`; returns its logits and the number of model calls made."""
+    import mlx.core as mx
+
+    tokens = shape.tokens
+    if len(ids) != tokens + 1:
+        raise ValueError(f"a sequence must hold tokens + 1 = {tokens + 1} ids, got {len(ids)}")
+    x = mx.array(list(ids[:tokens]), dtype=mx.int32)[None]
+    next_tokens = np.asarray(ids[1 : tokens + 1], dtype=np.int32)
+    if shape.path == "prefill":
+        if shape.chunk is None or shape.chunk >= tokens:
+            out = model(x)
+            dtype = _dtype_name(out.dtype)
+            logits = _to_numpy(out[0])
+            calls = 1
+        else:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(model)
+            parts, calls, dtype = [], 0, "float32"
+            for start in range(0, tokens, shape.chunk):
+                out = model(x[:, start : start + shape.chunk], cache=cache)
+                dtype = _dtype_name(out.dtype)
+                parts.append(_to_numpy(out[0]))
+                calls += 1
+            logits = np.concatenate(parts)
+        positions = np.arange(tokens, dtype=np.int32)
+        return SequenceLogits(logits, next_tokens, positions, dtype), calls
+
+    # serving: prefix through the cache in prefill chunks, then one token per call
+    prefix = tokens - shape.decode
+    step = shape.chunk or SERVING_PREFILL_STEP
+    cache = kv.make_cache(model)
+    calls = 0
+    for start in range(0, prefix, step):
+        model(x[:, start : min(start + step, prefix)], cache=cache)
+        kv.maybe_quantize(cache)
+        mx.eval([c.state for c in cache])
+        calls += 1
+    rows: np.ndarray | None = None
+    dtype = "float32"
+    for i, pos in enumerate(range(prefix, tokens)):
+        out = model(x[:, pos : pos + 1], cache=cache)
+        kv.maybe_quantize(cache)
+        row = out[0, -1]
+        dtype = _dtype_name(row.dtype)
+        values = _to_numpy(row)
+        if rows is None:
+            rows = np.empty((shape.decode, values.shape[-1]), dtype=np.float32)
+        rows[i] = values
+        calls += 1
+    assert rows is not None
+    positions = np.arange(prefix, tokens, dtype=np.int32)
+    return SequenceLogits(rows, next_tokens[prefix:], positions, dtype), calls
+
+
+def run_reference(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    lever: Lever,
+    *,
+    counters: ArmCounters,
+    arm: Arm = "reference",
+    on_sequence: Callable[[int], None] | None = None,
+) -> list[RefDistributions]:
+    """The reference arm, compacted per sequence (what the reference cache stores)."""
+    from .kl import compact_reference
+
+    refs = []
+    with lever.applied(arm):
+        kv = lever.kv_plan(arm)
+        for seq, out in _each(model, sequences, shape, kv, arm, lever, counters):
+            refs.append(compact_reference(out.logits, out.next_tokens, logits_dtype=out.dtype))
+            if on_sequence:
+                on_sequence(seq.index)
+    return refs
+
+
+def run_candidate(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    lever: Lever,
+    refs: Sequence[RefDistributions],
+    *,
+    counters: ArmCounters,
+    arm: Arm = "candidate",
+    override_shape: RunShape | None = None,
+) -> list[TokenScores]:
+    """The candidate arm, scored against the reference sequence by sequence (its logits never pile up).
+
+    `arm`/`override_shape` let the A/A calibration run the reference configuration again, or
+    with another chunk size, through this same scoring path.
+    """
+    from .kl import compare
+
+    if len(refs) != len(sequences):
+        raise ValueError(f"{len(refs)} reference sequences for {len(sequences)} candidate sequences")
+    scores = []
+    with lever.applied(arm):
+        kv = lever.kv_plan(arm)
+        for seq, out in _each(model, sequences, override_shape or shape, kv, arm, lever, counters):
+            scores.append(compare(refs[seq.index], out.logits, out.next_tokens, out.positions))
+    return scores
+
+
+def _each(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    kv: KVPlan,
+    arm: Arm,
+    lever: Lever,
+    counters: ArmCounters,
+) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
+    from .kl import first_nonfinite_row
+
+    for seq in sequences:
+        out, calls = sequence_logits(model, seq.ids, shape, kv)
+        counters.add(arm, calls)
+        bad = first_nonfinite_row(out.logits)
+        if bad is not None:
+            row = out.logits[bad]
+            what = "NaN" if np.isnan(row).any() else "inf"
+            raise NonFiniteLogitsError(
+                f"the {arm} arm ({lever.name}={lever.describe_value(arm)}) produced {what} logits at "
+                f"prompt {seq.index} ({seq.preview!r}), position {int(out.positions[bad])}: "
+                "a broken kernel or overflow, not drift; run that arm alone to debug it"
+            )
+        yield seq, out
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    import mlx.core as mx
+
+    return np.asarray(x.astype(mx.float32))
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).rsplit(".", 1)[-1]

@@ -1,0 +1,116 @@
+"""The reference arm's distributions, cached on disk so an unchanged gate runs only its candidate arm.
+
+An entry is keyed by everything that changes the reference distributions: the model (commit, or
+a fingerprint of a local directory's files), the tokenizer files' content, the device and BLAS,
+mlx and mlx-lm versions, the token ids of every sequence, the path and its sizes, the lever's
+reference value, and the compaction's own constants. The key is stored inside the entry and
+compared in full on load: a hash collision, a truncated file or a foreign file is a miss, never
+a wrong reference. Entries are written atomically (temp file, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .kl import RefDistributions
+
+__all__ = ["CACHE_FORMAT", "ReferenceCache", "model_fingerprint", "tokenizer_fingerprint"]
+
+CACHE_FORMAT = 1
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                    "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")
+
+
+def model_fingerprint(path: Path, commit: str, repo_id: str | None) -> str:
+    """`repo@commit` for a verified snapshot; for a local directory, its files' names, sizes, mtimes."""
+    if repo_id is not None and commit != "local":
+        return f"{repo_id}@{commit}"
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        st = f.stat()
+        digest.update(f"{f.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return f"local:{path}:{digest.hexdigest()[:32]}"
+
+
+def tokenizer_fingerprint(path: Path) -> str:
+    """sha256 over the tokenizer files' content (they decide the ids; cheap: a few MB at most)."""
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        f = path / name
+        if f.is_file():
+            digest.update(name.encode() + b"\0")
+            with open(f, "rb") as fh:
+                digest.update(hashlib.file_digest(fh, "sha256").digest())
+    return digest.hexdigest()
+
+
+class ReferenceCache:
+    """A directory of `<key-hash>.npz` files, one per (gate configuration, reference arm)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    @staticmethod
+    def digest(key: Mapping[str, Any]) -> str:
+        return hashlib.sha256(_canonical(key).encode()).hexdigest()[:40]
+
+    def path_for(self, key: Mapping[str, Any]) -> Path:
+        return self.directory / f"{self.digest(key)}.npz"
+
+    def load(self, key: Mapping[str, Any], n_sequences: int) -> list[RefDistributions] | None:
+        """The cached reference for `key`, or None (absent, damaged, or written for another key)."""
+        from .kl import RefDistributions
+
+        path = self.path_for(key)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                stored = json.loads(bytes(data["key"]).decode())
+                if stored != json.loads(_canonical(key)) or int(data["n"]) != n_sequences:
+                    return None
+                out = []
+                for i in range(n_sequences):
+                    prefix = f"s{i}_"
+                    arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
+                    out.append(RefDistributions.from_arrays(arrays))
+                return out
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, json.JSONDecodeError):
+            return None
+
+    def store(self, key: Mapping[str, Any], refs: Sequence[RefDistributions]) -> Path:
+        """Write atomically; a concurrent writer of the same key writes identical content."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {
+            "key": np.frombuffer(_canonical(key).encode(), dtype=np.uint8),
+            "n": np.asarray(len(refs)),
+        }
+        for i, ref in enumerate(refs):
+            for name, value in ref.to_arrays().items():
+                arrays[f"s{i}_{name}"] = value
+        final = self.path_for(key)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=self.directory)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **arrays)  # type: ignore[arg-type]
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return final
+
+
+def _canonical(key: Mapping[str, Any]) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)

@@ -1,0 +1,173 @@
+"""The KL gate end to end through pytester: failing gates fail with the report, -n 2 writes one DB
+row per gate and one summary, the JSON report carries every field, A/A checks the limits, and
+option mistakes are usage errors."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+PERTURB = '''
+import mlx.core as mx
+
+_fused = mx.fast.rms_norm
+
+
+def rms_norm(x, weight, eps):
+    """RMSNorm with weights 2% too large: a small, real drift."""
+    return _fused(x, weight * 1.02, eps)
+'''
+
+GATE = '''
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("norm", patch="mlx.core.fast.rms_norm", ref=None, cand="perturb:rms_norm"),
+    pytest.mark.mlx_kl(prompts=3, tokens=24),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean={mean}, top1=0.2)
+'''
+
+NEUTRAL = '''
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", cand="1", path="serving"),
+    pytest.mark.mlx_kl(prompts=2, tokens=24, decode=4),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=1e-9, max=1e-9)
+'''
+
+RECORD_FIELDS = {
+    "nodeid", "gate", "mode", "candidate", "reference_model", "lever", "path", "sizes", "stats", "bounds",
+    "checks", "verdict", "reference_source", "durations", "time", "rerun",
+}
+STAT_FIELDS = {
+    "n_prompts", "n_tokens", "mean", "mean_ci", "median", "p90", "p95", "p99", "p999", "quantile_ci", "max",
+    "max_at", "same_top", "same_top_ci", "top1", "top1_ci", "flips", "near_tie_flips", "ln_ppl_ratio",
+    "ln_ppl_ratio_ci", "delta_p", "worst",
+}
+
+
+@pytest.fixture
+def gate_dir(pytester: pytest.Pytester, tiny_model_dir: Path) -> pytest.Pytester:
+    pytester.makepyfile(perturb=PERTURB)
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def _args(tiny_model_dir: Path, tmp: Path, *more: str) -> list[str]:
+    # `--opt=value`: a bare path argument would move pytest's rootdir (and so the node ids)
+    return [f"--mlx-candidate={tiny_model_dir}", f"--mlx-db={tmp / 'results.sqlite'}",
+            "-p", "no:randomly", *more]
+
+
+def test_a_gate_over_its_limit_fails_and_its_message_is_the_report(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*AssertionError: KL gate failed: test_gate.py::test_drift",
+        "*mean KL * (95% interval *–* over 3 prompts, 72 tokens) > limit 1.00e-09  ✗",
+        "*worst: prompt *, position *, next token *",
+        "*arms: norm=original vs norm=perturb:rms_norm · path=prefill",
+        f"*model: {tiny_model_dir}*",
+        f"*re-run: pytest test_gate.py::test_drift --mlx-candidate={tiny_model_dir}",
+    ])
+    result.stdout.fnmatch_lines(["*test_gate::test_drift*mean KL*FAIL*"])  # the summary table says it too
+
+
+def test_xdist_writes_one_db_row_per_gate_one_summary_and_a_full_json_report(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("xdist")
+    gate_dir.makepyfile(test_gate=GATE.format(mean="1.0"), test_neutral=NEUTRAL)
+    report = tmp_path / "report.json"
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path, "-n", "2", "--mlx-report", str(report)))
+    result.assert_outcomes(passed=2)
+    assert result.stdout.str().count("=== mlxgate ===") == 1 or result.stdout.str().count(" mlxgate ") >= 1
+    assert sum("mean KL" in line and "test_gate::test_drift" in line for line in result.stdout.lines) == 1
+
+    with sqlite3.connect(tmp_path / "results.sqlite") as db:
+        rows = db.execute("SELECT nodeid, verdict, n_prompts, n_tokens, config_json FROM quality_runs "
+                          "ORDER BY nodeid").fetchall()
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("test_gate.py::test_drift", "pass", 3, 72),
+        ("test_neutral.py::test_drift", "pass", 2, 8),
+    ]
+    assert json.loads(rows[0][4])  # the run's configuration travels with every row
+
+    data = json.loads(report.read_text())
+    assert len(data["gates"]) == 2
+    for record in data["gates"]:
+        assert RECORD_FIELDS <= set(record), RECORD_FIELDS - set(record)
+        assert STAT_FIELDS <= set(record["stats"]), STAT_FIELDS - set(record["stats"])
+        assert record["candidate"]["pinned"] == str(tiny_model_dir)
+        assert set(record["lever"]) >= {"name", "kind", "ref", "cand"}
+        assert record["durations"]["total_s"] > 0
+    neutral = next(r for r in data["gates"] if r["nodeid"].startswith("test_neutral"))
+    assert neutral["stats"]["mean"] == 0.0 and neutral["path"] == "serving"
+    assert neutral["lever"]["ref"] == "0" and neutral["lever"]["cand"] == "1"
+
+
+def test_aa_fails_limits_below_the_noise_floor_and_passes_the_others(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_loose=GATE.format(mean="1.0"), test_tight=GATE.format(mean="0.0"))
+    report = tmp_path / "aa.json"
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path, "--mlx-aa", "--mlx-report", str(report)))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*KL gate bounds sit below the A/A noise floor: test_tight.py::test_drift*"])
+    records = {r["gate"]: r for r in json.loads(report.read_text())["gates"]}
+    assert records["test_loose::test_drift"]["verdict"] == "floor"
+    assert records["test_tight::test_drift"]["verdict"] == "fail"
+    aa = records["test_loose::test_drift"]["aa"]
+    assert aa["repeat"]["mean"] == 0.0  # the same arm twice on CPU: bit-identical
+    assert aa["chunked"]["n_tokens"] == 72 and aa["floors"]["mean"] >= 0
+
+
+def test_the_command_line_lever_replaces_the_module_lever(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
+    result = gate_dir.runpytest_subprocess(*_args(
+        tiny_model_dir, tmp_path, "--mlx-lever", "MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"))
+    result.assert_outcomes(passed=1)  # an environment variable nothing reads: KL exactly 0
+
+
+def test_a_gate_without_a_lever_says_how_to_declare_one(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_nolever="def test_drift(paired):\n    pass\n")
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path))
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*declares no lever: add `pytestmark = pytest.mark.mlx_lever(...)`*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mlx-ref-value", "1"], "*--mlx-ref-value/--mlx-cand-value need --mlx-lever NAME*"),
+        (["--mlx-lever", "X", "--mlx-ref-value", "1"], "*--mlx-lever X needs both values*"),
+        (["--mlx-kl-prompts", "0"], "*--mlx-kl-prompts: must be at least 1, got 0*"),
+        (["--mlx-prompts-file", "nope.jsonl"], "*--mlx-prompts-file: 'nope.jsonl' is not a file*"),
+    ],
+)
+def test_option_mistakes_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])

@@ -1,0 +1,304 @@
+"""Statistics per gate (`pytest_mlxgate.stats`): t quantiles, interval coverage, the JSON summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from pytest_mlxgate.kl import TokenScores
+from pytest_mlxgate.stats import (
+    QUANTILES,
+    KLStats,
+    _resampled_quantiles,
+    cluster_bootstrap_quantile,
+    cluster_bootstrap_quantiles,
+    mean_interval,
+    summarize,
+    t_quantile,
+    wilson_interval,
+)
+
+# --- distributions and intervals -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "df, expected",
+    [(1, 12.706204736), (2, 4.302652730), (5, 2.570581836), (10, 2.228138852), (30, 2.042272456),
+     (math.inf, 1.959963985)],
+)
+def test_t_quantile_matches_the_table_at_0_975(df: float, expected: float) -> None:
+    assert t_quantile(0.975, df) == pytest.approx(expected, rel=1e-8)
+    assert t_quantile(0.025, df) == pytest.approx(-expected, rel=1e-8)
+
+
+@pytest.mark.parametrize("p, df, expected", [(0.95, 3, 2.353363435), (0.995, 1, 63.656741163),
+                                             (0.9995, 4, 8.610301581), (0.9, 20, 1.325340707)])
+def test_t_quantile_elsewhere_in_the_table(p: float, df: float, expected: float) -> None:
+    assert t_quantile(p, df) == pytest.approx(expected, rel=1e-8)
+
+
+def test_t_quantile_refuses_nonsense() -> None:
+    assert t_quantile(0.5, 7) == 0.0
+    for p, df in ((0.0, 3), (1.0, 3), (0.9, 0), (0.9, -1)):
+        with pytest.raises(ValueError):
+            t_quantile(p, df)
+
+
+def test_mean_interval_known_values() -> None:
+    lo, hi = mean_interval(np.array([1.0, 2.0, 3.0, 4.0]))
+    half = 3.182446305 * math.sqrt(5 / 3) / 2  # t(0.975, 3) * s / sqrt(n)
+    assert (lo, hi) == (pytest.approx(2.5 - half, rel=1e-8), pytest.approx(2.5 + half, rel=1e-8))
+    assert mean_interval(np.array([1.0, 2.0, 3.0, 4.0]), weights=np.full(4, 7.0)) == pytest.approx((lo, hi))
+    assert mean_interval(np.array([3.0])) == (-math.inf, math.inf)
+    assert mean_interval(np.array([2.0, 2.0, 2.0])) == (2.0, 2.0)
+    with pytest.raises(ValueError):
+        mean_interval(np.array([]))
+
+
+def test_weighted_mean_interval_centres_on_the_pooled_token_mean() -> None:
+    tokens = [np.array([1.0, 1.0, 1.0, 5.0]), np.array([6.0]), np.array([0.0, 2.0])]
+    lo, hi = mean_interval(np.array([t.mean() for t in tokens]), weights=np.array([t.size for t in tokens]))
+    assert (lo + hi) / 2 == pytest.approx(np.concatenate(tokens).mean())
+    assert lo < hi
+
+
+@pytest.mark.parametrize(
+    "k, n, expected",  # Newcombe (1998), Statistics in Medicine 17:857, Table II, method 3 (score)
+    [(81, 263, (0.2553, 0.3662)), (15, 148, (0.0624, 0.1605)), (0, 20, (0.0, 0.1611)), (1, 29, (0.0061, 0.1718))],
+)
+def test_wilson_interval_known_values(k: int, n: int, expected: tuple[float, float]) -> None:
+    lo, hi = wilson_interval(k, n)
+    assert (round(lo, 4), round(hi, 4)) == expected
+
+
+def test_wilson_interval_edges_and_symmetry() -> None:
+    z2 = 1.959963985**2
+    assert wilson_interval(0, 10) == (0.0, pytest.approx(z2 / (10 + z2)))
+    lo, hi = wilson_interval(3, 17)
+    assert wilson_interval(14, 17) == (pytest.approx(1 - hi), pytest.approx(1 - lo))
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(5, 4)
+
+
+# --- cluster bootstrap ---------------------------------------------------------------------------------------
+
+
+def test_resampled_quantiles_equal_numpy_on_the_concatenated_resample() -> None:
+    rng = np.random.default_rng(3)
+    seqs = [rng.lognormal(size=int(n)) for n in rng.integers(1, 40, 9)]
+    seqs[4][:] = seqs[2][0]  # ties across sequences
+    qs = [0.0, 0.1, 0.5, 0.9, 0.999, 1.0]
+    draws = rng.integers(0, len(seqs), size=(40, len(seqs)))
+    ours = _resampled_quantiles(seqs, qs, draws)
+    expected = np.array([np.quantile(np.concatenate([seqs[i] for i in d]), qs) for d in draws])
+    np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=0)
+
+
+def test_cluster_bootstrap_is_deterministic_and_honest_about_one_sequence() -> None:
+    rng = np.random.default_rng(4)
+    seqs = [rng.lognormal(size=50) for _ in range(12)]
+    a = cluster_bootstrap_quantile(seqs, 0.9, resamples=200, seed=1)
+    assert a == cluster_bootstrap_quantile(seqs, 0.9, resamples=200, seed=1)
+    assert a != cluster_bootstrap_quantile(seqs, 0.9, resamples=200, seed=2)
+    assert a[0] <= np.quantile(np.concatenate(seqs), 0.9) <= a[1]
+    assert cluster_bootstrap_quantiles(seqs, [0.9], resamples=200, seed=1) == [a]
+    assert cluster_bootstrap_quantile([seqs[0], np.array([])], 0.5) == (-math.inf, math.inf)
+
+
+def test_cluster_bootstrap_is_fast_enough() -> None:
+    rng = np.random.default_rng(5)
+    seqs = [rng.lognormal(size=256) for _ in range(64)]
+    started = time.perf_counter()
+    cis = cluster_bootstrap_quantiles(seqs, list(QUANTILES.values()))
+    assert time.perf_counter() - started < 1.5
+    assert all(lo < hi for lo, hi in cis)
+
+
+# --- coverage: sequences are the units, tokens are not -------------------------------------------------------
+
+
+def ar1_lognormal(rng: np.random.Generator, reps: int, seqs: int, tokens: int, phi: float = 0.9) -> np.ndarray:
+    """Per-token 'KL' exp(g), g an AR(1) with N(0, 1) marginals: correlated within a sequence, heavy-tailed."""
+    g = np.empty((reps, seqs, tokens))
+    g[..., 0] = rng.standard_normal((reps, seqs))
+    shocks = rng.standard_normal((reps, seqs, tokens)) * math.sqrt(1 - phi**2)
+    for t in range(1, tokens):
+        g[..., t] = phi * g[..., t - 1] + shocks[..., t]
+    return np.exp(g) * 1e-3
+
+
+def test_sequence_level_mean_interval_covers_and_token_level_does_not() -> None:
+    kl = ar1_lognormal(np.random.default_rng(2024), 300, 32, 64)
+    true_mean = math.exp(0.5) * 1e-3  # E[exp(N(0, 1))]
+    by_sequence = np.mean([lo <= true_mean <= hi for lo, hi in (mean_interval(r.mean(axis=1)) for r in kl)])
+    by_token = np.mean([lo <= true_mean <= hi for lo, hi in (mean_interval(r.ravel()) for r in kl)])
+    assert by_sequence >= 0.90
+    assert by_token <= 0.70, "tokens are not independent: a token-level interval is far too narrow"
+
+
+def test_cluster_bootstrap_median_covers_and_token_bootstrap_does_not() -> None:
+    kl = ar1_lognormal(np.random.default_rng(7), 60, 32, 64)
+    true_median = 1e-3  # exp(median of N(0, 1))
+    clustered = np.mean([lo <= true_median <= hi for lo, hi in
+                         (cluster_bootstrap_quantile(list(r), 0.5, resamples=300, seed=i) for i, r in enumerate(kl))])
+    tokens = np.mean([lo <= true_median <= hi for lo, hi in
+                      (cluster_bootstrap_quantile(list(r.reshape(-1, 1)), 0.5, resamples=300, seed=i)
+                       for i, r in enumerate(kl))])
+    assert clustered >= 0.85
+    assert tokens <= 0.75
+
+
+# --- the summary -----------------------------------------------------------------------------------------------
+
+EXPECTED_KEYS = [
+    "n_prompts", "n_tokens", "confidence", "mean", "mean_ci", "median", "p90", "p95", "p99", "p999",
+    "quantile_ci", "max", "max_at", "same_top", "same_top_ci", "top1", "top1_ci", "flips", "near_tie_flips",
+    "near_ties", "ln_ppl_ratio", "ln_ppl_ratio_ci", "delta_p", "worst", "worst_prompts",
+]
+
+
+def make_scores(kl: list[float], *, ref_top1: list[int] | None = None, cand_top1: list[int] | None = None,
+                near_tie: list[bool] | None = None, ref_lp: list[float] | None = None,
+                cand_lp: list[float] | None = None, first_position: int = 0, token0: int = 100) -> TokenScores:
+    n = len(kl)
+    ref_top = np.array(ref_top1 if ref_top1 is not None else [1] * n, dtype=np.int32)
+    return TokenScores(
+        kl=np.array(kl, dtype=np.float64),
+        ref_top1=ref_top,
+        cand_top1=np.array(cand_top1, dtype=np.int32) if cand_top1 is not None else ref_top.copy(),
+        near_tie=np.array(near_tie if near_tie is not None else [False] * n, dtype=bool),
+        ref_next_logprob=np.array(ref_lp if ref_lp is not None else [-1.0] * n, dtype=np.float32),
+        cand_next_logprob=np.array(cand_lp if cand_lp is not None else [-1.0] * n, dtype=np.float32),
+        next_tokens=np.arange(token0, token0 + n, dtype=np.int32),
+        positions=np.arange(first_position, first_position + n, dtype=np.int32),
+    )
+
+
+@pytest.fixture
+def three_prompts() -> list[TokenScores]:
+    return [
+        make_scores([0.1, 0.2, 0.0, 0.05], first_position=10, token0=100,
+                    ref_lp=[-1.0, -2.0, -0.5, -1.5], cand_lp=[-1.2, -2.2, -0.7, -1.7]),
+        make_scores([0.5, 2.0, 0.3], first_position=20, token0=200,
+                    ref_top1=[5, 5, 7], cand_top1=[5, 6, 8], near_tie=[False, False, True],
+                    ref_lp=[-0.1, -0.2, -3.0], cand_lp=[-0.3, -0.4, -3.2]),
+        make_scores([0.01, 0.02, 0.01, 0.03, 0.01], first_position=30, token0=300,
+                    near_tie=[False, True, False, False, False],
+                    ref_lp=[-1.0] * 5, cand_lp=[-1.2] * 5),
+    ]
+
+
+def test_summary_json_has_exactly_the_documented_keys(three_prompts: list[TokenScores]) -> None:
+    j = summarize(three_prompts).to_json()
+    assert list(j) == EXPECTED_KEYS
+    assert list(j["quantile_ci"]) == ["median", "p90", "p95", "p99", "p999"]
+    assert list(j["max_at"]) == ["prompt", "position", "token_id"]
+    assert list(j["delta_p"]) == ["mean", "rms", "p1", "p5", "median", "p95", "p99"]
+    assert all(list(w) == ["prompt", "position", "kl", "token_id", "ref_top1", "cand_top1", "p_ref", "p_cand"]
+               for w in j["worst"])
+    assert json.loads(json.dumps(j, allow_nan=False)) == j
+
+
+def test_summary_values(three_prompts: list[TokenScores]) -> None:
+    s = summarize(three_prompts)
+    pooled = np.concatenate([t.kl for t in three_prompts])
+    assert (s.n_prompts, s.n_tokens, s.confidence) == (3, 12, 0.95)
+    assert s.mean == pytest.approx(pooled.mean())
+    for name, q in QUANTILES.items():
+        assert getattr(s, name) == pytest.approx(float(np.quantile(pooled, q)))
+        lo, hi = s.quantile_ci[name]
+        assert lo <= hi
+    assert s.mean_ci[0] < s.mean < s.mean_ci[1]
+    per_prompt = np.array([t.kl.mean() for t in three_prompts])
+    lo, hi = mean_interval(per_prompt, weights=np.array([len(t) for t in three_prompts]))
+    assert s.mean_ci == (pytest.approx(max(0.0, lo)), pytest.approx(hi))
+    assert lo < 0 and s.mean_ci[0] == 0.0, "KL is never negative: the interval stops at 0"
+
+    # The largest KL: prompt 1, its second token, at position 21, next token 201.
+    assert s.max == 2.0
+    j = s.to_json()
+    assert j["max_at"] == {"prompt": 1, "position": 21, "token_id": 201}
+    assert [(w["prompt"], w["position"]) for w in j["worst"]] == [(1, 21), (1, 20), (1, 22), (0, 11), (0, 10)]
+    assert [w["kl"] for w in j["worst"]] == sorted((w["kl"] for w in j["worst"]), reverse=True)
+    top = j["worst"][0]
+    assert (top["token_id"], top["ref_top1"], top["cand_top1"]) == (201, 5, 6)
+    assert top["p_ref"] == pytest.approx(math.exp(-0.2), rel=1e-6)
+    assert top["p_cand"] == pytest.approx(math.exp(-0.4), rel=1e-6)
+    assert j["worst_prompts"] == [{"prompt": 1, "mean_kl": pytest.approx(2.8 / 3)},
+                                  {"prompt": 0, "mean_kl": pytest.approx(0.0875)},
+                                  {"prompt": 2, "mean_kl": pytest.approx(0.016)}]
+
+    # One real flip and one near-tie flip, counted apart; two near ties in all.
+    assert (s.flips, s.near_tie_flips, s.near_ties) == (1, 1, 2)
+    assert s.same_top == pytest.approx(10 / 12)
+    assert s.top1 == pytest.approx(11 / 12)
+    for value, (lo, hi) in ((s.same_top, s.same_top_ci), (s.top1, s.top1_ci)):
+        assert 0.0 <= lo <= value <= hi <= 1.0
+
+    # The candidate gives the text's tokens less probability: ln(PPL_cand / PPL_ref) > 0.
+    assert s.ln_ppl_ratio == pytest.approx(0.2, abs=1e-6)
+    assert s.ln_ppl_ratio_ci[0] == pytest.approx(0.2, abs=1e-6)
+    assert s.delta_p["mean"] < 0 and s.delta_p["p99"] < 0
+
+
+def test_a_better_candidate_has_a_negative_ln_ppl_ratio() -> None:
+    scores = [make_scores([0.1] * 4, ref_lp=[-2.0] * 4, cand_lp=[-1.5] * 4) for _ in range(3)]
+    s = summarize(scores)
+    assert s.ln_ppl_ratio == pytest.approx(-0.5)
+    assert s.delta_p["mean"] == pytest.approx(math.exp(-1.5) - math.exp(-2.0), rel=1e-6)
+
+
+def test_proportion_intervals_are_the_more_conservative_one() -> None:
+    rng = np.random.default_rng(9)
+    scores = []
+    for i in range(8):
+        flip = rng.random(40) < (0.05 if i % 2 else 0.4)  # prompts differ a lot: the t interval is wider
+        scores.append(make_scores([0.1] * 40, ref_top1=[1] * 40, cand_top1=list(np.where(flip, 2, 1))))
+    s = summarize(scores)
+    same = sum(int(np.sum(t.ref_top1 == t.cand_top1)) for t in scores)
+    w_lo, w_hi = wilson_interval(same, 320)
+    rates = np.array([np.mean(t.ref_top1 == t.cand_top1) for t in scores])
+    t_lo, t_hi = mean_interval(rates)
+    assert s.same_top_ci == (pytest.approx(min(w_lo, t_lo)), pytest.approx(max(w_hi, t_hi)))
+    assert s.same_top_ci[0] < w_lo
+
+
+def test_one_prompt_gives_unbounded_intervals_as_none() -> None:
+    s = summarize([make_scores([0.1, 0.4, 0.2])])
+    j = s.to_json()
+    assert j["mean_ci"] == [0.0, None]  # KL >= 0, and one prompt says nothing about the upper end
+    assert all(v == [None, None] for v in j["quantile_ci"].values())
+    assert j["ln_ppl_ratio_ci"] == [None, None]
+    assert j["same_top_ci"] == [0.0, 1.0]
+    json.dumps(j, allow_nan=False)
+
+
+def test_infinite_values_become_none() -> None:
+    scores = [make_scores([0.1, 0.2], cand_lp=[-1.0, -math.inf]), make_scores([0.3, 0.1])]
+    j = summarize(scores).to_json()
+    assert j["ln_ppl_ratio"] is None
+    json.dumps(j, allow_nan=False)
+
+
+def test_summary_round_trips_through_json(three_prompts: list[TokenScores]) -> None:
+    s = summarize(three_prompts)
+    back = KLStats.from_json(json.loads(json.dumps(s.to_json(), allow_nan=False)))
+    assert back.to_json() == s.to_json()
+    one = summarize([make_scores([0.1, 0.4])])
+    assert KLStats.from_json(one.to_json()).mean_ci == (0.0, math.inf)
+    assert KLStats.from_json(one.to_json()).ln_ppl_ratio_ci == (-math.inf, math.inf)
+
+
+def test_empty_prompts_are_skipped_and_no_tokens_is_refused() -> None:
+    s = summarize([make_scores([0.2, 0.3]), make_scores([]), make_scores([0.5])])
+    assert (s.n_prompts, s.n_tokens) == (3, 3)
+    assert s.max_at.prompt == 2 and s.worst_prompts[0].prompt == 2
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(ValueError):
+        summarize([make_scores([])])
