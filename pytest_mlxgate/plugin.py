@@ -192,6 +192,7 @@ def paired(request: pytest.FixtureRequest) -> Iterator[Paired]:
     The arms run once per module on first use, with one weight load of the candidate (two in
     two-model mode); the reference arm comes from the reference cache when nothing it depends on
     changed. Sizes: `pytest.mark.mlx_kl(prompts=, tokens=, decode=)`, or --mlx-kl-prompts/-tokens/-decode.
+    Under xdist every worker that runs a gate loads the model once.
     """
     from .errors import MlxgateError
 

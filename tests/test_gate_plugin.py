@@ -171,3 +171,62 @@ def test_option_mistakes_are_usage_errors(pytester: pytest.Pytester, args: list[
     result = pytester.runpytest_subprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+TWO_MODEL = '''
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [pytest.mark.mlx_lever("model"), pytest.mark.mlx_kl(prompts=2, tokens=16)]
+
+
+def test_drift(paired):
+    result = assert_kl_below(paired, mean=1e-9)
+    assert result.reference_model is not None
+'''
+
+
+def test_two_model_mode_loads_the_reference_and_measures_against_it(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_two=TWO_MODEL)
+    same = tmp_path / "same-weights"
+    import shutil
+
+    shutil.copytree(tiny_model_dir, same)  # another snapshot, same weights: KL exactly 0
+    report = tmp_path / "two.json"
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path, f"--mlx-reference={same}",
+                                                  f"--mlx-report={report}"))
+    result.assert_outcomes(passed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert record["reference_model"]["pinned"] == str(same)
+    assert record["lever"]["kind"] == "model"
+
+
+def test_two_model_mode_without_a_reference_says_how_to_name_one(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_two=TWO_MODEL)
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path))
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*pass --mlx-reference NAME*"])
+
+
+def test_a_prompts_file_replaces_the_default_prompts(
+    gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"text": "The quick brown fox jumps over the lazy dog. " * 8}) + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "Name three prime numbers, and why. " * 3}]})
+        + "\n"
+    )
+    report = tmp_path / "p.json"
+    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path, f"--mlx-prompts-file={prompts}",
+                                                  "--mlx-kl-prompts=2", f"--mlx-report={report}"))
+    result.assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert record["stats"]["n_prompts"] == 2  # the command line beats the module's mlx_kl(prompts=3)
+    worst = [line for line in result.stdout.lines if "worst: prompt" in line]
+    assert worst and all("The quick brown fox" in line or "<|im_start|>" in line for line in worst), worst
