@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .assertions import assert_kl_below
+    from .capability.assertions import assert_capability_at_least
     from .device import blas_in_use, mlx_device
     from .errors import (
         MlxgateError,
@@ -32,6 +33,7 @@ _LAZY: dict[str, str] = {
     "KLResult": "paired",
     "Lever": "levers",
     "Paired": "paired",
+    "assert_capability_at_least": "capability.assertions",
     "assert_kl_below": "assertions",
     "HubError": "hub",
     "MlxgateError": "errors",

@@ -27,9 +27,9 @@ __all__ = ["build_paired_run", "gate_lever", "gate_shape", "rerun_command"]
 _VALUED = {
     "--mlx-candidate", "--mlx-reference", "--mlx-cache-dir", "--mlx-endpoint", "--mlx-lever",
     "--mlx-ref-value", "--mlx-cand-value", "--mlx-prompts-file", "--mlx-kl-prompts", "--mlx-kl-tokens",
-    "--mlx-kl-decode",
+    "--mlx-kl-decode", "--mlx-tier", "--mlx-max-new-tokens",
 }
-_FLAGS = {"--mlx-offline", "--mlx-aa", "--mlx-refresh-reference"}
+_FLAGS = {"--mlx-offline", "--mlx-aa", "--mlx-refresh-reference", "--mlx-allow-unsandboxed"}
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
@@ -118,6 +118,8 @@ def build_paired_run(state: MlxgateSession, item: pytest.Item, runs: dict[str, P
         refresh_reference=gate.refresh_reference,
         aa=gate.aa,
         progress=_progress(state),
+        capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
+                            "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed},
     )
     runs[key] = run
     return run

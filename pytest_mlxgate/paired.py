@@ -150,7 +150,9 @@ class PairedRun:
     refresh_reference: bool = False
     aa: bool = False
     progress: Callable[[str], None] | None = None
+    capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
     counters: ArmCounters = field(default_factory=ArmCounters)
+    _capability: dict[tuple[str, str, int | None], Any] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
 
@@ -164,6 +166,27 @@ class PairedRun:
                 self._error = e
                 raise
         return self._result
+
+    def capability(self, task: str, *, n: int | None = None, tier: str | None = None) -> Any:
+        """Both arms of one capability task on the same items (once per module, task, tier and n)."""
+        from .capability.runner import run_capability
+
+        opts = self.capability_options
+        tier = tier or opts.get("tier", "smoke")
+        key = (task, str(tier), n)
+        if key not in self._capability:
+            ref = self._reference_model()
+            self._say(f"capability {task} ({tier}): reference and candidate arms")
+            self._capability[key] = run_capability(
+                task, tier,  # type: ignore[arg-type]
+                n=n,
+                reference=(ref.model, ref.tokenizer),
+                candidate=(self.candidate.model, self.candidate.tokenizer),
+                lever=self.lever,
+                max_new_tokens=opts.get("max_new_tokens"),
+                allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
+            )
+        return self._capability[key]
 
     def _reference_model(self) -> LoadedModel:
         if self.lever.kind != "model":
@@ -333,6 +356,42 @@ class Paired:
     def kl(self) -> KLResult:
         """Run both arms (once per module) and return the statistics."""
         return self.run.kl()
+
+    def capability(self, task: str, *, n: int | None = None) -> Any:
+        """Both arms of a capability task on the same items (`--mlx-tier` picks smoke or full)."""
+        tier = None
+        mark = self.item.get_closest_marker("mlx_tier")
+        if mark is not None and mark.args and not self.run.capability_options.get("tier_from_cli"):
+            tier = str(mark.args[0])
+        return self.run.capability(task, n=n, tier=tier)
+
+    def publish_capability(self, *, tasks: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], verdict: str,
+                           skipped: Mapping[str, str], bounds: Mapping[str, Any]) -> None:
+        """A capability gate's record: per-task scores, paired tests, the checks and the verdict."""
+        import time as _time
+
+        n_items = sum(int(t["n"]) for t in tasks.values())
+        record = {
+            "nodeid": self.nodeid,
+            "gate": _gate_name(self.nodeid),
+            "mode": "capability",
+            "candidate": self.run.candidate.describe(),
+            "reference_model": self.run.reference.describe() if self.lever.kind == "model" and self.run.reference else None,
+            "lever": self.lever.to_json(),
+            "path": self.shape.path,
+            "sizes": {"prompts": n_items},
+            "stats": {"n_prompts": n_items},
+            "tasks": dict(tasks),
+            "skipped": dict(skipped),
+            "bounds": {k: v for k, v in bounds.items() if v is not None},
+            "checks": [dict(c) for c in checks],
+            "verdict": verdict,
+            "durations": {"total_s": round(sum(sum(t["durations"].values()) for t in tasks.values()), 3)},
+            "time": _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime()),
+            "rerun": self.rerun,
+        }
+        self.item.user_properties.append(("mlxgate", record))
+        self.published = True
 
     def publish(self, *, bounds: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
         record = self.kl().record(nodeid=self.nodeid, bounds=bounds, checks=checks, verdict=verdict,

@@ -102,16 +102,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--mlx-db", dest="mlx_db", metavar="PATH", default=None,
                     help="sqlite results history (table quality_runs); 'off' disables. "
                     "Default: .mlxgate/results.sqlite under the rootdir")
+    group.addoption("--mlx-tier", dest="mlx_tier", choices=("smoke", "full"), default=None,
+                    help="capability tier: smoke (small subsets, minutes on CPU) or full (default: the module's "
+                    "mlx_tier marker, else smoke)")
+    group.addoption("--mlx-max-new-tokens", dest="mlx_max_new_tokens", metavar="N", type=count_arg, default=None,
+                    help="cap on generated tokens per capability item (default: each task's own)")
+    group.addoption("--mlx-allow-unsandboxed", dest="mlx_allow_unsandboxed", action="store_true", default=None,
+                    help="run model-written HumanEval code even where no isolation (network namespace, "
+                    "sandbox-exec) is available; only rlimits and a temp dir then contain it")
     parser.addini("mlx_candidate", "default for --mlx-candidate", default=None)
     parser.addini("mlx_reference", "default for --mlx-reference", default=None)
     parser.addini("mlx_cache_dir", "default for --mlx-cache-dir (relative to this file)", default=None)
     parser.addini("mlx_offline", "default for --mlx-offline", type="bool", default=None)
     parser.addini("mlx_endpoint", "default for --mlx-endpoint", default=None)
     for name in ("mlx_lever", "mlx_ref_value", "mlx_cand_value", "mlx_prompts_file", "mlx_kl_prompts",
-                 "mlx_kl_tokens", "mlx_kl_decode", "mlx_report", "mlx_db"):
+                 "mlx_kl_tokens", "mlx_kl_decode", "mlx_report", "mlx_db", "mlx_tier", "mlx_max_new_tokens"):
         parser.addini(name, f"default for --{name.replace('_', '-')}", default=None)
     parser.addini("mlx_refresh_reference", "default for --mlx-refresh-reference", type="bool", default=False)
     parser.addini("mlx_aa", "default for --mlx-aa", type="bool", default=False)
+    parser.addini("mlx_allow_unsandboxed", "default for --mlx-allow-unsandboxed", type="bool", default=False)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -122,6 +131,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "mlx_lever(name, *, env=VAR | patch='mod.attr' | kv=True | context=factory, ref=..., cand=..., "
         "path='prefill'|'serving'): the lever a gate module's `paired` fixture switches between its arms",
+    )
+    config.addinivalue_line(
+        "markers", "mlx_tier(name): the capability tier of a gate module, 'smoke' or 'full' (--mlx-tier overrides)"
     )
     config.addinivalue_line(
         "markers",

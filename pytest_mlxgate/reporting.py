@@ -532,6 +532,16 @@ def _floor_rows(aa: Mapping[str, Any]) -> list[_Row]:
     return [(names.get(k, str(k)), format_value(k, floors[k]), _DASH, _DASH, "floor") for k in order]
 
 
+def _score_pair(d: Mapping[str, Any]) -> str:
+    """`ref% → cand%` for the Capability Score rows."""
+    ref, cand = _real(d.get("reference")), _real(d.get("candidate"))
+    return f"{_pct_or_dash(ref)} → {_pct_or_dash(cand)}"
+
+
+def _pct_or_dash(x: float | None) -> str:
+    return _DASH if x is None else f"{100 * x:.1f}%"
+
+
 def _verdict_label(verdict: Any) -> str:
     v = str(verdict or "")
     return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured"}.get(v, v or _DASH)
@@ -543,7 +553,11 @@ def _gate_rows(record: Mapping[str, Any]) -> list[_Row]:
     verdict = record.get("verdict")
     rows: list[_Row]
     has_checks = isinstance(checks, Sequence) and not isinstance(checks, str) and bool(checks)
-    if record.get("mode") == "aa" and has_checks:
+    if record.get("mode") == "score":
+        score = _map(record.get("capability_score"))
+        rows = [(str(t), _score_pair(_map(v)), _DASH, _DASH, "ran") for t, v in _map(score.get("tasks")).items()]
+        rows.append(("score", _score_pair(score), _DASH, _DASH, "partial" if score.get("partial") else "complete"))
+    elif record.get("mode") == "aa" and has_checks:
         # A/A with limits: each limit against the noise floor it must sit above
         rows = [(m, v, _DASH, lim, "above floor" if verdict_ == "pass" else verdict_)
                 for m, v, _, lim, verdict_ in _check_rows(checks)]  # type: ignore[arg-type]

@@ -127,6 +127,9 @@ class MlxgateSession:
             return
         from .reporting import ResultsDB, write_json_report
 
+        score = self._capability_score()
+        if score is not None:
+            self.records.append(score)
         run = self._run_info()
         gate = self.settings.gate
         if gate.report is not None:
@@ -139,6 +142,31 @@ class MlxgateSession:
                 self.config.issue_config_time_warning(MlxgateWarning(f"results DB {gate.db} not written: {e}"), 2)
             else:
                 self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
+
+    def _capability_score(self) -> dict[str, Any] | None:
+        """The Capability Score: the unweighted mean of the six tasks, flagged partial when one did not run."""
+        latest: dict[str, dict[str, Any]] = {}
+        for record in self.records:
+            if record.get("mode") == "capability":
+                latest.update(record.get("tasks") or {})
+        if not latest:
+            return None
+        from .capability.runner import TASK_NAMES
+        from .capability.stats import capability_score
+
+        field_of = {"reference": "ref_score", "candidate": "cand_score"}
+        arms = {arm: capability_score({t: latest[t][key] if t in latest else None for t in TASK_NAMES}, TASK_NAMES)
+                for arm, key in field_of.items()}
+        tasks = {t: {"reference": v["ref_score"], "candidate": v["cand_score"], "n": v["n"]} for t, v in latest.items()}
+        partial = arms["candidate"][1]
+        return {
+            "nodeid": "mlxgate::capability_score", "gate": "Capability Score", "mode": "score",
+            "stats": {}, "checks": [], "verdict": "partial" if partial else "complete",
+            "capability_score": {"reference": arms["reference"][0], "candidate": arms["candidate"][0],
+                                 "partial": partial, "tasks": tasks,
+                                 "missing": [t for t in TASK_NAMES if t not in latest]},
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
     def _run_info(self) -> RunInfo:
         import platform

@@ -58,6 +58,9 @@ GATE_OPTION_NAMES: dict[str, str] = {
     "mlx_aa": "--mlx-aa",
     "mlx_report": "--mlx-report",
     "mlx_db": "--mlx-db",
+    "mlx_tier": "--mlx-tier",
+    "mlx_max_new_tokens": "--mlx-max-new-tokens",
+    "mlx_allow_unsandboxed": "--mlx-allow-unsandboxed",
 }
 
 #: The anchors' size (llama.cpp's and the project's ancestors'): 64 prompts x 256 tokens.
@@ -104,6 +107,10 @@ class GateSettings:
     report: Path | None
     db: Path | None  # None: off
     invocation_dir: Path
+    tier: str | None = None  # capability tier from the command line/ini (a module's mlx_tier marker ranks below the CLI)
+    tier_from_cli: bool = False
+    max_new_tokens: int | None = None
+    allow_unsandboxed: bool = False
 
 
 def name_arg(value: str) -> str:
@@ -217,6 +224,10 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         report=path("mlx_report"),
         db=db,
         invocation_dir=here,
+        tier=cli["mlx_tier"] or config.getini("mlx_tier") or None,
+        tier_from_cli=bool(cli["mlx_tier"]),
+        max_new_tokens=cli["mlx_max_new_tokens"] or _ini_count(config, "mlx_max_new_tokens"),
+        allow_unsandboxed=bool(cli["mlx_allow_unsandboxed"] or config.getini("mlx_allow_unsandboxed")),
     )
 
 

@@ -1,0 +1,95 @@
+"""capability: generation throughput batched vs sequential, and the smoke tier's wall time.
+
+1. On the embedded model, `--prompts` (32) chat prompts x `--tokens` (64) new tokens, greedy:
+   `mlx_lm.batch_generate` (our batched path, batch 32) vs `mlx_lm.stream_generate` one prompt at
+   a time; both produce the same texts (checked). Goal: generated tokens/s batched / sequential >= 4.
+2. The smoke tier of each of the six tasks on ONE arm (the gate runs two), items and seconds per
+   task, and the total; a task that cannot run here is reported with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from ._common import header, verdict
+
+GOAL = 4.0
+
+
+def _load() -> tuple[Any, Any]:
+    import mlx_lm
+
+    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+
+    model, tokenizer = mlx_lm.load(str(ensure_embedded_snapshot()))
+    return model, tokenizer
+
+
+def throughput(n: int, tokens: int) -> None:
+    from pytest_mlxgate.capability.base import chat_render
+    from pytest_mlxgate.capability.generate import generate_greedy, generate_sequential
+    from pytest_mlxgate.kvcache import parse_kv_value
+    from pytest_mlxgate.prompts import default_prompts
+
+    header(f"capability generation: {n} prompts x {tokens} new tokens, batched vs sequential (greedy)")
+    model, tokenizer = _load()
+    texts = [p.text or p.messages[-1]["content"] for p in default_prompts()]  # type: ignore[index]
+    prompts = [chat_render(tokenizer, [{"role": "user", "content": "Continue this:\n" + t[:300]}])
+               for t in (texts * (n // len(texts) + 1))[:n]]
+    generate_greedy(model, tokenizer, prompts[:2], max_new_tokens=4, kv=parse_kv_value("plain"))  # warm-up
+    t0 = time.perf_counter()
+    batched = generate_greedy(model, tokenizer, prompts, max_new_tokens=tokens, kv=parse_kv_value("plain"),
+                              batch_size=n)
+    tb = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    sequential = generate_sequential(model, tokenizer, prompts, max_new_tokens=tokens)
+    ts = time.perf_counter() - t0
+    produced = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in batched)
+    same = sum(a == b for a, b in zip(batched, sequential))
+    print(f"batched:    {tb:.1f} s  ({produced / tb:.1f} generated tok/s)")
+    print(f"sequential: {ts:.1f} s  ({produced / ts:.1f} generated tok/s)")
+    print(f"identical outputs: {same}/{n}")
+    print(f"ratio sequential/batched time: {ts / tb:.2f}x  goal >= {GOAL}: {verdict(ts / tb >= GOAL)}")
+
+
+def smoke_tier() -> None:
+    from pytest_mlxgate.capability.runner import TASK_NAMES, load_task, run_arm
+    from pytest_mlxgate.levers import Lever
+
+    header("capability smoke tier, one arm, embedded model")
+    model, tokenizer = _load()
+    lever = Lever(name="none", kind="env", target="MLXGATE_BENCH_UNUSED", ref="0", cand="0")
+    total = 0.0
+    for name in TASK_NAMES:
+        task = load_task(name)
+        try:
+            items = task.load("smoke")
+            t0 = time.perf_counter()
+            results, _ = run_arm(task, items, model, tokenizer, lever, "reference")
+            dt = time.perf_counter() - t0
+        except Exception as e:  # report and go on: one task's absence is not the benchmark's failure
+            print(f"{name:10} skipped: {e}")
+            continue
+        total += dt
+        score = sum(r.score for r in results) / len(results)
+        print(f"{name:10} {len(items):4} items  {dt:7.1f} s  score {100 * score:.1f}%")
+    print(f"smoke tier, one arm: {total:.0f} s (a paired gate runs both arms: ~{2 * total:.0f} s)")
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="capability")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--only", choices=["throughput", "smoke"], default=None)
+    args = parser.parse_args(argv)
+    if args.only in (None, "throughput"):
+        throughput(args.prompts, args.tokens)
+    if args.only in (None, "smoke"):
+        smoke_tier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

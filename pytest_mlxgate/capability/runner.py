@@ -1,0 +1,142 @@
+"""Run one capability task on both arms over the very same items, so outcomes pair item by item.
+
+Each arm runs with its lever applied (env, patch, context) and its KV plan (serving-path caches);
+generation is batched and greedy. A task whose data or sandbox is missing is skipped with the
+reason (never silently passed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MlxgateError, MlxgateUsageError
+from .base import Item, ItemResult, TaskDataMissing, Tier, prompt_hash
+
+if TYPE_CHECKING:
+    from ..levers import Arm, Lever
+    from .base import Task
+
+__all__ = ["TASK_NAMES", "CapabilityRun", "TaskSkipped", "load_task", "run_arm", "run_capability"]
+
+#: The six tasks of the Capability Score, in report order.
+TASK_NAMES = ("mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop")
+
+
+class TaskSkipped(MlxgateError):
+    """A task cannot run here (no data, no sandbox); the message says how to make it run."""
+
+
+def load_task(name: str) -> Task:
+    if name not in TASK_NAMES:
+        raise MlxgateUsageError(f"'{name}' is not a capability task; known: {', '.join(TASK_NAMES)}")
+    module = importlib.import_module(f"{__package__}.tasks.{name}")
+    task: Task = module.TASK
+    return task
+
+
+@dataclass
+class CapabilityRun:
+    """One task, both arms, joined by item id."""
+
+    task: str
+    tier: Tier
+    graded: bool
+    items: list[Item]
+    reference: list[ItemResult]
+    candidate: list[ItemResult]
+    durations: dict[str, float] = field(default_factory=dict)
+    rendered: dict[str, str] = field(default_factory=dict)  # item id -> exact model input (for reports)
+
+    @property
+    def n(self) -> int:
+        return len(self.items)
+
+    def scores(self, arm: Arm) -> list[float]:
+        return [r.score for r in (self.reference if arm == "reference" else self.candidate)]
+
+    def flipped(self) -> list[tuple[Item, ItemResult, ItemResult]]:
+        """Items whose outcome changed between the arms, losses (ref right, cand wrong) first."""
+        pairs = [(it, r, c) for it, r, c in zip(self.items, self.reference, self.candidate) if r.score != c.score]
+        return sorted(pairs, key=lambda p: p[2].score - p[1].score)
+
+
+def run_arm(
+    task: Task,
+    items: Sequence[Item],
+    model: Any,
+    tokenizer: Any,
+    lever: Lever,
+    arm: Arm,
+    *,
+    max_new_tokens: int | None = None,
+    batch_size: int = 16,
+) -> tuple[list[ItemResult], dict[str, str]]:
+    """Score every item on one arm: choice items by their choices' log-probabilities, the rest by
+    greedy generation (batched), each output scored by the task."""
+    from .generate import choice_logprobs, generate_greedy
+
+    rendered = {it.id: task.render(it, tokenizer) for it in items}
+    budget = min(task.max_new_tokens, max_new_tokens) if max_new_tokens else task.max_new_tokens
+    results: dict[str, ItemResult] = {}
+    with lever.applied(arm):
+        kv = lever.kv_plan(arm)
+        choice = [it for it in items if it.kind == "choice"]
+        for it in choice:
+            logps = choice_logprobs(model, tokenizer, rendered[it.id], it.choices)
+            results[it.id] = _stamp(task.score(it, "", choice_logprobs=logps), rendered[it.id])
+        gen = [it for it in items if it.kind != "choice"]
+        outputs = generate_greedy(model, tokenizer, [rendered[it.id] for it in gen], max_new_tokens=budget, kv=kv,
+                                  batch_size=batch_size)
+    for it, out in zip(gen, outputs):
+        results[it.id] = _stamp(task.score(it, out), rendered[it.id])
+    return [results[it.id] for it in items], rendered
+
+
+def run_capability(
+    name: str,
+    tier: Tier,
+    *,
+    n: int | None,
+    reference: tuple[Any, Any],
+    candidate: tuple[Any, Any],
+    lever: Lever,
+    max_new_tokens: int | None = None,
+    batch_size: int = 16,
+    allow_unsandboxed: bool = False,
+) -> CapabilityRun:
+    """Both arms of one task; raises TaskSkipped when the task cannot run here."""
+    task = load_task(name)
+    if hasattr(task, "allow_unsandboxed"):
+        task.allow_unsandboxed = allow_unsandboxed
+    try:
+        items = task.load(tier, n=n)
+    except TaskDataMissing as e:
+        raise TaskSkipped(f"{name}: {e}") from None
+    if not items:
+        raise TaskSkipped(f"{name}: the {tier} tier has no items")
+    t0 = time.perf_counter()
+    try:
+        ref, rendered = run_arm(task, items, *reference, lever, "reference", max_new_tokens=max_new_tokens,
+                                batch_size=batch_size)
+        t1 = time.perf_counter()
+        cand, _ = run_arm(task, items, *candidate, lever, "candidate", max_new_tokens=max_new_tokens,
+                          batch_size=batch_size)
+    except MlxgateError as e:
+        if type(e).__name__ == "SandboxUnavailable":
+            raise TaskSkipped(f"{name}: {e}") from None
+        raise
+    t2 = time.perf_counter()
+    return CapabilityRun(task=name, tier=tier, graded=task.graded, items=list(items), reference=ref, candidate=cand,
+                         durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},
+                         rendered=rendered)
+
+
+def _stamp(result: ItemResult, rendered: str) -> ItemResult:
+    """Every result carries the hash of the exact rendered input it answered (the runner knows it)."""
+    from dataclasses import replace
+
+    return replace(result, prompt_hash=prompt_hash(rendered))

@@ -1,0 +1,671 @@
+"""Paired statistics for the capability gate: did the candidate lose more than `max_drop`?
+
+Both arms answer the SAME items, so every test here is paired: an item that both arms get right (or
+both wrong) says nothing about a difference, and pairing removes the item-difficulty variance that an
+unpaired test would have to pay for with several times more items.
+
+The gate's question, and the burden of proof
+--------------------------------------------
+`drop = score(ref) - score(cand)` (positive = the candidate is worse). The gate uses
+`drop_exceeds`, which tests
+
+    H0: drop <= max_drop   against   H1: drop > max_drop
+
+and FAILS only when H0 is rejected at level `alpha`, i.e. when the drop is significantly larger than
+`max_drop`. This protects against false alarms: a candidate that truly lost no more than `max_drop`
+fails with probability <= alpha (checked by exact enumeration and simulation in the tests). The price
+is that a small evaluation passes almost anything: power is what sample size buys, so it must be
+planned. With exact McNemar (`max_drop = 0`), one-sided alpha = 0.05, and a true regression of
+3 points where 5% of items are discordant (ref-right/cand-wrong 4%, ref-wrong/cand-right 1%), the
+normal-approximation sample-size formula (Connor 1987) gives n = 342 paired items for 80% power.
+The exact test is discrete and so a little conservative: computed exactly (`power_binary_exact`),
+n = 342 has 76.5% power and the gate needs n = 371 (`n_for_power(0.05, 0.03, max_drop=0.0)`; from
+there on power stays >= 80%). Plan on 371 items for that scenario, ~400 with any slack.
+
+`drop_within` is the other direction, proper non-inferiority (H0: drop >= max_drop; rejecting it
+DEMONSTRATES that the candidate lost less than `max_drop`). It needs much more data to pass and is
+offered for reports that must prove equivalence rather than merely fail to find a regression.
+
+Methods
+-------
+* binary, `max_drop == 0`: exact McNemar, the conditional binomial test on the discordant pairs
+  (b losses, c wins): under drop = 0, b | b + c ~ Bin(b + c, 1/2).
+* binary, `max_drop != 0`: the exact conditional test does not extend to a margin (the discordant
+  split then depends on a nuisance parameter), so we use the restricted-MLE score test for a
+  difference of paired proportions (Tango 1998, Stat Med 17:891; Nam 1997, Biometrics 53:1422):
+  Z = (b - c - n*delta) / sqrt(n * (2*q~ + delta - delta^2)) with q~ the MLE of P(wins) under
+  drop = delta, WITH a McNemar-style continuity correction of 1 on b - c - n*delta. Uncorrected,
+  its exact size at the boundary reaches 8.9% at alpha = 0.05 when discordant pairs are few and
+  mostly losses (n = 300, max_drop = 0.01, 1.5% discordant); corrected, the exact worst case over
+  n in 20..2000, max_drop in 0.005..0.2, discordance up to 90% is 4.7% (`power_binary_exact`).
+* graded scores: a paired bootstrap of mean(ref - cand) that rejects only when BOTH the shift
+  (null-imposed, basic) bootstrap and the studentized (percentile-t) bootstrap reject, i.e.
+  p = max of the two. Each fails alone on realistic eval data: the shift test reaches ~8-10% size
+  when differences are skewed toward rare big candidate wins, the percentile-t test ~7-9% when only
+  a few items differ at all (identical greedy outputs); requiring both keeps the size at or below
+  the better of the two (measured 4-5% in those regimes) at little cost in power.
+* intervals: Tango's score interval for a binary paired difference (inverts the same statistic),
+  the hull of the percentile-t and basic bootstrap intervals for graded ones (matching the
+  conservative test); both two-sided at `ci_confidence` (95% by default).
+  Note the one-sided test at alpha agrees with a two-sided (1 - 2*alpha) interval, so at alpha = 0.05
+  the reported 95% interval can include `max_drop` while the test (barely) rejects.
+
+No scipy: normal quantiles and binomial tails are computed here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = [
+    "DropTest",
+    "PairedBinary",
+    "capability_score",
+    "drop_exceeds",
+    "drop_test_binary",
+    "drop_test_graded",
+    "drop_within",
+    "holm",
+    "mcnemar_exact_p",
+    "mcnemar_exact_p_two_sided",
+    "mean_interval_bootstrap",
+    "n_for_power",
+    "normal_cdf",
+    "normal_ppf",
+    "paired_binary",
+    "power_binary",
+    "power_binary_exact",
+    "score_z",
+    "tango_interval",
+    "wilson_interval",
+    "wilson_lower",
+]
+
+Alternative = Literal["exceeds", "within"]
+Kind = Literal["auto", "binary", "graded"]
+_CONTINUITY = 1.0  # on b - c - n*delta: keeps the score test's exact size <= alpha (module docs)
+_HYPOTHESIS = {"exceeds": "H0: drop <= max_drop (reject: drop significantly larger)",
+               "within": "H0: drop >= max_drop (reject: drop significantly smaller)"}
+
+
+# --- the normal distribution --------------------------------------------------------------------------
+
+# Acklam's rational approximation (relative error 1.15e-9), then one Halley step on erfc: ~1e-15.
+_A = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+      -3.066479806614716e01, 2.506628277459239e00)
+_B = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+      -1.328068155288572e01)
+_C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+      4.374664141464968e00, 2.938163982698783e00)
+_D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+_P_LOW = 0.02425
+
+
+def normal_cdf(x: float) -> float:
+    """Standard normal CDF via erfc, so the far tails keep their relative accuracy."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def normal_ppf(p: float) -> float:
+    """Inverse standard normal CDF: Acklam's approximation polished by one Halley step (~1e-15)."""
+    if not 0.0 < p < 1.0:
+        if p == 0.0:
+            return -math.inf
+        if p == 1.0:
+            return math.inf
+        raise ValueError(f"p must be in [0, 1], got {p}")
+    if p < _P_LOW:
+        q = math.sqrt(-2.0 * math.log(p))
+        x = (((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5]) / (
+            (((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0)
+    elif p <= 1.0 - _P_LOW:
+        q = p - 0.5
+        r = q * q
+        x = (((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q / (
+            ((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0)
+    else:
+        q = math.sqrt(-2.0 * math.log1p(-p))
+        x = -(((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5]) / (
+            (((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0)
+    # Halley: e = Phi(x) - p, computed on the side of the tail that keeps precision.
+    e = normal_cdf(x) - p if p < 0.5 else (1.0 - p) - normal_cdf(-x)
+    u = e * math.sqrt(2.0 * math.pi) * math.exp(0.5 * x * x)
+    return x - u / (1.0 + 0.5 * x * u)
+
+
+def _z_two_sided(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return normal_ppf(0.5 + confidence / 2.0)
+
+
+def _check_alpha(alpha: float) -> None:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+
+
+# --- binomial tails -------------------------------------------------------------------------------------
+
+
+def _log_comb(m: int) -> np.ndarray:
+    """log C(m, k) for k = 0..m (lgamma per term: no cumulative rounding drift)."""
+    lg = np.array([math.lgamma(k + 1.0) for k in range(m + 1)])
+    return np.asarray(lg[m] - lg - lg[::-1], dtype=np.float64)
+
+
+def _binom_pmf(m: int, p: float) -> np.ndarray:
+    """Bin(m, p) probabilities for k = 0..m, in log space so large m neither overflows nor underflows."""
+    k = np.arange(m + 1, dtype=np.float64)
+    if p <= 0.0 or p >= 1.0:
+        out = np.zeros(m + 1)
+        out[0 if p <= 0.0 else m] = 1.0
+        return out
+    return np.asarray(np.exp(_log_comb(m) + k * math.log(p) + (m - k) * math.log1p(-p)))
+
+
+def _upper_tail_half(m: int) -> np.ndarray:
+    """P(X >= k | X ~ Bin(m, 1/2)) for k = 0..m (summed from the small end: small tails stay exact)."""
+    pmf = _binom_pmf(m, 0.5)
+    return np.asarray(np.minimum(np.cumsum(pmf[::-1])[::-1], 1.0), dtype=np.float64)
+
+
+def mcnemar_exact_p(b: int, c: int) -> float:
+    """One-sided exact McNemar p for "losses exceed wins": P(X >= b | X ~ Bin(b + c, 1/2)).
+
+    Conditional on the b + c discordant pairs, each is a loss with probability 1/2 under drop = 0;
+    concordant pairs carry no information about the difference. No discordant pairs: p = 1.
+    """
+    if b < 0 or c < 0:
+        raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
+    if b == 0:
+        return 1.0
+    return float(_upper_tail_half(b + c)[b])
+
+
+def mcnemar_exact_p_two_sided(b: int, c: int) -> float:
+    """Two-sided exact McNemar p: twice the smaller one-sided tail, capped at 1."""
+    return min(1.0, 2.0 * min(mcnemar_exact_p(b, c), mcnemar_exact_p(c, b)))
+
+
+# --- the paired binary table ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedBinary:
+    """The paired 2x2 table: what a binary drop test needs from two arms' per-item outcomes."""
+
+    n: int
+    ref_correct: int
+    cand_correct: int
+    b: int  # ref right, cand wrong (discordant: losses)
+    c: int  # ref wrong, cand right (discordant: wins)
+
+
+def _as_array(values: Sequence[bool | float], name: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a flat sequence of per-item scores, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} has non-finite scores")
+    return arr
+
+
+def _pair(ref: Sequence[bool | float], cand: Sequence[bool | float]) -> tuple[np.ndarray, np.ndarray]:
+    r, c = _as_array(ref, "ref"), _as_array(cand, "cand")
+    if r.shape != c.shape:
+        raise ValueError(f"the arms must score the same items: {r.size} ref vs {c.size} cand scores")
+    if r.size == 0:
+        raise ValueError("no items to compare")
+    return r, c
+
+
+def _is_binary(arr: np.ndarray) -> bool:
+    return bool(np.all((arr == 0.0) | (arr == 1.0)))
+
+
+def paired_binary(ref: Sequence[bool | float], cand: Sequence[bool | float]) -> PairedBinary:
+    """Join two arms' 0/1 outcomes item by item into the paired table (same order, same length)."""
+    r, c = _pair(ref, cand)
+    if not (_is_binary(r) and _is_binary(c)):
+        raise ValueError("binary outcomes must be 0/1 (or bools); use drop_test_graded for graded scores")
+    rb, cb = r.astype(bool), c.astype(bool)
+    return PairedBinary(n=int(r.size), ref_correct=int(rb.sum()), cand_correct=int(cb.sum()),
+                        b=int(np.sum(rb & ~cb)), c=int(np.sum(~rb & cb)))
+
+
+# --- the margin score test (Tango 1998 / Nam 1997) ----------------------------------------------------------
+
+
+def _restricted_q(b: float, c: float, n: float, delta: float) -> float:
+    """MLE of P(win) = P(ref wrong, cand right) under P(loss) - P(win) = delta.
+
+    Profile likelihood b*log(q + delta) + c*log(q) + (n - b - c)*log(1 - 2q - delta); its stationary
+    point solves 2n q^2 + B q + C = 0 with B = -(b + c) + delta*(2n - b + c), C = -c*delta*(1 - delta);
+    the larger root is the one in [max(0, -delta), (1 - delta)/2].
+    """
+    bb = -(b + c) + delta * (2.0 * n - b + c)
+    cc = -c * delta * (1.0 - delta)
+    disc = max(bb * bb - 8.0 * n * cc, 0.0)
+    return max((math.sqrt(disc) - bb) / (4.0 * n), max(0.0, -delta))
+
+
+def score_z(b: int, c: int, n: int, delta: float, *, correction: float = 0.0) -> float:
+    """Tango's score statistic for H0: drop = delta; large values mean the drop exceeds delta.
+
+    Z = (b - c - n*delta) / sqrt(n*(2q~ + delta - delta^2)); at delta = 0 it is the uncorrected McNemar
+    statistic (b - c)/sqrt(b + c). `correction` shrinks the numerator toward 0 by that much (the gate
+    uses 1, McNemar's continuity correction). Zero null variance (delta = 0, b = c = 0): 0.
+    """
+    if not -1.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (-1, 1), got {delta}")
+    if b < 0 or c < 0 or b + c > n:
+        raise ValueError(f"need 0 <= b, c and b + c <= n, got b={b}, c={c}, n={n}")
+    q = _restricted_q(b, c, n, delta)
+    var = n * (2.0 * q + delta - delta * delta)
+    num = b - c - n * delta
+    num = math.copysign(max(abs(num) - correction, 0.0), num)
+    if var <= 0.0:
+        return 0.0 if num == 0 else math.copysign(math.inf, num)
+    return num / math.sqrt(var)
+
+
+def tango_interval(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Tango's score interval for drop = p_ref - p_cand: the deltas the two-sided score test keeps."""
+    z = _z_two_sided(confidence)
+    if n <= 0:
+        raise ValueError("no items to compare")
+    est = (b - c) / n
+
+    def solve(target: float, lo: float, hi: float) -> float:
+        # score_z decreases in delta; find where it crosses `target` (bisection, 1e-12).
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            if score_z(b, c, n, mid) > target:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo < 1e-12:
+                break
+        return 0.5 * (lo + hi)
+
+    eps = 1e-12
+    lower = -1.0 if score_z(b, c, n, -1.0 + eps) <= z else solve(z, -1.0 + eps, est)
+    upper = 1.0 if score_z(b, c, n, 1.0 - eps) >= -z else solve(-z, est, 1.0 - eps)
+    return (max(-1.0, lower), min(1.0, upper))
+
+
+def _binary_p(b: int, c: int, n: int, max_drop: float, alternative: Alternative) -> tuple[str, float]:
+    if max_drop == 0.0:
+        p = mcnemar_exact_p(b, c) if alternative == "exceeds" else mcnemar_exact_p(c, b)
+        return "exact-mcnemar", p
+    z = score_z(b, c, n, max_drop, correction=_CONTINUITY)
+    return "score-margin", normal_cdf(-z) if alternative == "exceeds" else normal_cdf(z)
+
+
+# --- the result -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DropTest:
+    """One paired drop test: estimate, interval, p-value and the verdict, JSON-ready for the report."""
+
+    method: str  # "exact-mcnemar" | "score-margin" | "paired-bootstrap"
+    n: int
+    ref_score: float
+    cand_score: float
+    drop: float  # ref - cand (positive = the candidate is worse)
+    drop_ci: tuple[float, float]  # two-sided, at ci_confidence
+    max_drop: float
+    p_value: float  # one-sided, for the null named by `alternative`
+    rejected: bool  # p_value < alpha; for "exceeds" that means the gate fails
+    b: int | None  # losses (binary only)
+    c: int | None  # wins (binary only)
+    alpha: float = 0.05
+    alternative: str = "exceeds"
+    ci_confidence: float = 0.95
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (no NaN/inf: undefined numbers become None)."""
+        return {
+            "method": self.method,
+            "n": self.n,
+            "ref_score": _num(self.ref_score),
+            "cand_score": _num(self.cand_score),
+            "drop": _num(self.drop),
+            "drop_ci": [_num(self.drop_ci[0]), _num(self.drop_ci[1])],
+            "ci_confidence": _num(self.ci_confidence),
+            "max_drop": _num(self.max_drop),
+            "alternative": self.alternative,
+            "hypothesis": _HYPOTHESIS.get(self.alternative, self.alternative),
+            "alpha": _num(self.alpha),
+            "p_value": _num(self.p_value),
+            "rejected": bool(self.rejected),
+            "b": self.b,
+            "c": self.c,
+        }
+
+
+def _num(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _check_margin(max_drop: float) -> None:
+    if not -1.0 < max_drop < 1.0:
+        raise ValueError(f"max_drop must be in (-1, 1) (a difference of proportions), got {max_drop}")
+
+
+# --- the tests --------------------------------------------------------------------------------------------
+
+
+def drop_test_binary(
+    ref: Sequence[bool | float],
+    cand: Sequence[bool | float],
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    alternative: Alternative = "exceeds",
+    ci_confidence: float = 0.95,
+) -> DropTest:
+    """Paired test on 0/1 outcomes: exact McNemar at max_drop = 0, Tango's score test otherwise."""
+    _check_alpha(alpha)
+    _check_margin(max_drop)
+    t = paired_binary(ref, cand)
+    method, p = _binary_p(t.b, t.c, t.n, max_drop, alternative)
+    return DropTest(
+        method=method, n=t.n, ref_score=t.ref_correct / t.n, cand_score=t.cand_correct / t.n,
+        drop=(t.b - t.c) / t.n, drop_ci=tango_interval(t.b, t.c, t.n, ci_confidence),
+        max_drop=float(max_drop), p_value=p, rejected=p < alpha, b=t.b, c=t.c, alpha=alpha,
+        alternative=alternative, ci_confidence=ci_confidence,
+    )
+
+
+def _bootstrap_means_sds(d: np.ndarray, resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means and sample SDs of `resamples` with-replacement resamples of d (chunked: bounded memory)."""
+    rng = np.random.default_rng(seed)
+    n = d.size
+    means = np.empty(resamples)
+    sds = np.empty(resamples)
+    chunk = max(1, 4_000_000 // n)
+    for start in range(0, resamples, chunk):
+        stop = min(resamples, start + chunk)
+        x = d[rng.integers(0, n, size=(stop - start, n))]
+        means[start:stop] = x.mean(axis=1)
+        sds[start:stop] = x.std(axis=1, ddof=1) if n > 1 else 0.0
+    return means, sds
+
+
+def drop_test_graded(
+    ref: Sequence[float],
+    cand: Sequence[float],
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    resamples: int = 10000,
+    seed: int = 0,
+    alternative: Alternative = "exceeds",
+    ci_confidence: float = 0.95,
+) -> DropTest:
+    """Paired bootstrap on graded scores: rejects only when the shift AND the percentile-t tests do.
+
+    With d = ref - cand resampled by item (the same resamples feed both):
+    * shift (null-imposed): p1 = (1 + #{mean(d*) - mean(d) >= mean(d) - max_drop}) / (B + 1);
+    * percentile-t: t_obs = (mean(d) - max_drop)/se, t* = (mean(d*) - mean(d))/se*,
+      p2 = (1 + #{t* >= t_obs}) / (B + 1); a resample with se* = 0 gets t* = +-inf by its shift.
+    p = max(p1, p2) (the module docs say why). Both are valid Monte Carlo p-values, never 0. The
+    interval is the hull of the basic and percentile-t intervals, clipped to the observed range of d.
+    """
+    _check_alpha(alpha)
+    _check_margin(max_drop)
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if not 0.0 < ci_confidence < 1.0:
+        raise ValueError(f"ci_confidence must be in (0, 1), got {ci_confidence}")
+    r, c = _pair(ref, cand)
+    d = r - c
+    n = d.size
+    mean = float(d.mean())
+    se = float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
+    means, sds = _bootstrap_means_sds(d, resamples, seed)
+    shift = means - mean
+    ses = sds / math.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tstar = np.where(ses > 0, shift / np.where(ses > 0, ses, 1.0), np.sign(shift) * np.inf)
+    excess = mean - max_drop
+    sign = 1.0 if alternative == "exceeds" else -1.0
+    if se > 0:
+        p_shift = (1.0 + float(np.sum(sign * shift >= sign * excess))) / (resamples + 1.0)
+        p_t = (1.0 + float(np.sum(sign * tstar >= sign * excess / se))) / (resamples + 1.0)
+        p = max(p_shift, p_t)
+    else:  # every item moved by exactly `mean`: the sign of the excess is certain
+        p = 1.0 / (resamples + 1.0) if sign * excess > 0 else 1.0
+    tail = (1.0 - ci_confidence) / 2.0
+    if se > 0:
+        big = np.finfo(np.float64).max / 4.0  # quantile() of +-inf neighbours is nan; clip, then clip CI
+        s_lo, s_hi = np.quantile(shift, [tail, 1.0 - tail])
+        t_lo, t_hi = np.quantile(np.clip(tstar, -big, big), [tail, 1.0 - tail])
+        lo = min(mean - float(s_hi), mean - float(t_hi) * se)
+        hi = max(mean - float(s_lo), mean - float(t_lo) * se)
+        ci = (max(lo, float(d.min())), min(hi, float(d.max())))
+    else:
+        ci = (mean, mean)
+    return DropTest(
+        method="paired-bootstrap", n=n, ref_score=float(r.mean()), cand_score=float(c.mean()),
+        drop=mean, drop_ci=ci, max_drop=float(max_drop), p_value=p, rejected=p < alpha, b=None, c=None,
+        alpha=alpha, alternative=alternative, ci_confidence=ci_confidence,
+    )
+
+
+def _dispatch(
+    ref: Sequence[bool | float], cand: Sequence[bool | float], kind: Kind, max_drop: float,
+    alpha: float, resamples: int, seed: int, alternative: Alternative,
+) -> DropTest:
+    if kind == "auto":
+        r, c = _pair(ref, cand)
+        kind = "binary" if _is_binary(r) and _is_binary(c) else "graded"
+    if kind == "binary":
+        return drop_test_binary(ref, cand, max_drop=max_drop, alpha=alpha, alternative=alternative)
+    return drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha, resamples=resamples, seed=seed,
+                            alternative=alternative)
+
+
+def drop_exceeds(
+    ref: Sequence[bool | float],
+    cand: Sequence[bool | float],
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    kind: Kind = "auto",
+    resamples: int = 10000,
+    seed: int = 0,
+) -> DropTest:
+    """The gate's test, H0: drop <= max_drop; `rejected` (the gate fails) = the drop is significantly larger.
+
+    kind "auto" uses the binary tests when every score is 0/1 and the graded bootstrap otherwise.
+    """
+    return _dispatch(ref, cand, kind, max_drop, alpha, resamples, seed, "exceeds")
+
+
+def drop_within(
+    ref: Sequence[bool | float],
+    cand: Sequence[bool | float],
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    kind: Kind = "auto",
+    resamples: int = 10000,
+    seed: int = 0,
+) -> DropTest:
+    """Non-inferiority proper, H0: drop >= max_drop; `rejected` = the drop is shown smaller than max_drop."""
+    return _dispatch(ref, cand, kind, max_drop, alpha, resamples, seed, "within")
+
+
+# --- power -----------------------------------------------------------------------------------------------
+
+
+def _cells(p_discordant: float, true_drop: float) -> tuple[float, float]:
+    if not 0.0 <= p_discordant <= 1.0 or abs(true_drop) > p_discordant:
+        raise ValueError(f"need |true_drop| <= p_discordant <= 1, got {true_drop}, {p_discordant}")
+    return (p_discordant + true_drop) / 2.0, (p_discordant - true_drop) / 2.0
+
+
+def power_binary(
+    n: int,
+    p_discordant: float,
+    true_drop: float,
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    sims: int = 2000,
+    seed: int = 0,
+) -> float:
+    """Simulated rejection rate of `drop_exceeds` on binary data: power, or size when true_drop <= max_drop.
+
+    Each simulated evaluation draws n paired items with P(loss) = (p_discordant + true_drop)/2 and
+    P(win) = (p_discordant - true_drop)/2; the rest are concordant.
+    """
+    _check_alpha(alpha)
+    _check_margin(max_drop)
+    p_loss, p_win = _cells(p_discordant, true_drop)
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n, [p_loss, p_win, max(0.0, 1.0 - p_loss - p_win)], size=sims)
+    rejected = sum(_binary_p(int(b), int(c), n, max_drop, "exceeds")[1] < alpha for b, c, _ in counts)
+    return rejected / sims
+
+
+def power_binary_exact(
+    n: int, p_discordant: float, true_drop: float, *, max_drop: float, alpha: float = 0.05
+) -> float:
+    """The same rejection rate as `power_binary`, summed exactly over every possible paired table.
+
+    P(reject) = sum_m P(M = m) sum_b P(B = b | m) [test rejects at (b, m - b)], with M ~ Bin(n, pd)
+    discordant pairs and B | m ~ Bin(m, P(loss)/pd). No Monte Carlo error: this is how the sample
+    size in the module docs was found, and how the tests pin the score test's size.
+    """
+    _check_alpha(alpha)
+    _check_margin(max_drop)
+    p_loss, _ = _cells(p_discordant, true_drop)
+    if p_discordant == 0.0:
+        return float(_binary_p(0, 0, n, max_drop, "exceeds")[1] < alpha)
+    pm = _binom_pmf(n, p_discordant)
+    theta = p_loss / p_discordant
+    total = 0.0
+    for m in range(n + 1):
+        if pm[m] < 1e-16:
+            continue
+        if max_drop == 0.0:
+            reject = _upper_tail_half(m) < alpha
+            reject[0] = False  # b = 0: p = 1
+        else:
+            reject = np.array([_binary_p(b, m - b, n, max_drop, "exceeds")[1] < alpha for b in range(m + 1)])
+        total += pm[m] * float(np.sum(_binom_pmf(m, theta)[reject]))
+    return min(1.0, total)
+
+
+def n_for_power(
+    p_discordant: float, true_drop: float, *, max_drop: float, alpha: float = 0.05,
+    power: float = 0.8, n_max: int = 20000,
+) -> int:
+    """Smallest n from which the exact power stays >= `power` for the next 20 n (discreteness saw-tooth)."""
+    n = 1
+    while n <= n_max:
+        if power_binary_exact(n, p_discordant, true_drop, max_drop=max_drop, alpha=alpha) >= power:
+            ahead = [power_binary_exact(k, p_discordant, true_drop, max_drop=max_drop, alpha=alpha)
+                     for k in range(n + 1, n + 21)]
+            if min(ahead) >= power:
+                return n
+        n += 1
+    raise ValueError(f"power {power} not reached by n = {n_max}")
+
+
+# --- single-arm intervals and multiplicity -------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a proportion (Newcombe 1998's method 3); (0, 1) for n = 0."""
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return (0.0, 1.0)
+    return _wilson(successes, n, _z_two_sided(confidence))
+
+
+def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if successes == 0 else max(0.0, center - half)
+    hi = 1.0 if successes == n else min(1.0, center + half)
+    return (lo, hi)
+
+
+def wilson_lower(successes: int, n: int, confidence: float = 0.95) -> float:
+    """ONE-sided Wilson lower bound: P(p < bound) <= 1 - confidence, so it uses z_confidence (1.645 at 95%).
+
+    It equals the lower end of the two-sided interval at 2*confidence - 1 (the 90% interval at 0.95).
+    """
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n == 0:
+        return 0.0
+    return _wilson(successes, n, normal_ppf(confidence))[0]
+
+
+def mean_interval_bootstrap(
+    scores: Sequence[float], confidence: float = 0.95, resamples: int = 10000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval for a mean of graded scores (stays inside the scores' range)."""
+    s = _as_array(scores, "scores")
+    if s.size == 0:
+        raise ValueError("no scores")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    means, _ = _bootstrap_means_sds(s, resamples, seed)
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return (float(lo), float(hi))
+
+
+def holm(p_values: Mapping[str, float], alpha: float = 0.05) -> dict[str, bool]:
+    """Holm-Bonferroni step-down: task -> rejected, family-wise error <= alpha under any dependence.
+
+    Sorted ascending, the k-th p (k = 0..m-1) is rejected while p < alpha/(m - k); the first that is
+    not stops the procedure. Strict `<`, as in DropTest.rejected.
+    """
+    _check_alpha(alpha)
+    for name, p in p_values.items():
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p-value of {name!r} must be in [0, 1], got {p}")
+    order = sorted(p_values, key=lambda k: p_values[k])
+    m = len(order)
+    out = {name: False for name in p_values}
+    for k, name in enumerate(order):
+        if not p_values[name] < alpha / (m - k):
+            break
+        out[name] = True
+    return out
+
+
+def capability_score(task_scores: Mapping[str, float | None], tasks: Sequence[str]) -> tuple[float | None, bool]:
+    """Unweighted mean over the expected tasks that ran, and whether any expected task is missing.
+
+    Unweighted so a big task cannot drown a small one; a missing task (absent or None) makes the
+    score partial rather than silently comparable to a full one. Tasks outside `tasks` are ignored.
+    """
+    ran: list[float] = []
+    for name in tasks:
+        value = task_scores.get(name)
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"task {name!r} has a non-finite score {value}")
+        ran.append(float(value))
+    partial = len(ran) < len(tasks)
+    return (sum(ran) / len(ran) if ran else None), partial
