@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_mlxgate.capability.runner import CapabilityRun
 
 GATE = '''
 import pytest
@@ -17,40 +21,8 @@ pytestmark = pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", c
 
 
 def test_capability(paired):
-    assert_capability_at_least(paired, "mmlu", {bounds}, n=16)
+    assert_capability_at_least(paired, "mmlu", {bounds}, n=8)
 '''
-
-BROKEN = '''
-import contextlib
-
-import pytest
-from pytest_mlxgate import assert_capability_at_least
-
-
-def broken(value):
-    """The candidate's attention sees keys scaled by 4: a model that has lost its context."""
-    import mlx.core as mx
-
-    @contextlib.contextmanager
-    def patched():
-        fused = mx.fast.scaled_dot_product_attention
-        if value == "broken":
-            mx.fast.scaled_dot_product_attention = lambda q, k, v, *, scale, **kw: fused(q, k, v, scale=scale * 4, **kw)
-        try:
-            yield
-        finally:
-            mx.fast.scaled_dot_product_attention = fused
-
-    return patched()
-
-
-pytestmark = pytest.mark.mlx_lever("attention", context=broken, ref="ok", cand="broken")
-
-
-def test_capability(paired):
-    assert_capability_at_least(paired, "mmlu", max_drop=0.0, n=40)
-'''
-
 
 @pytest.fixture
 def gate_dir(pytester: pytest.Pytester) -> pytest.Pytester:
@@ -69,7 +41,7 @@ def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     records = {r["mode"]: r for r in json.loads(report.read_text())["gates"]}
     cap = records["capability"]
     mmlu = cap["tasks"]["mmlu"]
-    assert mmlu["n"] == 16 and mmlu["ref_score"] == mmlu["cand_score"]  # a flag nothing reads: same answers
+    assert mmlu["n"] == 8 and mmlu["ref_score"] == mmlu["cand_score"]  # a flag nothing reads: same answers
     assert mmlu["drop_test"]["b"] == 0 and mmlu["drop_test"]["c"] == 0
     assert cap["verdict"] == "pass" and cap["checks"][0]["passed"]
     score = records["score"]["capability_score"]
@@ -85,16 +57,45 @@ def test_a_floor_the_candidate_cannot_clear_fails_with_scores_and_n(gate_dir: py
     result.stdout.fnmatch_lines([
         "*capability gate failed: test_cap.py::test_capability",
         "*mmlu: candidate's 95% lower bound *% < floor 95.0%",
-        "*reference *% (*–*%) → candidate *% (*–*%), n=16 paired items",
+        "*reference *% (*–*%) → candidate *% (*–*%), n=8 paired items",
         "*re-run: pytest test_cap.py::test_capability*",
     ])
 
 
-def test_a_broken_candidate_is_caught_by_the_paired_test(gate_dir: pytest.Pytester) -> None:
-    gate_dir.makepyfile(test_broken=BROKEN)
-    result = gate_dir.runpytest_subprocess("--mlx-offline", "--mlx-db=off", "-p", "no:randomly")
-    out = result.stdout.str()
-    if result.ret == 0:  # the broken arm must lose items the reference gets right
-        pytest.fail("a candidate with scrambled attention passed the paired MMLU gate:\n" + out)
-    result.stdout.fnmatch_lines(["*mmlu: drop * is significantly more than the allowed 0.0 points*",
-                                 "*discordant: * lost, * gained*", "*flipped *"])
+def _run(ref: list[int], cand: list[int]) -> "CapabilityRun":
+    from pytest_mlxgate.capability.base import Item, ItemResult
+    from pytest_mlxgate.capability.runner import CapabilityRun
+
+    items = [Item(id=f"q{i}", messages=({"role": "user", "content": f"question {i}"},)) for i in range(len(ref))]
+
+    def results(scores: list[int], tag: str) -> list[ItemResult]:
+        return [ItemResult(item_id=it.id, prompt_hash="h", output=f"{tag} answer {it.id}", score=float(s),
+                           verdict="correct" if s else "wrong") for it, s in zip(items, scores)]
+
+    return CapabilityRun(task="gsm8k", tier="smoke", graded=False, items=items, reference=results(ref, "ref"),
+                         candidate=results(cand, "cand"), rendered={it.id: f"rendered question {it.id}" for it in items})
+
+
+def test_a_real_drop_on_paired_items_fails_with_discordant_counts_and_flipped_items() -> None:
+    from pytest_mlxgate import assert_capability_at_least
+
+    # 60 paired items: the candidate loses 9 the reference got right and gains 1: a 13-point drop
+    ref = [1] * 30 + [0] * 30
+    cand = [0] * 9 + [1] * 21 + [1] + [0] * 29
+    with pytest.raises(AssertionError) as failure:
+        assert_capability_at_least({"gsm8k": _run(ref, cand)}, "gsm8k", max_drop=0.0)
+    text = str(failure.value)
+    assert "gsm8k: drop 13.3 points is significantly more than the allowed 0.0 points" in text
+    assert "discordant: 9 lost, 1 gained" in text and "exact-mcnemar" in text
+    assert "reference 50.0% (" in text and "candidate 36.7% (" in text and "n=60 paired items" in text
+    assert text.count("flipped q") == 3 and "reference correct 'ref answer q0'" in text
+    # the same items with the drop inside a generous margin pass
+    assert_capability_at_least({"gsm8k": _run(ref, cand)}, "gsm8k", max_drop=0.25)
+
+
+def test_identical_arms_never_fail_the_drop_test() -> None:
+    from pytest_mlxgate import assert_capability_at_least
+
+    same = [1, 0] * 20
+    runs = assert_capability_at_least({"gsm8k": _run(same, same)}, "gsm8k", max_drop=0.0)
+    assert runs["gsm8k"].flipped() == []

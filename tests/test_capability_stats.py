@@ -61,7 +61,8 @@ def _mc_slack(p: float, sims: int) -> float:
 )
 def test_normal_ppf_matches_the_table(p: float, expected: float) -> None:
     assert normal_ppf(p) == pytest.approx(expected, rel=1e-12, abs=1e-15)
-    assert normal_ppf(1.0 - p) == pytest.approx(-expected, rel=1e-9, abs=1e-12)
+    if p >= 1e-3:  # 1 - p is exact enough in floating point to test the symmetry
+        assert normal_ppf(1.0 - p) == pytest.approx(-expected, rel=1e-12, abs=1e-15)
 
 
 def test_normal_ppf_inverts_the_cdf_everywhere() -> None:
@@ -284,7 +285,7 @@ def _skewed(rng: np.random.Generator, n: int, frac: float) -> tuple[np.ndarray, 
                                         ("aa-skewed", 4)])
 def test_graded_size(case: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    sims = 400
+    sims = 1000
     rejected = 0
     for s in range(sims):
         if case == "aa-dense":
@@ -304,12 +305,12 @@ def test_graded_size(case: str, seed: int) -> None:
 
 
 def test_graded_power() -> None:
-    # A 4-point mean drop, 30% of 300 items changed, margin 0: caught >= 80% of the time.
+    # A 3-point mean drop, 30% of 300 items changed, margin 0: caught >= 85% of the time (measured 92%).
     rng = np.random.default_rng(2)
-    sims = 200
-    hits = sum(drop_test_graded(*_graded(rng, 300, 0.04, 0.3), max_drop=0.0, resamples=499, seed=s).rejected
+    sims = 400
+    hits = sum(drop_test_graded(*_graded(rng, 300, 0.03, 0.3), max_drop=0.0, resamples=499, seed=s).rejected
                for s in range(sims))
-    assert hits / sims >= 0.80
+    assert hits / sims >= 0.85
 
 
 def test_graded_edge_cases_and_direction() -> None:
@@ -392,7 +393,8 @@ def test_holm_textbook_example() -> None:
 
 def test_capability_score() -> None:
     tasks = ["mmlu", "gsm8k", "humaneval"]
-    assert capability_score({"mmlu": 0.6, "gsm8k": 0.4, "humaneval": 0.5}, tasks) == (pytest.approx(0.5), False)
+    score, partial = capability_score({"mmlu": 0.6, "gsm8k": 0.4, "humaneval": 0.5}, tasks)
+    assert score == pytest.approx(0.5) and not partial
     score, partial = capability_score({"mmlu": 0.6, "gsm8k": None, "extra": 0.0}, tasks)
     assert score == pytest.approx(0.6) and partial
     assert capability_score({}, tasks) == (None, True)

@@ -44,7 +44,8 @@ Methods
   when differences are skewed toward rare big candidate wins, the percentile-t test ~7-9% when only
   a few items differ at all (identical greedy outputs); requiring both keeps the size at or below
   the better of the two (measured 4-5% in those regimes) at little cost in power.
-* intervals: Tango's score interval for a binary paired difference (inverts the same statistic),
+* intervals: Tango's published score interval for a binary paired difference (inverting the
+  statistic WITHOUT the test's continuity correction),
   the hull of the percentile-t and basic bootstrap intervals for graded ones (matching the
   conservative test); both two-sided at `ci_confidence` (95% by default).
   Note the one-sided test at alpha agrees with a two-sided (1 - 2*alpha) interval, so at alpha = 0.05
@@ -65,6 +66,7 @@ import numpy as np
 __all__ = [
     "DropTest",
     "PairedBinary",
+    "Scores",
     "capability_score",
     "drop_exceeds",
     "drop_test_binary",
@@ -88,6 +90,8 @@ __all__ = [
 
 Alternative = Literal["exceeds", "within"]
 Kind = Literal["auto", "binary", "graded"]
+#: Per-item scores, one per item in the shared item order: a list (bools or floats) or a 1-D array.
+Scores = Sequence[bool | float] | np.ndarray
 _CONTINUITY = 1.0  # on b - c - n*delta: keeps the score test's exact size <= alpha (module docs)
 _HYPOTHESIS = {"exceeds": "H0: drop <= max_drop (reject: drop significantly larger)",
                "within": "H0: drop >= max_drop (reject: drop significantly smaller)"}
@@ -206,7 +210,7 @@ class PairedBinary:
     c: int  # ref wrong, cand right (discordant: wins)
 
 
-def _as_array(values: Sequence[bool | float], name: str) -> np.ndarray:
+def _as_array(values: Scores, name: str) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a flat sequence of per-item scores, got shape {arr.shape}")
@@ -215,7 +219,7 @@ def _as_array(values: Sequence[bool | float], name: str) -> np.ndarray:
     return arr
 
 
-def _pair(ref: Sequence[bool | float], cand: Sequence[bool | float]) -> tuple[np.ndarray, np.ndarray]:
+def _pair(ref: Scores, cand: Scores) -> tuple[np.ndarray, np.ndarray]:
     r, c = _as_array(ref, "ref"), _as_array(cand, "cand")
     if r.shape != c.shape:
         raise ValueError(f"the arms must score the same items: {r.size} ref vs {c.size} cand scores")
@@ -228,7 +232,7 @@ def _is_binary(arr: np.ndarray) -> bool:
     return bool(np.all((arr == 0.0) | (arr == 1.0)))
 
 
-def paired_binary(ref: Sequence[bool | float], cand: Sequence[bool | float]) -> PairedBinary:
+def paired_binary(ref: Scores, cand: Scores) -> PairedBinary:
     """Join two arms' 0/1 outcomes item by item into the paired table (same order, same length)."""
     r, c = _pair(ref, cand)
     if not (_is_binary(r) and _is_binary(c)):
@@ -363,8 +367,8 @@ def _check_margin(max_drop: float) -> None:
 
 
 def drop_test_binary(
-    ref: Sequence[bool | float],
-    cand: Sequence[bool | float],
+    ref: Scores,
+    cand: Scores,
     *,
     max_drop: float,
     alpha: float = 0.05,
@@ -400,8 +404,8 @@ def _bootstrap_means_sds(d: np.ndarray, resamples: int, seed: int) -> tuple[np.n
 
 
 def drop_test_graded(
-    ref: Sequence[float],
-    cand: Sequence[float],
+    ref: Scores,
+    cand: Scores,
     *,
     max_drop: float,
     alpha: float = 0.05,
@@ -461,7 +465,7 @@ def drop_test_graded(
 
 
 def _dispatch(
-    ref: Sequence[bool | float], cand: Sequence[bool | float], kind: Kind, max_drop: float,
+    ref: Scores, cand: Scores, kind: Kind, max_drop: float,
     alpha: float, resamples: int, seed: int, alternative: Alternative,
 ) -> DropTest:
     if kind == "auto":
@@ -474,8 +478,8 @@ def _dispatch(
 
 
 def drop_exceeds(
-    ref: Sequence[bool | float],
-    cand: Sequence[bool | float],
+    ref: Scores,
+    cand: Scores,
     *,
     max_drop: float,
     alpha: float = 0.05,
@@ -491,8 +495,8 @@ def drop_exceeds(
 
 
 def drop_within(
-    ref: Sequence[bool | float],
-    cand: Sequence[bool | float],
+    ref: Scores,
+    cand: Scores,
     *,
     max_drop: float,
     alpha: float = 0.05,
@@ -619,7 +623,7 @@ def wilson_lower(successes: int, n: int, confidence: float = 0.95) -> float:
 
 
 def mean_interval_bootstrap(
-    scores: Sequence[float], confidence: float = 0.95, resamples: int = 10000, seed: int = 0
+    scores: Scores, confidence: float = 0.95, resamples: int = 10000, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap interval for a mean of graded scores (stays inside the scores' range)."""
     s = _as_array(scores, "scores")
