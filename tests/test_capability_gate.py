@@ -43,6 +43,8 @@ def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     mmlu = cap["tasks"]["mmlu"]
     assert mmlu["n"] == 8 and mmlu["ref_score"] == mmlu["cand_score"]  # a flag nothing reads: same answers
     assert mmlu["drop_test"]["b"] == 0 and mmlu["drop_test"]["c"] == 0
+    assert len(mmlu["items"]) == 8  # per item: both arms' outputs and verdicts, to rescore or join runs
+    assert all(len(i["prompt_hash"]) == 16 and i["reference"]["verdict"] in ("correct", "wrong") for i in mmlu["items"])
     assert cap["verdict"] == "pass" and cap["checks"][0]["passed"]
     score = records["score"]["capability_score"]
     assert score["partial"] is True and "gsm8k" in score["missing"]

@@ -58,6 +58,13 @@ class CapabilityRun:
     def scores(self, arm: Arm) -> list[float]:
         return [r.score for r in (self.reference if arm == "reference" else self.candidate)]
 
+    def paired_items(self) -> list[dict[str, Any]]:
+        """Per item, both arms' outputs and verdicts: enough to rescore a run or join it to another."""
+        return [{"id": it.id, "prompt_hash": r.prompt_hash,
+                 "reference": {"output": r.output, "score": r.score, "verdict": r.verdict},
+                 "candidate": {"output": c.output, "score": c.score, "verdict": c.verdict}}
+                for it, r, c in zip(self.items, self.reference, self.candidate)]
+
     def flipped(self) -> list[tuple[Item, ItemResult, ItemResult]]:
         """Items whose outcome changed between the arms, losses (ref right, cand wrong) first."""
         pairs = [(it, r, c) for it, r, c in zip(self.items, self.reference, self.candidate) if r.score != c.score]
