@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ._common import header, verdict
@@ -55,7 +56,7 @@ def throughput(n: int, tokens: int) -> None:
     print(f"ratio sequential/batched time: {ts / tb:.2f}x  goal >= {GOAL}: {verdict(ts / tb >= GOAL)}")
 
 
-def smoke_tier() -> None:
+def smoke_tier(only: Sequence[str] | None = None) -> None:
     from pytest_mlxgate.capability.runner import TASK_NAMES, load_task, run_arm
     from pytest_mlxgate.levers import Lever
 
@@ -64,6 +65,8 @@ def smoke_tier() -> None:
     lever = Lever(name="none", kind="env", target="MLXGATE_BENCH_UNUSED", ref="0", cand="0")
     total = 0.0
     for name in TASK_NAMES:
+        if only and name not in only:
+            continue
         task = load_task(name)
         try:
             items = task.load("smoke")
@@ -84,11 +87,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--only", choices=["throughput", "smoke"], default=None)
+    parser.add_argument("--tasks", default="", help="comma-separated subset of the smoke tier's tasks")
     args = parser.parse_args(argv)
     if args.only in (None, "throughput"):
         throughput(args.prompts, args.tokens)
     if args.only in (None, "smoke"):
-        smoke_tier()
+        smoke_tier([t for t in args.tasks.split(",") if t] or None)
 
 
 if __name__ == "__main__":
