@@ -32,6 +32,7 @@ __all__ = [
     "mean_interval",
     "summarize",
     "t_quantile",
+    "wilson_bounds",
     "wilson_interval",
 ]
 
@@ -152,7 +153,12 @@ def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> I
         raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
     if n == 0:
         return (0.0, 1.0)
-    z = _z(confidence)
+    return wilson_bounds(successes, n, _z(confidence))
+
+
+def wilson_bounds(successes: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson score bounds at the normal quantile `z` (z_{1-a/2}: a two-sided interval; z_{1-a}: a
+    one-sided bound); shared by the KL gate's agreement rates and the capability scores."""
     p = successes / n
     denom = 1.0 + z * z / n
     center = (p + z * z / (2 * n)) / denom

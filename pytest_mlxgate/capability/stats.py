@@ -63,6 +63,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..stats import wilson_bounds
+
 __all__ = [
     "DropTest",
     "PairedBinary",
@@ -595,17 +597,7 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
         raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
     if n == 0:
         return (0.0, 1.0)
-    return _wilson(successes, n, _z_two_sided(confidence))
-
-
-def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
-    p = successes / n
-    denom = 1.0 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes == 0 else max(0.0, center - half)
-    hi = 1.0 if successes == n else min(1.0, center + half)
-    return (lo, hi)
+    return wilson_bounds(successes, n, _z_two_sided(confidence))
 
 
 def wilson_lower(successes: int, n: int, confidence: float = 0.95) -> float:
@@ -619,7 +611,7 @@ def wilson_lower(successes: int, n: int, confidence: float = 0.95) -> float:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n == 0:
         return 0.0
-    return _wilson(successes, n, normal_ppf(confidence))[0]
+    return wilson_bounds(successes, n, normal_ppf(confidence))[0]
 
 
 def mean_interval_bootstrap(
