@@ -23,7 +23,7 @@ GOAL = 4.0
 def _load() -> tuple[Any, Any]:
     import mlx_lm
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     model, tokenizer = mlx_lm.load(str(ensure_embedded_snapshot()))
     return model, tokenizer
@@ -32,8 +32,8 @@ def _load() -> tuple[Any, Any]:
 def throughput(n: int, tokens: int) -> None:
     from pytest_mlxgate.capability.base import chat_render
     from pytest_mlxgate.capability.generate import generate_greedy, generate_sequential
-    from pytest_mlxgate.kvcache import parse_kv_value
-    from pytest_mlxgate.prompts import default_prompts
+    from pytest_mlxgate.kl.prompts import default_prompts
+    from pytest_mlxgate.levers.kvcache import parse_kv_value
 
     header(f"capability generation: {n} prompts x {tokens} new tokens, batched vs sequential (greedy)")
     model, tokenizer = _load()
@@ -58,7 +58,7 @@ def throughput(n: int, tokens: int) -> None:
 
 def smoke_tier(only: Sequence[str] | None = None) -> None:
     from pytest_mlxgate.capability.runner import TASK_NAMES, load_task, run_arm
-    from pytest_mlxgate.levers import Lever
+    from pytest_mlxgate.levers.lever import Lever
 
     header("capability smoke tier, one arm, embedded model")
     model, tokenizer = _load()

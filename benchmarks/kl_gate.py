@@ -37,9 +37,9 @@ TIME_GOAL, CACHED_GOAL, RSS_GOAL = 1.10, 0.60, 1.2
 def _load() -> Any:
     import mlx_lm
 
-    from pytest_mlxgate.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
-    from pytest_mlxgate.paired import LoadedModel
-    from pytest_mlxgate.snapshots import ResolvedSnapshot
+    from pytest_mlxgate.models.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
+    from pytest_mlxgate.models.loaded import LoadedModel
+    from pytest_mlxgate.models.materialize import ResolvedSnapshot
 
     path = ensure_embedded_snapshot()
     model, tokenizer = mlx_lm.load(str(path))
@@ -49,10 +49,10 @@ def _load() -> Any:
 
 
 def _run(loaded: Any, lever: Any, shape: Any, n: int, cache_dir: Path | None) -> Any:
-    from pytest_mlxgate.device import blas_in_use
-    from pytest_mlxgate.paired import PairedRun
-    from pytest_mlxgate.prompts import build_sequences, default_prompts, sequences_digest
-    from pytest_mlxgate.refcache import ReferenceCache
+    from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, sequences_digest
+    from pytest_mlxgate.kl.refcache import ReferenceCache
+    from pytest_mlxgate.models.device import blas_in_use
+    from pytest_mlxgate.session.paired import PairedRun
 
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=n, tokens=shape.tokens)
     return PairedRun(lever=lever, shape=shape, sequences=seqs, sequences_digest=sequences_digest(seqs),
@@ -61,7 +61,7 @@ def _run(loaded: Any, lever: Any, shape: Any, n: int, cache_dir: Path | None) ->
 
 
 def _neutral(path: str = "prefill") -> Any:
-    from pytest_mlxgate.levers import Lever
+    from pytest_mlxgate.levers.lever import Lever
 
     return Lever(name="noop", kind="env", target="MLXGATE_BENCH_UNUSED", ref="0", cand="1", path=path)  # type: ignore[arg-type]
 
@@ -69,7 +69,7 @@ def _neutral(path: str = "prefill") -> Any:
 def wall_time(n: int, tokens: int, repeats: int) -> None:
     import mlx.core as mx
 
-    from pytest_mlxgate.arms import RunShape
+    from pytest_mlxgate.kl.shape import RunShape
 
     header(f"kl_gate wall time: {n} prompts x {tokens} tokens, prefill path, {repeats} interleaved repeats")
     loaded = _load()
@@ -111,7 +111,7 @@ def _vm(field: str) -> int:
 def rss_child(n: int, tokens: int) -> None:
     """Peak RSS of the gate alone: Linux lets a process reset its high-water mark (clear_refs 5)
     after the model is loaded, so loading's own peak cannot hide the gate's."""
-    from pytest_mlxgate.arms import RunShape
+    from pytest_mlxgate.kl.shape import RunShape
 
     loaded = _load()
     import mlx.core as mx
@@ -141,10 +141,11 @@ def compaction_error(n: int, tokens: int) -> None:
     """Exact float64 KL vs the gate's KL from the compact reference, on real drifts."""
     import numpy as np
 
-    from pytest_mlxgate.arms import RunShape, sequence_logits
-    from pytest_mlxgate.kl import compact_reference, compare, exact_kl
-    from pytest_mlxgate.levers import Lever
-    from pytest_mlxgate.refcache import ReferenceCache
+    from pytest_mlxgate.kl.arms import sequence_logits
+    from pytest_mlxgate.kl.divergence import compact_reference, compare, exact_kl
+    from pytest_mlxgate.kl.refcache import ReferenceCache
+    from pytest_mlxgate.kl.shape import RunShape
+    from pytest_mlxgate.levers.lever import Lever
 
     header(f"kl_gate compaction error: exact vs compact-reference KL, {n} prompts x {tokens} tokens")
     loaded = _load()
@@ -185,13 +186,13 @@ def compaction_error(n: int, tokens: int) -> None:
 
 def slightly_hot_attention(q: Any, k: Any, v: Any, *, scale: float, **kw: Any) -> Any:
     """Fused attention with a softmax scale 2% too large: a small, real drift on the prefill path."""
-    from pytest_mlxgate.reference_ops import scaled_dot_product_attention
+    from pytest_mlxgate.levers.reference_ops import scaled_dot_product_attention
 
     return scaled_dot_product_attention(q, k, v, scale=scale * 1.02, **kw)
 
 
 def _ref(loaded: Any, lever: Any, shape: Any, seq: Any) -> tuple[Any, Any]:
-    from pytest_mlxgate.arms import sequence_logits
+    from pytest_mlxgate.kl.arms import sequence_logits
 
     with lever.applied("reference"):
         out, _ = sequence_logits(loaded.model, seq.ids, shape, lever.kv_plan("reference"))

@@ -7,7 +7,7 @@ which loads the model with mlx_lm, prefills a 32-token prompt as a warm-up, then
 prompt `--fast-repeats` times (OpenBLAS, default 7) or `--repeats` times (reference BLAS,
 default 3; ~30 s each on 2 cores, most of this benchmark's run time), with a fresh KV cache each
 time and everything evaluated; medians are quoted.
-The child says which BLAS it really got (pytest_mlxgate.device.blas_in_use, from /proc/self/maps).
+The child says which BLAS it really got (pytest_mlxgate.models.device.blas_in_use, from /proc/self/maps).
 Printed: both medians and the ratio with/without. Goal: with/without >= 10x, a conservative
 floor under the ~20-25x that ./dev's comment and the device warning cite as the preload's reason.
 """
@@ -42,7 +42,7 @@ def child(args: dict[str, Any]) -> None:
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    from pytest_mlxgate.device import blas_in_use
+    from pytest_mlxgate.models.device import blas_in_use
 
     model, tokenizer = load(args["model"])
     text = (
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> None:
         return
     tmp = Path(tempfile.mkdtemp(prefix="mlxgate-bench-prefill-"))
     try:
-        from pytest_mlxgate.embedded import ensure_embedded_snapshot
+        from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
         t0 = time.perf_counter()
         model = ensure_embedded_snapshot(cache_dir=tmp / "cache")

@@ -11,41 +11,36 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .assertions import assert_kl_below
     from .capability.assertions import assert_capability_at_least
-    from .device import blas_in_use, mlx_device
-    from .errors import (
-        MlxgateError,
-        MlxgateUsageError,
-        MlxgateWarning,
-        ModelNameError,
-        ModelUnavailableError,
-    )
+    from .config.names import CandidateSpec, parse_name
+    from .errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelNameError, ModelUnavailableError
     from .hub import HubError, snapshot_download, verify_snapshot
-    from .levers import Lever
-    from .names import CandidateSpec, parse_name
-    from .paired import KLResult, Paired
-    from .snapshots import ResolvedSnapshot, materialize
+    from .kl.assertions import assert_kl_below
+    from .kl.result import KLResult
+    from .levers.lever import Lever
+    from .models.device import blas_in_use, mlx_device
+    from .models.materialize import ResolvedSnapshot, materialize
+    from .session.paired import Paired
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {
-    "CandidateSpec": "names",
-    "KLResult": "paired",
-    "Lever": "levers",
-    "Paired": "paired",
+    "CandidateSpec": "config.names",
+    "KLResult": "kl.result",
+    "Lever": "levers.lever",
+    "Paired": "session.paired",
     "assert_capability_at_least": "capability.assertions",
-    "assert_kl_below": "assertions",
+    "assert_kl_below": "kl.assertions",
     "HubError": "hub",
     "MlxgateError": "errors",
     "MlxgateUsageError": "errors",
     "MlxgateWarning": "errors",
     "ModelNameError": "errors",
     "ModelUnavailableError": "errors",
-    "ResolvedSnapshot": "snapshots",
-    "blas_in_use": "device",
-    "materialize": "snapshots",
-    "mlx_device": "device",
-    "parse_name": "names",
+    "ResolvedSnapshot": "models.materialize",
+    "blas_in_use": "models.device",
+    "materialize": "models.materialize",
+    "mlx_device": "models.device",
+    "parse_name": "config.names",
     "snapshot_download": "hub",
     "verify_snapshot": "hub",
 }

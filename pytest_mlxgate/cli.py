@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .config.names import CandidateSpec, find_pyproject, load_aliases, parse_name
+from .config.options import cache_dir_arg, endpoint_arg
 from .errors import MlxgateUsageError
-from .names import CandidateSpec, find_pyproject, load_aliases, parse_name
-from .settings import cache_dir_arg, endpoint_arg
 
 __all__ = ["main"]
 
@@ -81,11 +81,11 @@ def _spec(args: argparse.Namespace) -> CandidateSpec:
 
 
 def _get(spec: CandidateSpec, args: argparse.Namespace) -> int:
-    from .snapshots import materialize
+    from .models.materialize import materialize
 
     bar = None
     if sys.stderr.isatty():
-        from .progress import TerminalBar
+        from .models.progress import TerminalBar
 
         unit = "files" if spec.kind == "embedded" else "B"  # the builder counts files
         bar = TerminalBar(sys.stderr, spec.repo_id or spec.name, unit=unit)
@@ -122,7 +122,7 @@ def _verify(spec: CandidateSpec, args: argparse.Namespace) -> int:
     from .hub import HubError, verify_snapshot
 
     if spec.kind == "embedded":
-        from .embedded import EMBEDDED_REPO_ID
+        from .models.embedded import EMBEDDED_REPO_ID
 
         repo_id, revision = EMBEDDED_REPO_ID, "main"
     else:
@@ -139,7 +139,7 @@ def _verify(spec: CandidateSpec, args: argparse.Namespace) -> int:
     except HubError as e:
         print(f"mlxgate: {e}", file=sys.stderr)
         return EXIT_FAILED
-    from .progress import format_bytes
+    from .common.format import format_bytes
 
     commit = Path(report.path).name
     verdict = "ok" if report.ok else f"{len(report.problems)} problem(s)"

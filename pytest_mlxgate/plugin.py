@@ -12,120 +12,23 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .settings import cache_dir_arg, count_arg, endpoint_arg, file_arg, name_arg
+from .config.options import add_options
 
 if TYPE_CHECKING:
-    from .paired import Paired
-    from .session import MlxgateSession, Role
-    from .snapshots import ResolvedSnapshot
+    from .models.materialize import ResolvedSnapshot
+    from .session.paired import Paired
+    from .session.state import MlxgateSession, Role
 
 SESSION_KEY = pytest.StashKey["MlxgateSession"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("mlxgate", "mlxgate: quality gates for MLX inference levers")
-    group.addoption(
-        "--mlx-candidate",
-        dest="mlx_candidate",
-        metavar="NAME",
-        type=name_arg,
-        default=None,
-        help="model under test: an alias (e2b, e4b, smollm2-135m, or [tool.mlxgate.aliases]), "
-        "a repo id org/name[@revision], or a local directory. Default: smollm2-135m.",
-    )
-    group.addoption(
-        "--mlx-reference",
-        dest="mlx_reference",
-        metavar="NAME",
-        type=name_arg,
-        default=None,
-        help="reference model, same forms as --mlx-candidate. Default: none.",
-    )
-    group.addoption(
-        "--mlx-cache-dir",
-        dest="mlx_cache_dir",
-        metavar="DIR",
-        type=cache_dir_arg,
-        default=None,
-        help="hub cache directory. Default: HF_HUB_CACHE, else $HF_HOME/hub, else "
-        "~/.cache/huggingface/hub.",
-    )
-    group.addoption(
-        "--mlx-offline",
-        dest="mlx_offline",
-        action="store_true",
-        default=None,
-        help="never touch the network; use complete cached snapshots only. Default: HF_HUB_OFFLINE.",
-    )
-    group.addoption(
-        "--mlx-endpoint",
-        dest="mlx_endpoint",
-        metavar="URL",
-        type=endpoint_arg,
-        default=None,
-        help="hub endpoint. Default: HF_ENDPOINT, else https://huggingface.co.",
-    )
-    group.addoption(
-        "--mlx-lever",
-        dest="mlx_lever",
-        metavar="NAME",
-        default=None,
-        help="override the gates' lever: a module's lever name (new values for it), an environment "
-        "variable (env:VAR or a bare NAME), patch:module.attr, kv, or model. Needs both values below.",
-    )
-    group.addoption("--mlx-ref-value", dest="mlx_ref_value", metavar="V", default=None,
-                    help="the lever's reference value (with --mlx-lever)")
-    group.addoption("--mlx-cand-value", dest="mlx_cand_value", metavar="V", default=None,
-                    help="the lever's candidate value (with --mlx-lever)")
-    group.addoption(
-        "--mlx-prompts-file",
-        dest="mlx_prompts_file",
-        metavar="JSONL",
-        type=file_arg,
-        default=None,
-        help='KL prompts, one JSON object per line: {"text": ...} or {"messages": [...]} (chat '
-        "template). Default: the built-in domain-diverse set.",
-    )
-    group.addoption("--mlx-kl-prompts", dest="mlx_kl_prompts", metavar="N", type=count_arg, default=None,
-                    help="sequences per KL gate (default: the gate's mlx_kl marker, else 64)")
-    group.addoption("--mlx-kl-tokens", dest="mlx_kl_tokens", metavar="T", type=count_arg, default=None,
-                    help="tokens per sequence (default: the gate's mlx_kl marker, else 256)")
-    group.addoption("--mlx-kl-decode", dest="mlx_kl_decode", metavar="D", type=count_arg, default=None,
-                    help="serving path: the last D tokens are decoded one at a time (default: marker, else 32)")
-    group.addoption("--mlx-refresh-reference", dest="mlx_refresh_reference", action="store_true", default=None,
-                    help="recompute the reference arm even when the reference cache has it")
-    group.addoption("--mlx-aa", dest="mlx_aa", action="store_true", default=None,
-                    help="A/A calibration: run each gate's reference arm against itself (and with another "
-                    "prefill chunk size) and check every limit sits above that noise floor")
-    group.addoption("--mlx-report", dest="mlx_report", metavar="PATH", default=None,
-                    help="write a JSON report, one record per gate")
-    group.addoption("--mlx-db", dest="mlx_db", metavar="PATH", default=None,
-                    help="sqlite results history (table quality_runs); 'off' disables. "
-                    "Default: .mlxgate/results.sqlite under the rootdir")
-    group.addoption("--mlx-tier", dest="mlx_tier", choices=("smoke", "full"), default=None,
-                    help="capability tier: smoke (small subsets, minutes on CPU) or full (default: the module's "
-                    "mlx_tier marker, else smoke)")
-    group.addoption("--mlx-max-new-tokens", dest="mlx_max_new_tokens", metavar="N", type=count_arg, default=None,
-                    help="cap on generated tokens per capability item (default: each task's own)")
-    group.addoption("--mlx-allow-unsandboxed", dest="mlx_allow_unsandboxed", action="store_true", default=None,
-                    help="run model-written HumanEval code even where no isolation (network namespace, "
-                    "sandbox-exec) is available; only rlimits and a temp dir then contain it")
-    parser.addini("mlx_candidate", "default for --mlx-candidate", default=None)
-    parser.addini("mlx_reference", "default for --mlx-reference", default=None)
-    parser.addini("mlx_cache_dir", "default for --mlx-cache-dir (relative to this file)", default=None)
-    parser.addini("mlx_offline", "default for --mlx-offline", type="bool", default=None)
-    parser.addini("mlx_endpoint", "default for --mlx-endpoint", default=None)
-    for name in ("mlx_lever", "mlx_ref_value", "mlx_cand_value", "mlx_prompts_file", "mlx_kl_prompts",
-                 "mlx_kl_tokens", "mlx_kl_decode", "mlx_report", "mlx_db", "mlx_tier", "mlx_max_new_tokens"):
-        parser.addini(name, f"default for --{name.replace('_', '-')}", default=None)
-    parser.addini("mlx_refresh_reference", "default for --mlx-refresh-reference", type="bool", default=False)
-    parser.addini("mlx_aa", "default for --mlx-aa", type="bool", default=False)
-    parser.addini("mlx_allow_unsandboxed", "default for --mlx-allow-unsandboxed", type="bool", default=False)
+    add_options(parser)  # every --mlx-… option and its ini twin: config/options.py's table
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .session import MlxgateSession
-    from .settings import read_settings
+    from .config.settings import read_settings
+    from .session.state import MlxgateSession
 
     config.addinivalue_line(
         "markers",

@@ -19,10 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.capability.stats import (
+from pytest_mlxgate.results.score import capability_score
+from pytest_mlxgate.stats.intervals import normal_cdf, normal_quantile, wilson_interval, wilson_lower
+from pytest_mlxgate.stats.paired import (
     DropTest,
     PairedBinary,
-    capability_score,
     drop_exceeds,
     drop_test_binary,
     drop_test_graded,
@@ -32,15 +33,11 @@ from pytest_mlxgate.capability.stats import (
     mcnemar_exact_p_two_sided,
     mean_interval_bootstrap,
     n_for_power,
-    normal_cdf,
-    normal_ppf,
     paired_binary,
     power_binary,
     power_binary_exact,
     score_z,
     tango_interval,
-    wilson_interval,
-    wilson_lower,
 )
 
 ALPHA = 0.05
@@ -59,21 +56,21 @@ def _mc_slack(p: float, sims: int) -> float:
     [(0.975, 1.959963984540054), (0.95, 1.6448536269514722), (0.8, 0.8416212335729143),
      (0.999, 3.090232306167813), (0.5, 0.0), (1e-10, -6.361340902404056)],
 )
-def test_normal_ppf_matches_the_table(p: float, expected: float) -> None:
-    assert normal_ppf(p) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+def test_normal_quantile_matches_the_table(p: float, expected: float) -> None:
+    assert normal_quantile(p) == pytest.approx(expected, rel=1e-12, abs=1e-15)
     if p >= 1e-3:  # 1 - p is exact enough in floating point to test the symmetry
-        assert normal_ppf(1.0 - p) == pytest.approx(-expected, rel=1e-12, abs=1e-15)
+        assert normal_quantile(1.0 - p) == pytest.approx(-expected, rel=1e-12, abs=1e-15)
 
 
-def test_normal_ppf_inverts_the_cdf_everywhere() -> None:
+def test_normal_quantile_inverts_the_cdf_everywhere() -> None:
     ref = NormalDist()
     for p in np.concatenate([np.logspace(-300, -1, 60), np.linspace(0.01, 0.99, 99)]):
-        x = normal_ppf(float(p))
+        x = normal_quantile(float(p))
         assert x == pytest.approx(ref.inv_cdf(float(p)), rel=1e-9, abs=1e-12)
         assert normal_cdf(x) == pytest.approx(float(p), rel=1e-9)
-    assert normal_ppf(0.0) == -math.inf and normal_ppf(1.0) == math.inf
+    assert normal_quantile(0.0) == -math.inf and normal_quantile(1.0) == math.inf
     with pytest.raises(ValueError):
-        normal_ppf(1.5)
+        normal_quantile(1.5)
 
 
 # --- Wilson ------------------------------------------------------------------------------------------
@@ -160,7 +157,7 @@ def test_tango_interval_matches_fagerland_2014() -> None:
     # Tango asymptotic score 95% CI for the difference -0.286: (-0.517, -0.026).
     lo, hi = tango_interval(1, 7, 21)
     assert (round(lo, 3), round(hi, 3)) == (-0.517, -0.026)
-    z = normal_ppf(0.975)
+    z = normal_quantile(0.975)
     assert score_z(1, 7, 21, lo) == pytest.approx(z, abs=1e-6)
     assert score_z(1, 7, 21, hi) == pytest.approx(-z, abs=1e-6)
 
@@ -235,7 +232,7 @@ def test_documented_sample_size_for_a_three_point_regression() -> None:
     # Scenario: max_drop = 0 (exact McNemar), one-sided alpha = 0.05, true drop 3 points, 5% of items
     # discordant (4% ref-right/cand-wrong, 1% the reverse). Connor's normal formula says 342 ...
     pd, drop = 0.05, 0.03
-    connor = (normal_ppf(0.95) * math.sqrt(pd) + normal_ppf(0.8) * math.sqrt(pd - drop**2)) ** 2 / drop**2
+    connor = (normal_quantile(0.95) * math.sqrt(pd) + normal_quantile(0.8) * math.sqrt(pd - drop**2)) ** 2 / drop**2
     assert math.ceil(connor) == 342
     # ... but the exact test is discrete: 342 falls short, the documented 371 makes it.
     assert power_binary_exact(342, pd, drop, max_drop=0.0) < 0.80

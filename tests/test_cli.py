@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fakehub import FakeHub, Request
 
 TOKEN = "hf_cli_test_token_0123456789"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate import device
-from pytest_mlxgate.device import REFERENCE_BLAS, classify_blas, mapped_libraries
+from pytest_mlxgate.models import device
+from pytest_mlxgate.models.device import REFERENCE_BLAS, classify_blas, mapped_libraries
 
 SITE = "/venv/lib/python3.11/site-packages"
 MLX_REF = f"{SITE}/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0"
@@ -65,7 +65,7 @@ def _blas_in_subprocess(preload: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = preload
-    code = "from pytest_mlxgate.device import blas_in_use, mlx_device; print(blas_in_use(), '|', mlx_device())"
+    code = "from pytest_mlxgate.models.device import blas_in_use, mlx_device; print(blas_in_use(), '|', mlx_device())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return out.stdout.strip()
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pytest_mlxgate import gguf as gguf_mod
-from pytest_mlxgate.gguf import EmbeddedModelMissing, convert_gguf, find_embedded_gguf
+from pytest_mlxgate.models import gguf as gguf_mod
+from pytest_mlxgate.models.gguf import EmbeddedModelMissing, convert_gguf, find_embedded_gguf
 
 EXPECTED_FILES = [
     "config.json",
@@ -121,7 +121,7 @@ def test_conversion_is_deterministic(
     # A fresh interpreter: different hash seeds, a fresh Rust HashMap state in `tokenizers`.
     code = (
         "import pathlib, sys\n"
-        "from pytest_mlxgate.gguf import convert_gguf\n"
+        "from pytest_mlxgate.models.gguf import convert_gguf\n"
         "convert_gguf(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]))\n"
     )
     root = pathlib.Path(gguf_mod.__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
 from pytest_mlxgate.hub import snapshot_download, verify_snapshot
+from pytest_mlxgate.models.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
 
 
 @pytest.fixture(scope="module")

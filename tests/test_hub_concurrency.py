@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from pytest_mlxgate.hub import snapshot_download
 from pytest_mlxgate.hub import fetch as fetch_mod
+from pytest_mlxgate.hub import snapshot_download
 from pytest_mlxgate.hub.cache import repo_folder_name
 from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fakehub import Fault
+
 from pytest_mlxgate.hub import (
     HubAuthError,
     HubChecksumError,

@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from fakehub import Fault
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fakehub import Fault
 from pytest_mlxgate.hub import HubError, snapshot_download
 from pytest_mlxgate.hub.cache import repo_folder_name
 from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX

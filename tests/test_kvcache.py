@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_mlxgate.errors import LeverError
-from pytest_mlxgate.kvcache import PLAIN, KVPlan, KVSpec, parse_kv_value
+from pytest_mlxgate.levers.kvcache import PLAIN, KVPlan, KVSpec, parse_kv_value
 
 # --- parsing inline values ----------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.errors import LeverError, MlxgateUsageError
-from pytest_mlxgate.kvcache import PLAIN, KVSpec
-from pytest_mlxgate.levers import Lever, lever_from_marker, lever_from_options, resolve_object
+from pytest_mlxgate.levers.kvcache import PLAIN, KVSpec
+from pytest_mlxgate.levers.lever import Lever, lever_from_marker, lever_from_options, resolve_object
 
 SDPA = "mlx.core.fast.scaled_dot_product_attention"
 REF_SDPA = "pytest_mlxgate.reference_ops:scaled_dot_product_attention"
@@ -461,7 +461,7 @@ def test_to_json_is_json_serializable(tmp_path: Path) -> None:
 def test_importing_levers_imports_no_mlx() -> None:
     """levers.py is imported while pytest collects: it (and kvcache, reference_ops) must stay light."""
     code = (
-        "import sys, pytest_mlxgate.levers, pytest_mlxgate.kvcache, pytest_mlxgate.reference_ops\n"
+        "import sys, pytest_mlxgate.levers.lever, pytest_mlxgate.levers.kvcache, pytest_mlxgate.levers.reference_ops\n"
         "print(sorted(m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pytest_mlxgate.errors import MlxgateUsageError, ModelNameError
-from pytest_mlxgate.names import (
+from pytest_mlxgate.config.names import (
     BUILTIN_ALIASES,
     DEFAULT_CANDIDATE,
     Aliases,
@@ -22,6 +21,7 @@ from pytest_mlxgate.names import (
     validate_repo_id,
     validate_revision,
 )
+from pytest_mlxgate.errors import MlxgateUsageError, ModelNameError
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_builtin_aliases(aliases: Aliases, tmp_path: Path) -> None:
 
 
 def test_default_alias_is_the_embedded_models_own() -> None:
-    from pytest_mlxgate.embedded import EMBEDDED_ALIAS
+    from pytest_mlxgate.models.embedded import EMBEDDED_ALIAS
 
     assert BUILTIN_ALIASES[EMBEDDED_ALIAS] is None
     assert DEFAULT_CANDIDATE == EMBEDDED_ALIAS

@@ -14,13 +14,15 @@ import mlx.core as mx  # noqa: F401  (imported once, before anything pytester ru
 import pytest
 
 from pytest_mlxgate import assert_kl_below
-from pytest_mlxgate.arms import RunShape
 from pytest_mlxgate.errors import NonFiniteLogitsError, VocabularyMismatchError
-from pytest_mlxgate.levers import Lever
-from pytest_mlxgate.paired import LoadedModel, PairedRun, check_same_vocabulary
-from pytest_mlxgate.prompts import build_sequences, default_prompts, sequences_digest
-from pytest_mlxgate.refcache import ReferenceCache
-from pytest_mlxgate.snapshots import ResolvedSnapshot
+from pytest_mlxgate.kl.measure import check_same_vocabulary
+from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, sequences_digest
+from pytest_mlxgate.kl.refcache import ReferenceCache
+from pytest_mlxgate.kl.shape import RunShape
+from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.models.loaded import LoadedModel
+from pytest_mlxgate.models.materialize import ResolvedSnapshot
+from pytest_mlxgate.session.paired import PairedRun
 
 MACHINE = {"device": "cpu", "blas": "test"}
 
@@ -40,7 +42,7 @@ def tiny(tiny_model_dir: Path) -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def embedded() -> LoadedModel:
-    from pytest_mlxgate.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
 
     path = ensure_embedded_snapshot()
     import mlx_lm

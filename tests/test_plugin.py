@@ -17,9 +17,9 @@ from pathlib import Path
 import hypothesis  # noqa: F401  (see below)
 import mlx.core  # noqa: F401  (see below)
 import pytest
-
 from fakehub import FakeHub, Request
-from pytest_mlxgate.snapshots import ResolvedSnapshot
+
+from pytest_mlxgate.models.materialize import ResolvedSnapshot
 
 # In-process pytester runs drop the modules an inner run imported. mlx.core (a nanobind
 # extension) aborts the process when imported a second time, and hypothesis's plugin would
@@ -435,9 +435,9 @@ def test_xdist_resolution_error_is_a_usage_error(pytester: pytest.Pytester, hub:
 def test_a_worker_uses_the_shipped_snapshot_and_refuses_a_missing_one(
     pytester: pytest.Pytester, hub: FakeHub, hf_env: Path
 ) -> None:
+    from pytest_mlxgate.config.settings import read_settings
     from pytest_mlxgate.errors import ModelUnavailableError
-    from pytest_mlxgate.session import MlxgateSession
-    from pytest_mlxgate.settings import read_settings
+    from pytest_mlxgate.session.state import MlxgateSession
 
     commit = hub.add_repo("worker/model", {"config.json": b"{}"})  # there to be had: a worker must still not ask
     here = pytester.mkdir("snap")

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from pytest_mlxgate.progress import LineProgress, TerminalBar, format_bytes, format_duration
+from pytest_mlxgate.common.format import format_bytes, format_clock
+from pytest_mlxgate.models.progress import LineProgress, TerminalBar
 
 
 class Clock:
@@ -25,8 +26,8 @@ def test_format_bytes(n: float, text: str) -> None:
     assert format_bytes(n) == text
 
 
-def test_format_duration() -> None:
-    assert [format_duration(s) for s in (0, 59.9, 61, 3725)] == ["0:00", "0:59", "1:01", "1:02:05"]
+def test_format_clock() -> None:
+    assert [format_clock(s) for s in (0, 59.9, 61, 3725)] == ["0:00", "0:59", "1:01", "1:02:05"]
 
 
 def test_bar_shows_bytes_rate_eta_and_throttles() -> None:

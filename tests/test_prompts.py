@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import MlxgateUsageError, PromptsError
-from pytest_mlxgate.prompts import (
+from pytest_mlxgate.kl.prompts import (
     SEPARATOR,
     Prompt,
     TokenSequence,
@@ -56,7 +56,7 @@ def tokenizer() -> Any:
     """The embedded SmolLM2 tokenizer (ChatML template), as mlx_lm loads it."""
     from mlx_lm.utils import load_tokenizer
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     return load_tokenizer(ensure_embedded_snapshot())
 
@@ -133,7 +133,7 @@ def test_text_prompts_render_as_is(tokenizer: Any) -> None:
 
 def test_pyproject_ships_the_default_set_as_package_data() -> None:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "prompts_default.jsonl" in data["tool"]["setuptools"]["package-data"]["pytest_mlxgate"]
+    assert "kl/prompts_default.jsonl" in data["tool"]["setuptools"]["package-data"]["pytest_mlxgate"]
 
 
 # ---------------------------------------------------------------- sequences
@@ -239,8 +239,8 @@ def test_sequences_do_not_depend_on_the_process(prompts: tuple[Prompt, ...], tok
     """Another interpreter with another hash seed builds the same ids (they key caches)."""
     code = (
         "from mlx_lm.utils import load_tokenizer\n"
-        "from pytest_mlxgate.embedded import ensure_embedded_snapshot\n"
-        "from pytest_mlxgate.prompts import build_sequences, default_prompts, sequences_digest\n"
+        "from pytest_mlxgate.models.embedded import ensure_embedded_snapshot\n"
+        "from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, sequences_digest\n"
         "tok = load_tokenizer(ensure_embedded_snapshot())\n"
         "print(sequences_digest(build_sequences(default_prompts(), tok, n=100, tokens=64)))\n"
     )
@@ -255,7 +255,7 @@ def test_a_raw_tokenizers_tokenizer_gives_the_same_ids(tokenizer: Any) -> None:
     """`tokenizers.Tokenizer.encode` returns an Encoding, not a list; both must work alike."""
     from tokenizers import Tokenizer
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     raw = Tokenizer.from_file(str(ensure_embedded_snapshot() / "tokenizer.json"))
     text_prompts = [p for p in default_prompts() if p.text is not None]

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_mlxgate.levers import Lever
-from pytest_mlxgate.reference_ops import rms_norm, scaled_dot_product_attention
+from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.levers.reference_ops import rms_norm, scaled_dot_product_attention
 
 SDPA = "mlx.core.fast.scaled_dot_product_attention"
 REF_SDPA = "pytest_mlxgate.reference_ops:scaled_dot_product_attention"

@@ -18,16 +18,12 @@ from typing import Any
 
 import pytest
 
-from pytest_mlxgate import reporting
-from pytest_mlxgate.reporting import (
-    ResultsDB,
-    ResultsDBError,
-    RunInfo,
-    format_value,
-    git_state,
-    summary_lines,
-    write_json_report,
-)
+from pytest_mlxgate.results import history
+from pytest_mlxgate.results.git import git_state
+from pytest_mlxgate.results.history import ResultsDB, ResultsDBError
+from pytest_mlxgate.results.json_report import write_json_report
+from pytest_mlxgate.results.records import RunInfo
+from pytest_mlxgate.results.summary import format_value, summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -109,7 +105,9 @@ def test_module_imports_only_the_standard_library() -> None:
     code = textwrap.dedent("""
         import sys
         before = set(sys.modules)
-        import pytest_mlxgate.reporting
+        import pytest_mlxgate.results.fields, pytest_mlxgate.results.git, pytest_mlxgate.results.history
+        import pytest_mlxgate.results.json_report, pytest_mlxgate.results.records, pytest_mlxgate.results.score
+        import pytest_mlxgate.results.summary, pytest_mlxgate.common.atomic, pytest_mlxgate.common.format
         new = {m.partition(".")[0] for m in set(sys.modules) - before}
         print(sorted(m for m in new if m not in sys.stdlib_module_names and m != "pytest_mlxgate"))
     """)
@@ -264,7 +262,7 @@ def test_db_creation_is_idempotent_with_version_and_index(tmp_path: Path) -> Non
     ResultsDB(path)
     assert len(ResultsDB(path).rows()) == 1
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == reporting.SCHEMA_VERSION
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
         indexes = conn.execute("SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='quality_runs'"
                                ).fetchall()
         assert any("(nodeid, time)" in (sql or "") for (sql,) in indexes)
@@ -308,7 +306,7 @@ _WRITER = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[3])
     from test_reporting import make_run, _batch
-    from pytest_mlxgate.reporting import ResultsDB
+    from pytest_mlxgate.results.history import ResultsDB
     path, tag = Path(sys.argv[1]), sys.argv[2]
     while time.time() < float(sys.argv[4]):  # start together: creation races too
         pass

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from fakehub import FakeHub
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fakehub import FakeHub
-from pytest_mlxgate.names import CandidateSpec
-from pytest_mlxgate.snapshots import ResolvedSnapshot, _commit_of, materialize
+from pytest_mlxgate.config.names import CandidateSpec
+from pytest_mlxgate.models.materialize import ResolvedSnapshot, _commit_of, materialize
 
 
 @pytest.fixture

@@ -9,18 +9,16 @@ import time
 import numpy as np
 import pytest
 
-from pytest_mlxgate.kl import TokenScores
-from pytest_mlxgate.stats import (
-    QUANTILES,
-    KLStats,
-    _resampled_quantiles,
+from pytest_mlxgate.kl.divergence import TokenScores
+from pytest_mlxgate.stats.intervals import (
     cluster_bootstrap_quantile,
     cluster_bootstrap_quantiles,
     mean_interval,
-    summarize,
     t_quantile,
     wilson_interval,
 )
+from pytest_mlxgate.stats.intervals import _resampled_quantiles
+from pytest_mlxgate.stats.kl_stats import QUANTILES, KLStats, summarize
 
 # --- distributions and intervals -----------------------------------------------------------------------
 

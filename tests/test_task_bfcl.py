@@ -458,7 +458,7 @@ def test_parser_never_raises(text: str) -> None:
 def embedded_tokenizer() -> Any:
     from mlx_lm.utils import load_tokenizer
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     return load_tokenizer(ensure_embedded_snapshot())  # type: ignore[no-untyped-call]
 
@@ -500,7 +500,7 @@ TOOL_TEMPLATE = (
 def test_tool_templates_get_the_converted_schemas(sample: list[Item]) -> None:
     from transformers import AutoTokenizer
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     tok = AutoTokenizer.from_pretrained(os.fspath(ensure_embedded_snapshot()))
     tok.chat_template = TOOL_TEMPLATE

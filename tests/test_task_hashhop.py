@@ -30,7 +30,7 @@ def tokenizer() -> Any:
     """The embedded SmolLM2 tokenizer, as mlx_lm loads it."""
     from mlx_lm.utils import load_tokenizer
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     return load_tokenizer(ensure_embedded_snapshot())  # type: ignore[no-untyped-call]
 

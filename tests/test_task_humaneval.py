@@ -6,7 +6,13 @@ import pytest
 
 from pytest_mlxgate.capability.base import Item
 from pytest_mlxgate.capability.sandbox import Limits, isolation_available
-from pytest_mlxgate.capability.tasks.humaneval import TASK, HumanEval, build_program, extract_code, load_problems
+from pytest_mlxgate.capability.tasks.humaneval import (
+    TASK,
+    HumanEval,
+    build_program,
+    extract_code,
+    load_problems,
+)
 
 needs_sandbox = pytest.mark.skipif(isolation_available()[0] is None,
                                    reason=f"no sandbox isolation here: {isolation_available()[1]}")

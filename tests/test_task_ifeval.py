@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import json
+import os
 import sys
 import types
 from collections import Counter

@@ -36,7 +36,7 @@ def build_tiny_model(out: Path, *, seed: int = 0, scale: float = 2.0) -> Path:
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    from pytest_mlxgate.embedded import ensure_embedded_snapshot
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)

@@ -76,7 +76,8 @@ def capability_checks(
     runs: dict[str, CapabilityRun], *, floor: float | None, max_drop: float | None, alpha: float
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Per task: scores with intervals, the paired drop test (Holm across tasks), the floor check."""
-    from . import stats as S
+    from ..stats import paired as S
+    from ..stats.intervals import wilson_interval, wilson_lower
 
     per_task: dict[str, dict[str, Any]] = {}
     p_values: dict[str, float] = {}
@@ -91,9 +92,9 @@ def capability_checks(
             lower = _graded_lower(cand)
         else:
             k_ref, k_cand = sum(1 for x in ref if x >= 1), sum(1 for x in cand if x >= 1)
-            info["ref_ci"] = list(S.wilson_interval(k_ref, run.n))
-            info["cand_ci"] = list(S.wilson_interval(k_cand, run.n))
-            lower = S.wilson_lower(k_cand, run.n)
+            info["ref_ci"] = list(wilson_interval(k_ref, run.n))
+            info["cand_ci"] = list(wilson_interval(k_cand, run.n))
+            lower = wilson_lower(k_cand, run.n)
         info["cand_lower"] = lower
         if max_drop is not None:
             test = (S.drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha) if run.graded
@@ -118,7 +119,7 @@ def capability_checks(
 
 
 def _graded_lower(scores: Sequence[float]) -> float:
-    from . import stats as S
+    from ..stats import paired as S
 
     lo, _ = S.mean_interval_bootstrap(scores, confidence=0.90)  # two-sided 90% = one-sided 95% lower
     return float(lo)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..kvcache import KVPlan
+    from ..levers.kvcache import KVPlan
 
 __all__ = ["choice_logprobs", "generate_greedy"]
 

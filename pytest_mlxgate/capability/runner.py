@@ -17,7 +17,7 @@ from ..errors import MlxgateError, MlxgateUsageError
 from .base import Item, ItemResult, TaskDataMissing, Tier, prompt_hash
 
 if TYPE_CHECKING:
-    from ..levers import Arm, Lever
+    from ..levers.lever import Arm, Lever
     from .base import Task
 
 __all__ = ["TASK_NAMES", "CapabilityRun", "TaskSkipped", "load_task", "run_arm", "run_capability"]

@@ -6,6 +6,7 @@ verified, fsynced and atomically renamed; partial downloads resume across runs.
 
 from __future__ import annotations
 
+from .environment import resolve_cache_dir
 from .errors import (
     HubAuthError,
     HubChecksumError,
@@ -19,7 +20,6 @@ from .errors import (
 )
 from .snapshot import snapshot_download
 from .verify import VerifyReport, verify_snapshot
-from .settings import resolve_cache_dir
 
 __all__ = [
     "HubAuthError",

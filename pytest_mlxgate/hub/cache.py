@@ -18,10 +18,11 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
+from ..common.atomic import atomic_write_bytes
+from ..common.commits import COMMIT_RE
 from .errors import HubUnsafePathError
 from .hashing import Algo
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MANIFEST_VERSION = 1
 
 
@@ -180,31 +181,3 @@ def _is_within(path: Path, root: Path) -> bool:
     except ValueError:
         return False
     return True
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename durable; a no-op where directories can't be opened (Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temp file in the same folder → fsync → os.replace: readers see the old or the new, never half."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)

@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 from filelock import FileLock
 
-from .cache import RepoCache, RepoFile, fsync_dir
+from ..common.atomic import fsync_dir
+from .cache import RepoCache, RepoFile
 from .errors import HubChecksumError, HubProtocolError, HubRetryError
 from .hashing import CHUNK, Hasher, hash_file_prefix, new_hasher
 from .transport import HubClient, RetryPolicy, TransientError, check_status, redact

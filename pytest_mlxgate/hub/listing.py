@@ -6,11 +6,11 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from .cache import COMMIT_RE, RepoFile, safe_relative_path
+from ..common.commits import COMMIT_RE, GIT_SHA1_RE
+from .cache import RepoFile, safe_relative_path
 from .errors import HubProtocolError
 from .transport import HubClient, origin, redact
 
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NEXT_LINK = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 
@@ -89,7 +89,7 @@ def parse_tree_entry(entry: Any, repo_id: str) -> RepoFile | None:
         pattern = _HEX64
     else:
         etag, size, algo = entry.get("oid"), entry.get("size"), "git-sha1"
-        pattern = _HEX40
+        pattern = GIT_SHA1_RE
     if not isinstance(etag, str) or not pattern.match(etag) or not isinstance(size, int) or size < 0:
         raise HubProtocolError(
             f"the tree listing of {repo_id} gives {path!r} an unusable hash or size ({etag!r}, {size!r})"

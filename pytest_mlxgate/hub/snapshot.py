@@ -8,11 +8,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .cache import COMMIT_RE, RepoCache, RepoFile
+from ..common.commits import COMMIT_RE
+from .cache import RepoCache, RepoFile
+from .environment import REPO_TYPES, resolve_cache_dir, resolve_endpoint, resolve_offline, resolve_token
 from .errors import HubError, HubOfflineError
 from .fetch import FetchStats, fetch_blob
 from .listing import list_files, resolve_commit, resolve_url
-from .settings import REPO_TYPES, resolve_cache_dir, resolve_endpoint, resolve_offline, resolve_token
 from .transport import HubClient, RetryPolicy
 
 SnapshotProgress = Callable[[int, int], None]  # (bytes done, bytes to fetch in all)

@@ -12,14 +12,8 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from .errors import (
-    HubAuthError,
-    HubError,
-    HubNotFoundError,
-    HubProtocolError,
-    HubRetryError,
-)
-from .settings import token_source_hint
+from .environment import token_source_hint
+from .errors import HubAuthError, HubError, HubNotFoundError, HubProtocolError, HubRetryError
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cache import RepoCache
+from .environment import resolve_cache_dir
 from .errors import HubOfflineError
 from .hashing import algo_for_etag, hash_file
-from .settings import resolve_cache_dir
 
 
 @dataclass

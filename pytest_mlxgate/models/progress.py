@@ -13,24 +13,9 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-__all__ = ["LineProgress", "TerminalBar", "format_bytes", "format_duration"]
+from ..common.format import format_bytes, format_clock
 
-
-def format_bytes(n: float) -> str:
-    """Decimal units, like the hub's own pages: 999 B, 1.2 kB, 3.4 MB, 5.6 GB."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
-def format_duration(seconds: float) -> str:
-    """`m:ss`, or `h:mm:ss` past an hour."""
-    seconds = max(0, int(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+__all__ = ["LineProgress", "TerminalBar"]
 
 
 def _amount(n: float, unit: str) -> str:
@@ -72,7 +57,7 @@ class _Meter:
         rate = self.rate()
         if rate <= 0 or self.total <= 0:
             return "--:--"
-        return format_duration((self.total - self.done) / rate)
+        return format_clock((self.total - self.done) / rate)
 
 
 class TerminalBar:

@@ -14,56 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import LeverError, NonFiniteLogitsError
+from ..errors import NonFiniteLogitsError
+from .shape import SERVING_PREFILL_STEP, ArmCounters, RunShape
 
 if TYPE_CHECKING:
-    from .kl import RefDistributions, TokenScores
-    from .kvcache import KVPlan
-    from .levers import Arm, Lever
+    from ..levers.kvcache import KVPlan
+    from ..levers.lever import Arm, Lever
+    from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
-__all__ = ["ArmCounters", "RunShape", "SequenceLogits", "run_candidate", "run_reference", "sequence_logits"]
-
-Path_ = Literal["prefill", "serving"]
-
-#: mlx_lm.generate's default prefill step: the serving path's prefix is processed in chunks this big.
-SERVING_PREFILL_STEP = 2048
-
-
-@dataclass(frozen=True)
-class RunShape:
-    """How much of each sequence is scored, and how it is fed to the model."""
-
-    path: Path_
-    tokens: int  # sequence length T: ids hold T + 1 tokens, the last one only ever predicted
-    decode: int  # serving: the last `decode` positions are fed one token at a time
-    chunk: int | None = None  # prefill chunk size; None: one forward (prefill) / 2048 (serving)
-
-    def __post_init__(self) -> None:
-        if self.tokens < 2:
-            raise LeverError(f"a gate needs at least 2 tokens per sequence, got {self.tokens}")
-        if self.path == "serving" and not 1 <= self.decode < self.tokens:
-            raise LeverError(
-                f"the serving path feeds the last `decode` of {self.tokens} tokens one at a time, "
-                f"so decode must be between 1 and {self.tokens - 1}, got {self.decode}; "
-                "change --mlx-kl-decode (or mlx_kl(decode=...))"
-            )
-        if self.chunk is not None and self.chunk < 1:
-            raise LeverError(f"the prefill chunk size must be positive, got {self.chunk}")
-
-    @property
-    def scored(self) -> int:
-        """Scored positions per sequence."""
-        return self.decode if self.path == "serving" else self.tokens
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "tokens": self.tokens, "decode": self.decode if self.path == "serving" else None,
-                "chunk": self.chunk}
-
+__all__ = ["SequenceLogits", "run_candidate", "run_reference", "sequence_logits"]
 
 @dataclass
 class SequenceLogits:
@@ -73,20 +37,6 @@ class SequenceLogits:
     next_tokens: np.ndarray  # (rows,) int32
     positions: np.ndarray  # (rows,) int32
     dtype: str  # the model's own logits dtype, before the float32 cast (near-ties depend on it)
-
-
-@dataclass
-class ArmCounters:
-    """Forward calls per arm: how tests prove a cached reference arm really did not run."""
-
-    reference_forwards: int = 0
-    candidate_forwards: int = 0
-
-    def add(self, arm: Arm, n: int) -> None:
-        if arm == "reference":
-            self.reference_forwards += n
-        else:
-            self.candidate_forwards += n
 
 
 def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan) -> tuple[SequenceLogits, int]:
@@ -156,7 +106,7 @@ def run_reference(
     on_sequence: Callable[[int], None] | None = None,
 ) -> list[RefDistributions]:
     """The reference arm, compacted per sequence (what the reference cache stores)."""
-    from .kl import compact_reference
+    from .divergence import compact_reference
 
     refs = []
     with lever.applied(arm):
@@ -184,7 +134,7 @@ def run_candidate(
     `arm`/`override_shape` let the A/A calibration run the reference configuration again, or
     with another chunk size, through this same scoring path.
     """
-    from .kl import compare
+    from .divergence import compare
 
     if len(refs) != len(sequences):
         raise ValueError(f"{len(refs)} reference sequences for {len(sequences)} candidate sequences")
@@ -205,7 +155,7 @@ def _each(
     lever: Lever,
     counters: ArmCounters,
 ) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
-    from .kl import first_nonfinite_row
+    from .divergence import first_nonfinite_row
 
     for seq in sequences:
         out, calls = sequence_logits(model, seq.ids, shape, kv)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,10 +33,11 @@ def ensure_embedded_snapshot(
     """
     from filelock import FileLock
 
+    from ..common.atomic import fsync_dir
+    from ..hub.cache import RepoCache, RepoFile
+    from ..hub.environment import resolve_cache_dir
+    from ..hub.hashing import hash_file
     from .gguf import convert_gguf, find_embedded_gguf
-    from .hub.cache import RepoCache, RepoFile, fsync_dir
-    from .hub.hashing import hash_file
-    from .hub.settings import resolve_cache_dir
 
     gguf = find_embedded_gguf()
     commit = embedded_commit(_gguf_identity(gguf))
@@ -75,7 +75,7 @@ def ensure_embedded_snapshot(
 
 def _gguf_identity(gguf: Path) -> str:
     """sha256 of the GGUF: the source's identity (98 MB hashes in ~0.1 s, cheap enough per run)."""
-    from .hub.hashing import hash_file
+    from ..hub.hashing import hash_file
 
     return hash_file(gguf, "sha256")
 

@@ -1,4 +1,4 @@
-"""The plugin's settings: parse-time validators and one precedence rule, env < ini < command line.
+"""The plugin's settings: one precedence rule, env < ini < command line.
 
 The environment layer is the hub's own (HF_HUB_OFFLINE, HF_ENDPOINT, HF_HUB_CACHE): a setting left
 unset here stays None and the hub reads its variable, so the three layers never disagree.
@@ -10,12 +10,12 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
-from .errors import MlxgateUsageError, ModelNameError
+from ..errors import MlxgateUsageError
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
+from .options import OPTIONS, check_endpoint, count_arg
 
 __all__ = [
     "DEFAULT_DB",
@@ -26,42 +26,14 @@ __all__ = [
     "GateSettings",
     "OPTION_NAMES",
     "Settings",
-    "count_arg",
-    "file_arg",
     "read_gate_settings",
-    "cache_dir_arg",
-    "check_endpoint",
-    "endpoint_arg",
-    "name_arg",
     "read_settings",
 ]
 
-#: dest/ini name -> command-line flag. A run that sets any of them uses mlxgate.
-OPTION_NAMES: dict[str, str] = {
-    "mlx_candidate": "--mlx-candidate",
-    "mlx_reference": "--mlx-reference",
-    "mlx_cache_dir": "--mlx-cache-dir",
-    "mlx_offline": "--mlx-offline",
-    "mlx_endpoint": "--mlx-endpoint",
-}
-
-#: The KL gate's options (dest/ini name -> flag); they also put mlxgate in use.
-GATE_OPTION_NAMES: dict[str, str] = {
-    "mlx_lever": "--mlx-lever",
-    "mlx_ref_value": "--mlx-ref-value",
-    "mlx_cand_value": "--mlx-cand-value",
-    "mlx_prompts_file": "--mlx-prompts-file",
-    "mlx_kl_prompts": "--mlx-kl-prompts",
-    "mlx_kl_tokens": "--mlx-kl-tokens",
-    "mlx_kl_decode": "--mlx-kl-decode",
-    "mlx_refresh_reference": "--mlx-refresh-reference",
-    "mlx_aa": "--mlx-aa",
-    "mlx_report": "--mlx-report",
-    "mlx_db": "--mlx-db",
-    "mlx_tier": "--mlx-tier",
-    "mlx_max_new_tokens": "--mlx-max-new-tokens",
-    "mlx_allow_unsandboxed": "--mlx-allow-unsandboxed",
-}
+#: dest/ini name -> flag of the options that choose models; any of them set puts mlxgate in use.
+OPTION_NAMES: dict[str, str] = {o.dest: o.flag for o in OPTIONS if o.concern == "model"}
+#: dest/ini name -> flag of the gates' options; they also put mlxgate in use.
+GATE_OPTION_NAMES: dict[str, str] = {o.dest: o.flag for o in OPTIONS if o.concern == "gate"}
 
 #: The anchors' size (llama.cpp's and the project's ancestors'): 64 prompts x 256 tokens.
 DEFAULT_KL_PROMPTS = 64
@@ -111,61 +83,6 @@ class GateSettings:
     tier_from_cli: bool = False
     max_new_tokens: int | None = None
     allow_unsandboxed: bool = False
-
-
-def name_arg(value: str) -> str:
-    """argparse `type=` for model names: reject malformed repo ids before pytest starts."""
-    try:
-        return check_name_syntax(value)
-    except ModelNameError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def check_endpoint(value: str) -> str:
-    """An endpoint is an http(s) origin, optionally with a path prefix; returned without a trailing '/'."""
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
-        raise MlxgateUsageError(
-            f"'{value}' is not a hub endpoint; expected http(s)://host[:port], e.g. https://huggingface.co"
-        )
-    return value.strip().rstrip("/")
-
-
-def endpoint_arg(value: str) -> str:
-    """argparse `type=` for --mlx-endpoint."""
-    try:
-        return check_endpoint(value)
-    except MlxgateUsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def cache_dir_arg(value: str) -> str:
-    """argparse `type=` for --mlx-cache-dir: kept a string, but not empty and not a file."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("the cache directory must not be empty")
-    path = Path(value).expanduser()
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"'{value}' exists and is not a directory")
-    return value
-
-
-def count_arg(value: str) -> int:
-    """argparse `type=` for a positive count (prompts, tokens)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
-def file_arg(value: str) -> str:
-    """argparse `type=` for an input file that must exist now (not after an hour of model loading)."""
-    path = Path(value).expanduser()
-    if not path.is_file():
-        raise argparse.ArgumentTypeError(f"'{value}' is not a file")
-    return value
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:

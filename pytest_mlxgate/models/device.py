@@ -18,12 +18,26 @@ __all__ = [
     "classify_blas",
     "mapped_libraries",
     "mlx_device",
+    "installed_versions",
     "openblas_preload_path",
     "reference_blas_warning",
 ]
 
 #: What `blas_in_use` says when MLX's Linux CPU wheel uses the netlib BLAS it bundles.
 REFERENCE_BLAS = "reference BLAS"
+
+
+def installed_versions(dists: Iterable[str] = ("mlx", "mlx-lm")) -> dict[str, str]:
+    """Distribution name -> installed version ("absent" when not installed), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in dists:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "absent"
+    return out
 
 
 def mlx_device() -> str:

@@ -10,23 +10,26 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
-from .names import Aliases, CandidateSpec, load_aliases, parse_name
-from .progress import LineProgress, format_bytes
-from .settings import Settings
+from ..common.format import format_bytes
+from ..config.names import Aliases, CandidateSpec, Role, load_aliases, parse_name
+from ..config.settings import Settings
+from ..results.records import records_in
+from ..errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
+from ..models.progress import LineProgress
 
 if TYPE_CHECKING:
+    from ..models.loaded import LoadedModel
+    from ..models.materialize import ResolvedSnapshot
+    from ..results.records import GateRecord, RunInfo
+    from .builder import RunContext
     from .paired import Paired, PairedRun
-    from .reporting import RunInfo
-    from .snapshots import ResolvedSnapshot
 
 __all__ = ["MlxgateSession", "Role", "WORKERINPUT_KEYS"]
 
-Role = Literal["candidate", "reference"]
 #: workerinput keys carrying each role's ResolvedSnapshot as JSON, controller -> workers.
 WORKERINPUT_KEYS: dict[Role, str] = {
     "candidate": "mlxgate_snapshot",
@@ -65,7 +68,7 @@ class MlxgateSession:
         self._started = time.time()
         self._models: dict[Role, tuple[Any, Any]] = {}
         self._runs: dict[str, PairedRun] = {}
-        self.records: list[dict[str, Any]] = []  # gate records seen by this process's reports
+        self.records: list[GateRecord] = []  # gate records seen by this process's reports
 
     @property
     def is_worker(self) -> bool:
@@ -103,15 +106,13 @@ class MlxgateSession:
         """Gate records ride the teardown report's user_properties (so they cross xdist too)."""
         if self.is_worker or report.when != "teardown":
             return
-        for name, value in report.user_properties:
-            if name == "mlxgate" and isinstance(value, dict):
-                self.records.append(value)
+        self.records.extend(records_in(report.user_properties))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One table for the whole run, printed by the controller only."""
         if self.is_worker or not self.records:
             return
-        from .reporting import summary_lines
+        from ..results.summary import summary_lines
 
         terminalreporter.section("mlxgate")
         for line in summary_lines(self.records, width=terminalreporter._tw.fullwidth):
@@ -125,9 +126,12 @@ class MlxgateSession:
         self._written = []
         if self.is_worker or not self.records or self.settings.gate is None:
             return
-        from .reporting import ResultsDB, write_json_report
+        from ..capability.runner import TASK_NAMES
+        from ..results.history import ResultsDB
+        from ..results.json_report import write_json_report
+        from ..results.score import score_record
 
-        score = self._capability_score()
+        score = score_record(self.records, TASK_NAMES)
         if score is not None:
             self.records.append(score)
         run = self._run_info()
@@ -143,72 +147,33 @@ class MlxgateSession:
             else:
                 self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
 
-    def _capability_score(self) -> dict[str, Any] | None:
-        """The Capability Score: the unweighted mean of the six tasks, flagged partial when one did not run."""
-        latest: dict[str, dict[str, Any]] = {}
-        for record in self.records:
-            if record.get("mode") == "capability":
-                latest.update(record.get("tasks") or {})
-        if not latest:
-            return None
-        from .capability.runner import TASK_NAMES
-        from .capability.stats import capability_score
-
-        field_of = {"reference": "ref_score", "candidate": "cand_score"}
-        arms = {arm: capability_score({t: latest[t][key] if t in latest else None for t in TASK_NAMES}, TASK_NAMES)
-                for arm, key in field_of.items()}
-        tasks = {t: {"reference": v["ref_score"], "candidate": v["cand_score"], "n": v["n"]} for t, v in latest.items()}
-        partial = arms["candidate"][1]
-        return {
-            "nodeid": "mlxgate::capability_score", "gate": "Capability Score", "mode": "score",
-            "stats": {}, "checks": [], "verdict": "partial" if partial else "complete",
-            "capability_score": {"reference": arms["reference"][0], "candidate": arms["candidate"][0],
-                                 "partial": partial, "tasks": tasks,
-                                 "missing": [t for t in TASK_NAMES if t not in latest]},
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-
     def _run_info(self) -> RunInfo:
         import platform
         import sys
-        import time
-        import uuid
-        from importlib.metadata import PackageNotFoundError, version
 
-        from .reporting import RunInfo, git_state
+        from ..models.device import installed_versions
+        from ..results.records import GateRecord, RunInfo
 
-        def v(dist: str) -> str:
-            try:
-                return version(dist)
-            except PackageNotFoundError:
-                return "absent"
-
-        commit, dirty = git_state(self.config.rootpath)
         device, blas = self.machine()
         gate = self.settings.gate
         config = {
             "candidate": self.settings.candidate,
             "reference": self.settings.reference,
             "offline": self.settings.offline,
-            "gate": {k: (str(v_) if v_ is not None else None) for k, v_ in vars(gate).items()} if gate else None,
+            "gate": {k: (str(v) if v is not None else None) for k, v in vars(gate).items()} if gate else None,
         }
-        return RunInfo(
-            run_id=uuid.uuid4().hex,
-            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._started)),
-            code_commit=commit,
-            code_dirty=dirty,
-            argv=[str(a) for a in self.config.invocation_params.args],
-            config=config,
-            machine={"device": device, "blas": blas, "mlx": v("mlx"), "mlx_lm": v("mlx-lm"),
-                     "python": sys.version.split()[0], "platform": platform.platform()},
-        )
+        versions = installed_versions(("mlx", "mlx-lm"))
+        machine = {"device": device, "blas": blas, "mlx": versions["mlx"], "mlx_lm": versions["mlx-lm"],
+                   "python": sys.version.split()[0], "platform": platform.platform()}
+        return RunInfo.new(self.config.rootpath, argv=[str(a) for a in self.config.invocation_params.args],
+                           config=config, machine=machine, started=self._started)
 
     # -- what fixtures call --------------------------------------------------------------------
 
     def machine(self) -> tuple[str, str]:
         """(device, BLAS), computed once; this is where mlx.core gets imported on the controller."""
         if self._machine is None:
-            from .device import REFERENCE_BLAS, blas_in_use, mlx_device
+            from ..models.device import REFERENCE_BLAS, blas_in_use, mlx_device
 
             blas = blas_in_use()
             label = f"{blas} (slow, see warning)" if blas == REFERENCE_BLAS else blas
@@ -219,7 +184,7 @@ class MlxgateSession:
         """Warn once per run, from the controller, with the fix."""
         if self.is_worker or not self.settings.in_use:
             return
-        from .device import reference_blas_warning
+        from ..models.device import reference_blas_warning
 
         message = reference_blas_warning()
         if message:
@@ -239,7 +204,7 @@ class MlxgateSession:
             return None
         shipped = (self.workerinput or {}).get(WORKERINPUT_KEYS[role])
         if shipped is not None:
-            from .snapshots import ResolvedSnapshot
+            from ..models.materialize import ResolvedSnapshot
 
             snap = ResolvedSnapshot.from_json(shipped)
             if not snap.dir.is_dir():
@@ -276,14 +241,44 @@ class MlxgateSession:
 
     def paired(self, item: pytest.Item) -> Paired:
         """The `paired` fixture's value: the item's module run (built once per module and lever)."""
-        from .gate_config import build_paired_run, rerun_command
+        from ..config.rerun import rerun_command
+        from .builder import build_paired_run
         from .paired import Paired
 
-        run = build_paired_run(self, item, self._runs)
+        run = build_paired_run(self._run_context(), item, self._runs)
         return Paired(run, item, rerun_command(self.config, item.nodeid))
 
-    def terminal_line_writer(self) -> contextlib.AbstractContextManager[Callable[[str], None] | None]:
-        return self._terminal()
+    def _run_context(self) -> RunContext:
+        from ..models.device import installed_versions
+        from .builder import RunContext
+
+        gate = self.settings.gate
+        assert gate is not None
+        cache = getattr(self.config, "cache", None)  # None under -p no:cacheprovider
+        device, blas = self.machine()
+        return RunContext(
+            gate=gate,
+            load_model=self.loaded_model,
+            cache_dir=cache.mkdir("mlxgate-reference") if cache is not None else None,
+            machine={"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))},
+            progress=None if self.is_worker else self._say,
+        )
+
+    def loaded_model(self, role: Role) -> LoadedModel | None:
+        """The role's model with its snapshot; None when no model is configured for the role."""
+        from ..models.loaded import LoadedModel
+
+        snap = self.snapshot(role)
+        if snap is None:
+            return None
+        model, tokenizer = self.model(role)
+        return LoadedModel(model, tokenizer, snap)
+
+    def _say(self, text: str) -> None:
+        """A progress line on the controller's terminal."""
+        with self._terminal() as write:
+            if write is not None:
+                write(f"mlxgate: {text}")
 
     def worker_payload(self) -> dict[str, str]:
         """What `pytest_configure_node` puts into each worker's `workerinput`: pinned snapshots."""
@@ -292,11 +287,11 @@ class MlxgateSession:
     # -- internals -----------------------------------------------------------------------------
 
     def _materialize(self, role: Role, spec: CandidateSpec) -> ResolvedSnapshot:
-        from .snapshots import materialize
+        from ..models.materialize import materialize
 
         expected: tuple[type[Exception], ...] = (MlxgateError, OSError)
         if spec.kind != "local":  # a local directory never needs the downloader (nor httpx)
-            from .hub import HubError
+            from ..hub import HubError
 
             expected += (HubError,)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .paired import KLResult
+    from .result import KLResult
 
 __all__ = ["assert_kl_below", "kl_checks"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .errors import PromptsError
+from ..errors import PromptsError
 
 __all__ = [
     "DEFAULT_PROMPTS_RESOURCE",

@@ -63,13 +63,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..stats import wilson_bounds
+from .intervals import normal_cdf, z_two_sided
 
 __all__ = [
     "DropTest",
     "PairedBinary",
     "Scores",
-    "capability_score",
     "drop_exceeds",
     "drop_test_binary",
     "drop_test_graded",
@@ -79,15 +78,11 @@ __all__ = [
     "mcnemar_exact_p_two_sided",
     "mean_interval_bootstrap",
     "n_for_power",
-    "normal_cdf",
-    "normal_ppf",
     "paired_binary",
     "power_binary",
     "power_binary_exact",
     "score_z",
     "tango_interval",
-    "wilson_interval",
-    "wilson_lower",
 ]
 
 Alternative = Literal["exceeds", "within"]
@@ -97,57 +92,6 @@ Scores = Sequence[bool | float] | np.ndarray
 _CONTINUITY = 1.0  # on b - c - n*delta: keeps the score test's exact size <= alpha (module docs)
 _HYPOTHESIS = {"exceeds": "H0: drop <= max_drop (reject: drop significantly larger)",
                "within": "H0: drop >= max_drop (reject: drop significantly smaller)"}
-
-
-# --- the normal distribution --------------------------------------------------------------------------
-
-# Acklam's rational approximation (relative error 1.15e-9), then one Halley step on erfc: ~1e-15.
-_A = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
-      -3.066479806614716e01, 2.506628277459239e00)
-_B = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
-      -1.328068155288572e01)
-_C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
-      4.374664141464968e00, 2.938163982698783e00)
-_D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
-_P_LOW = 0.02425
-
-
-def normal_cdf(x: float) -> float:
-    """Standard normal CDF via erfc, so the far tails keep their relative accuracy."""
-    return 0.5 * math.erfc(-x / math.sqrt(2.0))
-
-
-def normal_ppf(p: float) -> float:
-    """Inverse standard normal CDF: Acklam's approximation polished by one Halley step (~1e-15)."""
-    if not 0.0 < p < 1.0:
-        if p == 0.0:
-            return -math.inf
-        if p == 1.0:
-            return math.inf
-        raise ValueError(f"p must be in [0, 1], got {p}")
-    if p < _P_LOW:
-        q = math.sqrt(-2.0 * math.log(p))
-        x = (((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5]) / (
-            (((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0)
-    elif p <= 1.0 - _P_LOW:
-        q = p - 0.5
-        r = q * q
-        x = (((((_A[0] * r + _A[1]) * r + _A[2]) * r + _A[3]) * r + _A[4]) * r + _A[5]) * q / (
-            ((((_B[0] * r + _B[1]) * r + _B[2]) * r + _B[3]) * r + _B[4]) * r + 1.0)
-    else:
-        q = math.sqrt(-2.0 * math.log1p(-p))
-        x = -(((((_C[0] * q + _C[1]) * q + _C[2]) * q + _C[3]) * q + _C[4]) * q + _C[5]) / (
-            (((_D[0] * q + _D[1]) * q + _D[2]) * q + _D[3]) * q + 1.0)
-    # Halley: e = Phi(x) - p, computed on the side of the tail that keeps precision.
-    e = normal_cdf(x) - p if p < 0.5 else (1.0 - p) - normal_cdf(-x)
-    u = e * math.sqrt(2.0 * math.pi) * math.exp(0.5 * x * x)
-    return x - u / (1.0 + 0.5 * x * u)
-
-
-def _z_two_sided(confidence: float) -> float:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    return normal_ppf(0.5 + confidence / 2.0)
 
 
 def _check_alpha(alpha: float) -> None:
@@ -282,7 +226,7 @@ def score_z(b: int, c: int, n: int, delta: float, *, correction: float = 0.0) ->
 
 def tango_interval(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Tango's score interval for drop = p_ref - p_cand: the deltas the two-sided score test keeps."""
-    z = _z_two_sided(confidence)
+    z = z_two_sided(confidence)
     if n <= 0:
         raise ValueError("no items to compare")
     est = (b - c) / n
@@ -588,30 +532,7 @@ def n_for_power(
     raise ValueError(f"power {power} not reached by n = {n_max}")
 
 
-# --- single-arm intervals and multiplicity -------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a proportion (Newcombe 1998's method 3); (0, 1) for n = 0."""
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
-    if n == 0:
-        return (0.0, 1.0)
-    return wilson_bounds(successes, n, _z_two_sided(confidence))
-
-
-def wilson_lower(successes: int, n: int, confidence: float = 0.95) -> float:
-    """ONE-sided Wilson lower bound: P(p < bound) <= 1 - confidence, so it uses z_confidence (1.645 at 95%).
-
-    It equals the lower end of the two-sided interval at 2*confidence - 1 (the 90% interval at 0.95).
-    """
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n, got {successes} of {n}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if n == 0:
-        return 0.0
-    return wilson_bounds(successes, n, normal_ppf(confidence))[0]
+# --- intervals of graded means, and multiplicity ---------------------------------------------------------------
 
 
 def mean_interval_bootstrap(
@@ -647,21 +568,3 @@ def holm(p_values: Mapping[str, float], alpha: float = 0.05) -> dict[str, bool]:
             break
         out[name] = True
     return out
-
-
-def capability_score(task_scores: Mapping[str, float | None], tasks: Sequence[str]) -> tuple[float | None, bool]:
-    """Unweighted mean over the expected tasks that ran, and whether any expected task is missing.
-
-    Unweighted so a big task cannot drown a small one; a missing task (absent or None) makes the
-    score partial rather than silently comparable to a full one. Tasks outside `tasks` are ignored.
-    """
-    ran: list[float] = []
-    for name in tasks:
-        value = task_scores.get(name)
-        if value is None:
-            continue
-        if not math.isfinite(value):
-            raise ValueError(f"task {name!r} has a non-finite score {value}")
-        ran.append(float(value))
-    partial = len(ran) < len(tasks)
-    return (sum(ran) / len(ran) if ran else None), partial

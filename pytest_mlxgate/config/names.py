@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import MlxgateUsageError, ModelNameError
+from ..errors import MlxgateUsageError, ModelNameError
 
 __all__ = [
+    "Role",
     "BUILTIN_ALIASES",
     "DEFAULT_CANDIDATE",
     "Aliases",
@@ -32,6 +33,9 @@ __all__ = [
     "validate_repo_id",
     "validate_revision",
 ]
+
+#: Which arm a model serves: the candidate under test, or the reference it is compared with.
+Role = Literal["candidate", "reference"]
 
 SpecKind = Literal["embedded", "hub", "local"]
 

@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from .names import CandidateSpec
+from ..common.commits import is_commit
+from ..config.names import CandidateSpec
 
 __all__ = ["ProgressFn", "ResolvedSnapshot", "materialize"]
 
 ProgressFn = Callable[[int, int], None]
 Source = Literal["cached", "downloaded", "built", "local"]
 LOCAL_COMMIT = "local"
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def materialize(
         repo_id = EMBEDDED_REPO_ID
         source = "built" if seen.done else "cached"
     else:
-        from .hub import snapshot_download
+        from ..hub import snapshot_download
 
         assert spec.repo_id is not None
         path = snapshot_download(
@@ -116,7 +115,7 @@ def materialize(
 def _commit_of(snapshot_dir: Path) -> str:
     """The hub cache names snapshot folders by their commit; that is the pin workers receive."""
     commit = snapshot_dir.name
-    if not _COMMIT.fullmatch(commit):
+    if not is_commit(commit):
         raise ValueError(f"snapshot folder {snapshot_dir} is not named by a 40-hex commit")
     return commit
 

@@ -10,11 +10,8 @@ a wrong reference. Entries are written atomically (temp file, fsync, rename).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..common.atomic import atomic_write
+
 if TYPE_CHECKING:
-    from .kl import RefDistributions
+    from .divergence import RefDistributions
 
 __all__ = ["CACHE_FORMAT", "ReferenceCache", "model_fingerprint", "tokenizer_fingerprint"]
 
@@ -70,7 +69,7 @@ class ReferenceCache:
 
     def load(self, key: Mapping[str, Any], n_sequences: int) -> list[RefDistributions] | None:
         """The cached reference for `key`, or None (absent, damaged, or written for another key)."""
-        from .kl import RefDistributions
+        from .divergence import RefDistributions
 
         path = self.path_for(key)
         try:
@@ -98,17 +97,7 @@ class ReferenceCache:
             for name, value in ref.to_arrays().items():
                 arrays[f"s{i}_{name}"] = value
         final = self.path_for(key)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)  # type: ignore[arg-type]
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(final, lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
         return final
 
 

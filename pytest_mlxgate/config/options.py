@@ -1,0 +1,183 @@
+"""Every mlxgate option, declared once: its flag, ini twin, help, parse-time check, and whether a
+re-run command carries it. `plugin.pytest_addoption`, the settings reader and the re-run command
+all read this table, so an option cannot be added to one of them and forgotten in another.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import pytest
+
+from ..errors import MlxgateUsageError, ModelNameError
+from .names import check_name_syntax
+
+__all__ = [
+    "OPTIONS",
+    "Option",
+    "add_options",
+    "cache_dir_arg",
+    "check_endpoint",
+    "count_arg",
+    "endpoint_arg",
+    "file_arg",
+    "name_arg",
+    "option",
+]
+
+
+# --- parse-time checks (argparse `type=`: a bad value stops pytest before anything runs) ----------
+
+
+def name_arg(value: str) -> str:
+    """A model name: reject malformed repo ids before pytest starts."""
+    try:
+        return check_name_syntax(value)
+    except ModelNameError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_endpoint(value: str) -> str:
+    """An endpoint is an http(s) origin, optionally with a path prefix; returned without a trailing '/'."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise MlxgateUsageError(
+            f"'{value}' is not a hub endpoint; expected http(s)://host[:port], e.g. https://huggingface.co"
+        )
+    return value.strip().rstrip("/")
+
+
+def endpoint_arg(value: str) -> str:
+    """argparse `type=` for an endpoint."""
+    try:
+        return check_endpoint(value)
+    except MlxgateUsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cache_dir_arg(value: str) -> str:
+    """A cache directory: kept a string, but not empty and not a file."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the cache directory must not be empty")
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"'{value}' exists and is not a directory")
+    return value
+
+
+def count_arg(value: str) -> int:
+    """A positive count (prompts, tokens)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def file_arg(value: str) -> str:
+    """An input file that must exist now (not after an hour of model loading)."""
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"'{value}' is not a file")
+    return value
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+Concern = Literal["model", "gate"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `--mlx-…` option and its ini twin (named like its dest)."""
+
+    flag: str
+    help: str
+    concern: Concern  # model: which models, from where; gate: how gates run and report
+    metavar: str | None = None  # None: a flag without a value (store_true)
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    ini_help: str | None = None  # default: "default for --flag"
+    ini_bool_default: bool | None = False  # flags only: the ini twin's default
+    in_rerun: bool = True  # a re-run command of one gate carries it
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def takes_value(self) -> bool:
+        return self.metavar is not None or self.choices is not None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--mlx-candidate", "model under test: an alias (e2b, e4b, smollm2-135m, or [tool.mlxgate.aliases]), "
+           "a repo id org/name[@revision], or a local directory. Default: smollm2-135m.",
+           "model", metavar="NAME", type=name_arg),
+    Option("--mlx-reference", "reference model, same forms as --mlx-candidate. Default: none.",
+           "model", metavar="NAME", type=name_arg),
+    Option("--mlx-cache-dir", "hub cache directory. Default: HF_HUB_CACHE, else $HF_HOME/hub, else "
+           "~/.cache/huggingface/hub.", "model", metavar="DIR", type=cache_dir_arg,
+           ini_help="default for --mlx-cache-dir (relative to this file)"),
+    Option("--mlx-offline", "never touch the network; use complete cached snapshots only. Default: HF_HUB_OFFLINE.",
+           "model", ini_bool_default=None),
+    Option("--mlx-endpoint", "hub endpoint. Default: HF_ENDPOINT, else https://huggingface.co.",
+           "model", metavar="URL", type=endpoint_arg),
+    Option("--mlx-lever", "override the gates' lever: a module's lever name (new values for it), an environment "
+           "variable (env:VAR or a bare NAME), patch:module.attr, kv, or model. Needs both values below.",
+           "gate", metavar="NAME"),
+    Option("--mlx-ref-value", "the lever's reference value (with --mlx-lever)", "gate", metavar="V"),
+    Option("--mlx-cand-value", "the lever's candidate value (with --mlx-lever)", "gate", metavar="V"),
+    Option("--mlx-prompts-file", 'KL prompts, one JSON object per line: {"text": ...} or {"messages": [...]} '
+           "(chat template). Default: the built-in domain-diverse set.", "gate", metavar="JSONL", type=file_arg),
+    Option("--mlx-kl-prompts", "sequences per KL gate (default: the gate's mlx_kl marker, else 64)",
+           "gate", metavar="N", type=count_arg),
+    Option("--mlx-kl-tokens", "tokens per sequence (default: the gate's mlx_kl marker, else 256)",
+           "gate", metavar="T", type=count_arg),
+    Option("--mlx-kl-decode", "serving path: the last D tokens are decoded one at a time (default: marker, else 32)",
+           "gate", metavar="D", type=count_arg),
+    Option("--mlx-refresh-reference", "recompute the reference arm even when the reference cache has it", "gate"),
+    Option("--mlx-aa", "A/A calibration: run each gate's reference arm against itself (and with another "
+           "prefill chunk size) and check every limit sits above that noise floor", "gate"),
+    # Not carried by a re-run of one gate: an investigation must not overwrite the run's report with
+    # a report of one gate, nor add rows to a history file chosen for the whole run.
+    Option("--mlx-report", "write a JSON report, one record per gate", "gate", metavar="PATH", in_rerun=False),
+    Option("--mlx-db", "sqlite results history (table quality_runs); 'off' disables. "
+           "Default: .mlxgate/results.sqlite under the rootdir", "gate", metavar="PATH", in_rerun=False),
+    Option("--mlx-tier", "capability tier: smoke (small subsets, minutes on CPU) or full (default: the module's "
+           "mlx_tier marker, else smoke)", "gate", choices=("smoke", "full")),
+    Option("--mlx-max-new-tokens", "cap on generated tokens per capability item (default: each task's own)",
+           "gate", metavar="N", type=count_arg),
+    Option("--mlx-allow-unsandboxed", "run model-written HumanEval code even where no isolation (network "
+           "namespace, sandbox-exec) is available; only rlimits and a temp dir then contain it", "gate"),
+)
+
+_BY_DEST = {o.dest: o for o in OPTIONS}
+
+
+def option(dest: str) -> Option:
+    """The option whose dest (and ini name) is `dest`."""
+    return _BY_DEST[dest]
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Declare every option and its ini twin, in one `mlxgate` group."""
+    group = parser.getgroup("mlxgate", "mlxgate: quality gates for MLX inference levers")
+    for o in OPTIONS:
+        if o.takes_value:
+            group.addoption(o.flag, dest=o.dest, metavar=o.metavar, type=o.type, choices=o.choices,
+                            default=None, help=o.help)
+        else:
+            group.addoption(o.flag, dest=o.dest, action="store_true", default=None, help=o.help)
+        ini_help = o.ini_help or f"default for {o.flag}"
+        if o.takes_value:
+            parser.addini(o.dest, ini_help, default=None)
+        else:
+            parser.addini(o.dest, ini_help, type="bool", default=o.ini_bool_default)

@@ -1,0 +1,191 @@
+"""Both arms of a lever over identical token ids, turned into one `KLResult`.
+
+The reference arm comes from the reference cache when its key matches (everything its
+distributions depend on); under --mlx-aa the reference runs against itself instead of the
+candidate, once as is and once with another prefill chunk size, and the worse is the noise floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import VocabularyMismatchError
+from .arms import run_candidate, run_reference
+from .result import KLResult, aa_floors
+from .shape import ArmCounters, RunShape
+
+if TYPE_CHECKING:
+    from ..levers.lever import Lever
+    from ..models.loaded import LoadedModel
+    from ..stats.kl_stats import KLStats
+    from .divergence import RefDistributions, TokenScores
+    from .prompts import TokenSequence
+    from .refcache import ReferenceCache
+
+__all__ = ["aa_chunk", "check_same_vocabulary", "measure_kl", "reference_key"]
+
+
+def measure_kl(
+    *,
+    lever: Lever,
+    shape: RunShape,
+    sequences: Sequence[TokenSequence],
+    sequences_digest: str,
+    reference: LoadedModel,
+    candidate: LoadedModel,
+    two_models: bool,
+    machine: Mapping[str, str],
+    cache: ReferenceCache | None,
+    refresh_reference: bool,
+    aa: bool,
+    counters: ArmCounters,
+    say: Callable[[str], None],
+) -> KLResult:
+    """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize."""
+    from ..stats.kl_stats import summarize
+
+    started = time.perf_counter()
+    key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest,
+                        machine=machine)
+    refs: list[RefDistributions] | None = None
+    if cache is not None and not refresh_reference:
+        refs = cache.load(key, len(sequences))
+    source = "cache" if refs is not None else "computed"
+    if refs is None:
+        say(f"reference arm ({lever.name}={lever.describe_value('reference')}), {len(sequences)} sequences")
+        refs = run_reference(reference.model, sequences, shape, lever, counters=counters)
+        if cache is not None:
+            cache.store(key, refs)
+    reference_s = time.perf_counter() - started
+
+    aa_info: dict[str, Any] | None = None
+    if aa:
+        scores, aa_info = _aa(reference, refs, lever=lever, shape=shape, sequences=sequences,
+                              counters=counters, say=say)
+    else:
+        say(f"candidate arm ({lever.name}={lever.describe_value('candidate')})")
+        scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters)
+    stats = summarize(scores)
+    total_s = time.perf_counter() - started
+    return KLResult(
+        stats=stats,
+        lever=lever,
+        shape=shape,
+        candidate=candidate.describe(),
+        reference_model=reference.describe() if two_models else None,
+        reference_source=source,
+        durations={"reference_s": round(reference_s, 3), "candidate_s": round(total_s - reference_s, 3),
+                   "total_s": round(total_s, 3)},
+        counters=counters,
+        previews=[s.preview for s in sequences],
+        token_text=_token_text(candidate.tokenizer, stats),
+        scores=scores,
+        aa=aa_info,
+    )
+
+
+def _aa(
+    reference: LoadedModel,
+    refs: list[RefDistributions],
+    *,
+    lever: Lever,
+    shape: RunShape,
+    sequences: Sequence[TokenSequence],
+    counters: ArmCounters,
+    say: Callable[[str], None],
+) -> tuple[list[TokenScores], dict[str, Any]]:
+    """Reference vs itself, and vs itself with another prefill chunk size: the noise floor."""
+    from ..stats.kl_stats import summarize
+
+    chunk = aa_chunk(shape)
+    say("A/A: reference arm again")
+    repeat = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference")
+    say(f"A/A: reference arm with prefill chunk {chunk}")
+    chunked = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference",
+                            override_shape=dataclasses.replace(shape, chunk=chunk))
+    repeat_stats, chunked_stats = summarize(repeat), summarize(chunked)
+    floors = aa_floors([repeat_stats, chunked_stats])
+    return chunked, {"chunk": chunk, "repeat": repeat_stats.to_json(), "chunked": chunked_stats.to_json(),
+                     "floors": floors}
+
+
+def aa_chunk(shape: RunShape) -> int:
+    """The other prefill chunk size the A/A calibration uses: a third of what is prefilled at once."""
+    prefilled = shape.tokens - shape.decode if shape.path == "serving" else shape.tokens
+    current = shape.chunk or prefilled
+    return max(1, min(current, prefilled) // 3)
+
+
+def reference_key(
+    *,
+    model: LoadedModel,
+    lever: Lever,
+    shape: RunShape,
+    sequences_digest: str,
+    machine: Mapping[str, str],
+) -> dict[str, Any]:
+    """Everything the reference arm's distributions depend on (see `refcache`)."""
+    from . import divergence
+    from .refcache import CACHE_FORMAT, model_fingerprint, tokenizer_fingerprint
+
+    snap = model.snapshot
+    return {
+        "format": CACHE_FORMAT,
+        "model": model_fingerprint(snap.dir, snap.commit, snap.repo_id),
+        "tokenizer": tokenizer_fingerprint(snap.dir),
+        "dtype": _model_dtype(model.model),
+        "machine": dict(machine),
+        "sequences": sequences_digest,
+        "shape": shape.to_json(),
+        "lever": lever.key("reference"),
+        "compaction": {"tau": divergence.INITIAL_TAU, "min_keep": divergence.MIN_KEEP,
+                       "max_keep": divergence.MAX_KEEP, "tail_mass_target": divergence.TAIL_MASS_TARGET},
+    }
+
+
+def check_same_vocabulary(reference: LoadedModel, candidate: LoadedModel) -> None:
+    """Two-model KL is only meaningful over one vocabulary with the same ids."""
+    ref_vocab, cand_vocab = _vocab(reference.tokenizer), _vocab(candidate.tokenizer)
+    if ref_vocab != cand_vocab:
+        only_ref = len(set(ref_vocab.items()) - set(cand_vocab.items()))
+        only_cand = len(set(cand_vocab.items()) - set(ref_vocab.items()))
+        raise VocabularyMismatchError(
+            f"the reference {reference.snapshot.pinned} and the candidate {candidate.snapshot.pinned} use "
+            f"different tokenizers ({len(ref_vocab)} vs {len(cand_vocab)} tokens; {only_ref} (token, id) pairs "
+            f"only in the reference, {only_cand} only in the candidate): per-token KL between them would "
+            "compare unrelated distributions. Use a reference from the same model family (same tokenizer)."
+        )
+
+
+def _vocab(tokenizer: Any) -> dict[str, int]:
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    get_vocab = getattr(inner, "get_vocab", None)
+    return dict(get_vocab()) if get_vocab else {}
+
+
+def _token_text(tokenizer: Any, stats: KLStats) -> dict[int, str]:
+    j = stats.to_json()
+    ids = {int(j["max_at"]["token_id"])} if j.get("max_at") else set()
+    for w in j.get("worst", []):
+        ids.update(int(w[k]) for k in ("token_id", "ref_top1", "cand_top1"))
+    out = {}
+    for i in sorted(ids):
+        try:
+            out[i] = tokenizer.decode([i])
+        except Exception:  # a tokenizer that cannot decode one id still gets a report
+            out[i] = f"<{i}>"
+    return out
+
+
+def _model_dtype(model: Any) -> str:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    leaves: Any = tree_flatten(model.parameters())
+    for _, value in leaves:
+        if mx.issubdtype(value.dtype, mx.floating):  # quantized weights are uint32; their scales say
+            return str(value.dtype).rsplit(".", 1)[-1]
+    return "unknown"

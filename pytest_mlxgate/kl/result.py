@@ -1,0 +1,93 @@
+"""What one KL gate measured (`KLResult`), and the A/A noise floors its limits are checked against."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..results.records import GateRecord, ModelRef, gate_record
+
+if TYPE_CHECKING:
+    from ..levers.lever import Lever
+    from ..stats.kl_stats import KLStats
+    from .divergence import TokenScores
+    from .shape import ArmCounters, RunShape
+
+__all__ = ["KLResult", "aa_floors"]
+
+
+@dataclass
+class KLResult:
+    """Everything one gate measured: statistics, where they came from, and what to show on failure."""
+
+    stats: KLStats
+    lever: Lever
+    shape: RunShape
+    candidate: ModelRef
+    reference_model: ModelRef | None
+    reference_source: str  # "computed" | "cache"
+    durations: dict[str, float]
+    counters: ArmCounters
+    previews: list[str]  # per sequence, for failure reports
+    token_text: dict[int, str]  # ids named in the report -> their text
+    scores: list[TokenScores] = field(repr=False)
+    aa: dict[str, Any] | None = None  # --mlx-aa: {"chunk": c, "repeat": stats, "chunked": stats, "floors": {...}}
+
+    @property
+    def mode(self) -> str:
+        return "aa" if self.aa is not None else "gate"
+
+    def token(self, token_id: int) -> str:
+        return self.token_text.get(token_id, f"<{token_id}>")
+
+    def record(
+        self,
+        *,
+        nodeid: str,
+        bounds: Mapping[str, float],
+        checks: Sequence[Mapping[str, Any]],
+        verdict: str,
+        rerun: str,
+    ) -> GateRecord:
+        """The plain-JSON record that rides the test report to the controller (report, DB, summary)."""
+        return gate_record(
+            nodeid=nodeid,
+            mode="aa" if self.aa is not None else "gate",
+            verdict=verdict,
+            checks=checks,
+            bounds=bounds,
+            candidate=self.candidate,
+            reference_model=self.reference_model,
+            lever=self.lever.to_json(),
+            path=self.shape.path,
+            sizes={"prompts": self.stats.n_prompts, "tokens": self.shape.tokens,
+                   "decode": self.shape.decode if self.shape.path == "serving" else None,
+                   "chunk": self.shape.chunk},
+            stats=self.stats.to_json(),
+            reference_source=self.reference_source,
+            durations=dict(self.durations),
+            forwards={"reference": self.counters.reference_forwards,
+                      "candidate": self.counters.candidate_forwards},
+            aa=self.aa,
+            tokens={str(k): v for k, v in self.token_text.items()},
+            rerun=rerun,
+        )
+
+
+def aa_floors(runs: Sequence[KLStats]) -> dict[str, float]:
+    """The worst of the A/A runs, at the confidence bound a gate compares against."""
+    floors: dict[str, float] = {}
+    for stats in runs:
+        j = stats.to_json()
+        candidates = {"mean": j["mean_ci"][1], "max": j["max"], "ln_ppl": j["ln_ppl_ratio_ci"][1]}
+        for q in ("median", "p90", "p95", "p99", "p999"):
+            candidates[q] = j["quantile_ci"][q][1]
+        for name, value in candidates.items():
+            if value is not None:
+                floors[name] = max(floors.get(name, float("-inf")), float(value))
+        for name in ("top1", "same_top"):
+            lo = j[f"{name}_ci"][0]
+            if lo is not None:
+                floors[name] = min(floors.get(name, float("inf")), float(lo))
+    return floors

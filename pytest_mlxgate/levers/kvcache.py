@@ -1,0 +1,305 @@
+"""KV cache plans: which layers of the serving path keep a quantized KV cache, and how.
+
+A plan mirrors what `mlx_lm.generate` does with `--kv-bits/--kv-group-size/--quantized-kv-start`
+(`maybe_quantize_kv_cache`: once a layer's cache offset reaches the start, its `KVCache` is
+replaced by `cache.to_quantized(...)`, a `QuantizedKVCache`), but lets each layer have its own
+spec. Only the serving path reads a KV cache back, so only it can show a KV lever's drift.
+
+Values a KV lever accepts (`parse_kv_value`):
+
+* `None`, `"plain"`, `"none"`: the plain `KVCache` everywhere;
+* `8`, `"8"`, `"q8"`, `"8bit"`, `"bits=8,group_size=64,start=0"`, `{"bits": 8, "group_size": 64,
+  "start": 0}`: every layer quantized alike (group_size defaults to 64, start to 0);
+* a path to a kv_config.json (a `str` ending in `.json`, or a `Path`): a per-layer plan.
+
+The kv_config.json format::
+
+    {
+      "default": {"bits": 8, "group_size": 64} | null,   # layers not named below; null = plain
+      "quantized_kv_start": 0,                           # start for every spec without its own
+      "layers": {"0": {"bits": 4, "group_size": 32}, "3": null}
+    }
+
+`"layers"` may instead be a list indexed by layer, each entry a spec, `null` (plain) or a bare
+bit count: `"layers": [4, 4, {"bits": 8, "start": 16}, null]`. A spec holds `bits` (2, 3, 4, 5, 6
+or 8), optionally `group_size` (32, 64 or 128; default 64) and `start` (default
+`quantized_kv_start`). Every key is optional; unknown keys are errors, not silently ignored. A
+plan's `source` carries the sha256 of the file's bytes, so a cache key changes with the file.
+
+Only caches that have `to_quantized` are quantized (mlx_lm's `KVCache` and `RotatingKVCache`);
+others (e.g. `ArraysCache` of recurrent layers) stay as they are, exactly as in mlx_lm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import LeverError
+
+__all__ = [
+    "KV_BITS",
+    "KV_GROUP_SIZES",
+    "KVPlan",
+    "KVSpec",
+    "PLAIN",
+    "parse_kv_value",
+]
+
+#: Bit widths mlx's quantized KV cache path supports.
+KV_BITS: tuple[int, ...] = (2, 3, 4, 5, 6, 8)
+#: Group sizes `mx.quantize` supports (the head dimension must be a multiple of it).
+KV_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
+
+_VALUE_FORMS = (
+    "use None/'plain', a bit count (8, '8', 'q8', '8bit'), 'bits=8,group_size=64,start=0', "
+    "a dict {'bits': 8, 'group_size': 64, 'start': 0}, or a path to a kv_config.json"
+)
+_SPEC_KEYS = frozenset({"bits", "group_size", "start"})
+_CONFIG_KEYS = frozenset({"default", "quantized_kv_start", "layers"})
+_BITS_TEXT = re.compile(r"(?:q)?(\d+)(?:-?bits?)?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """How one layer's KV cache is quantized."""
+
+    bits: int
+    group_size: int = 64
+    start: int = 0  # quantize once the layer's cache offset >= start (mlx_lm's quantized_kv_start)
+
+    def __post_init__(self) -> None:
+        _check_int(self.bits, "bits", KV_BITS, where="KV spec")
+        _check_int(self.group_size, "group_size", KV_GROUP_SIZES, where="KV spec")
+        _check_start(self.start, where="KV spec")
+
+    @property
+    def canonical(self) -> str:
+        """The spec as `bits=B,group_size=G,start=S` (what `parse_kv_value` reads back)."""
+        return f"bits={self.bits},group_size={self.group_size},start={self.start}"
+
+    def label(self) -> str:
+        """Short human text: `8-bit g64 from token 0`."""
+        return f"{self.bits}-bit g{self.group_size} from token {self.start}"
+
+
+def _spec_label(spec: KVSpec | None) -> str:
+    return "plain" if spec is None else spec.label()
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """A KV cache spec per layer: `default` for every layer `layers` does not override."""
+
+    default: KVSpec | None  # None = plain KVCache
+    layers: Mapping[int, KVSpec | None] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = "plain"  # canonical text (a config file: its name and sha256 prefix)
+    digest: str | None = None  # full sha256 of the kv_config.json bytes; None for inline values
+    n_layers: int | None = None  # the layer count a list-form kv_config.json declares
+
+    def for_layer(self, i: int) -> KVSpec | None:
+        """Layer `i`'s spec; None means a plain cache."""
+        return self.layers.get(i, self.default)
+
+    @property
+    def is_plain(self) -> bool:
+        """No layer is ever quantized."""
+        return self.default is None and all(spec is None for spec in self.layers.values())
+
+    def make_cache(self, model: Any) -> list[Any]:
+        """A fresh prompt cache for `model` (quantization happens later, in `maybe_quantize`)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache: list[Any] = make_prompt_cache(model)
+        self.check_model(len(cache))
+        return cache
+
+    def maybe_quantize(self, cache: list[Any]) -> None:
+        """Quantize, in place, each layer whose spec's start its offset has reached.
+
+        Call it after every forward, as mlx_lm's `generate_step` calls `maybe_quantize_kv_cache`;
+        an already quantized cache has no `to_quantized` and is left alone.
+        """
+        if self.is_plain:
+            return
+        for i, c in enumerate(cache):
+            spec = self.for_layer(i)
+            if spec is not None and hasattr(c, "to_quantized") and c.offset >= spec.start:
+                cache[i] = c.to_quantized(group_size=spec.group_size, bits=spec.bits)
+
+    def describe(self) -> str:
+        """Short human text: `plain`, `8-bit g64 from token 0`, `kv_config.json (…)`."""
+        if self.digest is None:
+            return _spec_label(self.default)
+        return f"{self.source.split(' sha256:')[0]} ({self._summary()})"
+
+    def _summary(self) -> str:
+        if self.n_layers is not None:
+            specs = [self.for_layer(i) for i in range(self.n_layers)]
+            return f"{self.n_layers} layers: {_counted(specs)}"
+        text = f"default {_spec_label(self.default)}"
+        if self.layers:
+            text += f"; {len(self.layers)} overridden: {_counted(list(self.layers.values()))}"
+        return text
+
+    def check_model(self, n_layers: int) -> None:
+        """Refuse a per-layer plan that names layers the model does not have."""
+        beyond = sorted(i for i in self.layers if i >= n_layers)
+        declared = self.n_layers if self.n_layers is not None else 0
+        if beyond or declared > n_layers:
+            named = f"{declared} layers" if declared > n_layers else f"layers {beyond}"
+            raise LeverError(
+                f"KV plan {self.source} configures {named}, but the model has {n_layers} "
+                f"layers (0..{n_layers - 1}); fix the kv_config.json for this model"
+            )
+
+
+def _counted(specs: list[KVSpec | None]) -> str:
+    counts: dict[str, int] = {}
+    for spec in specs:
+        key = "plain" if spec is None else (
+            f"{spec.bits}-bit" + ("" if spec.group_size == 64 else f" g{spec.group_size}")
+            + ("" if spec.start == 0 else f" from {spec.start}")
+        )
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{k} ×{n}" for k, n in counts.items())
+
+
+#: The plain plan: every layer keeps mlx_lm's plain `KVCache`.
+PLAIN = KVPlan(default=None, layers=MappingProxyType({}), source="plain")
+
+
+def parse_kv_value(value: object, *, base_dir: Path | None = None) -> KVPlan:
+    """Turn a KV lever value (see the module docstring) into a plan; LeverError says what is wrong.
+
+    A relative kv_config.json path is taken relative to `base_dir` (default: the working dir).
+    """
+    if value is None:
+        return PLAIN
+    if isinstance(value, Path):
+        return _load_config(value, base_dir)
+    if isinstance(value, bool):
+        raise LeverError(f"KV value {value!r} is a bool, not a KV setting; {_VALUE_FORMS}")
+    if isinstance(value, int):
+        return _uniform(_spec_from_mapping({"bits": value}, where=f"KV value {value!r}"))
+    if isinstance(value, Mapping):
+        return _uniform(_spec_from_mapping(value, where=f"KV value {dict(value)!r}"))
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in {"plain", "none", ""}:
+            return PLAIN
+        if text.lower().endswith(".json"):
+            return _load_config(Path(text), base_dir)
+        return _uniform(_spec_from_text(text))
+    raise LeverError(f"KV value {value!r} ({type(value).__name__}) is not a KV setting; {_VALUE_FORMS}")
+
+
+def _uniform(spec: KVSpec) -> KVPlan:
+    return KVPlan(default=spec, layers=MappingProxyType({}), source=spec.canonical)
+
+
+def _spec_from_text(text: str) -> KVSpec:
+    where = f"KV value {text!r}"
+    bare = _BITS_TEXT.fullmatch(text)
+    if bare:
+        return _spec_from_mapping({"bits": int(bare.group(1))}, where=where)
+    fields: dict[str, object] = {}
+    for part in text.split(","):
+        key, sep, raw = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise LeverError(f"{where}: cannot read {part.strip()!r} as key=value; {_VALUE_FORMS}")
+        if key in fields:
+            raise LeverError(f"{where} sets {key!r} twice; give each of bits, group_size, start once")
+        try:
+            fields[key] = int(raw.strip())
+        except ValueError:
+            raise LeverError(f"{where}: {key}={raw.strip()!r} is not an integer; {_VALUE_FORMS}") from None
+    return _spec_from_mapping(fields, where=where)
+
+
+def _spec_from_mapping(raw: Mapping[Any, Any], *, where: str, start: int = 0) -> KVSpec:
+    unknown = sorted(str(k) for k in raw if k not in _SPEC_KEYS)
+    if unknown:
+        raise LeverError(f"{where} has unknown keys {unknown}; a KV spec holds only bits, group_size, start")
+    if "bits" not in raw:
+        raise LeverError(f"{where} lacks 'bits'; give one of {list(KV_BITS)} (or null for a plain cache)")
+    bits = _check_int(raw["bits"], "bits", KV_BITS, where=where)
+    group = _check_int(raw.get("group_size", 64), "group_size", KV_GROUP_SIZES, where=where)
+    first = _check_start(raw.get("start", start), where=where)
+    return KVSpec(bits=bits, group_size=group, start=first)
+
+
+def _check_int(value: object, key: str, allowed: tuple[int, ...], *, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise LeverError(f"{where}: {key}={value!r} is not supported; use one of {list(allowed)}")
+    return value
+
+
+def _check_start(value: object, *, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LeverError(f"{where}: start={value!r} must be a token count >= 0 (0 quantizes from the first token)")
+    return value
+
+
+def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise LeverError(
+            f"cannot read kv_config {path}: {e.strerror or e}; give an existing kv_config.json "
+            "(a relative path is taken from the gate module's directory, else the working directory)"
+        ) from None
+    where = f"kv_config {path}"
+    try:
+        config = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LeverError(f"{where} is not valid JSON ({e}); fix the file (format: see pytest_mlxgate.levers.kvcache)") from None
+    if not isinstance(config, dict):
+        raise LeverError(f"{where} must hold a JSON object with 'default', 'quantized_kv_start', 'layers'")
+    unknown = sorted(k for k in config if k not in _CONFIG_KEYS)
+    if unknown:
+        raise LeverError(f"{where} has unknown keys {unknown}; allowed: {sorted(_CONFIG_KEYS)}")
+    start = _check_start(config.get("quantized_kv_start", 0), where=f"{where} key 'quantized_kv_start'")
+
+    def spec(raw: object, key: str) -> KVSpec | None:
+        at = f"{where} key {key}"
+        if raw is None:
+            return None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return _spec_from_mapping({"bits": raw}, where=at, start=start)
+        if isinstance(raw, dict):
+            return _spec_from_mapping(raw, where=at, start=start)
+        raise LeverError(f"{at} is {raw!r}; give a spec {{'bits': 8, 'group_size': 64}}, a bit count, or null")
+
+    default = spec(config.get("default"), "'default'")
+    raw_layers = config.get("layers", {})
+    layers: dict[int, KVSpec | None] = {}
+    n_layers: int | None = None
+    if isinstance(raw_layers, list):
+        n_layers = len(raw_layers)
+        for i, raw in enumerate(raw_layers):
+            layers[i] = spec(raw, f"'layers'[{i}]")
+    elif isinstance(raw_layers, dict):
+        for name, raw in raw_layers.items():
+            if not re.fullmatch(r"\d+", name):
+                raise LeverError(f"{where} key 'layers' names layer {name!r}; layer keys are indices '0', '1', …")
+            layers[int(name)] = spec(raw, f"'layers'.{name!r}")
+    else:
+        raise LeverError(f"{where} key 'layers' is {type(raw_layers).__name__}; give an object {{'0': spec}} or a list")
+    digest = hashlib.sha256(data).hexdigest()
+    return KVPlan(
+        default=default,
+        layers=MappingProxyType(layers),
+        source=f"{path.name} sha256:{digest[:16]}",
+        digest=digest,
+        n_layers=n_layers,
+    )

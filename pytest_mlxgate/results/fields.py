@@ -1,0 +1,88 @@
+"""Record values in and out of JSON: strict-JSON copies, and tolerant accessors that never raise.
+
+A record from another process (or an older run in the DB) may lack a field or hold a string
+where a number was expected; readers get None instead, and a table shows a dash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["as_map", "dumps", "jsonable", "integer", "interval_end", "model_name", "nodeid_of", "number", "real", "text"]
+
+
+def as_map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def real(value: Any) -> float | None:
+    """A finite number or None: a string or NaN in a stats field must not poison a numeric column."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def integer(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    f = real(value)
+    return int(f) if f is not None and f == int(f) else None
+
+
+def text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else dumps(value)
+
+
+def interval_end(value: Any, end: int) -> float | None:
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        return real(value[end])
+    return None
+
+
+def model_name(value: Any) -> str | None:
+    """A model's pinned id (repo@commit), else whatever names it."""
+    if isinstance(value, Mapping):
+        for key in ("pinned", "repo_id", "name"):
+            if value.get(key):
+                return str(value[key])
+        return None
+    return text(value)
+
+
+def nodeid_of(record: Mapping[str, Any]) -> str:
+    return str(record.get("nodeid") or "")
+
+
+def number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def jsonable(value: Any) -> Any:
+    """A strict-JSON copy: non-finite floats become null, tuples lists, numpy-like scalars numbers."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    return str(value)  # a Path or an enum: keep what it says rather than lose the whole report
+
+
+def dumps(value: Any, *, indent: int | None = None) -> str:
+    return json.dumps(jsonable(value), allow_nan=False, ensure_ascii=False, indent=indent)

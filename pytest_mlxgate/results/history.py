@@ -1,0 +1,214 @@
+"""The results history: an append-only sqlite table (quality_runs), one row per gate per run."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .fields import as_map, dumps, integer, interval_end, model_name, nodeid_of, real, text
+
+if TYPE_CHECKING:
+    from .records import RunInfo
+
+__all__ = ["SCHEMA_VERSION", "ResultsDB", "ResultsDBError"]
+
+#: `PRAGMA user_version` of the results database this code writes.
+SCHEMA_VERSION = 1
+_DB_BUSY_TIMEOUT_S = 60.0
+
+
+class ResultsDBError(Exception):
+    """The results database cannot be used as it is; the message says what, why and the fix."""
+
+
+#: (column, SQL type) after `id`, in table order.
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_id", "TEXT NOT NULL"),
+    ("time", "TEXT NOT NULL"),
+    ("started", "TEXT NOT NULL"),
+    ("nodeid", "TEXT NOT NULL"),
+    ("gate", "TEXT"),
+    ("mode", "TEXT"),
+    ("candidate", "TEXT"),
+    ("candidate_commit", "TEXT"),
+    ("reference_model", "TEXT"),
+    ("lever_name", "TEXT"),
+    ("lever_kind", "TEXT"),
+    ("ref_value", "TEXT"),
+    ("cand_value", "TEXT"),
+    ("path", "TEXT"),
+    ("verdict", "TEXT"),
+    ("n_prompts", "INTEGER"),
+    ("n_tokens", "INTEGER"),
+    ("mean_kl", "REAL"),
+    ("mean_kl_lo", "REAL"),
+    ("mean_kl_hi", "REAL"),
+    ("p99_kl", "REAL"),
+    ("max_kl", "REAL"),
+    ("same_top", "REAL"),
+    ("top1_lo", "REAL"),
+    ("ln_ppl_ratio", "REAL"),
+    ("reference_source", "TEXT"),
+    ("total_s", "REAL"),
+    ("code_commit", "TEXT"),
+    ("code_dirty", "INTEGER"),
+    ("config_json", "TEXT NOT NULL"),
+    ("record_json", "TEXT NOT NULL"),
+)
+_COLUMN_NAMES = tuple(name for name, _ in _COLUMNS)
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS quality_runs (id INTEGER PRIMARY KEY, "
+    + ", ".join(f"{name} {kind}" for name, kind in _COLUMNS)
+    + ")",
+    "CREATE INDEX IF NOT EXISTS quality_runs_nodeid_time ON quality_runs (nodeid, time)",
+)
+
+
+def _row(run: RunInfo, record: Mapping[str, Any]) -> tuple[Any, ...]:
+    stats = as_map(record.get("stats"))
+    lever = as_map(record.get("lever"))
+    candidate = record.get("candidate")
+    sizes = as_map(record.get("sizes"))
+    n_prompts = stats.get("n_prompts", sizes.get("prompts"))
+    values: dict[str, Any] = {
+        "run_id": run.run_id,
+        "time": text(record.get("time")) or run.started,
+        "started": run.started,
+        "nodeid": nodeid_of(record),
+        "gate": text(record.get("gate")),
+        "mode": text(record.get("mode")),
+        "candidate": model_name(candidate),
+        "candidate_commit": text(as_map(candidate).get("commit")),
+        "reference_model": model_name(record.get("reference_model")),
+        "lever_name": text(lever.get("name")),
+        "lever_kind": text(lever.get("kind")),
+        "ref_value": text(lever.get("ref")),
+        "cand_value": text(lever.get("cand")),
+        "path": text(record.get("path", lever.get("path"))),
+        "verdict": text(record.get("verdict")),
+        "n_prompts": integer(n_prompts),
+        "n_tokens": integer(stats.get("n_tokens")),
+        "mean_kl": real(stats.get("mean")),
+        "mean_kl_lo": interval_end(stats.get("mean_ci"), 0),
+        "mean_kl_hi": interval_end(stats.get("mean_ci"), 1),
+        "p99_kl": real(stats.get("p99")),
+        "max_kl": real(stats.get("max")),
+        "same_top": real(stats.get("same_top")),
+        "top1_lo": interval_end(stats.get("top1_ci"), 0),
+        "ln_ppl_ratio": real(stats.get("ln_ppl_ratio")),
+        "reference_source": text(record.get("reference_source")),
+        "total_s": real(as_map(record.get("durations")).get("total_s")),
+        "code_commit": run.code_commit,
+        "code_dirty": None if run.code_dirty is None else int(run.code_dirty),
+        "config_json": dumps({"config": run.config, "machine": run.machine, "argv": run.argv}),
+        "record_json": dumps(record),
+    }
+    return tuple(values[name] for name in _COLUMN_NAMES)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Undo an open transaction without hiding the error that got us here."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+class ResultsDB:
+    """Append-only sqlite history of gate results (table quality_runs).
+
+    One connection per call, so an instance can be shared between threads and never holds the
+    file open between runs. Writes take the lock up front (BEGIN IMMEDIATE) and wait on a busy
+    timeout, so two runs appending at once both land instead of one failing with "locked".
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            if self._version(conn) == SCHEMA_VERSION:
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = self._version(conn)  # again, under the lock: another run may have created it
+                if version == 0:
+                    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'quality_runs'").fetchone():
+                        raise ResultsDBError(
+                            f"the results database {self.path} has a quality_runs table but no "
+                            f"schema version: another program made it, and mlxgate will not guess "
+                            f"its columns. mlxgate left it untouched; point the results option at "
+                            f"another file")
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            conn = sqlite3.connect(self.path, timeout=_DB_BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as e:
+            raise ResultsDBError(f"cannot open the results database {self.path}: {e}") from e
+        try:
+            yield conn
+        except sqlite3.DatabaseError as e:
+            raise ResultsDBError(
+                f"the results database {self.path} is unusable: {e}. mlxgate left it as it was; "
+                f"point the results option at another file, or move this one aside") from e
+        finally:
+            conn.close()
+
+    def _version(self, conn: sqlite3.Connection) -> int:
+        """The schema version; refuses (before writing anything) a file from a newer mlxgate."""
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version not in (0, SCHEMA_VERSION):
+            raise ResultsDBError(
+                f"the results database {self.path} has schema version {version}, but this mlxgate "
+                f"knows only version {SCHEMA_VERSION}: it was written by a newer (or another) "
+                f"program, and writing to it could corrupt its history. mlxgate left it untouched; "
+                f"upgrade pytest-mlxgate, or point the results option at another file")
+        return version
+
+    def append(self, run: RunInfo, records: Sequence[Mapping[str, Any]]) -> int:
+        """Add one row per record, all in one transaction; returns the number of rows written."""
+        rows = [_row(run, record) for record in records]
+        if not rows:
+            return 0
+        placeholders = ", ".join("?" for _ in _COLUMN_NAMES)
+        sql = f"INSERT INTO quality_runs ({', '.join(_COLUMN_NAMES)}) VALUES ({placeholders})"
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self._version(conn) != SCHEMA_VERSION:
+                    raise ResultsDBError(
+                        f"the results database {self.path} lost its quality_runs table (schema "
+                        f"version 0) since it was opened: something else rewrote the file")
+                conn.executemany(sql, rows)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+        return len(rows)
+
+    def rows(self, *, nodeid: str | None = None) -> list[dict[str, Any]]:
+        """Stored rows, oldest first (by the record's time, then insertion); one gate's with `nodeid`."""
+        sql = f"SELECT id, {', '.join(_COLUMN_NAMES)} FROM quality_runs"
+        params: tuple[str, ...] = ()
+        if nodeid is not None:
+            sql += " WHERE nodeid = ?"
+            params = (nodeid,)
+        sql += " ORDER BY time, id"
+        with self._connect() as conn:
+            self._version(conn)
+            conn.row_factory = sqlite3.Row
+            out = [dict(row) for row in conn.execute(sql, params)]
+        for row in out:
+            if row["code_dirty"] is not None:
+                row["code_dirty"] = bool(row["code_dirty"])
+        return out

@@ -1,0 +1,34 @@
+"""The JSON report (`--mlx-report`): the run and one record per gate, strict JSON, written atomically."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..common.atomic import atomic_write_bytes
+from .fields import dumps, nodeid_of
+
+if TYPE_CHECKING:
+    from .records import RunInfo
+
+__all__ = ["REPORT_VERSION", "write_json_report"]
+
+#: `mlxgate_report` in the JSON report: bump when a reader would misread the new shape.
+REPORT_VERSION = 1
+
+
+def write_json_report(path: Path, run: RunInfo, records: Sequence[Mapping[str, Any]]) -> None:
+    """Write the run's report atomically: readers see the old file or the whole new one, never half.
+
+    Strict JSON (NaN/inf become null) so that any JSON parser, not only Python's, can read it.
+    """
+    path = Path(path)
+    doc = {
+        "mlxgate_report": REPORT_VERSION,
+        "run": run.to_dict(),
+        "gates": sorted(records, key=nodeid_of),
+    }
+    data = (dumps(doc, indent=2) + "\n").encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, data, new_mode=0o644)  # a report is for everyone, not mkstemp's 0600

@@ -1,0 +1,156 @@
+"""The gate record: one typed definition of what a gate hands the controller, built in one place.
+
+A record rides the teardown report's `user_properties` (so it crosses xdist as plain JSON) and is
+read by the JSON report, the sqlite history and the summary. Standard library only: the
+controller imports this and must not import numpy or mlx.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Required, TypedDict
+
+__all__ = [
+    "Check",
+    "GateRecord",
+    "ModelRef",
+    "RECORD_PROPERTY",
+    "Mode",
+    "RunInfo",
+    "gate_name",
+    "gate_record",
+    "records_in",
+    "utc_now",
+]
+
+#: The `user_properties` name a record travels under.
+RECORD_PROPERTY = "mlxgate"
+
+Mode = Literal["gate", "aa", "capability", "score"]
+
+
+class ModelRef(TypedDict):
+    """Which model an arm ran: its name as given and where that resolved to."""
+
+    name: str
+    repo_id: str | None
+    commit: str
+    pinned: str
+
+
+class Check(TypedDict, total=False):
+    """One limit of an assertion: the value, the confidence bound compared, the limit, the outcome."""
+
+    metric: Required[str]
+    key: Required[str]
+    value: Any
+    bound: Any
+    limit: Any
+    direction: str  # "max": must stay at or below the limit; "min": at or above
+    passed: Required[bool]
+
+
+class GateRecord(TypedDict, total=False):
+    """What one gate measured and decided. KL gates fill `stats`/`aa`/`tokens`; capability gates
+    `tasks`/`skipped`; the run's Capability Score `capability_score`."""
+
+    nodeid: Required[str]
+    gate: Required[str]
+    mode: Required[Mode]
+    verdict: Required[str]
+    time: Required[str]
+    candidate: ModelRef | None
+    reference_model: ModelRef | None
+    lever: dict[str, Any]
+    path: str
+    sizes: dict[str, Any]
+    stats: dict[str, Any]
+    bounds: dict[str, Any]
+    checks: list[Check]
+    durations: dict[str, float]
+    rerun: str
+    # KL gates
+    reference_source: str
+    forwards: dict[str, int]
+    aa: dict[str, Any] | None
+    tokens: dict[str, str]
+    # capability gates
+    tasks: dict[str, Any]
+    skipped: dict[str, str]
+    # the run's Capability Score
+    capability_score: dict[str, Any]
+
+
+def utc_now(at: float | None = None) -> str:
+    """ISO-8601 UTC to the second: the one timestamp format of records, reports and rows."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def gate_name(nodeid: str) -> str:
+    """`gates/test_kv_cache.py::test_drift` -> `test_kv_cache::test_drift`."""
+    path, _, rest = nodeid.partition("::")
+    return f"{Path(path).stem}::{rest}" if rest else Path(path).stem
+
+
+def gate_record(
+    *,
+    nodeid: str,
+    mode: Mode,
+    verdict: str,
+    checks: Sequence[Mapping[str, Any]] = (),
+    bounds: Mapping[str, Any] | None = None,
+    gate: str | None = None,
+    **fields: Any,
+) -> GateRecord:
+    """The one constructor of a record: the fields every record has, then the measurement's own."""
+    unknown = set(fields) - set(GateRecord.__annotations__)
+    if unknown:
+        raise TypeError(f"gate_record: not record fields: {sorted(unknown)}")
+    record: dict[str, Any] = {
+        "nodeid": nodeid,
+        "gate": gate if gate is not None else gate_name(nodeid),
+        "mode": mode,
+        **fields,
+        "bounds": dict(bounds or {}),
+        "checks": [dict(c) for c in checks],
+        "verdict": verdict,
+        "time": utc_now(),
+    }
+    return record  # type: ignore[return-value]  # keys checked against GateRecord above
+
+
+def records_in(user_properties: Sequence[tuple[str, object]]) -> list[GateRecord]:
+    """The records among a test report's user properties."""
+    return [value for name, value in user_properties  # type: ignore[misc]
+            if name == RECORD_PROPERTY and isinstance(value, dict)]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What one pytest run was: the same for every gate in it, so stored once per row, not per record."""
+
+    run_id: str  # uuid4 hex, made once per run on the controller
+    started: str  # ISO-8601 UTC
+    code_commit: str | None  # git commit of the code under test; None outside a git checkout
+    code_dirty: bool | None
+    argv: list[str]
+    config: dict[str, Any]  # the run's mlxgate settings
+    machine: dict[str, str]  # device, blas, mlx, mlx_lm, python, platform
+
+    @classmethod
+    def new(cls, root: Path, *, argv: Sequence[str], config: Mapping[str, Any],
+            machine: Mapping[str, str], started: float | None = None) -> RunInfo:
+        """A fresh run id, the start time (default: now) and the git state of `root`: what the
+        controller makes once per run."""
+        from .git import git_state
+
+        commit, dirty = git_state(root)
+        return cls(run_id=uuid.uuid4().hex, started=utc_now(started), code_commit=commit, code_dirty=dirty,
+                   argv=list(argv), config=dict(config), machine=dict(machine))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,226 @@
+"""The controller's end-of-run table: one block per gate, its checks with value, bound and limit."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..common.format import DASH, format_duration, percent, percent_distinct
+from .fields import as_map, integer, interval_end, nodeid_of, number, real
+
+__all__ = ["format_value", "summary_lines"]
+
+_PERCENT_KEYS = frozenset({"top1", "same_top", "top1_lo", "same_top_lo"})
+_KL_KEYS = frozenset({"mean", "median", "p90", "p95", "p99", "p999", "max"})
+_SIGNED_KEYS = frozenset({"ln_ppl_ratio", "delta_p"})
+_COUNT_KEYS = frozenset({"n_prompts", "n_tokens", "flips", "near_tie_flips", "near_ties"})
+
+
+def _is_kl(key: str) -> bool:
+    return key in _KL_KEYS or "kl" in key.lower()
+
+
+def format_value(metric_key: str, value: Any) -> str:
+    """A metric's value for the summary: KL in scientific form, top-1 agreement in percent."""
+    v = number(value)
+    if v is None:
+        return DASH
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return ("-" if v < 0 else "") + "inf"
+    if metric_key in _PERCENT_KEYS:
+        return percent_distinct(v)
+    if metric_key in _COUNT_KEYS and v == int(v):
+        return str(int(v))
+    if metric_key in _SIGNED_KEYS or metric_key.startswith("delta_p"):
+        return "0" if v == 0 else f"{v:+.1e}"
+    if _is_kl(metric_key):
+        return "0" if v == 0 else f"{v:.1e}"
+    return f"{v:.3g}"
+
+
+def _format_limit(key: str, value: Any) -> str:
+    """A limit is a number somebody typed: `1e-03`, not `1.0e-03` (which claims a measured digit)."""
+    text = format_value(key, value)
+    v = number(value)
+    if v is None or not math.isfinite(v) or key in _PERCENT_KEYS or "e" not in text:
+        return text
+    mantissa, exponent = f"{v:.2e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{exponent}"
+
+
+_Row = tuple[str, str, str, str, str]  # metric, value, bound, limit, verdict
+
+
+def _bound(direction: Any, key: str, value: Any) -> str:
+    text = format_value(key, value)
+    if text == DASH:
+        return text
+    sign = {"max": "≤ ", "min": "≥ "}.get(str(direction), "")
+    return sign + text
+
+
+def _check_rows(checks: Sequence[Any]) -> list[_Row]:
+    rows: list[_Row] = []
+    for check in checks:
+        c = as_map(check)
+        key = str(c.get("key") or "")
+        metric = str(c.get("metric") or key or DASH)
+        passed = c.get("passed")
+        verdict = "pass" if passed is True else "FAIL" if passed is False else DASH
+        rows.append((metric, format_value(key, c.get("value")), _bound(c.get("direction"), key, c.get("bound")),
+                     _format_limit(key, c.get("limit")), verdict))
+    return rows
+
+
+def _measured_rows(stats: Mapping[str, Any], verdict: str) -> list[_Row]:
+    """Without checks: what the gate measured, with the CI side a bound would use."""
+    qci = as_map(stats.get("quantile_ci"))
+    spec = (
+        ("mean KL", "mean", "max", interval_end(stats.get("mean_ci"), 1)),
+        ("p99 KL", "p99", "max", interval_end(qci.get("p99"), 1)),
+        ("max KL", "max", "max", None),
+        ("same-top", "same_top", "min", interval_end(stats.get("same_top_ci"), 0)),
+    )
+    return [(metric, format_value(key, stats.get(key)), _bound(direction, key, bound), DASH, verdict)
+            for metric, key, direction, bound in spec if key in stats]
+
+
+def _floor_rows(aa: Mapping[str, Any]) -> list[_Row]:
+    floors = as_map(aa.get("floors"))
+    order = [k for k in ("mean", "p99", "max") if k in floors] + sorted(k for k in floors
+                                                                       if k not in ("mean", "p99", "max"))
+    names = {"mean": "mean KL", "p99": "p99 KL", "max": "max KL"}
+    return [(names.get(k, str(k)), format_value(k, floors[k]), DASH, DASH, "floor") for k in order]
+
+
+def _score_pair(d: Mapping[str, Any]) -> str:
+    """`ref% → cand%` for the Capability Score rows."""
+    ref, cand = real(d.get("reference")), real(d.get("candidate"))
+    return f"{percent(ref, missing=DASH)} → {percent(cand, missing=DASH)}"
+
+
+def _verdict_label(verdict: Any) -> str:
+    v = str(verdict or "")
+    return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured"}.get(v, v or DASH)
+
+
+def _gate_rows(record: Mapping[str, Any]) -> list[_Row]:
+    stats = as_map(record.get("stats"))
+    checks = record.get("checks")
+    verdict = record.get("verdict")
+    rows: list[_Row]
+    has_checks = isinstance(checks, Sequence) and not isinstance(checks, str) and bool(checks)
+    if record.get("mode") == "score":
+        score = as_map(record.get("capability_score"))
+        rows = [(str(t), _score_pair(as_map(v)), DASH, DASH, "ran") for t, v in as_map(score.get("tasks")).items()]
+        rows.append(("score", _score_pair(score), DASH, DASH, "partial" if score.get("partial") else "complete"))
+    elif record.get("mode") == "aa" and has_checks:
+        # A/A with limits: each limit against the noise floor it must sit above
+        rows = [(m, v, DASH, lim, "above floor" if verdict_ == "pass" else verdict_)
+                for m, v, _, lim, verdict_ in _check_rows(checks)]  # type: ignore[arg-type]
+    elif record.get("mode") == "aa":
+        rows = _floor_rows(as_map(record.get("aa")))
+    elif isinstance(checks, Sequence) and not isinstance(checks, str) and checks:
+        rows = _check_rows(checks)
+    else:
+        rows = _measured_rows(stats, _verdict_label(verdict or "measured"))
+    if verdict in ("fail", "error") and not any(r[4] in ("FAIL", "ERROR") for r in rows):
+        rows.append(("verdict", DASH, DASH, DASH, _verdict_label(verdict)))  # never show all-pass
+    if not rows:
+        rows.append((DASH, DASH, DASH, DASH, _verdict_label(verdict)))
+    return rows
+
+
+def _n_parts(record: Mapping[str, Any]) -> list[str]:
+    stats = as_map(record.get("stats"))
+    sizes = as_map(record.get("sizes"))
+    parts: list[str] = []
+    n_prompts = integer(stats.get("n_prompts", sizes.get("prompts")))
+    if n_prompts is not None:
+        parts.append(f"{n_prompts} prompts")
+    n_tokens = integer(stats.get("n_tokens"))
+    if n_tokens is not None:
+        parts.append(f"{n_tokens} tokens")
+    if record.get("reference_source"):
+        parts.append(f"ref: {record['reference_source']}")
+    total = real(as_map(record.get("durations")).get("total_s"))
+    if total is not None:
+        parts.append(format_duration(total))
+    return parts
+
+
+def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
+    """Join parts into lines of at most `width`, breaking only between parts (clipping a lone giant)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + len(sep) + len(part) <= width:
+            lines[-1] += sep + part
+        else:
+            lines.append(_clip(part, width))
+    return lines
+
+
+def _truncate(text: str, width: int) -> str:
+    """Shorten a gate name from the middle, keeping the test name after the last `::` whole when it fits.
+
+    The test name (with any [param]) tells gates apart; the module prefix is context.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    keep = width - 1  # characters kept around the "…"
+    head = keep // 3
+    _, sep, func = text.rpartition("::")
+    if sep and len(func) <= keep:
+        head = min(head, keep - len(func))  # the tail keeps at least the whole test name
+    return text[:head] + "…" + text[len(text) - (keep - head):]
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+_GAP = "  "
+_MIN_GATE_WIDTH = 12
+
+
+def summary_lines(records: Sequence[Mapping[str, Any]], *, width: int = 120) -> list[str]:
+    """The controller's end-of-run table: a header, then one block per gate, columns aligned."""
+    confidences = {real(as_map(r.get("stats")).get("confidence")) for r in records} - {None}
+    bound_title = "bound"
+    if len(confidences) == 1:
+        (c,) = confidences
+        assert c is not None
+        bound_title = f"{c * 100:g}% bound"
+    header: tuple[str, str, str, str, str, str] = ("gate", "metric", "value", bound_title, "limit", "verdict")
+
+    blocks: list[tuple[str, list[_Row], list[str]]] = []
+    for record in sorted(records, key=nodeid_of):
+        name = str(record.get("gate") or record.get("nodeid") or DASH)
+        blocks.append((name, _gate_rows(record), _n_parts(record)))
+
+    cols = [[row[i] for _, rows, _ in blocks for row in rows] for i in range(5)]
+    widths = [max([len(header[i + 1])] + [len(v) for v in cols[i]]) for i in range(5)]
+    widths[0] = max(widths[0], len("n"))
+    rest = sum(widths) + len(_GAP) * 5
+    gate_width = max([len(header[0])] + [len(name) for name, _, _ in blocks])
+    gate_width = min(gate_width, max(_MIN_GATE_WIDTH, width - rest))
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.ljust(w) for c, w in zip(cells, [gate_width, *widths])]
+        return _GAP.join(padded).rstrip()
+
+    lines = [line(header)]
+    detail_start = gate_width + len(_GAP) + widths[0] + len(_GAP)
+    for name, rows, n_parts in blocks:
+        for i, row in enumerate(rows):
+            lines.append(line((_truncate(name, gate_width) if i == 0 else "", *row)))
+        for i, detail in enumerate(_pack(n_parts, max(len(DASH), width - detail_start))):
+            lines.append(line(("", "n" if i == 0 else "", detail)))
+    return lines

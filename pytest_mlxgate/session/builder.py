@@ -1,0 +1,123 @@
+"""From a gate test item to its `PairedRun`: which lever, what sizes, which prompts, which models.
+
+Precedence, lowest first: built-in defaults, the ini file, the module's `mlx_kl` marker, the
+command line. The lever comes from the module's `mlx_lever` marker; `--mlx-lever` overrides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..config.settings import DEFAULT_KL_DECODE, DEFAULT_KL_PROMPTS, DEFAULT_KL_TOKENS, GateSettings
+from ..errors import LeverError
+
+if TYPE_CHECKING:
+    from ..config.names import Role
+    from ..kl.shape import RunShape
+    from ..levers.lever import Lever
+    from ..models.loaded import LoadedModel
+    from .paired import PairedRun
+
+__all__ = ["RunContext", "build_paired_run", "gate_lever", "gate_shape"]
+
+
+def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
+    from ..levers.lever import lever_from_marker, lever_from_options
+
+    mark = item.get_closest_marker("mlx_lever")
+    declared = lever_from_marker(mark, base_dir=item.path.parent) if mark is not None else None
+    if gate.lever is not None:
+        return lever_from_options(gate.lever, gate.ref_value, gate.cand_value, declared,
+                                  base_dir=gate.invocation_dir)
+    if declared is None:
+        raise LeverError(
+            f"{item.nodeid} uses `paired` but declares no lever: add "
+            "`pytestmark = pytest.mark.mlx_lever(...)` to its module (see pytest --markers), "
+            "or pass --mlx-lever NAME --mlx-ref-value V --mlx-cand-value V"
+        )
+    return declared
+
+
+def gate_shape(item: pytest.Item, gate: GateSettings, lever: Lever) -> tuple[RunShape, int]:
+    """(shape, number of prompts) for the item."""
+    from ..kl.shape import RunShape
+
+    mark = item.get_closest_marker("mlx_kl")
+    marked: dict[str, Any] = dict(mark.kwargs) if mark is not None else {}
+    unknown = set(marked) - {"prompts", "tokens", "decode", "chunk"}
+    if unknown or (mark is not None and mark.args):
+        raise LeverError(
+            f"mlx_kl marker on {item.nodeid}: takes only prompts=, tokens=, decode=, chunk= "
+            f"(got {sorted(unknown) or list(mark.args if mark else [])})"
+        )
+
+    def pick(cli: int | None, name: str, ini: int | None, default: int) -> int:
+        value = cli if cli is not None else marked.get(name, ini if ini is not None else default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LeverError(f"mlx_kl({name}={value!r}) on {item.nodeid}: must be a positive whole number")
+        return value
+
+    prompts = pick(gate.kl_prompts, "prompts", gate.kl_prompts_ini, DEFAULT_KL_PROMPTS)
+    tokens = pick(gate.kl_tokens, "tokens", gate.kl_tokens_ini, DEFAULT_KL_TOKENS)
+    decode = pick(gate.kl_decode, "decode", gate.kl_decode_ini, min(DEFAULT_KL_DECODE, max(1, tokens // 2)))
+    chunk = marked.get("chunk")
+    return RunShape(path=lever.path, tokens=tokens, decode=decode, chunk=chunk), prompts
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What building a gate module's run needs from the session, and nothing more."""
+
+    gate: GateSettings
+    load_model: Callable[[Role], LoadedModel | None]  # None: no model configured for that role
+    cache_dir: Path | None  # the reference cache's folder; None without pytest's cache provider
+    machine: Mapping[str, str]  # device, BLAS and library versions: the reference depends on them
+    progress: Callable[[str], None] | None  # a line for the controller's terminal; None on workers
+
+
+def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
+    """The module's run, made once: gates of one module share their arms' results."""
+    from ..kl.prompts import build_sequences, default_prompts, load_prompts_file, sequences_digest
+    from ..kl.refcache import ReferenceCache
+    from .paired import PairedRun
+
+    gate = ctx.gate
+    lever = gate_lever(item, gate)
+    shape, n_prompts = gate_shape(item, gate, lever)
+    module = item.nodeid.split("::")[0]
+    key = f"{module}|{lever.key('reference')}|{lever.key('candidate')}|{shape}|{n_prompts}"
+    if key in runs:
+        return runs[key]
+
+    candidate = ctx.load_model("candidate")
+    assert candidate is not None  # the candidate always has a default
+    reference = None
+    if lever.kind == "model":
+        reference = ctx.load_model("reference")
+        if reference is None:
+            raise LeverError("the model lever compares two models: pass --mlx-reference NAME")
+
+    prompts = load_prompts_file(gate.prompts_file) if gate.prompts_file else default_prompts()
+    sequences = build_sequences(prompts, candidate.tokenizer, n=n_prompts, tokens=shape.tokens)
+    run = PairedRun(
+        lever=lever,
+        shape=shape,
+        sequences=sequences,
+        sequences_digest=sequences_digest(sequences),
+        candidate=candidate,
+        reference=reference,
+        machine=dict(ctx.machine),
+        cache=ReferenceCache(ctx.cache_dir) if ctx.cache_dir is not None else None,
+        refresh_reference=gate.refresh_reference,
+        aa=gate.aa,
+        progress=ctx.progress,
+        capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
+                            "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed},
+    )
+    runs[key] = run
+    return run

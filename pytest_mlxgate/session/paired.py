@@ -1,0 +1,171 @@
+"""The `paired` fixture's value: a gate module's run of both arms, shared by its tests.
+
+A `PairedRun` belongs to one gate module (its lever, sizes and prompts); every test of the module
+that asks for `paired` shares it, so a module with a drift test and a capability test loads and
+runs the arms once: KL through `kl.measure`, capability tasks through `capability.runner`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import VocabularyMismatchError
+from ..kl.shape import ArmCounters, RunShape
+from ..results.records import RECORD_PROPERTY, gate_record
+
+if TYPE_CHECKING:
+    from ..kl.prompts import TokenSequence
+    from ..kl.refcache import ReferenceCache
+    from ..kl.result import KLResult
+    from ..levers.lever import Lever
+    from ..models.loaded import LoadedModel
+
+__all__ = ["Paired", "PairedRun"]
+
+
+@dataclass
+class PairedRun:
+    """One gate module's arms; `kl()` runs them on first use and remembers the result."""
+
+    lever: Lever
+    shape: RunShape
+    sequences: list[TokenSequence]
+    sequences_digest: str
+    candidate: LoadedModel
+    reference: LoadedModel | None  # two-model mode only
+    machine: dict[str, str]
+    cache: ReferenceCache | None = None
+    refresh_reference: bool = False
+    aa: bool = False
+    progress: Callable[[str], None] | None = None
+    capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
+    counters: ArmCounters = field(default_factory=ArmCounters)
+    _capability: dict[tuple[str, str, int | None], Any] = field(default_factory=dict)
+    _result: KLResult | None = None
+    _error: BaseException | None = None
+
+    def kl(self) -> KLResult:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            try:
+                self._result = self._run()
+            except BaseException as e:
+                self._error = e
+                raise
+        return self._result
+
+    def capability(self, task: str, *, n: int | None = None, tier: str | None = None) -> Any:
+        """Both arms of one capability task on the same items (once per module, task, tier and n)."""
+        from ..capability.runner import run_capability
+
+        opts = self.capability_options
+        tier = tier or opts.get("tier", "smoke")
+        key = (task, str(tier), n)
+        if key not in self._capability:
+            ref = self._reference_model()
+            self._say(f"capability {task} ({tier}): reference and candidate arms")
+            self._capability[key] = run_capability(
+                task, tier,  # type: ignore[arg-type]
+                n=n,
+                reference=(ref.model, ref.tokenizer),
+                candidate=(self.candidate.model, self.candidate.tokenizer),
+                lever=self.lever,
+                max_new_tokens=opts.get("max_new_tokens"),
+                allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
+            )
+        return self._capability[key]
+
+    def _reference_model(self) -> LoadedModel:
+        if self.lever.kind != "model":
+            return self.candidate
+        if self.reference is None:
+            raise VocabularyMismatchError(
+                "two-model mode needs a reference model: pass --mlx-reference NAME"
+            )
+        from ..kl.measure import check_same_vocabulary
+
+        check_same_vocabulary(self.reference, self.candidate)
+        return self.reference
+
+    def _run(self) -> KLResult:
+        from ..kl.measure import measure_kl
+
+        return measure_kl(
+            lever=self.lever, shape=self.shape, sequences=self.sequences, sequences_digest=self.sequences_digest,
+            reference=self._reference_model(), candidate=self.candidate,
+            two_models=self.lever.kind == "model" and self.reference is not None,
+            machine=self.machine, cache=self.cache, refresh_reference=self.refresh_reference, aa=self.aa,
+            counters=self.counters, say=self._say,
+        )
+
+    def _say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress(text)
+
+
+class Paired:
+    """What the `paired` fixture hands a gate: its module's arms, run on first use, and where the
+    gate's numbers go (the test's report, from which the controller writes results)."""
+
+    def __init__(self, run: PairedRun, item: Any, rerun: str) -> None:
+        self.run = run
+        self.item = item
+        self.nodeid: str = item.nodeid
+        self.rerun = rerun
+        self.published = False
+
+    @property
+    def lever(self) -> Lever:
+        return self.run.lever
+
+    @property
+    def shape(self) -> RunShape:
+        return self.run.shape
+
+    def kl(self) -> KLResult:
+        """Run both arms (once per module) and return the statistics."""
+        return self.run.kl()
+
+    def capability(self, task: str, *, n: int | None = None) -> Any:
+        """Both arms of a capability task on the same items (`--mlx-tier` picks smoke or full)."""
+        tier = None
+        mark = self.item.get_closest_marker("mlx_tier")
+        if mark is not None and mark.args and not self.run.capability_options.get("tier_from_cli"):
+            tier = str(mark.args[0])
+        return self.run.capability(task, n=n, tier=tier)
+
+    def publish_capability(self, *, tasks: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], verdict: str,
+                           skipped: Mapping[str, str], bounds: Mapping[str, Any]) -> None:
+        """A capability gate's record: per-task scores, paired tests, the checks and the verdict."""
+        n_items = sum(int(t["n"]) for t in tasks.values())
+        run = self.run
+        record = gate_record(
+            nodeid=self.nodeid, mode="capability", verdict=verdict, checks=checks,
+            bounds={k: v for k, v in bounds.items() if v is not None},
+            candidate=run.candidate.describe(),
+            reference_model=run.reference.describe() if self.lever.kind == "model" and run.reference else None,
+            lever=self.lever.to_json(), path=self.shape.path,
+            sizes={"prompts": n_items}, stats={"n_prompts": n_items},
+            tasks=dict(tasks), skipped=dict(skipped),
+            durations={"total_s": round(sum(sum(t["durations"].values()) for t in tasks.values()), 3)},
+            rerun=self.rerun,
+        )
+        self.item.user_properties.append((RECORD_PROPERTY, record))
+        self.published = True
+
+    def publish(self, *, bounds: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
+        record = self.kl().record(nodeid=self.nodeid, bounds=bounds, checks=checks, verdict=verdict,
+                                  rerun=self.rerun)
+        self.item.user_properties.append((RECORD_PROPERTY, record))
+        self.published = True
+
+    def finish(self) -> None:
+        """At teardown: a gate that measured but asserted nothing still reports what it measured."""
+        if not self.published and self.run._result is not None:
+            self.publish(bounds={}, checks=[], verdict="measured")
+
+    def __repr__(self) -> str:
+        return f"<paired {self.run.lever.describe()}>"
