@@ -19,10 +19,13 @@ __all__ = [
     "mapped_libraries",
     "mlx_device",
     "installed_versions",
+    "machine_facts",
     "openblas_preload_path",
     "reference_blas_warning",
 ]
 
+#: How long the device probe of `machine_facts(in_subprocess=True)` may take (importing mlx: ~0.3 s).
+_PROBE_TIMEOUT_S = 60.0
 #: What `blas_in_use` says when MLX's Linux CPU wheel uses the netlib BLAS it bundles.
 REFERENCE_BLAS = "reference BLAS"
 
@@ -38,6 +41,27 @@ def installed_versions(dists: Iterable[str] = ("mlx", "mlx-lm")) -> dict[str, st
         except PackageNotFoundError:
             out[dist] = "absent"
     return out
+
+
+def machine_facts(*, in_subprocess: bool = False) -> tuple[str, str]:
+    """(device, BLAS). `in_subprocess`: ask a short-lived interpreter instead, for a process that
+    must not load mlx itself (the xdist controller only prints the header; its workers run gates)."""
+    if not in_subprocess:
+        return mlx_device(), blas_in_use()
+    import json
+    import subprocess
+
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    code = ("import json; from pytest_mlxgate.models.device import blas_in_use, mlx_device; "
+            "print(json.dumps([mlx_device(), blas_in_use()]))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=_PROBE_TIMEOUT_S, check=True)
+        device, blas = json.loads(out.stdout.strip().splitlines()[-1])
+        return str(device), str(blas)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return "unknown device", "unknown"
 
 
 def mlx_device() -> str:

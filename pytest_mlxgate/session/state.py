@@ -171,14 +171,25 @@ class MlxgateSession:
     # -- what fixtures call --------------------------------------------------------------------
 
     def machine(self) -> tuple[str, str]:
-        """(device, BLAS), computed once; this is where mlx.core gets imported on the controller."""
-        if self._machine is None:
-            from ..models.device import REFERENCE_BLAS, blas_in_use, mlx_device
+        """(device, BLAS), computed once. The xdist controller asks a subprocess: it only prints the
+        header, and must not load mlx (nor numpy) for that; elsewhere the gates load mlx anyway."""
+        from ..models.device import REFERENCE_BLAS
 
-            blas = blas_in_use()
-            label = f"{blas} (slow, see warning)" if blas == REFERENCE_BLAS else blas
-            self._machine = (mlx_device(), label)
+        device, blas = self._machine_facts()
+        return device, f"{blas} (slow, see warning)" if blas == REFERENCE_BLAS else blas
+
+    def _machine_facts(self) -> tuple[str, str]:
+        if self._machine is None:
+            from ..models.device import machine_facts
+
+            self._machine = machine_facts(in_subprocess=self._distributes())
         return self._machine
+
+    def _distributes(self) -> bool:
+        """This process is an xdist controller: its workers run the tests."""
+        if self.is_worker:
+            return False
+        return self.config.pluginmanager.hasplugin("dsession") or getattr(self.config.option, "dist", "no") != "no"
 
     def warn_if_reference_blas(self) -> None:
         """Warn once per run, from the controller, with the fix."""
@@ -186,7 +197,7 @@ class MlxgateSession:
             return
         from ..models.device import reference_blas_warning
 
-        message = reference_blas_warning()
+        message = reference_blas_warning(self._machine_facts()[1])
         if message:
             self.config.issue_config_time_warning(MlxgateWarning(message), stacklevel=2)
 

@@ -1,0 +1,72 @@
+"""The xdist controller never loads numpy or mlx: it prints, reports and writes the history only.
+
+A real `-n 2` run through pytester whose gates publish a KL record and a capability record, so the
+controller goes through every path it has (header, records, Capability Score, summary, JSON
+report, sqlite history); a plugin in the run records what the controller had imported at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+_CONFTEST = '''
+import json, os, sys
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput"):
+        return
+    heavy = sorted({m.split(".")[0] for m in sys.modules} & {"numpy", "mlx", "mlx_lm"})
+    with open(os.environ["MLXGATE_TEST_MODULES_OUT"], "w") as f:
+        json.dump(heavy, f)
+'''
+
+_GATES = '''
+CAPABILITY = {
+    "nodeid": "test_gates.py::test_capability", "gate": "test_gates::test_capability", "mode": "capability",
+    "verdict": "pass", "time": "2026-12-01T00:00:00Z", "candidate": None, "reference_model": None,
+    "lever": {"name": "x", "kind": "env", "ref": "0", "cand": "1"}, "path": "prefill",
+    "sizes": {"prompts": 8}, "stats": {"n_prompts": 8}, "bounds": {"max_drop": 0.1}, "checks": [],
+    "tasks": {"mmlu": {"ref_score": 0.5, "cand_score": 0.5, "n": 8, "durations": {"reference_s": 1.0}}},
+    "skipped": {}, "durations": {"total_s": 2.0}, "rerun": "pytest test_gates.py::test_capability",
+}
+KL = {
+    "nodeid": "test_gates.py::test_drift", "gate": "test_gates::test_drift", "mode": "gate", "verdict": "pass",
+    "time": "2026-12-01T00:00:00Z", "stats": {"n_prompts": 4, "n_tokens": 64, "mean": 1e-4, "mean_ci": [0, 2e-4]},
+    "checks": [{"metric": "mean KL", "key": "mean", "value": 1e-4, "bound": 2e-4, "limit": 1e-3,
+                "direction": "max", "passed": True}],
+}
+
+def test_capability(request):
+    request.node.user_properties.append(("mlxgate", CAPABILITY))
+
+def test_drift(request):
+    request.node.user_properties.append(("mlxgate", KL))
+'''
+
+
+def test_the_xdist_controller_imports_neither_numpy_nor_mlx(pytester: pytest.Pytester, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "modules.json"
+    monkeypatch.setenv("MLXGATE_TEST_MODULES_OUT", str(out))
+    model = tmp_path / "model"
+    model.mkdir()
+    pytester.makeconftest(_CONFTEST)
+    pytester.makepyfile(test_gates=_GATES)
+    report, db = tmp_path / "report.json", tmp_path / "results.sqlite"
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", f"--mlx-candidate={model}",
+                                           f"--mlx-report={report}", f"--mlx-db={db}")
+    result.assert_outcomes(passed=2)
+    assert json.loads(out.read_text()) == []  # what the controller imported
+    # ...while it did all of its work: the summary, the Capability Score, the report and the history
+    result.stdout.fnmatch_lines(["*mlxgate: *model*", "Capability Score*mmlu*50.0% → 50.0%*",
+                                 "*test_gates::test_capability*"])
+    gates = {g["nodeid"]: g for g in json.loads(report.read_text())["gates"]}
+    assert gates["mlxgate::capability_score"]["capability_score"]["candidate"] == 0.5
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM quality_runs").fetchone()[0] == 3
