@@ -16,7 +16,9 @@ import pytest
 
 from pytest_mlxgate.errors import LeverError, MlxgateUsageError
 from pytest_mlxgate.levers.kvcache import PLAIN, KVSpec
-from pytest_mlxgate.levers.lever import Lever, lever_from_marker, lever_from_options, resolve_object
+from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.levers.parsing import lever_from_marker, lever_from_options
+from pytest_mlxgate.levers.patching import resolve_object
 
 SDPA = "mlx.core.fast.scaled_dot_product_attention"
 REF_SDPA = "pytest_mlxgate.reference_ops:scaled_dot_product_attention"

@@ -27,7 +27,7 @@ __all__ = ["RunContext", "build_paired_run", "gate_lever", "gate_shape"]
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
-    from ..levers.lever import lever_from_marker, lever_from_options
+    from ..levers.parsing import lever_from_marker, lever_from_options
 
     mark = item.get_closest_marker("mlx_lever")
     declared = lever_from_marker(mark, base_dir=item.path.parent) if mark is not None else None
