@@ -1,0 +1,2 @@
+"""Statistics: the interval core (t, normal, Wilson, cluster bootstrap), KL statistics over
+sequences, and the paired tests of capability gates."""
