@@ -58,7 +58,7 @@ def model_name(value: Any) -> str | None:
     return text(value)
 
 
-def nodeid_of(record: Mapping[str, Any]) -> str:
+def nodeid_of(record: Mapping[str, object]) -> str:
     return str(record.get("nodeid") or "")
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .fields import as_map, dumps, integer, interval_end, model_name, nodeid_of, real, text
 
 if TYPE_CHECKING:
-    from .records import RunInfo
+    from .records import GateRecord, RunInfo
 
 __all__ = ["SCHEMA_VERSION", "ResultsDB", "ResultsDBError"]
 
@@ -68,7 +68,7 @@ _SCHEMA = (
 )
 
 
-def _row(run: RunInfo, record: Mapping[str, Any]) -> tuple[Any, ...]:
+def _row(run: RunInfo, record: GateRecord) -> tuple[Any, ...]:
     stats = as_map(record.get("stats"))
     lever = as_map(record.get("lever"))
     candidate = record.get("candidate")
@@ -175,7 +175,7 @@ class ResultsDB:
                 f"upgrade pytest-mlxgate, or point the results option at another file")
         return version
 
-    def append(self, run: RunInfo, records: Sequence[Mapping[str, Any]]) -> int:
+    def append(self, run: RunInfo, records: Sequence[GateRecord]) -> int:
         """Add one row per record, all in one transaction; returns the number of rows written."""
         rows = [_row(run, record) for record in records]
         if not rows:

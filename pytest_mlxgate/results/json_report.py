@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..common.atomic import atomic_write_bytes
 from .fields import dumps, nodeid_of
 
 if TYPE_CHECKING:
-    from .records import RunInfo
+    from .records import GateRecord, RunInfo
 
 __all__ = ["REPORT_VERSION", "write_json_report"]
 
@@ -18,7 +18,7 @@ __all__ = ["REPORT_VERSION", "write_json_report"]
 REPORT_VERSION = 1
 
 
-def write_json_report(path: Path, run: RunInfo, records: Sequence[Mapping[str, Any]]) -> None:
+def write_json_report(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> None:
     """Write the run's report atomically: readers see the old file or the whole new one, never half.
 
     Strict JSON (NaN/inf become null) so that any JSON parser, not only Python's, can read it.

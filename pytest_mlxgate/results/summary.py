@@ -8,6 +8,7 @@ from typing import Any
 
 from ..common.format import DASH, format_duration, percent, percent_distinct
 from .fields import as_map, integer, interval_end, nodeid_of, number, real
+from .records import GateRecord
 
 __all__ = ["format_value", "summary_lines"]
 
@@ -109,7 +110,7 @@ def _verdict_label(verdict: Any) -> str:
     return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured"}.get(v, v or DASH)
 
 
-def _gate_rows(record: Mapping[str, Any]) -> list[_Row]:
+def _gate_rows(record: GateRecord) -> list[_Row]:
     stats = as_map(record.get("stats"))
     checks = record.get("checks")
     verdict = record.get("verdict")
@@ -136,7 +137,7 @@ def _gate_rows(record: Mapping[str, Any]) -> list[_Row]:
     return rows
 
 
-def _n_parts(record: Mapping[str, Any]) -> list[str]:
+def _n_parts(record: GateRecord) -> list[str]:
     stats = as_map(record.get("stats"))
     sizes = as_map(record.get("sizes"))
     parts: list[str] = []
@@ -190,7 +191,7 @@ _GAP = "  "
 _MIN_GATE_WIDTH = 12
 
 
-def summary_lines(records: Sequence[Mapping[str, Any]], *, width: int = 120) -> list[str]:
+def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[str]:
     """The controller's end-of-run table: a header, then one block per gate, columns aligned."""
     confidences = {real(as_map(r.get("stats")).get("confidence")) for r in records} - {None}
     bound_title = "bound"
