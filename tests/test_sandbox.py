@@ -6,6 +6,8 @@ filesystem, /proc, a listening socket) for anything that got out.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import signal
 import socket
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_mlxgate.capability import sandbox_launcher
 from pytest_mlxgate.capability.sandbox import Limits, SandboxUnavailable, isolation_available, run_python
 
 ISOLATED = isolation_available()[0] is not None
@@ -243,3 +246,57 @@ def test_no_isolation_raises_unless_the_user_opts_in() -> None:
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="wall_s"):
         Limits(wall_s=0)
+
+
+# ------------------------------------------------------------------ the launcher file on its own
+
+LAUNCHER = Path(sandbox_launcher.__file__)
+
+
+def test_the_launcher_imports_only_the_standard_library() -> None:
+    """It runs under `python -I -S`, where site-packages (and so pytest_mlxgate itself) may be missing."""
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(LAUNCHER.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{LAUNCHER.name}:{node.lineno}: a relative import"
+            imported.add((node.module or "").split(".")[0])
+    assert {"ctypes", "os", "resource"} <= imported
+    assert imported <= set(sys.stdlib_module_names), sorted(imported - set(sys.stdlib_module_names))
+
+
+def _launch(tmp_path: Path, **cfg: object) -> tuple[int, list[str]]:
+    """Run the launcher by path, as the sandbox does but with no wrapper and no mounts: (its exit status,
+    its report lines)."""
+    report_r, report_w = os.pipe()
+    config = {"applied": ["test"], "mounts": None, "drop": "none", "uid": os.getuid(), "gid": os.getgid(),
+              "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}, "rlimits": [["RLIMIT_CORE", [0, 0]]],
+              "report_fd": report_w, **cfg}
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)], pass_fds=(report_w,),
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60, cwd=tmp_path)
+    finally:
+        os.close(report_w)
+    with os.fdopen(report_r, "rb") as report:
+        return done.returncode, report.read().decode().splitlines()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher's prctl calls are Linux's")
+def test_the_launcher_reports_ready_then_how_the_program_ended(tmp_path: Path) -> None:
+    py = os.path.realpath(sys.executable)
+    rc, lines = _launch(tmp_path, argv=[py, "-I", "-S", "-c", "import os, sys; sys.exit(3 if os.getcwd() else 0)"])
+    assert rc == 0 and len(lines) == 2, lines
+    assert lines[0].split()[:2] == ["ready", "test+no-new-privs"] and lines[1] == "exit 3"
+    rc, lines = _launch(tmp_path, argv=[py, "-I", "-S", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert rc == 0 and lines[1:] == [f"signal {int(signal.SIGKILL)}"], lines
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher's prctl calls are Linux's")
+def test_the_launcher_reports_its_own_failures_with_status_125(tmp_path: Path) -> None:
+    rc, lines = _launch(tmp_path, argv=[str(tmp_path / "no-such-interpreter")])
+    assert rc == 0 and lines[0].startswith("ready ") and lines[1].startswith("error starting the program failed: ")
+    assert lines[2:] == ["exit 125"], lines
+    # A config missing a mount setting fails before any mount is attempted.
+    rc, lines = _launch(tmp_path, mounts={"work": str(tmp_path / "absent"), "bind": None}, argv=["/bin/true"])
+    assert rc == 125 and lines == ["error sandbox setup failed: 'work_mb'"], lines

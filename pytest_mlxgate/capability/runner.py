@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MlxgateError, MlxgateUsageError
-from .base import Item, ItemResult, TaskDataMissing, Tier, prompt_hash
+from .base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, prompt_hash
+from .sandbox import SandboxUnavailable
 
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
@@ -30,12 +31,14 @@ class TaskSkipped(MlxgateError):
     """A task cannot run here (no data, no sandbox); the message says how to make it run."""
 
 
-def load_task(name: str) -> Task:
+def load_task(name: str, options: RunOptions | None = None) -> Task:
+    """Task `name`: its module's shared `TASK`, or with `options`, that task configured for one run
+    (a new object where an option applies, so the shared one never carries a caller's options)."""
     if name not in TASK_NAMES:
         raise MlxgateUsageError(f"'{name}' is not a capability task; known: {', '.join(TASK_NAMES)}")
     module = importlib.import_module(f"{__package__}.tasks.{name}")
     task: Task = module.TASK
-    return task
+    return task if options is None else task.configured(options)
 
 
 @dataclass
@@ -116,9 +119,7 @@ def run_capability(
     allow_unsandboxed: bool = False,
 ) -> CapabilityRun:
     """Both arms of one task; raises TaskSkipped when the task cannot run here."""
-    task = load_task(name)
-    if hasattr(task, "allow_unsandboxed"):
-        task.allow_unsandboxed = allow_unsandboxed
+    task = load_task(name, RunOptions(allow_unsandboxed=allow_unsandboxed))
     try:
         items = task.load(tier, n=n)
     except TaskDataMissing as e:
@@ -132,10 +133,8 @@ def run_capability(
         t1 = time.perf_counter()
         cand, _ = run_arm(task, items, *candidate, lever, "candidate", max_new_tokens=max_new_tokens,
                           batch_size=batch_size)
-    except MlxgateError as e:
-        if type(e).__name__ == "SandboxUnavailable":
-            raise TaskSkipped(f"{name}: {e}") from None
-        raise
+    except SandboxUnavailable as e:
+        raise TaskSkipped(f"{name}: {e}") from None
     t2 = time.perf_counter()
     return CapabilityRun(task=name, tier=tier, graded=task.graded, items=list(items), reference=ref, candidate=cand,
                          durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},

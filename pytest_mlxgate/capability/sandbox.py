@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import MlxgateError
+from . import sandbox_launcher
 
 __all__ = [
     "Limits",
@@ -106,89 +107,11 @@ class SandboxResult:
 
 # ------------------------------------------------------------------ the launcher (runs inside the sandbox)
 
-# Stdlib only, run as `python -I -S -c _LAUNCHER CONFIG`. It finishes the isolation that needs code
-# inside the namespaces (mounts), reports on a private pipe, forks the program with rlimits and
-# dropped privileges, and stays behind as its reaper (PID 1 on Linux) to report how it ended.
-_LAUNCHER = r'''
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-rep = cfg["report_fd"]
-os.set_inheritable(rep, False)
-def say(line):
-    os.write(rep, (line.replace("\n", " ") + "\n").encode())
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def check(rc, what):
-    if rc != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, what + ": " + os.strerror(e))
-def mount(src, dst, fstype, flags, data):
-    enc = lambda s: None if s is None else s.encode()
-    check(libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), "mount " + dst)
-class MountAttr(ctypes.Structure):
-    _fields_ = [("set", ctypes.c_uint64), ("clr", ctypes.c_uint64), ("prop", ctypes.c_uint64), ("userns", ctypes.c_uint64)]
-def mount_setattr(path, set_, clr, recursive):
-    attr = MountAttr(set_, clr, 0, 0)
-    rc = libc.syscall(ctypes.c_long(442), ctypes.c_int(-100), path.encode(),
-                      ctypes.c_uint(0x8000 if recursive else 0), ctypes.byref(attr), ctypes.c_size_t(32))
-    check(0 if rc == 0 else -1, "mount_setattr " + path + " (needs Linux >= 5.12)")
-def drop_caps():
-    for cap in range(64):
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last cap)
-    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
-    data = (ctypes.c_uint32 * 6)()
-    check(libc.capset(hdr, data), "capset")
-applied = list(cfg["applied"])
-try:
-    m = cfg["mounts"]
-    if m:
-        mount("tmpfs", m["work"], "tmpfs", 2 | 4,  # MS_NOSUID | MS_NODEV
-              "size=%dm,nr_inodes=8192,mode=0700,uid=%d,gid=%d" % (m["work_mb"], cfg["uid"], cfg["gid"]))
-        if m["bind"]:
-            mount(m["bind"][0], m["bind"][1], None, 4096 | 16384, None)  # MS_BIND | MS_REC
-        mount_setattr("/", 1 | 2, 0, True)  # MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, whole tree
-        mount_setattr(m["work"], 0, 1, False)  # the work tmpfs alone writable again
-        applied += ["ro-mounts", "tmpfs-work"]
-    if cfg["drop"] == "uid":
-        applied += ["uid:%d" % cfg["uid"]]
-    elif cfg["drop"] == "caps":
-        applied += ["no-caps"]
-    applied += ["no-new-privs"]
-    try:
-        pidns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        pidns = "-"
-    say("ready " + "+".join(applied) + " " + pidns)
-except Exception as e:
-    say("error sandbox setup failed: %s" % e)
-    sys.exit(125)
-pid = os.fork()
-if pid == 0:
-    try:
-        for name, value in cfg["rlimits"]:
-            resource.setrlimit(getattr(resource, name), tuple(value))
-        if cfg["drop"] == "uid":
-            os.setgroups([])
-            os.setgid(cfg["gid"])
-            os.setuid(cfg["uid"])
-        elif cfg["drop"] == "caps":
-            drop_caps()
-        check(libc.prctl(38, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-        os.chdir(cfg["cwd"])
-        os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
-    except BaseException as e:
-        say("error starting the program failed: %s" % e)
-        os._exit(125)
-while True:
-    try:
-        done, status = os.wait()
-    except ChildProcessError:
-        break
-    if done == pid:
-        say("signal %d" % os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exit %d" % os.WEXITSTATUS(status))
-        break
-'''
+# Stdlib only, run by path as `python -I -S sandbox_launcher.py CONFIG` (see that module for why it is
+# a separate file). It finishes the isolation that needs code inside the namespaces (mounts), reports
+# on a private pipe, forks the program with rlimits and dropped privileges, and stays behind as its
+# reaper (PID 1 on Linux) to report how it ended. Absolute, as the wrapper runs in the temp dir.
+_LAUNCHER = os.path.abspath(sandbox_launcher.__file__)
 
 
 # ------------------------------------------------------------------ platform plans
@@ -198,7 +121,7 @@ while True:
 class _Plan:
     """How to wrap the launcher on this platform, and which layers that gives."""
 
-    wrapper: tuple[str, ...]  # argv before `python -I -S -c LAUNCHER`; "{profile}" is replaced on macOS
+    wrapper: tuple[str, ...]  # argv before `python -I -S LAUNCHER`; "{profile}" is replaced on macOS
     applied: tuple[str, ...]  # layers the wrapper itself provides
     mounts: bool = False  # Linux mount namespace: read-only tree, tmpfs work dir
     drop: Literal["uid", "caps", "none"] = "none"
@@ -404,7 +327,7 @@ def _execute(code: str, limits: Limits, plan: _Plan) -> SandboxResult:
         wrapper = [profile if a == "{profile}" else a for a in plan.wrapper]
         report_r, report_w = os.pipe()
         cfg["report_fd"] = report_w
-        launcher = [_interpreter()[0], "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)]
+        launcher = [_interpreter()[0], "-I", "-S", _LAUNCHER, json.dumps(cfg)]
         start = time.monotonic()
         try:
             proc = subprocess.Popen(wrapper + launcher, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ..base import Item, ItemResult, TaskDataMissing, Tier, chat_render, package_file, prompt_hash
+from ..base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, chat_render, prompt_hash
+from ..data import package_file
 from ..toolcalls import ToolCall, parse_tool_calls
 
 __all__ = [
@@ -355,6 +356,10 @@ class BfclTask:
     graded = False
     max_new_tokens = 256
     smoke_n = 30
+
+    def configured(self, options: RunOptions) -> BfclTask:
+        """No run option applies to this task (it keeps no per-run state): the shared object serves every run."""
+        return self
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """smoke: `n` (30) items spread evenly over the five categories; full: all 1240 (or `n`, spread)."""

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..arrow import have_pyarrow, read_parquet
-from ..base import Item, ItemResult, TaskDataMissing, Tier, chat_render, package_file, prompt_hash
+from ..base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, chat_render, prompt_hash
+from ..data import cached_hub_dataset, package_file
 
 __all__ = [
     "EXEMPLARS",
@@ -186,12 +187,7 @@ def _hub_snapshot() -> Path | None:
     """The cached `openai/gsm8k` snapshot, or None: never touches the network."""
     if not have_pyarrow():  # its Parquet cannot be read without pyarrow: not a usable source
         return None
-    from ...hub import HubError, snapshot_download
-
-    try:
-        return snapshot_download(HUB_REPO, repo_type="dataset", offline=True)
-    except (HubError, OSError):
-        return None
+    return cached_hub_dataset(HUB_REPO)
 
 
 def load_docs() -> tuple[tuple[int, str, str], ...]:
@@ -225,6 +221,10 @@ class GSM8K:
     graded = False
     max_new_tokens = 256
     smoke_n = 30
+
+    def configured(self, options: RunOptions) -> GSM8K:
+        """No run option applies to this task (it keeps no per-run state): the shared object serves every run."""
+        return self
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """Smoke: a seeded sample (default 30). Full: all 1319 (or a seeded sample of `n`).

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..base import Item, ItemResult, Tier, chat_render, prompt_hash, stable_id
+from ..base import Item, ItemResult, RunOptions, Tier, chat_render, prompt_hash, stable_id
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -253,6 +253,10 @@ class HashHopTask:
                  context_tokens_full: int = CONTEXT_TOKENS_FULL) -> None:
         self.context_tokens_smoke = context_tokens_smoke
         self.context_tokens_full = context_tokens_full
+
+    def configured(self, options: RunOptions) -> HashHopTask:
+        """No run option applies to this task (it keeps no per-run state): the shared object serves every run."""
+        return self
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """`n` items (12 smoke, 48 full), hops cycling 1..4; each item has its own derived seed."""

