@@ -300,3 +300,10 @@ def test_the_launcher_reports_its_own_failures_with_status_125(tmp_path: Path) -
     # A config missing a mount setting fails before any mount is attempted.
     rc, lines = _launch(tmp_path, mounts={"work": str(tmp_path / "absent"), "bind": None}, argv=["/bin/true"])
     assert rc == 125 and lines == ["error sandbox setup failed: 'work_mb'"], lines
+
+
+def test_no_new_privileges_is_a_linux_layer_only() -> None:
+    """macOS has no prctl: calling it there failed every start (and reported a layer that was not there)."""
+    assert sandbox_launcher.can_forbid_new_privileges("linux")
+    assert not sandbox_launcher.can_forbid_new_privileges("darwin")
+    assert sandbox_launcher.can_forbid_new_privileges() == sys.platform.startswith("linux")

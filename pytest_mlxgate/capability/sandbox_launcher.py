@@ -27,7 +27,7 @@ import resource
 import sys
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["can_forbid_new_privileges", "main"]
 
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
@@ -42,6 +42,12 @@ _EXIT_SETUP = 125  # the launcher, not the program, failed
 class _MountAttr(ctypes.Structure):
     _fields_ = [("set", ctypes.c_uint64), ("clr", ctypes.c_uint64), ("prop", ctypes.c_uint64),
                 ("userns", ctypes.c_uint64)]
+
+
+def can_forbid_new_privileges(platform: str = sys.platform) -> bool:
+    """Linux has prctl(PR_SET_NO_NEW_PRIVS); macOS has no such call (sandbox-exec's profile confines
+    the program there), so calling it would fail every start and report a layer that is not there."""
+    return platform.startswith("linux")
 
 
 def _check(rc: int, what: str) -> None:
@@ -103,7 +109,8 @@ class _Launcher:
                 applied += ["uid:%d" % cfg["uid"]]
             elif cfg["drop"] == "caps":
                 applied += ["no-caps"]
-            applied += ["no-new-privs"]
+            if can_forbid_new_privileges():
+                applied += ["no-new-privs"]
             try:
                 pidns = os.readlink("/proc/self/ns/pid")
             except OSError:
@@ -127,7 +134,8 @@ class _Launcher:
                     os.setuid(cfg["uid"])
                 elif cfg["drop"] == "caps":
                     self.drop_caps()
-                _check(self.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+                if can_forbid_new_privileges():
+                    _check(self.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
                 os.chdir(cfg["cwd"])
                 os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
             except BaseException as e:
