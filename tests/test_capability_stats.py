@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from pytest_mlxgate.results.score import capability_score
 from pytest_mlxgate.stats.intervals import normal_cdf, normal_quantile, wilson_interval, wilson_lower
-from pytest_mlxgate.stats.paired import (
+from pytest_mlxgate.stats.paired_tests import (
     DropTest,
     PairedBinary,
     drop_exceeds,

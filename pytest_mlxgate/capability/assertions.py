@@ -76,7 +76,7 @@ def capability_checks(
     runs: dict[str, CapabilityRun], *, floor: float | None, max_drop: float | None, alpha: float
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Per task: scores with intervals, the paired drop test (Holm across tasks), the floor check."""
-    from ..stats import paired as S
+    from ..stats import paired_tests as S
     from ..stats.intervals import wilson_interval, wilson_lower
 
     per_task: dict[str, dict[str, Any]] = {}
@@ -119,7 +119,7 @@ def capability_checks(
 
 
 def _graded_lower(scores: Sequence[float]) -> float:
-    from ..stats import paired as S
+    from ..stats import paired_tests as S
 
     lo, _ = S.mean_interval_bootstrap(scores, confidence=0.90)  # two-sided 90% = one-sided 95% lower
     return float(lo)
