@@ -57,7 +57,8 @@ def throughput(n: int, tokens: int) -> None:
 
 
 def smoke_tier(only: Sequence[str] | None = None) -> None:
-    from pytest_mlxgate.capability.runner import TASK_NAMES, load_task, run_arm
+    from pytest_mlxgate.capability.base import TASK_NAMES
+    from pytest_mlxgate.capability.runner import load_task, run_arm
     from pytest_mlxgate.levers.lever import Lever
 
     header("capability smoke tier, one arm, embedded model")

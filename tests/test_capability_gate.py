@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_mlxgate.capability.runner import CapabilityRun
+    from pytest_mlxgate.capability.result import CapabilityRun
 
 GATE = '''
 import pytest
@@ -66,7 +66,7 @@ def test_a_floor_the_candidate_cannot_clear_fails_with_scores_and_n(gate_dir: py
 
 def _run(ref: list[int], cand: list[int]) -> "CapabilityRun":
     from pytest_mlxgate.capability.base import Item, ItemResult
-    from pytest_mlxgate.capability.runner import CapabilityRun
+    from pytest_mlxgate.capability.result import CapabilityRun
 
     items = [Item(id=f"q{i}", messages=({"role": "user", "content": f"question {i}"},)) for i in range(len(ref))]
 

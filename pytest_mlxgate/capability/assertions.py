@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runner import CapabilityRun
+    from .result import CapabilityRun
 
 __all__ = ["assert_capability_at_least", "capability_checks"]
 
@@ -47,7 +47,7 @@ def assert_capability_at_least(
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha={alpha} must be in (0, 0.5)")
 
-    from .runner import TaskSkipped
+    from .base import TaskSkipped
 
     runs: dict[str, CapabilityRun] = {}
     skipped: dict[str, str] = {}

@@ -18,14 +18,19 @@ from typing import Any, Literal, Protocol
 from ..errors import MlxgateError
 
 __all__ = [
+    "TASK_NAMES",
     "Item",
     "ItemResult",
     "RunOptions",
     "Task",
     "TaskDataMissing",
+    "TaskSkipped",
     "Tier",
     "prompt_hash",
 ]
+
+#: The six tasks of the Capability Score, in report order (one module each in `tasks/`).
+TASK_NAMES = ("mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop")
 
 Tier = Literal["smoke", "full"]
 Kind = Literal["generate", "choice"]
@@ -33,6 +38,10 @@ Kind = Literal["generate", "choice"]
 
 class TaskDataMissing(MlxgateError):
     """A task's dataset is not available offline; the message says exactly how to get it."""
+
+
+class TaskSkipped(MlxgateError):
+    """A task cannot run here (no data, no sandbox); the message says how to make it run."""
 
 
 @dataclass(frozen=True)

@@ -10,25 +10,18 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MlxgateError, MlxgateUsageError
-from .base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, prompt_hash
+from ..errors import MlxgateUsageError
+from .base import TASK_NAMES, Item, ItemResult, RunOptions, TaskDataMissing, TaskSkipped, Tier, prompt_hash
+from .result import CapabilityRun
 from .sandbox import SandboxUnavailable
 
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
     from .base import Task
 
-__all__ = ["TASK_NAMES", "CapabilityRun", "TaskSkipped", "load_task", "run_arm", "run_capability"]
-
-#: The six tasks of the Capability Score, in report order.
-TASK_NAMES = ("mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop")
-
-
-class TaskSkipped(MlxgateError):
-    """A task cannot run here (no data, no sandbox); the message says how to make it run."""
+__all__ = ["load_task", "run_arm", "run_capability"]
 
 
 def load_task(name: str, options: RunOptions | None = None) -> Task:
@@ -39,39 +32,6 @@ def load_task(name: str, options: RunOptions | None = None) -> Task:
     module = importlib.import_module(f"{__package__}.tasks.{name}")
     task: Task = module.TASK
     return task if options is None else task.configured(options)
-
-
-@dataclass
-class CapabilityRun:
-    """One task, both arms, joined by item id."""
-
-    task: str
-    tier: Tier
-    graded: bool
-    items: list[Item]
-    reference: list[ItemResult]
-    candidate: list[ItemResult]
-    durations: dict[str, float] = field(default_factory=dict)
-    rendered: dict[str, str] = field(default_factory=dict)  # item id -> exact model input (for reports)
-
-    @property
-    def n(self) -> int:
-        return len(self.items)
-
-    def scores(self, arm: Arm) -> list[float]:
-        return [r.score for r in (self.reference if arm == "reference" else self.candidate)]
-
-    def paired_items(self) -> list[dict[str, Any]]:
-        """Per item, both arms' outputs and verdicts: enough to rescore a run or join it to another."""
-        return [{"id": it.id, "prompt_hash": r.prompt_hash,
-                 "reference": {"output": r.output, "score": r.score, "verdict": r.verdict},
-                 "candidate": {"output": c.output, "score": c.score, "verdict": c.verdict}}
-                for it, r, c in zip(self.items, self.reference, self.candidate)]
-
-    def flipped(self) -> list[tuple[Item, ItemResult, ItemResult]]:
-        """Items whose outcome changed between the arms, losses (ref right, cand wrong) first."""
-        pairs = [(it, r, c) for it, r, c in zip(self.items, self.reference, self.candidate) if r.score != c.score]
-        return sorted(pairs, key=lambda p: p[2].score - p[1].score)
 
 
 def run_arm(

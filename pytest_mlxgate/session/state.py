@@ -126,7 +126,7 @@ class MlxgateSession:
         self._written = []
         if self.is_worker or not self.records or self.settings.gate is None:
             return
-        from ..capability.runner import TASK_NAMES
+        from ..capability.base import TASK_NAMES
         from ..results.history import ResultsDB
         from ..results.json_report import write_json_report
         from ..results.score import score_record
