@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..common.format import percent, points
+
 if TYPE_CHECKING:
     from .result import CapabilityRun
 
@@ -139,16 +141,16 @@ def failure_report(
         info = stats[task]
         ref_lo, ref_hi = info["ref_ci"]
         cand_lo, cand_hi = info["cand_ci"]
-        scores = (f"reference {_pct(info['ref_score'])} ({_pct(ref_lo)}–{_pct(ref_hi)}) → candidate "
-                  f"{_pct(info['cand_score'])} ({_pct(cand_lo)}–{_pct(cand_hi)}), n={info['n']} paired items")
+        scores = (f"reference {percent(info['ref_score'])} ({percent(ref_lo)}–{percent(ref_hi)}) → candidate "
+                  f"{percent(info['cand_score'])} ({percent(cand_lo)}–{percent(cand_hi)}), n={info['n']} paired items")
         if c["key"] == "drop":
             t = info["drop_test"]
             disc = f"; discordant: {t['b']} lost, {t['c']} gained" if t.get("b") is not None else ""
             holm = ", Holm-corrected across tasks" if info.get("holm") else ""
-            lines.append(f"  {task}: drop {_pts(t['drop'])} is significantly more than the allowed {_pts(c['limit'])} "
+            lines.append(f"  {task}: drop {points(t['drop'])} is significantly more than the allowed {points(c['limit'])} "
                          f"(one-sided p={t['p_value']:.3g} < alpha, {t['method']}{holm}){disc}")
         else:
-            lines.append(f"  {task}: candidate's 95% lower bound {_pct(c['bound'])} < floor {_pct(c['limit'])}")
+            lines.append(f"  {task}: candidate's 95% lower bound {percent(c['bound'])} < floor {percent(c['limit'])}")
         lines.append(f"    {scores}")
         run = runs[task]
         for item, r, cand in run.flipped()[:3]:
@@ -158,14 +160,6 @@ def failure_report(
     if rerun:
         lines.append(f"  re-run: {rerun}")
     return "\n".join(lines)
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _pts(x: float) -> str:
-    return f"{100 * x:.1f} points"
 
 
 def _short(text: str, limit: int = 80) -> str:

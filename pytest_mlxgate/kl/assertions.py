@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..common.format import percent
+
 if TYPE_CHECKING:
     from .result import KLResult
 
@@ -139,14 +141,14 @@ def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, r
                 text = f"mean KL {_fmt(s['mean'])} (95% interval {_fmt(lo)}–{_fmt(hi)} {n})"
             elif c["key"] in ("top1", "same_top"):
                 lo, hi = s[f"{c['key']}_ci"]
-                text = (f"{c['metric']} {_pct(c['value'])} (95% interval {_pct(lo)}–{_pct(hi)} {n}; "
+                text = (f"{c['metric']} {percent(c['value'])} (95% interval {percent(lo)}–{percent(hi)} {n}; "
                         f"{s['flips']} flips, {s['near_tie_flips']} near-tie flips)")
             elif c["key"] == "max":
                 text = f"max KL {_fmt(c['value'])}"
             else:
                 text = f"{c['metric']} {_fmt(c['value'])} (95% upper bound {_fmt(c['bound'])})"
             rel = ("≤" if c["passed"] else ">") if c["direction"] == "max" else ("≥" if c["passed"] else "<")
-            limit = _pct(c["limit"]) if c["direction"] == "min" else _fmt(c["limit"])
+            limit = percent(c["limit"]) if c["direction"] == "min" else _fmt(c["limit"])
             lines.append(f"  {text} {rel} limit {limit}{mark}")
         for w in s.get("worst", [])[:3]:
             i = w["prompt"]
@@ -178,7 +180,3 @@ def _fmt(x: float | None) -> str:
     if math.isinf(x):
         return "inf"
     return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
