@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TESTS_DIR = REPO_ROOT / "tests"
+TESTS_DIR = REPO_ROOT / "tests" / "support"
 BLOCK = 1 << 20
 
 
@@ -71,7 +71,7 @@ def make_content(spec: dict[str, Any]) -> bytes:
 
 # -- the fake hub in its own process ------------------------------------------------------------
 class HubProcess:
-    """tests/fakehub.FakeHub running in a child process (its own GIL), driven by JSON lines.
+    """tests/support/fakehub.FakeHub running in a child process (its own GIL), driven by JSON lines.
 
     spec = {"repos": [{"repo_id": ..., "files": [{"path", "size", "gen", "seed"}]}]}
     After start: .endpoint, .repos[repo_id] = {"commit", "files": {path: {"size", "sha256"}}}.

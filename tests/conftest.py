@@ -1,4 +1,5 @@
-"""Fixtures shared by the plugin's own tests: the fake hub on loopback and a fast retry policy."""
+"""Fixtures shared by the plugin's own tests: the fake hub on loopback, a fast retry policy, an isolated
+HF_* environment and the tiny model. Their helpers live in tests/support/ (on pytest's pythonpath)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ def hub(fakehub: "FakeHub") -> "FakeHub":  # noqa: F821
     fakehub.reset_log()
     fakehub.clear_faults()
     return fakehub
+
+
+@pytest.fixture
+def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> "HfEnv":  # noqa: F821
+    """The one isolated HF_* environment: every HF_* variable removed, HF_HOME a fresh folder (no token
+    file, no default cache), HF_ENDPOINT refusing connections, not offline (tests/support/hfenv.py).
+
+    Subprocesses started with os.environ inherit it. Modules that need more extend it under the same
+    name: `hf_env.on_hub(hub)` (HF_ENDPOINT the fake hub, HF_HUB_CACHE a fresh folder) and
+    `hf_env.huggingface_hub(xet=...)` (the real huggingface_hub, quiet, its constants patched)."""
+    from hfenv import HfEnv
+
+    return HfEnv.isolate(monkeypatch, tmp_path)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """`mlxgate get|verify` in a subprocess: stdout carries only the result, exit codes 0/1/2.
 
-Hub names go through the real downloader to the fake hub on loopback (`tests/fakehub.py`); each
+Hub names go through the real downloader to the fake hub on loopback (`tests/support/fakehub.py`); each
 subprocess gets an isolated HF_* environment whose HF_ENDPOINT refuses connections, so a command
 not given `--endpoint` could never reach the internet.
 """
@@ -18,19 +18,16 @@ import pytest
 from fakehub import FakeHub, Request
 
 TOKEN = "hf_cli_test_token_0123456789"
-NO_HUB = "http://127.0.0.1:9"  # discard port on loopback: connection refused
 
-
-def hf_env(tmp_path: Path) -> dict[str, str]:
-    """The environment with every HF_* variable replaced: no token, no cache, not offline."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    return {**env, "HF_HOME": str(tmp_path / "hf-home"), "HF_ENDPOINT": NO_HUB}
+# Every test here runs in the shared isolated HF_* environment (tests/conftest.py): every HF_* variable
+# replaced, so no token, no cache, not offline, and HF_ENDPOINT refuses connections.
+pytestmark = pytest.mark.usefixtures("hf_env")
 
 
 def mlxgate(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     code = "from pytest_mlxgate.cli import main; raise SystemExit(main())"
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, env={**hf_env(cwd), **(env or {})},
+        [sys.executable, "-c", code, *args], cwd=cwd, env={**os.environ, **(env or {})},
         capture_output=True, text=True, timeout=60,
     )
 
@@ -68,6 +65,7 @@ def test_bad_names_exit_2_with_the_fix(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not a hub endpoint" in out.stderr  # argparse's own exit 2
 
 
+@pytest.mark.slow  # nine mlxgate subprocesses
 def test_get_and_verify_through_the_hub(hub: FakeHub, tmp_path: Path) -> None:
     files = {"config.json": b'{"model_type": "cli"}', "weights.bin": bytes(range(256)) * 8}  # 2 kB: LFS, via the CDN
     commit = hub.add_repo("cli/data", files, repo_type="dataset")
@@ -167,9 +165,6 @@ def test_progress_bar_only_on_a_terminal(
         def isatty(self) -> bool:
             return True
 
-    for var in [v for v in os.environ if v.startswith("HF_")]:
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     commit = hub.add_repo("cli/bar", {"config.json": b'{"model_type": "tty-bar"}'})  # 25 B
     tty = TTY()
     monkeypatch.setattr(sys, "stderr", tty)

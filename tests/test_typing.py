@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # mypy --strict over the package: ~45 s cold
 def test_mypy_strict_is_clean() -> None:
     pytest.importorskip("mypy")
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)

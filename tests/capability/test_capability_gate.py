@@ -30,6 +30,7 @@ def gate_dir(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+@pytest.mark.slow  # the embedded model answering MMLU in a pytester session: minutes
 def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     gate_dir: pytest.Pytester, tmp_path: Path
 ) -> None:
@@ -52,6 +53,7 @@ def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     result.stdout.fnmatch_lines(["*Capability Score*"])
 
 
+@pytest.mark.slow  # the embedded model answering MMLU in a pytester session: minutes
 def test_a_floor_the_candidate_cannot_clear_fails_with_scores_and_n(gate_dir: pytest.Pytester) -> None:
     gate_dir.makepyfile(test_cap=GATE.format(bounds="floor=0.95"))
     result = gate_dir.runpytest_subprocess("--mlx-offline", "--mlx-db=off", "-p", "no:randomly")

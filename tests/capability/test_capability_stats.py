@@ -278,6 +278,7 @@ def _skewed(rng: np.random.Generator, n: int, frac: float) -> tuple[np.ndarray, 
     return ref, ref - d
 
 
+@pytest.mark.slow  # 1000 simulated studies x 499 resamples per case
 @pytest.mark.parametrize("case, seed", [("aa-dense", 1), ("margin-boundary", 2), ("aa-sparse", 3),
                                         ("aa-skewed", 4)])
 def test_graded_size(case: str, seed: int) -> None:

@@ -97,7 +97,8 @@ def test_no_network_not_even_to_a_listener_on_the_hosts_loopback() -> None:
 
 @needs_isolation
 @pytest.mark.parametrize("bomb", ["while True:\n    os.fork()\n",
-                                  "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"])
+                                  pytest.param("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                                               marks=pytest.mark.slow)])  # slow: it runs to the wall limit
 def test_fork_bomb_ends_within_the_wall_limit_and_leaves_nothing(bomb: str) -> None:
     marker = f"mxbomb{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
@@ -163,6 +164,7 @@ def test_endless_allocation_is_stopped_by_the_memory_limit() -> None:
     assert result.seconds < 10.0
 
 
+@pytest.mark.slow  # runs into a resource limit
 @needs_isolation
 def test_sleeping_forever_times_out_at_the_wall_limit() -> None:
     result = run_python("import time\ntime.sleep(3600)", limits=Limits(wall_s=1.5))
@@ -171,6 +173,7 @@ def test_sleeping_forever_times_out_at_the_wall_limit() -> None:
     assert "wall-clock limit" in result.stderr
 
 
+@pytest.mark.slow  # runs into a resource limit
 @needs_isolation
 def test_an_endless_cpu_loop_is_killed_by_the_cpu_limit() -> None:
     result = run_python("while True:\n    pass\n", limits=Limits(cpu_s=1, wall_s=15.0))
@@ -235,7 +238,7 @@ def test_no_isolation_raises_unless_the_user_opts_in() -> None:
     """)
     env = {"PATH": "/nonexistent", "HOME": os.environ.get("HOME", "/tmp")}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "(None, 'no `unshare` on PATH" in done.stdout
     assert "REFUSED:" in done.stdout and "--mlx-allow-unsandboxed" in done.stdout

@@ -102,6 +102,7 @@ def test_a_wrong_solution_fails_with_the_assertion_in_detail() -> None:
     assert result.detail["seconds"] > 0
 
 
+@pytest.mark.slow  # runs into its time limit
 @needs_sandbox
 def test_a_hanging_solution_times_out() -> None:
     hang = "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n"

@@ -20,10 +20,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-try:  # pytest "prepend" import mode puts tests/ on sys.path; a tests package would need the other form
-    from fakehub import FOREVER, FakeHub, Fault, git_blob_oid, lfs_pointer
-except ImportError:  # pragma: no cover
-    from tests.fakehub import FOREVER, FakeHub, Fault, git_blob_oid, lfs_pointer  # type: ignore[no-redef]
+from fakehub import FOREVER, FakeHub, Fault, git_blob_oid, lfs_pointer  # tests/support/, on pytest's pythonpath
+from hfenv import HfEnv
 
 REPO = "org/model"
 DATASET = "org/data"
@@ -505,18 +503,10 @@ def test_serves_hundreds_of_megabytes_quickly(client: httpx.Client) -> None:
 
 
 @pytest.fixture
-def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """huggingface_hub reads env at import: set it, and patch the constants in case it was imported."""
-    for k, v in {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                 "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_HOME": str(tmp_path / "hf_home")}.items():
-        monkeypatch.setenv(k, v)
-    for k in ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET"):
-        monkeypatch.delenv(k, raising=False)
-    hf = pytest.importorskip("huggingface_hub")
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    return hf
+def hf_env(hf_env: HfEnv) -> Any:
+    """The shared isolated HF_* environment (tests/conftest.py), as the real huggingface_hub (returned)
+    sees it, xet left on: the fake hub must not lure it into xet."""
+    return hf_env.huggingface_hub(xet=True)
 
 
 def _check_snapshot(root: Path, files: dict[str, bytes]) -> None:

@@ -33,12 +33,11 @@ from pytest_mlxgate.hub import snapshot_download
 from pytest_mlxgate.hub.cache import repo_folder_name
 from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
 
-try:  # pytest "prepend" import mode puts tests/ on sys.path
-    from fakehub import LFS_THRESHOLD, Fault, git_blob_oid
-except ImportError:  # pragma: no cover
-    from tests.fakehub import LFS_THRESHOLD, Fault, git_blob_oid  # type: ignore[no-redef]
+from fakehub import LFS_THRESHOLD, Fault, git_blob_oid  # tests/support/, on pytest's pythonpath
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+# The children inherit the one isolated HF_* environment (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("hf_env")
 N_PROCS = 4
 N_THREADS = 6
 BIG = "weights/model-00001-of-00002.safetensors"
@@ -144,9 +143,7 @@ print(json.dumps({"path": str(path), "digests": digests, "fetched": fetched, "cl
 def _run_processes(n: int, tmp_path: Path, *, repo: str, cache: Path, endpoint: str, policy: Any) -> list[dict]:
     """Start ``n`` children, release them together once all are ready, return their reports."""
     go = tmp_path / "go"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN_PATH")}
-    env["HF_HOME"] = str(tmp_path / "hf_home")  # no user token file can leak in
+    env = dict(os.environ)  # hf_env's (module pytestmark): no HF_* of the user's, no token file can leak in
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     procs = []
     try:
@@ -193,6 +190,7 @@ def _check_common(hub: Any, reports: list[dict], *, repo: str, commit: str, cach
 # ------------------------------------------------------------------------------------ processes
 
 
+@pytest.mark.slow  # several interpreters at once
 def test_processes_at_once_fetch_each_blob_once(hub: Any, tmp_path: Path, cache_dir: Path, fast_policy: Any) -> None:
     repo = "conc/procs"
     files = _files(1)
@@ -217,6 +215,7 @@ def test_processes_at_once_fetch_each_blob_once(hub: Any, tmp_path: Path, cache_
     assert len(revision_calls) == N_PROCS
 
 
+@pytest.mark.slow  # several interpreters at once
 def test_processes_at_once_through_faults(hub: Any, tmp_path: Path, cache_dir: Path, fast_policy: Any) -> None:
     """Truncations, 503s and a corrupt body, while four processes contend for the same blobs.
 
@@ -257,6 +256,7 @@ def test_processes_at_once_through_faults(hub: Any, tmp_path: Path, cache_dir: P
         assert len(_content_gets(hub, repo, path)) == 1, path
 
 
+@pytest.mark.slow  # several interpreters at once
 def test_processes_at_once_with_a_left_over_partial(hub: Any, tmp_path: Path, cache_dir: Path,
                                                    fast_policy: Any) -> None:
     """A partial from an earlier run (a correct prefix) is claimed by exactly one process and resumed."""

@@ -129,7 +129,7 @@ def test_offline_complete_incomplete_and_missing(hub, cache_dir: Path, fast_poli
     assert hub.bytes_served("org/off") == len(files["weights/model-00002.safetensors"])
 
 
-def test_env_defaults(hub, tmp_path: Path, monkeypatch, fast_policy) -> None:
+def test_env_defaults(hub, tmp_path: Path, monkeypatch, fast_policy, hf_env) -> None:
     hub.add_repo("org/env", {"a.txt": b"a"}, gated_token=TOKEN)
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "envcache"))
@@ -142,10 +142,8 @@ def test_env_defaults(hub, tmp_path: Path, monkeypatch, fast_policy) -> None:
 
 
 def test_gated_repo_errors_name_the_fix_and_never_the_token(hub, cache_dir: Path, fast_policy, caplog,
-                                                            monkeypatch, tmp_path: Path) -> None:
+                                                            hf_env) -> None:
     caplog.set_level(logging.DEBUG)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
     hub.add_repo("org/gated", _files(6), gated_token=TOKEN)
     with pytest.raises(HubAuthError) as no_token:
         snapshot_download("org/gated", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
@@ -164,11 +162,9 @@ def test_gated_repo_errors_name_the_fix_and_never_the_token(hub, cache_dir: Path
     assert TOKEN not in caplog.text
 
 
-def test_token_from_file(hub, cache_dir: Path, fast_policy, monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "token").write_text(TOKEN + "\n")
+def test_token_from_file(hub, cache_dir: Path, fast_policy, hf_env) -> None:
+    hf_env.home.mkdir()
+    (hf_env.home / "token").write_text(TOKEN + "\n")
     hub.add_repo("org/gated-file", {"x": b"x"}, gated_token=TOKEN)
     snapshot_download("org/gated-file", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
 
@@ -279,6 +275,7 @@ def test_slow_trickle_trips_the_watchdog(hub, cache_dir: Path, fast_policy) -> N
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow  # runs out the stall window
 def test_endless_trickle_ends(hub, cache_dir: Path, fast_policy) -> None:
     repo, _ = _fault_repo(hub, "org/trickle-forever")
     hub.inject(repo, BIG, Fault.trickle(1, 0.1).forever())

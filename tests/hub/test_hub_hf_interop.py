@@ -3,14 +3,13 @@
 Why: users mix ``mlxgate get`` with ``transformers``/``mlx_lm``, which download through
 ``huggingface_hub``. A snapshot one of them wrote must be usable by the other without a byte fetched
 again, and ``huggingface_hub``'s own tools (``scan_cache_dir``, ``local_files_only``) must see our
-snapshots as healthy. Everything runs against the loopback fake hub (``tests/fakehub.py``); the
+snapshots as healthy. Everything runs against the loopback fake hub (``tests/support/fakehub.py``); the
 assertions are on requests and bytes served, not only on the final files.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import random
 from pathlib import Path
@@ -21,10 +20,8 @@ import pytest
 from pytest_mlxgate.hub import HubOfflineError, snapshot_download, verify_snapshot
 from pytest_mlxgate.hub.cache import repo_folder_name
 
-try:  # pytest "prepend" import mode puts tests/ on sys.path
-    from fakehub import LFS_THRESHOLD, git_blob_oid
-except ImportError:  # pragma: no cover
-    from tests.fakehub import LFS_THRESHOLD, git_blob_oid  # type: ignore[no-redef]
+from fakehub import LFS_THRESHOLD, git_blob_oid  # tests/support/, on pytest's pythonpath
+from hfenv import HfEnv
 
 hf = pytest.importorskip("huggingface_hub")
 
@@ -74,28 +71,10 @@ def _content_requests(hub: Any) -> list[Any]:
 
 
 @pytest.fixture
-def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """Make huggingface_hub quiet, xet-free, online and token-free, whatever was imported before.
-
-    huggingface_hub reads its environment once, at import: setting the variables is not enough when it
-    was already imported (by another test), so the module constants are patched too. Endpoint, cache dir
-    and token are always passed explicitly to its functions.
-    """
-    for k, v in {"HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                 "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_HOME": str(tmp_path / "hf_home")}.items():
-        monkeypatch.setenv(k, v)
-    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_CACHE"):
-        monkeypatch.delenv(k, raising=False)
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    # utils/tqdm.py did `from ..constants import HF_HUB_DISABLE_PROGRESS_BARS` at import time.
-    monkeypatch.setattr(importlib.import_module("huggingface_hub.utils.tqdm"), "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    return hf
+def hf_env(hf_env: HfEnv) -> Any:
+    """The shared isolated HF_* environment (tests/conftest.py), as the real huggingface_hub (returned)
+    sees it: quiet, xet-free, online and token-free, whatever was imported before."""
+    return hf_env.huggingface_hub(xet=False)
 
 
 def _add(hub: Any, repo_type: str, name: str, seed: int) -> tuple[str, str, dict[str, bytes]]:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from fakehub import Fault
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,9 @@ from pytest_mlxgate.hub.transport import RetryPolicy
 POLICY = RetryPolicy(backoff_base=0.001, backoff_max=0.005, max_retry_after=0.005, stall_window=2.0,
                      min_bytes_per_window=1, connect_timeout=2.0, workers=3)
 _names = itertools.count()
+# Hypothesis, 40 examples a property, each a real download through faults: ~10 s a test. The same
+# behaviours have example-based tests in test_hub_download.py, in the fast lane.
+pytestmark = pytest.mark.slow
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 sizes = st.one_of(st.just(0), st.just(1), st.integers(2, 3000), st.integers(3000, 150_000))

@@ -99,6 +99,7 @@ def perturbing_lever(model: LoadedModel, path: str = "prefill") -> Lever:
 # -- the real embedded model ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the real embedded model
 @pytest.mark.parametrize("path", ["prefill", "serving"])
 def test_a_lever_that_changes_nothing_measures_exactly_zero(embedded: LoadedModel, path: str) -> None:
     shape = RunShape(path=path, tokens=48, decode=8)  # type: ignore[arg-type]
@@ -111,6 +112,7 @@ def test_a_lever_that_changes_nothing_measures_exactly_zero(embedded: LoadedMode
     assert_kl_below(result, mean=1e-12, max=1e-12)
 
 
+@pytest.mark.slow  # the real embedded model
 def test_a_perturbing_lever_is_caught_with_a_report(embedded: LoadedModel) -> None:
     shape = RunShape(path="prefill", tokens=48, decode=8)
     result = _run(embedded, perturbing_lever(embedded), shape, n=3).kl()
@@ -149,7 +151,9 @@ def test_the_reference_cache_hits_on_an_unchanged_gate(tiny: LoadedModel, tmp_pa
 
 @pytest.mark.parametrize(
     "change",
-    ["lever_ref_value", "sequences", "tokens", "path", "chunk", "machine", "model_file", "tokenizer"],
+    # Three key inputs in the fast lane, the rest (~2 s each on the tiny model) in the full run only.
+    ["lever_ref_value", "sequences", *(pytest.param(c, marks=pytest.mark.slow) for c in ("tokens", "path", "chunk")),
+     "machine", *(pytest.param(c, marks=pytest.mark.slow) for c in ("model_file", "tokenizer"))],
 )
 def test_the_reference_cache_misses_when_any_key_input_changes(
     tiny: LoadedModel, tmp_path: Path, change: str

@@ -28,7 +28,7 @@ from pytest_mlxgate.kl.prompts import (
     sequences_digest,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOMAINS = {"code", "prose", "math", "qa", "instructions", "tool", "multilingual", "chat"}
 # Every kind of text the brief asks for, as an id prefix in the default set.
 KINDS = [
@@ -153,6 +153,7 @@ def check_sequences(
         assert s.preview and "\n" not in s.preview and len(s.preview) <= 60
 
 
+@pytest.mark.slow  # hypothesis: 25 tokenizations of up to 132 x 600 tokens
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 132), tokens=st.integers(1, 600))
 def test_sequences_have_exactly_tokens_plus_one_ids(
@@ -235,6 +236,7 @@ def test_sequences_are_deterministic_and_prefix_stable(
     assert sequences_digest(build_sequences(prompts, tokenizer, n=60, tokens=199)) != sequences_digest(a)
 
 
+@pytest.mark.slow  # a fresh interpreter loading the tokenizer
 def test_sequences_do_not_depend_on_the_process(prompts: tuple[Prompt, ...], tokenizer: Any) -> None:
     """Another interpreter with another hash seed builds the same ids (they key caches)."""
     code = (

@@ -82,12 +82,14 @@ def tokenizer(loaded: tuple[Any, Any]) -> Any:
 # --------------------------------------------------------------------------- conversion
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_writes_the_expected_files(converted: tuple[pathlib.Path, list[str]]) -> None:
     out, files = converted
     assert files == EXPECTED_FILES
     assert sorted(p.name for p in out.iterdir()) == EXPECTED_FILES
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_config_comes_from_the_gguf_metadata(converted: tuple[pathlib.Path, list[str]]) -> None:
     config = json.loads((converted[0] / "config.json").read_text())
     assert config["model_type"] == "llama"
@@ -102,6 +104,7 @@ def test_config_comes_from_the_gguf_metadata(converted: tuple[pathlib.Path, list
     assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_greedy_answer_names_paris(loaded: tuple[Any, Any]) -> None:
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
@@ -113,6 +116,7 @@ def test_greedy_answer_names_paris(loaded: tuple[Any, Any]) -> None:
     assert "Paris" in answer, answer
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_conversion_is_deterministic(
     converted: tuple[pathlib.Path, list[str]],
     gguf_path: pathlib.Path,
@@ -143,6 +147,7 @@ def test_refuses_a_non_empty_output_dir(gguf_path: pathlib.Path, tmp_path: pathl
 # --------------------------------------------------------------------------- tokenizer
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_tokenizer_round_trips(tokenizer: Any, name: str) -> None:
     text = CORPUS[name]
@@ -150,6 +155,7 @@ def test_tokenizer_round_trips(tokenizer: Any, name: str) -> None:
     assert tokenizer.decode(ids) == text
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_streaming_detokenizer_round_trips(tokenizer: Any) -> None:
     text = UNICODE + CODE
     detok = tokenizer.detokenizer
@@ -160,6 +166,7 @@ def test_streaming_detokenizer_round_trips(tokenizer: Any) -> None:
     assert detok.text == text
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_numerics_are_split_off_on_their_own(tokenizer: Any) -> None:
     # The vocab has no multi-digit or "Ġ<digit>" tokens, so ASCII digits come out one by one with
     # any pre-tokenizer; " ½" shows whether the Digits pre-tokenizer is in force (GPT-2 alone: "Ġ½").
@@ -167,12 +174,14 @@ def test_numerics_are_split_off_on_their_own(tokenizer: Any) -> None:
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode(" ½")) == ["Ġ", "Â½"]
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_chat_template_text_round_trips(tokenizer: Any) -> None:
     ids = tokenizer.encode(CHAT_TEXT)
     assert tokenizer.decode(ids) == CHAT_TEXT
     assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_special_tokens_encode_to_single_ids(tokenizer: Any) -> None:
     for token, token_id in [("<|endoftext|>", 0), ("<|im_start|>", 1), ("<|im_end|>", 2), ("<empty_output>", 16)]:
         assert tokenizer.encode(token) == [token_id]
@@ -183,6 +192,7 @@ def test_special_tokens_encode_to_single_ids(tokenizer: Any) -> None:
     assert tokenizer.encode("hi") == tokenizer.encode("hi", add_special_tokens=False)  # no BOS added
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_chat_template_comes_from_the_gguf(tokenizer: Any) -> None:
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
@@ -283,6 +293,7 @@ def gguf_reader_tokenizer_fields(gguf_path: pathlib.Path) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_matches_a_from_scratch_reference_bpe(
     tokenizer: Any, gguf_reader_tokenizer_fields: dict[str, Any]
 ) -> None:
@@ -293,6 +304,7 @@ def test_matches_a_from_scratch_reference_bpe(
         assert tokenizer.encode(text) == reference.encode(text), text
 
 
+@pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
 def test_matches_transformers_gguf_tokenizer(
     tokenizer: Any, gguf_reader_tokenizer_fields: dict[str, Any]
 ) -> None:

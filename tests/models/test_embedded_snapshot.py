@@ -13,6 +13,8 @@ import pytest
 from pytest_mlxgate.hub import snapshot_download, verify_snapshot
 from pytest_mlxgate.models.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
 
+pytestmark = pytest.mark.slow  # every test here builds the embedded model (0.5 GB) into a fresh cache
+
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -7,21 +7,15 @@ from pathlib import Path
 
 import pytest
 from fakehub import FakeHub
+from hfenv import HfEnv
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_mlxgate.config.names import CandidateSpec
 from pytest_mlxgate.models.materialize import ResolvedSnapshot, _commit_of, materialize
 
-
-@pytest.fixture
-def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No token, cache or offline setting from the environment: the calls say it all. HF_ENDPOINT
-    refuses connections, so a call that lost its endpoint fails here instead of reaching the internet."""
-    for var in ("HF_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port on loopback
+# hf_env (tests/conftest.py): no token, cache or offline setting from the environment, the calls say it
+# all; HF_ENDPOINT refuses connections, so a call that lost its endpoint fails instead of going online.
 
 
 def test_local_directory_is_its_own_snapshot(tmp_path: Path) -> None:
@@ -33,7 +27,7 @@ def test_local_directory_is_its_own_snapshot(tmp_path: Path) -> None:
     assert snap.pinned == str(tmp_path)
 
 
-def test_hub_snapshot_is_pinned_to_its_commit(hub: FakeHub, hf_env: None, tmp_path: Path) -> None:
+def test_hub_snapshot_is_pinned_to_its_commit(hub: FakeHub, hf_env: HfEnv, tmp_path: Path) -> None:
     """The real downloader against the fake hub: the commit `main` pointed to is the pin."""
     files = {"config.json": b'{"model_type": "snapshots"}', "weights.bin": bytes(range(256)) * 8}  # 2 kB: LFS
     commit = hub.add_repo("snapshots/model", files)
@@ -59,7 +53,7 @@ def test_hub_snapshot_is_pinned_to_its_commit(hub: FakeHub, hf_env: None, tmp_pa
     assert len([r for r in hub.log if "/revision/" in r.path]) == 2  # the offline call asked nothing
 
 
-def test_dataset_repo_type_reaches_the_hub(hub: FakeHub, hf_env: None, tmp_path: Path) -> None:
+def test_dataset_repo_type_reaches_the_hub(hub: FakeHub, hf_env: HfEnv, tmp_path: Path) -> None:
     commit = hub.add_repo("snapshots/data", {"data.csv": b"a,b\n1,2\n"}, repo_type="dataset", branch="v1")
     spec = CandidateSpec(kind="hub", name="snapshots/data", repo_id="snapshots/data", revision="v1")
     snap = materialize(spec, cache_dir=tmp_path, endpoint=hub.endpoint, repo_type="dataset")

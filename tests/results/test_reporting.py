@@ -25,7 +25,7 @@ from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.records import RunInfo
 from pytest_mlxgate.results.summary import format_value, summary_lines
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -315,6 +315,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two interpreters racing
 def test_db_processes_creating_and_appending_at_once_lose_nothing(tmp_path: Path) -> None:
     import time
 

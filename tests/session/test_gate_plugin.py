@@ -74,6 +74,7 @@ def _args(tiny_model_dir: Path, tmp: Path, *more: str) -> list[str]:
             "-p", "no:randomly", *more]
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_a_gate_over_its_limit_fails_and_its_message_is_the_report(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -91,6 +92,7 @@ def test_a_gate_over_its_limit_fails_and_its_message_is_the_report(
     result.stdout.fnmatch_lines(["*test_gate::test_drift*mean KL*FAIL*"])  # the summary table says it too
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess under -n 2
 def test_xdist_writes_one_db_row_per_gate_one_summary_and_a_full_json_report(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -124,6 +126,7 @@ def test_xdist_writes_one_db_row_per_gate_one_summary_and_a_full_json_report(
     assert neutral["lever"]["ref"] == "0" and neutral["lever"]["cand"] == "1"
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_aa_fails_limits_below_the_noise_floor_and_passes_the_others(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -140,6 +143,7 @@ def test_aa_fails_limits_below_the_noise_floor_and_passes_the_others(
     assert aa["chunked"]["n_tokens"] == 72 and aa["floors"]["mean"] >= 0
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_the_command_line_lever_replaces_the_module_lever(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -149,6 +153,7 @@ def test_the_command_line_lever_replaces_the_module_lever(
     result.assert_outcomes(passed=1)  # an environment variable nothing reads: KL exactly 0
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_a_gate_without_a_lever_says_how_to_declare_one(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -186,6 +191,7 @@ def test_drift(paired):
 '''
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_two_model_mode_loads_the_reference_and_measures_against_it(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -203,6 +209,7 @@ def test_two_model_mode_loads_the_reference_and_measures_against_it(
     assert record["lever"]["kind"] == "model"
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_two_model_mode_without_a_reference_says_how_to_name_one(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -212,6 +219,7 @@ def test_two_model_mode_without_a_reference_says_how_to_name_one(
     result.stdout.fnmatch_lines(["*pass --mlx-reference NAME*"])
 
 
+@pytest.mark.slow  # a pytester gate session in a subprocess
 def test_a_prompts_file_replaces_the_default_prompts(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

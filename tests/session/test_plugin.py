@@ -1,6 +1,6 @@
 """The plugin end to end through pytester: options and ini twins, names, header, xdist shipping.
 
-Hub names go through the real downloader to the fake hub on loopback (`tests/fakehub.py`, the
+Hub names go through the real downloader to the fake hub on loopback (`tests/support/fakehub.py`, the
 `hub` fixture): what the plugin passed down is read off the hub's request log (which server was
 asked, for which revision, how often), `bytes_served` (what was downloaded) and the cache folder
 the snapshot landed in. Each test uses repo ids of its own, since the fake hub lives for the session.
@@ -18,6 +18,7 @@ import hypothesis  # noqa: F401  (see below)
 import mlx.core  # noqa: F401  (see below)
 import pytest
 from fakehub import FakeHub, Request
+from hfenv import HfEnv
 
 from pytest_mlxgate.models.materialize import ResolvedSnapshot
 
@@ -34,15 +35,10 @@ def test_show(mlx_snapshot):
 
 
 @pytest.fixture
-def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hub: FakeHub) -> Path:
-    """The hub's environment layer, isolated: HF_ENDPOINT is the fake hub, HF_HUB_CACHE a fresh
-    folder (returned), no token, not offline. Inner runs, in-process or not, inherit it."""
-    for var in ("HF_TOKEN", "HF_TOKEN_PATH", "HF_HUB_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file, no default cache
-    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "env-cache"))
-    return tmp_path / "env-cache"
+def hf_env(hf_env: HfEnv, hub: FakeHub) -> Path:
+    """The shared isolated HF_* environment (tests/conftest.py) on the fake hub: HF_ENDPOINT is the hub,
+    HF_HUB_CACHE a fresh folder (returned), no token, not offline. Inner runs, in-process or not, inherit it."""
+    return hf_env.on_hub(hub)
 
 
 def requests_for(hub: FakeHub, repo_id: str) -> list[Request]:
@@ -351,6 +347,7 @@ def test_importing_the_plugin_imports_no_mlx_and_no_httpx(tmp_path: Path) -> Non
     assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
 
 
+@pytest.mark.slow  # a pytester session in a subprocess
 def test_a_run_that_does_not_use_mlxgate_is_untouched(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
@@ -372,6 +369,7 @@ def test_runs_without_xdist(pytester: pytest.Pytester) -> None:
     assert result.ret == 0
     assert snapshot_printed(result).kind == "local"
 
+@pytest.mark.slow  # a pytester session under -n 2 in a subprocess
 def test_xdist_controller_resolves_once_and_ships_the_pin(
     pytester: pytest.Pytester, hub: FakeHub, hf_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -139,6 +139,7 @@ def test_sequence_level_mean_interval_covers_and_token_level_does_not() -> None:
     assert by_token <= 0.70, "tokens are not independent: a token-level interval is far too narrow"
 
 
+@pytest.mark.slow  # a coverage simulation
 def test_cluster_bootstrap_median_covers_and_token_bootstrap_does_not() -> None:
     kl = ar1_lognormal(np.random.default_rng(7), 60, 32, 64)
     true_median = 1e-3  # exp(median of N(0, 1))

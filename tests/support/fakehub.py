@@ -2,7 +2,7 @@
 
 Why: our downloader must be tested against real sockets (keep-alive, half-sent bodies, TCP resets,
 redirects across origins), never against a mocked HTTP client. The same server is checked against the
-real ``huggingface_hub`` client (see ``tests/test_fakehub.py``), which proves it is faithful enough.
+real ``huggingface_hub`` client (see ``tests/hub/test_fakehub.py``), which proves it is faithful enough.
 
 Two origins are started:
 
