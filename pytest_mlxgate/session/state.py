@@ -17,9 +17,9 @@ import pytest
 from ..common.format import format_bytes
 from ..config.names import Aliases, CandidateSpec, Role, load_aliases, parse_name
 from ..config.settings import Settings
-from ..results.records import records_in
 from ..errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
 from ..models.progress import LineProgress
+from ..results.records import records_in
 
 if TYPE_CHECKING:
     from ..models.loaded import LoadedModel
@@ -152,7 +152,7 @@ class MlxgateSession:
         import sys
 
         from ..models.device import installed_versions
-        from ..results.records import GateRecord, RunInfo
+        from ..results.records import RunInfo
 
         device, blas = self.machine()
         gate = self.settings.gate

@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-
 from fakehub import FOREVER, FakeHub, Fault, git_blob_oid, lfs_pointer  # tests/support/, on pytest's pythonpath
 from hfenv import HfEnv
 

@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakehub import LFS_THRESHOLD, Fault, git_blob_oid  # tests/support/, on pytest's pythonpath
 
 from pytest_mlxgate.hub import fetch as fetch_mod
 from pytest_mlxgate.hub import snapshot_download
 from pytest_mlxgate.hub.cache import repo_folder_name
 from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
-
-from fakehub import LFS_THRESHOLD, Fault, git_blob_oid  # tests/support/, on pytest's pythonpath
 
 ROOT = Path(__file__).resolve().parents[2]
 # The children inherit the one isolated HF_* environment (tests/conftest.py).

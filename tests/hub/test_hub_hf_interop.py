@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakehub import LFS_THRESHOLD, git_blob_oid  # tests/support/, on pytest's pythonpath
+from hfenv import HfEnv
 
 from pytest_mlxgate.hub import HubOfflineError, snapshot_download, verify_snapshot
 from pytest_mlxgate.hub.cache import repo_folder_name
-
-from fakehub import LFS_THRESHOLD, git_blob_oid  # tests/support/, on pytest's pythonpath
-from hfenv import HfEnv
 
 hf = pytest.importorskip("huggingface_hub")
 

@@ -11,13 +11,13 @@ import pytest
 
 from pytest_mlxgate.kl.divergence import TokenScores
 from pytest_mlxgate.stats.intervals import (
+    _resampled_quantiles,
     cluster_bootstrap_quantile,
     cluster_bootstrap_quantiles,
     mean_interval,
     t_quantile,
     wilson_interval,
 )
-from pytest_mlxgate.stats.intervals import _resampled_quantiles
 from pytest_mlxgate.stats.kl_stats import QUANTILES, KLStats, summarize
 
 # --- distributions and intervals -----------------------------------------------------------------------
