@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
 
-__all__ = ["choice_logprobs", "generate_greedy"]
+__all__ = ["choice_logprobs", "choice_logprobs_many", "generate_greedy"]
+
+#: A token prefix shared by several items (a few-shot block) is prefilled once when it is this long.
+MIN_SHARED_PREFIX = 32
+#: Batched choice rows stay under this many logits (rows x positions x vocabulary, float32: 512 MiB).
+_MAX_BATCH_LOGITS = 1 << 27
 
 
 def generate_greedy(
@@ -78,6 +83,172 @@ def choice_logprobs(model: Any, tokenizer: Any, text: str, choices: Sequence[str
         total: Any = mx.sum(logp[positions, mx.array(s)]).item()
         out.append(float(total))
     return out
+
+
+def choice_logprobs_many(
+    model: Any, tokenizer: Any, texts: Sequence[str], choices: Sequence[Sequence[str]]
+) -> list[list[float]]:
+    """`choice_logprobs` for many items at once, with the same numbers (to float32 rounding).
+
+    Items whose token ids share a prefix of at least MIN_SHARED_PREFIX tokens (MMLU's instruction
+    and five shots per subject) get that prefix prefilled once into a plain KV cache; each item then
+    runs only its own suffix from a copy of it, and the suffixes run batched (right-padded, so
+    causal attention keeps every row's real positions exact). Both arms take this same path.
+    """
+    import mlx.core as mx
+
+    plans = [_choice_plan(tokenizer, text, item_choices) for text, item_choices in zip(texts, choices)]
+    out: list[list[float]] = [[] for _ in plans]
+    for members, shared in _shared_prefix_groups([p.prompt for p in plans], MIN_SHARED_PREFIX):
+        prefix = _prefill(model, plans[members[0]].prompt[:shared]) if shared else None
+        if prefix is None:
+            shared = 0  # nothing reused: every member runs its whole prompt
+        rows = [(i, row) for i in members for row in plans[i].rows(shared)]
+        for batch in _batches(rows, _vocab_size(model)):
+            width = max(len(row.tokens) for _, row in batch)
+            tokens = mx.array([row.tokens + [0] * (width - len(row.tokens)) for _, row in batch])
+            cache = _batched_cache(prefix, len(batch)) if prefix is not None else None
+            logits = model(tokens, cache=cache).astype(mx.float32)
+            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            for b, (i, row) in enumerate(batch):
+                out[i].extend(row.read(logp[b]))
+    return out
+
+
+class _Row:
+    """One forward row: tokens after the shared prefix, and how to read choice log-probs from it."""
+
+    def __init__(self, tokens: list[int], reads: list[tuple[list[int], list[int]]]) -> None:
+        self.tokens = tokens
+        self.reads = reads  # per choice: (row positions whose logits predict it, its token ids)
+
+    def read(self, logp: Any) -> list[float]:
+        import mlx.core as mx
+
+        values = []
+        for positions, ids in self.reads:
+            total: Any = mx.sum(logp[mx.array(positions), mx.array(ids)]).item()
+            values.append(float(total))
+        return values
+
+
+class _ChoicePlan:
+    """An item's prompt ids and each choice's continuation ids (as `choice_logprobs` derives them)."""
+
+    def __init__(self, prompt: list[int], suffixes: list[list[int]]) -> None:
+        self.prompt = prompt
+        self.suffixes = suffixes
+
+    def rows(self, shared: int) -> list[_Row]:
+        """One row reading every single-token choice from the prompt's last logits; else a row per
+        choice (prompt + choice, its tokens' log-probabilities summed)."""
+        rest = self.prompt[shared:]
+        last = len(rest) - 1
+        if all(len(s) == 1 for s in self.suffixes):
+            return [_Row(rest, [([last], s) for s in self.suffixes])]
+        return [_Row(rest + s[:-1], [(list(range(last, last + len(s))), s)]) for s in self.suffixes]
+
+
+def _choice_plan(tokenizer: Any, text: str, choices: Sequence[str]) -> _ChoicePlan:
+    prompt = _encode(tokenizer, text)
+    suffixes = []
+    for choice in choices:
+        full = _encode(tokenizer, text + choice)
+        if full[: len(prompt)] != prompt:  # the choice merged with the prompt's last token
+            full = prompt + _encode(tokenizer, choice, special=False)
+        suffixes.append(full[len(prompt):])
+    return _ChoicePlan(prompt, suffixes)
+
+
+def _shared_prefix_groups(prompts: Sequence[list[int]], min_shared: int) -> list[tuple[list[int], int]]:
+    """(member indices, shared prefix length) groups; 0 for items that share nothing worth reusing.
+
+    Sorted token lists put items with a common prefix next to each other; a group grows while its
+    first member shares at least `min_shared` tokens with the next. The shared length leaves every
+    member at least one token of its own (the position whose logits score the choices).
+    """
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    groups: list[tuple[list[int], int]] = []
+    alone: list[int] = []
+    start = 0
+    while start < len(order):
+        first = prompts[order[start]]
+        end, shared = start + 1, len(first)
+        while end < len(order):
+            common = _common_prefix(first, prompts[order[end]])
+            if common < min_shared:
+                break
+            shared = min(shared, common)
+            end += 1
+        members = order[start:end]
+        if len(members) > 1:
+            shared = min(shared, *(len(prompts[i]) - 1 for i in members))
+            groups.append((members, shared) if shared >= min_shared else (members, 0))
+        else:
+            alone.extend(members)
+        start = end
+    if alone:
+        groups.append((alone, 0))
+    return groups
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _prefill(model: Any, tokens: list[int]) -> list[Any] | None:
+    """The shared prefix through a plain KV cache, evaluated once: its per-layer (keys, values,
+    offset). None for models whose caches are not all plain (sliding windows, state-space layers):
+    their items run whole."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    if not all(type(c) is KVCache for c in cache):
+        return None
+    model(mx.array(tokens)[None], cache=cache)
+    states = [c.state for c in cache]
+    mx.eval(states)
+    return states
+
+
+def _batched_cache(prefix: list[Any], rows: int) -> list[Any]:
+    """A fresh plain cache per layer holding the shared prefix for `rows` rows (a copy: the prefix
+    itself is never written, so the next batch starts from the same state)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    caches = []
+    for keys, values, offset in prefix:
+        c = KVCache()  # type: ignore[no-untyped-call]
+        k, v = keys[..., :offset, :], values[..., :offset, :]
+        c.state = (mx.broadcast_to(k, (rows, *k.shape[1:])), mx.broadcast_to(v, (rows, *v.shape[1:])), offset)
+        caches.append(c)
+    return caches
+
+
+def _batches(rows: list[tuple[int, _Row]], vocab: int) -> list[list[tuple[int, _Row]]]:
+    """Consecutive rows in batches whose logits stay under _MAX_BATCH_LOGITS (at least one row each)."""
+    out: list[list[tuple[int, _Row]]] = []
+    for item in rows:
+        if out:
+            batch = out[-1]
+            width = max(len(r.tokens) for _, r in [*batch, item])
+            if (len(batch) + 1) * width * vocab <= _MAX_BATCH_LOGITS:
+                batch.append(item)
+                continue
+        out.append([item])
+    return out
+
+
+def _vocab_size(model: Any) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None) or getattr(getattr(args, "text_config", None), "vocab_size", None)
+    return int(size) if isinstance(size, int) and size > 0 else 262_144  # unknown: assume a large one
 
 
 def _encode(tokenizer: Any, text: str, *, special: bool = True) -> list[int]:

@@ -45,9 +45,9 @@ def run_arm(
     max_new_tokens: int | None = None,
     batch_size: int = 16,
 ) -> tuple[list[ItemResult], dict[str, str]]:
-    """Score every item on one arm: choice items by their choices' log-probabilities, the rest by
-    greedy generation (batched), each output scored by the task."""
-    from .generate import choice_logprobs, generate_greedy
+    """Score every item on one arm: choice items by their choices' log-probabilities (a prefix the
+    items share prefilled once), the rest by greedy generation (batched), each output scored by the task."""
+    from .generate import choice_logprobs_many, generate_greedy
 
     rendered = {it.id: task.render(it, tokenizer) for it in items}
     budget = min(task.max_new_tokens, max_new_tokens) if max_new_tokens else task.max_new_tokens
@@ -55,9 +55,9 @@ def run_arm(
     with lever.applied(arm):
         kv = lever.kv_plan(arm)
         choice = [it for it in items if it.kind == "choice"]
-        for it in choice:
-            logps = choice_logprobs(model, tokenizer, rendered[it.id], it.choices)
-            results[it.id] = _stamp(task.score(it, "", choice_logprobs=logps), rendered[it.id])
+        logps = choice_logprobs_many(model, tokenizer, [rendered[it.id] for it in choice], [it.choices for it in choice])
+        for it, item_logps in zip(choice, logps):
+            results[it.id] = _stamp(task.score(it, "", choice_logprobs=item_logps), rendered[it.id])
         gen = [it for it in items if it.kind != "choice"]
         outputs = generate_greedy(model, tokenizer, [rendered[it.id] for it in gen], max_new_tokens=budget, kv=kv,
                                   batch_size=batch_size)

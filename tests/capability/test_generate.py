@@ -1,0 +1,109 @@
+"""Choice scoring with a shared prefix prefilled once: the same log-probabilities as whole prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_mlxgate.capability.generate import (
+    MIN_SHARED_PREFIX,
+    _shared_prefix_groups,
+    choice_logprobs,
+    choice_logprobs_many,
+)
+
+# --- grouping (pure) ------------------------------------------------------------------------------
+
+
+def test_items_sharing_a_long_prefix_form_one_group_and_the_rest_run_whole() -> None:
+    shots = list(range(100, 100 + 40))
+    prompts = [shots + [1, 2], [7] * 50, shots + [3], shots + [1, 5, 6], [8, 9]]
+    groups = _shared_prefix_groups(prompts, MIN_SHARED_PREFIX)
+    shared = [g for g in groups if g[1]]
+    assert len(shared) == 1
+    members, length = shared[0]
+    assert sorted(members) == [0, 2, 3] and length == 40
+    assert sorted(i for members, n in groups if n == 0 for i in members) == [1, 4]
+
+
+def test_the_shared_length_leaves_every_member_a_token_of_its_own() -> None:
+    base = list(range(64))
+    groups = _shared_prefix_groups([base, base + [1], base + [2]], MIN_SHARED_PREFIX)
+    assert groups == [([0, 1, 2], 63)]  # the shortest member keeps its last token
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=60), max_size=12), st.integers(1, 40))
+def test_groups_cover_every_item_once_and_members_really_share_their_prefix(
+    prompts: list[list[int]], min_shared: int
+) -> None:
+    groups = _shared_prefix_groups(prompts, min_shared)
+    seen = sorted(i for members, _ in groups for i in members)
+    assert seen == list(range(len(prompts)))
+    for members, shared in groups:
+        assert shared == 0 or shared >= min_shared
+        if shared:
+            first = prompts[members[0]][:shared]
+            assert all(prompts[i][:shared] == first and len(prompts[i]) > shared for i in members)
+
+
+# --- the numbers ---------------------------------------------------------------------------------
+
+
+def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    assert [len(r) for r in a] == [len(r) for r in b]
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+def _mmlu_like(n_subjects: int, per_subject: int) -> tuple[list[str], list[tuple[str, ...]]]:
+    texts = []
+    for s in range(n_subjects):
+        shots = "".join(f"Question: fact {s}.{k} is which letter?\nA. one\nB. two\nC. three\nD. four\nAnswer: "
+                        f"{'ABCD'[k % 4]}\n\n" for k in range(5))
+        header = f"The following are multiple choice questions (with answers) about topic {s}.\n\n"
+        texts += [header + shots + f"Question: item {i} of topic {s}?\nA. x\nB. y\nC. z\nD. w\nAnswer:"
+                  for i in range(per_subject)]
+    return texts, [(" A", " B", " C", " D")] * len(texts)
+
+
+def test_prefix_reuse_matches_whole_prompts_on_a_real_model(tiny_model_dir: Path) -> None:
+    import mlx_lm
+
+    model, tok = mlx_lm.load(str(tiny_model_dir))
+    texts, choices = _mmlu_like(2, 3)
+    texts.append("A prompt that shares nothing with the others, scored whole:")  # a group of its own
+    choices.append((" A", " B", " C", " D"))
+    many = choice_logprobs_many(model, tok, texts, choices)
+    assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices)]) < 1e-4
+    # multi-token continuations (one row per choice, tokens summed) take the same path
+    multi = [(" Paris", " the city of London"), (" yes", " no thanks")] * 3 + [(" a", " b c")]
+    many = choice_logprobs_many(model, tok, texts, multi)
+    assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, multi)]) < 1e-4
+
+
+def test_a_wrong_prefix_would_be_caught(tiny_model_dir: Path) -> None:
+    """The comparison above can fail: scoring each item after another item's question differs."""
+    import mlx_lm
+
+    model, tok = mlx_lm.load(str(tiny_model_dir))
+    texts, choices = _mmlu_like(1, 2)
+    swapped = [choice_logprobs(model, tok, texts[1 - i], c) for i, c in enumerate(choices)]
+    assert _max_diff(choice_logprobs_many(model, tok, texts, choices), swapped) > 1e-3
+
+
+@pytest.mark.slow  # the embedded model on real MMLU prompts (~3k-token five-shot prefixes)
+def test_prefix_reuse_matches_whole_prompts_on_real_mmlu_items() -> None:
+    import mlx_lm
+
+    from pytest_mlxgate.capability.tasks.mmlu import MMLU, load_subjects
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    model, tok = mlx_lm.load(str(ensure_embedded_snapshot()))
+    data = load_subjects()
+    items: list[Any] = [MMLU._item(s, i, data[s]) for s in sorted(data)[:2] for i in range(3)]
+    texts, choices = [it.text for it in items], [it.choices for it in items]
+    whole = [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices)]
+    assert _max_diff(choice_logprobs_many(model, tok, texts, choices), whole) < 1e-4
