@@ -3,7 +3,11 @@
 1. On the embedded model, `--prompts` (32) chat prompts x `--tokens` (64) new tokens, greedy:
    `mlx_lm.batch_generate` (our batched path, batch 32) vs `mlx_lm.stream_generate` one prompt at
    a time; both produce the same texts (checked). Goal: generated tokens/s batched / sequential >= 4.
-2. The smoke tier of each of the six tasks on ONE arm (the gate runs two), items and seconds per
+2. MMLU choice scoring, `--subjects` (4) x `--per-subject` (8) real five-shot items: each prompt
+   whole (one forward per item) vs the shared prefix prefilled once per subject and the suffixes
+   batched (`choice_logprobs_many`, what the runner uses); items/s of both, the ratio, and the
+   largest log-probability difference (goal: the same numbers to float32 rounding, < 1e-4).
+3. The smoke tier of each of the six tasks on ONE arm (the gate runs two), items and seconds per
    task, and the total; a task that cannot run here is reported with its reason.
 """
 
@@ -56,6 +60,30 @@ def throughput(n: int, tokens: int) -> None:
     print(f"ratio sequential/batched time: {ts / tb:.2f}x  goal >= {GOAL}: {verdict(ts / tb >= GOAL)}")
 
 
+def mmlu_prefix(subjects: int, per_subject: int) -> None:
+    from pytest_mlxgate.capability.generate import choice_logprobs, choice_logprobs_many
+    from pytest_mlxgate.capability.tasks.mmlu import MMLU, load_subjects
+
+    header(f"MMLU choice scoring: {subjects} subjects x {per_subject} items, whole prompts vs shared prefix")
+    model, tokenizer = _load()
+    data = load_subjects()
+    items = [MMLU._item(s, i, data[s]) for s in sorted(data)[:subjects] for i in range(per_subject)]
+    texts, choices = [str(it.text) for it in items], [it.choices for it in items]
+    choice_logprobs(model, tokenizer, texts[0], choices[0])  # warm-up
+    t0 = time.perf_counter()
+    whole = [choice_logprobs(model, tokenizer, t, c) for t, c in zip(texts, choices)]
+    tw = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    reused = choice_logprobs_many(model, tokenizer, texts, choices)
+    tr = time.perf_counter() - t0
+    diff = max(abs(a - b) for ra, rb in zip(whole, reused) for a, b in zip(ra, rb))
+    n = len(items)
+    print(f"whole prompts: {tw:.1f} s  ({n / tw:.2f} items/s)")
+    print(f"shared prefix: {tr:.1f} s  ({n / tr:.2f} items/s)")
+    print(f"max |log-prob difference|: {diff:.2e}  (goal < 1e-4: {verdict(diff < 1e-4)})")
+    print(f"ratio whole/shared time: {tw / tr:.2f}x")
+
+
 def smoke_tier(only: Sequence[str] | None = None) -> None:
     from pytest_mlxgate.capability.base import TASK_NAMES
     from pytest_mlxgate.capability.runner import load_task, run_arm
@@ -87,11 +115,15 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="capability")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--only", choices=["throughput", "smoke"], default=None)
+    parser.add_argument("--subjects", type=int, default=4)
+    parser.add_argument("--per-subject", type=int, default=8)
+    parser.add_argument("--only", choices=["throughput", "prefix", "smoke"], default=None)
     parser.add_argument("--tasks", default="", help="comma-separated subset of the smoke tier's tasks")
     args = parser.parse_args(argv)
     if args.only in (None, "throughput"):
         throughput(args.prompts, args.tokens)
+    if args.only in (None, "prefix"):
+        mmlu_prefix(args.subjects, args.per_subject)
     if args.only in (None, "smoke"):
         smoke_tier([t for t in args.tasks.split(",") if t] or None)
 
