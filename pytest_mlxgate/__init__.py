@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .capability.assertions import assert_capability_at_least
+    from .capability.user_tasks import jsonl_task, register_task
     from .config.names import CandidateSpec, parse_name
     from .errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelNameError, ModelUnavailableError
     from .hub import HubError, snapshot_download, verify_snapshot
@@ -30,6 +31,8 @@ _LAZY: dict[str, str] = {
     "Paired": "session.paired",
     "assert_capability_at_least": "capability.assertions",
     "assert_kl_below": "kl.assertions",
+    "jsonl_task": "capability.user_tasks",
+    "register_task": "capability.user_tasks",
     "HubError": "hub",
     "MlxgateError": "errors",
     "MlxgateUsageError": "errors",

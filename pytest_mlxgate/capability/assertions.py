@@ -46,6 +46,8 @@ def assert_capability_at_least(
     for name, value in (("floor", floor), ("max_drop", max_drop)):
         if value is not None and not 0 <= value <= 1:
             raise ValueError(f"{name}={value}: scores are fractions in [0, 1] (e.g. max_drop=0.02 for 2 points)")
+    if max_drop is not None and max_drop >= 1:
+        raise ValueError(f"max_drop={max_drop}: a drop of the whole score cannot be tested; use a margin below 1")
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha={alpha} must be in (0, 0.5)")
 

@@ -27,10 +27,21 @@ __all__ = ["load_task", "run_arm", "run_capability"]
 def load_task(name: str, options: RunOptions | None = None) -> Task:
     """Task `name`: its module's shared `TASK`, or with `options`, that task configured for one run
     (a new object where an option applies, so the shared one never carries a caller's options)."""
-    if name not in TASK_NAMES:
-        raise MlxgateUsageError(f"'{name}' is not a capability task; known: {', '.join(TASK_NAMES)}")
-    module = importlib.import_module(f"{__package__}.tasks.{name}")
-    task: Task = module.TASK
+    task: Task
+    if name in TASK_NAMES:
+        task = importlib.import_module(f"{__package__}.tasks.{name}").TASK
+    else:
+        from .user_tasks import find_user_task, registered_names
+
+        found = find_user_task(name)
+        if found is None:
+            known = ", ".join([*TASK_NAMES, *registered_names()])
+            raise MlxgateUsageError(
+                f"'{name}' is not a capability task; known: {known}. Define your own with "
+                "pytest_mlxgate.register_task(task) or pytest_mlxgate.jsonl_task(name, path) in a gate "
+                "module or conftest.py, or publish it under the entry-point group 'pytest_mlxgate.tasks'"
+            )
+        task = found
     return task if options is None else task.configured(options)
 
 

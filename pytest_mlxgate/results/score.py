@@ -36,17 +36,18 @@ def capability_score(task_scores: Mapping[str, float | None], tasks: Sequence[st
 
 def score_record(records: Sequence[GateRecord], tasks: Sequence[str]) -> GateRecord | None:
     """The run's Capability Score as a record of its own, from the latest result of each task."""
-    latest: dict[str, dict[str, object]] = {}
+    latest: dict[str, dict[str, object]] = {}  # only the six: a gate author's own tasks are not in the score
     for record in records:
         if record.get("mode") == "capability":
-            latest.update(record.get("tasks") or {})
+            latest.update({t: v for t, v in (record.get("tasks") or {}).items() if t in tasks})
     if not latest:
         return None
     field_of = {"reference": "ref_score", "candidate": "cand_score"}
     arms = {arm: capability_score({t: latest[t][key] if t in latest else None  # type: ignore[misc]
                                    for t in tasks}, tasks)
             for arm, key in field_of.items()}
-    per_task = {t: {"reference": v["ref_score"], "candidate": v["cand_score"], "n": v["n"]} for t, v in latest.items()}
+    per_task = {t: {"reference": v["ref_score"], "candidate": v["cand_score"], "n": v["n"]}
+                for t, v in latest.items()}
     partial = arms["candidate"][1]
     return gate_record(
         nodeid=SCORE_NODEID, gate="Capability Score", mode="score",
