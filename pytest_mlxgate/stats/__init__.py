@@ -1,2 +1,2 @@
 """Statistics: the interval core (t, normal, Wilson, cluster bootstrap), KL statistics over
-sequences, and the paired tests of capability gates."""
+sequences, the paired tests of capability gates, and the sequential (anytime-valid) capability gate."""
