@@ -11,11 +11,14 @@ Everything is greedy (argmax), so an arm's outputs are a function of its weights
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
+
+#: `progress(done, total)`: items finished so far, called as work completes.
+Progress = Callable[[int, int], None]
 
 __all__ = ["choice_logprobs", "choice_logprobs_many", "generate_greedy"]
 
@@ -33,17 +36,22 @@ def generate_greedy(
     max_new_tokens: int,
     kv: KVPlan,
     batch_size: int = 16,
+    progress: Progress | None = None,
 ) -> list[str]:
     """Greedy completions of `prompts` (already rendered text), in order."""
     if not prompts:
         return []
     ids = [_encode(tokenizer, p) for p in prompts]
     if kv.is_plain:
-        return _batched(model, tokenizer, ids, max_new_tokens, batch_size)
+        return _batched(model, tokenizer, ids, max_new_tokens, batch_size, progress)
     uniform = kv.default if not kv.layers else None
-    if uniform is not None:
-        return [_stream(model, tokenizer, x, max_new_tokens, uniform) for x in ids]
-    return [_per_layer(model, tokenizer, x, max_new_tokens, kv) for x in ids]
+    out: list[str] = []
+    for x in ids:
+        out.append(_stream(model, tokenizer, x, max_new_tokens, uniform) if uniform is not None
+                   else _per_layer(model, tokenizer, x, max_new_tokens, kv))
+        if progress is not None:
+            progress(len(out), len(ids))
+    return out
 
 
 def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int) -> list[str]:
@@ -86,7 +94,8 @@ def choice_logprobs(model: Any, tokenizer: Any, text: str, choices: Sequence[str
 
 
 def choice_logprobs_many(
-    model: Any, tokenizer: Any, texts: Sequence[str], choices: Sequence[Sequence[str]]
+    model: Any, tokenizer: Any, texts: Sequence[str], choices: Sequence[Sequence[str]], *,
+    progress: Progress | None = None,
 ) -> list[list[float]]:
     """`choice_logprobs` for many items at once, with the same numbers (to float32 rounding).
 
@@ -112,6 +121,8 @@ def choice_logprobs_many(
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             for b, (i, row) in enumerate(batch):
                 out[i].extend(row.read(logp[b]))
+            if progress is not None:
+                progress(sum(len(o) == len(c) for o, c in zip(out, choices)), len(plans))
     return out
 
 
@@ -261,7 +272,8 @@ def _encode(tokenizer: Any, text: str, *, special: bool = True) -> list[int]:
         return list(tokenizer.encode(text))
 
 
-def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
+def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, batch_size: int,
+             progress: Progress | None = None) -> list[str]:
     from mlx_lm import batch_generate
 
     out: list[str] = []
@@ -270,6 +282,8 @@ def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: i
         response = batch_generate(model, tokenizer, chunk, max_tokens=max_new_tokens,
                                   completion_batch_size=batch_size, prefill_batch_size=min(batch_size, 8))
         out.extend(response.texts)
+        if progress is not None:
+            progress(len(out), len(ids))
     return out
 
 

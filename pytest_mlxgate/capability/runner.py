@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import MlxgateUsageError
 from .base import TASK_NAMES, Item, ItemResult, RunOptions, TaskDataMissing, TaskSkipped, Tier, prompt_hash
@@ -20,8 +20,17 @@ from .sandbox import SandboxUnavailable
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
     from .base import Task
+    from .generate import Progress
 
-__all__ = ["load_task", "run_arm", "run_capability"]
+__all__ = ["ArmProgress", "load_task", "run_arm", "run_capability"]
+
+
+class ArmProgress(Protocol):
+    """What reports one arm's progress: `(done, total)` as items finish, then one closing line."""
+
+    def __call__(self, done: int, total: int) -> None: ...
+
+    def finish(self, verb: str = ...) -> None: ...
 
 
 def load_task(name: str, options: RunOptions | None = None) -> Task:
@@ -55,6 +64,7 @@ def run_arm(
     *,
     max_new_tokens: int | None = None,
     batch_size: int = 16,
+    progress: Progress | None = None,
 ) -> tuple[list[ItemResult], dict[str, str]]:
     """Score every item on one arm: choice items by their choices' log-probabilities (a prefix the
     items share prefilled once), the rest by greedy generation (batched), each output scored by the task."""
@@ -66,12 +76,15 @@ def run_arm(
     with lever.applied(arm):
         kv = lever.kv_plan(arm)
         choice = [it for it in items if it.kind == "choice"]
-        logps = choice_logprobs_many(model, tokenizer, [rendered[it.id] for it in choice], [it.choices for it in choice])
+        gen = [it for it in items if it.kind != "choice"]
+        total = len(items)
+        logps = choice_logprobs_many(model, tokenizer, [rendered[it.id] for it in choice], [it.choices for it in choice],
+                                     progress=(lambda done, _: progress(done, total)) if progress else None)
         for it, item_logps in zip(choice, logps):
             results[it.id] = _stamp(task.score(it, "", choice_logprobs=item_logps), rendered[it.id])
-        gen = [it for it in items if it.kind != "choice"]
         outputs = generate_greedy(model, tokenizer, [rendered[it.id] for it in gen], max_new_tokens=budget, kv=kv,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size,
+                                  progress=(lambda done, _: progress(len(choice) + done, total)) if progress else None)
     for it, out in zip(gen, outputs):
         results[it.id] = _stamp(task.score(it, out), rendered[it.id])
     return [results[it.id] for it in items], rendered
@@ -88,6 +101,7 @@ def run_capability(
     max_new_tokens: int | None = None,
     batch_size: int = 16,
     allow_unsandboxed: bool = False,
+    progress_for: Callable[[Arm, int], ArmProgress] | None = None,
 ) -> CapabilityRun:
     """Both arms of one task; raises TaskSkipped when the task cannot run here."""
     task = load_task(name, RunOptions(allow_unsandboxed=allow_unsandboxed))
@@ -97,13 +111,19 @@ def run_capability(
         raise TaskSkipped(f"{name}: {e}") from None
     if not items:
         raise TaskSkipped(f"{name}: the {tier} tier has no items")
+    def arm(model_tok: tuple[Any, Any], which: Arm) -> tuple[list[ItemResult], dict[str, str]]:
+        meter = progress_for(which, len(items)) if progress_for else None
+        out = run_arm(task, items, *model_tok, lever, which, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                      progress=meter)
+        if meter is not None:
+            meter.finish("scored")
+        return out
+
     t0 = time.perf_counter()
     try:
-        ref, rendered = run_arm(task, items, *reference, lever, "reference", max_new_tokens=max_new_tokens,
-                                batch_size=batch_size)
+        ref, rendered = arm(reference, "reference")
         t1 = time.perf_counter()
-        cand, _ = run_arm(task, items, *candidate, lever, "candidate", max_new_tokens=max_new_tokens,
-                          batch_size=batch_size)
+        cand, _ = arm(candidate, "candidate")
     except SandboxUnavailable as e:
         raise TaskSkipped(f"{name}: {e}") from None
     t2 = time.perf_counter()

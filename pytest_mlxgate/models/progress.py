@@ -123,10 +123,14 @@ class LineProgress:
         unit: str = "B",
         interval: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        action: str = "fetching",
+        count_rate: bool = False,
     ) -> None:
         self._write_line = write_line
         self._label = label
         self._unit = unit
+        self._action = action
+        self._count_rate = count_rate  # units other than bytes: say their rate too ("0.8 items/s")
         self._meter = _Meter(interval, clock)
         self._started = self._meter.last_emit = clock()  # no line for downloads under one interval
         self._moved = False
@@ -136,9 +140,9 @@ class LineProgress:
             self._moved |= done > 0
             if self._meter.update(done, total) and self._meter.done < self._meter.total:
                 m, unit = self._meter, self._unit
-                rate = f" at {format_bytes(m.rate())}/s" if unit == "B" else ""
+                rate = f" at {self._rate()}" if unit == "B" or self._count_rate else ""
                 self._write_line(
-                    f"mlxgate: fetching {self._label}: {_amount(m.done, unit)} / "
+                    f"mlxgate: {self._action} {self._label}: {_amount(m.done, unit)} / "
                     f"{_amount(m.total, unit)}{rate}, ETA {m.eta()}"
                 )
 
@@ -148,8 +152,12 @@ class LineProgress:
             if not self._moved:
                 return
             m, unit = self._meter, self._unit
-            rate = f" ({format_bytes(m.rate())}/s)" if unit == "B" else ""
+            rate = f" ({self._rate()})" if unit == "B" or self._count_rate else ""
             self._write_line(
                 f"mlxgate: {verb} {self._label}: {_amount(m.done, unit)} in "
                 f"{m.clock() - self._started:.1f} s{rate}"  # listing/converting included
             )
+
+    def _rate(self) -> str:
+        rate = self._meter.rate()
+        return f"{format_bytes(rate)}/s" if self._unit == "B" else f"{rate:.2g} {self._unit}/s"

@@ -16,10 +16,11 @@ from ..kl.shape import ArmCounters, RunShape
 from ..results.records import RECORD_PROPERTY, gate_record
 
 if TYPE_CHECKING:
+    from ..capability.runner import ArmProgress
     from ..kl.prompts import TokenSequence
     from ..kl.refcache import ReferenceCache
     from ..kl.result import KLResult
-    from ..levers.lever import Lever
+    from ..levers.lever import Arm, Lever
     from ..models.loaded import LoadedModel
 
 __all__ = ["Paired", "PairedRun"]
@@ -75,6 +76,7 @@ class PairedRun:
                 lever=self.lever,
                 max_new_tokens=opts.get("max_new_tokens"),
                 allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
+                progress_for=self._arm_progress(f"capability {task} ({tier})"),
             )
         return self._capability[key]
 
@@ -104,6 +106,23 @@ class PairedRun:
     def _say(self, text: str) -> None:
         if self.progress is not None:
             self.progress(text)
+
+    def _arm_progress(self, label: str) -> Callable[[Arm, int], ArmProgress] | None:
+        """Per arm: items done / total, rate and ETA every few seconds, then one closing line (on the
+        controller's terminal; None on workers, whose output nobody sees)."""
+        say = self.progress
+        if say is None:
+            return None
+
+        def meter(arm: Arm, total: int) -> ArmProgress:
+            from ..models.progress import LineProgress
+
+            line = LineProgress(lambda text: say(text.removeprefix("mlxgate: ")), f"{label} {arm} arm",
+                                unit="items", action="scoring", count_rate=True)
+            line(0, total)
+            return line
+
+        return meter
 
 
 class Paired:

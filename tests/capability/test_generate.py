@@ -107,3 +107,26 @@ def test_prefix_reuse_matches_whole_prompts_on_real_mmlu_items() -> None:
     texts, choices = [it.text for it in items], [it.choices for it in items]
     whole = [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices)]
     assert _max_diff(choice_logprobs_many(model, tok, texts, choices), whole) < 1e-4
+
+
+@pytest.mark.parametrize("scoring", ["choice", "exact"])
+def test_an_arm_reports_items_done_as_they_finish(tiny_model_dir: Path, tmp_path: Path, scoring: Any) -> None:
+    import json
+
+    import mlx_lm
+
+    from pytest_mlxgate.capability.runner import run_arm
+    from pytest_mlxgate.capability.user_tasks import JsonlTask
+    from pytest_mlxgate.levers.lever import Lever
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Item {i}:", "choices": [" a", " b"], "target": " a"}) + "\n"
+                            for i in range(5)))
+    task = JsonlTask("t", path, scoring=scoring, max_new_tokens=2)
+    model, tok = mlx_lm.load(str(tiny_model_dir))
+    lever = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="0")
+    calls: list[tuple[int, int]] = []
+    results, _ = run_arm(task, task.load("full"), model, tok, lever, "reference", batch_size=2,
+                         progress=lambda done, total: calls.append((done, total)))
+    assert len(results) == 5 and calls and calls[-1] == (5, 5)
+    assert all(total == 5 for _, total in calls) and [d for d, _ in calls] == sorted(d for d, _ in calls)

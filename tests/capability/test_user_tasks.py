@@ -176,6 +176,8 @@ def test_user_tasks_run_paired_through_a_gate(pytester: pytest.Pytester, tiny_mo
     result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", f"--mlx-report={report}",
                                            "--mlx-db=off", "-p", "no:randomly")
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*mlxgate: scored capability colors (smoke) reference arm: 3 items in * s (*items/s)",
+                                 "*mlxgate: scored capability colors (smoke) candidate arm: 3 items in *"])
     records = {r["mode"]: r for r in json.loads(report.read_text())["gates"]}
     tasks = records["capability"]["tasks"]
     assert tasks["colors"]["n"] == 3 and tasks["pick"]["n"] == 2

@@ -127,3 +127,19 @@ def test_counting_files_instead_of_bytes() -> None:
     progress.finish("built")
     assert lines == ["mlxgate: built smollm2-135m: 6 files in 3.5 s"]  # from the start, not the first file
     assert "6 files / 6 files" in out.getvalue().split("\r")[-1] and "/s" not in out.getvalue()
+
+
+def test_counting_items_with_their_rate() -> None:
+    """Capability arms: `scoring …: 12 items / 40 items at 2 items/s, ETA 0:14`, then one closing line."""
+    clock, lines = Clock(), list[str]()
+    progress = LineProgress(lines.append, "capability mmlu (smoke) reference arm", unit="items", action="scoring",
+                            count_rate=True, clock=clock)
+    progress(0, 40)
+    clock.now += 6
+    progress(12, 40)
+    assert lines == ["mlxgate: scoring capability mmlu (smoke) reference arm: 12 items / 40 items at 2 items/s, "
+                     "ETA 0:14"]
+    clock.now += 14
+    progress(40, 40)
+    progress.finish("scored")
+    assert lines[-1] == "mlxgate: scored capability mmlu (smoke) reference arm: 40 items in 20.0 s (2 items/s)"
