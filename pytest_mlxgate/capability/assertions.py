@@ -89,7 +89,8 @@ def capability_checks(
         ref, cand = run.scores("reference"), run.scores("candidate")
         info: dict[str, Any] = {"n": run.n, "tier": run.tier, "graded": run.graded,
                                 "ref_score": sum(ref) / run.n, "cand_score": sum(cand) / run.n,
-                                "durations": run.durations, "items": run.paired_items()}
+                                "durations": run.durations, "reference_source": run.reference_source,
+                                "items": run.paired_items()}
         if run.graded:
             info["ref_ci"] = list(S.mean_interval_bootstrap(ref))
             info["cand_ci"] = list(S.mean_interval_bootstrap(cand))

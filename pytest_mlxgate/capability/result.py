@@ -25,6 +25,7 @@ class CapabilityRun:
     candidate: list[ItemResult]
     durations: dict[str, float] = field(default_factory=dict)
     rendered: dict[str, str] = field(default_factory=dict)  # item id -> exact model input (for reports)
+    reference_source: str = "computed"  # "cache": the reference arm's results came from the capability cache
 
     @property
     def n(self) -> int:

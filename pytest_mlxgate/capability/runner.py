@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import MlxgateUsageError
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
     from .base import Task
     from .generate import Progress
+    from .refcache import CapabilityCache
 
 __all__ = ["ArmProgress", "load_task", "run_arm", "run_capability"]
 
@@ -102,8 +103,15 @@ def run_capability(
     batch_size: int = 16,
     allow_unsandboxed: bool = False,
     progress_for: Callable[[Arm, int], ArmProgress] | None = None,
+    reference_cache: CapabilityCache | None = None,
+    reference_key: Mapping[str, Any] | None = None,
+    refresh_reference: bool = False,
 ) -> CapabilityRun:
-    """Both arms of one task; raises TaskSkipped when the task cannot run here."""
+    """Both arms of one task; raises TaskSkipped when the task cannot run here.
+
+    With `reference_cache` and `reference_key` (what the reference model and lever contribute),
+    the reference arm's results come from the cache when the whole key matches, and are stored
+    after a run otherwise; `refresh_reference` recomputes them."""
     task = load_task(name, RunOptions(allow_unsandboxed=allow_unsandboxed))
     try:
         items = task.load(tier, n=n)
@@ -119,9 +127,21 @@ def run_capability(
             meter.finish("scored")
         return out
 
+    key: dict[str, Any] | None = None
+    cached: list[ItemResult] | None = None
+    if reference_cache is not None and reference_key is not None:
+        key = _cache_key(task, name, tier, n, items, reference[1], dict(reference_key),
+                         max_new_tokens=max_new_tokens, batch_size=batch_size)
+        if not refresh_reference:
+            cached = reference_cache.load(key, len(items))
     t0 = time.perf_counter()
     try:
-        ref, rendered = arm(reference, "reference")
+        if cached is not None:
+            ref, rendered = cached, {it.id: task.render(it, reference[1]) for it in items}
+        else:
+            ref, rendered = arm(reference, "reference")
+            if reference_cache is not None and key is not None:
+                reference_cache.store(key, ref)
         t1 = time.perf_counter()
         cand, _ = arm(candidate, "candidate")
     except SandboxUnavailable as e:
@@ -129,7 +149,18 @@ def run_capability(
     t2 = time.perf_counter()
     return CapabilityRun(task=name, tier=tier, graded=task.graded, items=list(items), reference=ref, candidate=cand,
                          durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},
-                         rendered=rendered)
+                         rendered=rendered, reference_source="cache" if cached is not None else "computed")
+
+
+def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], tokenizer: Any,
+               base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int) -> dict[str, Any]:
+    """Everything the reference arm's results depend on, beyond the model and lever in `base`."""
+    from .refcache import CAPABILITY_CACHE_FORMAT, task_code_digest
+
+    return {**base, "format": CAPABILITY_CACHE_FORMAT, "task": name, "task_code": task_code_digest(task),
+            "tier": tier, "n": n, "max_new_tokens": min(task.max_new_tokens, max_new_tokens) if max_new_tokens else task.max_new_tokens,
+            "batch_size": batch_size,
+            "items": [[it.id, prompt_hash(task.render(it, tokenizer))] for it in items]}
 
 
 def _stamp(result: ItemResult, rendered: str) -> ItemResult:

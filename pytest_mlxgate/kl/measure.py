@@ -128,15 +128,13 @@ def reference_key(
     machine: Mapping[str, str],
 ) -> dict[str, Any]:
     """Everything the reference arm's distributions depend on (see `refcache`)."""
+    from ..models.identity import model_identity
     from . import divergence
-    from .refcache import CACHE_FORMAT, model_fingerprint, tokenizer_fingerprint
+    from .refcache import CACHE_FORMAT
 
-    snap = model.snapshot
     return {
         "format": CACHE_FORMAT,
-        "model": model_fingerprint(snap.dir, snap.commit, snap.repo_id),
-        "tokenizer": tokenizer_fingerprint(snap.dir),
-        "dtype": _model_dtype(model.model),
+        **model_identity(model),
         "machine": dict(machine),
         "sequences": sequences_digest,
         "shape": shape.to_json(),
@@ -178,14 +176,3 @@ def _token_text(tokenizer: Any, stats: KLStats) -> dict[int, str]:
         except Exception:  # a tokenizer that cannot decode one id still gets a report
             out[i] = f"<{i}>"
     return out
-
-
-def _model_dtype(model: Any) -> str:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    leaves: Any = tree_flatten(model.parameters())
-    for _, value in leaves:
-        if mx.issubdtype(value.dtype, mx.floating):  # quantized weights are uint32; their scales say
-            return str(value.dtype).rsplit(".", 1)[-1]
-    return "unknown"

@@ -10,7 +10,6 @@ a wrong reference. Entries are written atomically (temp file, fsync, rename).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -20,40 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..common.atomic import atomic_write
+from ..common.keys import canonical_json, key_digest
 
 if TYPE_CHECKING:
     from .divergence import RefDistributions
 
-__all__ = ["CACHE_FORMAT", "ReferenceCache", "model_fingerprint", "tokenizer_fingerprint"]
+__all__ = ["CACHE_FORMAT", "ReferenceCache"]
 
 CACHE_FORMAT = 1
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                    "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")
-
-
-def model_fingerprint(path: Path, commit: str, repo_id: str | None) -> str:
-    """`repo@commit` for a verified snapshot; for a local directory, its files' names, sizes, mtimes."""
-    if repo_id is not None and commit != "local":
-        return f"{repo_id}@{commit}"
-    digest = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        st = f.stat()
-        digest.update(f"{f.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return f"local:{path}:{digest.hexdigest()[:32]}"
-
-
-def tokenizer_fingerprint(path: Path) -> str:
-    """sha256 over the tokenizer files' content (they decide the ids; cheap: a few MB at most)."""
-    digest = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
-        f = path / name
-        if f.is_file():
-            digest.update(name.encode() + b"\0")
-            with open(f, "rb") as fh:
-                digest.update(hashlib.file_digest(fh, "sha256").digest())
-    return digest.hexdigest()
-
-
 class ReferenceCache:
     """A directory of `<key-hash>.npz` files, one per (gate configuration, reference arm)."""
 
@@ -62,7 +35,7 @@ class ReferenceCache:
 
     @staticmethod
     def digest(key: Mapping[str, Any]) -> str:
-        return hashlib.sha256(_canonical(key).encode()).hexdigest()[:40]
+        return key_digest(key)
 
     def path_for(self, key: Mapping[str, Any]) -> Path:
         return self.directory / f"{self.digest(key)}.npz"
@@ -75,7 +48,7 @@ class ReferenceCache:
         try:
             with np.load(path, allow_pickle=False) as data:
                 stored = json.loads(bytes(data["key"]).decode())
-                if stored != json.loads(_canonical(key)) or int(data["n"]) != n_sequences:
+                if stored != json.loads(canonical_json(key)) or int(data["n"]) != n_sequences:
                     return None
                 out = []
                 for i in range(n_sequences):
@@ -90,7 +63,7 @@ class ReferenceCache:
         """Write atomically; a concurrent writer of the same key writes identical content."""
         self.directory.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, np.ndarray] = {
-            "key": np.frombuffer(_canonical(key).encode(), dtype=np.uint8),
+            "key": np.frombuffer(canonical_json(key).encode(), dtype=np.uint8),
             "n": np.asarray(len(refs)),
         }
         for i, ref in enumerate(refs):
@@ -99,7 +72,3 @@ class ReferenceCache:
         final = self.path_for(key)
         atomic_write(final, lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
         return final
-
-
-def _canonical(key: Mapping[str, Any]) -> str:
-    return json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)

@@ -77,6 +77,7 @@ class PairedRun:
                 max_new_tokens=opts.get("max_new_tokens"),
                 allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
                 progress_for=self._arm_progress(f"capability {task} ({tier})"),
+                **self._capability_cache(ref),
             )
         return self._capability[key]
 
@@ -106,6 +107,18 @@ class PairedRun:
     def _say(self, text: str) -> None:
         if self.progress is not None:
             self.progress(text)
+
+    def _capability_cache(self, reference: LoadedModel) -> dict[str, Any]:
+        """The capability reference cache beside the KL one, with the model's and lever's part of its key."""
+        if self.cache is None:
+            return {}
+        from ..capability.refcache import CapabilityCache
+        from ..models.identity import model_identity
+
+        return {"reference_cache": CapabilityCache(self.cache.directory / "capability"),
+                "reference_key": {**model_identity(reference), "machine": dict(self.machine),
+                                  "lever": self.lever.key("reference")},
+                "refresh_reference": self.refresh_reference}
 
     def _arm_progress(self, label: str) -> Callable[[Arm, int], ArmProgress] | None:
         """Per arm: items done / total, rate and ETA every few seconds, then one closing line (on the

@@ -183,3 +183,10 @@ def test_user_tasks_run_paired_through_a_gate(pytester: pytest.Pytester, tiny_mo
     assert tasks["colors"]["n"] == 3 and tasks["pick"]["n"] == 2
     assert tasks["colors"]["ref_score"] == tasks["colors"]["cand_score"]  # a flag nothing reads: same outputs
     assert "score" not in records  # the Capability Score is the six built-in tasks: none of them ran here
+    assert tasks["colors"]["reference_source"] == "computed"
+    again = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", f"--mlx-report={report}",
+                                          "--mlx-db=off", "-p", "no:randomly")
+    again.assert_outcomes(passed=1)
+    cached = {r["mode"]: r for r in json.loads(report.read_text())["gates"]}["capability"]["tasks"]
+    assert cached["colors"]["reference_source"] == "cache"  # an unchanged gate runs only its candidate arm
+    assert [i["reference"] for i in cached["colors"]["items"]] == [i["reference"] for i in tasks["colors"]["items"]]

@@ -1,0 +1,66 @@
+"""The reference arm's capability results, cached so an unchanged gate runs only its candidate arm.
+
+The KL reference cache's discipline: an entry is keyed by everything the reference outputs depend
+on — the model (commit or local fingerprint), tokenizer and dtype, the device, BLAS and mlx /
+mlx-lm versions, the lever's reference value, the task (name and the hash of its code), tier and
+n, every item's id and the hash of its exact rendered prompt (so the data and the chat template
+are in it), and the generation settings. The full key is stored inside and compared on load: a
+damaged or foreign file is a miss, never a wrong reference. Written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..common.atomic import atomic_write_bytes
+from ..common.keys import canonical_json, key_digest
+from .base import ItemResult
+
+__all__ = ["CAPABILITY_CACHE_FORMAT", "CapabilityCache", "task_code_digest"]
+
+#: Bump when an entry's layout or the meaning of a stored field changes.
+CAPABILITY_CACHE_FORMAT = 1
+
+
+def task_code_digest(task: object) -> str:
+    """sha256 of the source file that defines the task's class: a changed scorer is a miss."""
+    try:
+        source = inspect.getsourcefile(type(task))
+    except TypeError:
+        source = None
+    if source is None:
+        return f"unhashable:{type(task).__module__}.{type(task).__qualname__}"
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+
+
+class CapabilityCache:
+    """A directory of `cap-<key-hash>.json` files, one per (gate configuration, task, reference arm)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path_for(self, key: Mapping[str, Any]) -> Path:
+        return self.directory / f"cap-{key_digest(key)}.json"
+
+    def load(self, key: Mapping[str, Any], n_items: int) -> list[ItemResult] | None:
+        """The stored results, or None: absent, unreadable, another key, or the wrong size."""
+        try:
+            doc = json.loads(self.path_for(key).read_text(encoding="utf-8"))
+            if doc.get("key") != json.loads(canonical_json(key)):
+                return None
+            results = [ItemResult.from_json(r) for r in doc["results"]]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return results if len(results) == n_items else None
+
+    def store(self, key: Mapping[str, Any], results: Sequence[ItemResult]) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.path_for(key)
+        doc = {"key": json.loads(canonical_json(key)), "results": [r.to_json() for r in results]}
+        atomic_write_bytes(path, json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+        return path

@@ -1,0 +1,89 @@
+"""The capability reference-arm cache: an unchanged gate runs only its candidate arm; any change to
+what the reference outputs depend on is a miss, and a damaged entry is a miss, never a wrong answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate.capability import refcache, runner, user_tasks
+from pytest_mlxgate.capability.refcache import CapabilityCache
+from pytest_mlxgate.capability.user_tasks import jsonl_task
+from pytest_mlxgate.levers.lever import Lever
+
+BASE = {"model": "org/tiny@" + "0" * 40, "tokenizer": "t", "dtype": "float32", "machine": {"device": "cpu"},
+        "lever": "ref-value"}
+
+
+@pytest.fixture
+def setup(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    import mlx_lm
+
+    monkeypatch.setattr(user_tasks, "_REGISTRY", {})
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Item {i}:", "target": "x"}) + "\n" for i in range(3)))
+    jsonl_task("cached", data, max_new_tokens=2)
+    arms: list[str] = []
+    real = runner.run_arm
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        arms.append(args[5])  # which arm ran
+        return real(*args, **kw)
+
+    monkeypatch.setattr(runner, "run_arm", counting)
+    model = mlx_lm.load(str(tiny_model_dir))
+    return {"model": model, "arms": arms, "data": data, "cache": CapabilityCache(tmp_path / "cache")}
+
+
+def _run(s: dict[str, Any], *, key: dict[str, Any] | None = None, **kw: Any) -> Any:
+    lever = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="0")
+    s["arms"].clear()
+    opts: dict[str, Any] = {"n": None, "max_new_tokens": None, **kw}
+    tier = opts.pop("tier", "full")
+    return runner.run_capability("cached", tier, reference=s["model"], candidate=s["model"], lever=lever,
+                                 reference_cache=s["cache"], reference_key=key or BASE, **opts)
+
+
+def test_an_unchanged_gate_runs_only_its_candidate_arm(setup: dict[str, Any]) -> None:
+    first = _run(setup)
+    assert first.reference_source == "computed" and setup["arms"] == ["reference", "candidate"]
+    again = _run(setup)
+    assert again.reference_source == "cache" and setup["arms"] == ["candidate"]
+    assert [r.to_json() for r in again.reference] == [r.to_json() for r in first.reference]
+    assert again.rendered == first.rendered  # reports still show the exact inputs
+
+
+@pytest.mark.parametrize("change", ["model", "lever", "data", "n", "tier", "max_new_tokens", "code", "refresh"])
+def test_each_key_input_is_a_miss(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    _run(setup)
+    kw: dict[str, Any] = {}
+    key = dict(BASE)
+    if change in ("model", "lever"):
+        key[change] = "something else"
+    elif change == "data":
+        setup["data"].write_text(setup["data"].read_text().replace("Item 1:", "Item one:"))
+    elif change == "n":
+        kw["n"] = 2
+    elif change == "tier":
+        kw["tier"] = "smoke"  # the same 3 items (no smoke size): the tier alone is in the key
+    elif change == "max_new_tokens":
+        kw["max_new_tokens"] = 1
+    elif change == "code":
+        monkeypatch.setattr(refcache, "task_code_digest", lambda task: "another scorer")
+    else:
+        kw["refresh_reference"] = True
+    assert _run(setup, key=key, **kw).reference_source == "computed"
+    assert setup["arms"] == ["reference", "candidate"]
+
+
+def test_a_damaged_entry_is_a_miss_and_is_rewritten(setup: dict[str, Any]) -> None:
+    _run(setup)
+    (entry,) = setup["cache"].directory.glob("cap-*.json")
+    entry.write_text('{"key": {"model": "another"}, "results": []}')
+    assert _run(setup).reference_source == "computed"
+    entry.write_bytes(b"\x00 not json")
+    assert _run(setup).reference_source == "computed"
+    assert _run(setup).reference_source == "cache"  # stored again after the miss
