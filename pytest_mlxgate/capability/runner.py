@@ -66,13 +66,14 @@ def run_arm(
     max_new_tokens: int | None = None,
     batch_size: int = 16,
     progress: Progress | None = None,
+    rendered: Mapping[str, str] | None = None,
 ) -> tuple[list[ItemResult], dict[str, str]]:
     """Score every item on one arm: choice items by their choices' log-probabilities (a prefix the
     items share prefilled once), the rest by greedy generation (batched), each output scored by the task."""
     from .generate import choice_logprobs_many, generate_greedy
 
-    rendered = {it.id: task.render(it, tokenizer) for it in items}
-    budget = min(task.max_new_tokens, max_new_tokens) if max_new_tokens else task.max_new_tokens
+    rendered = dict(rendered) if rendered is not None else {it.id: task.render(it, tokenizer) for it in items}
+    budget = _budget(task, max_new_tokens)
     results: dict[str, ItemResult] = {}
     with lever.applied(arm):
         kv = lever.kv_plan(arm)
@@ -119,27 +120,30 @@ def run_capability(
         raise TaskSkipped(f"{name}: {e}") from None
     if not items:
         raise TaskSkipped(f"{name}: the {tier} tier has no items")
-    def arm(model_tok: tuple[Any, Any], which: Arm) -> tuple[list[ItemResult], dict[str, str]]:
+
+    def arm(model_tok: tuple[Any, Any], which: Arm, rendered: Mapping[str, str] | None = None,
+            ) -> tuple[list[ItemResult], dict[str, str]]:
         meter = progress_for(which, len(items)) if progress_for else None
         out = run_arm(task, items, *model_tok, lever, which, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                      progress=meter)
+                      progress=meter, rendered=rendered)
         if meter is not None:
             meter.finish("scored")
         return out
 
     key: dict[str, Any] | None = None
     cached: list[ItemResult] | None = None
+    ref_rendered = {it.id: task.render(it, reference[1]) for it in items}  # once: the key hashes it too
     if reference_cache is not None and reference_key is not None:
-        key = _cache_key(task, name, tier, n, items, reference[1], dict(reference_key),
+        key = _cache_key(task, name, tier, n, items, ref_rendered, dict(reference_key),
                          max_new_tokens=max_new_tokens, batch_size=batch_size)
         if not refresh_reference:
             cached = reference_cache.load(key, len(items))
     t0 = time.perf_counter()
     try:
         if cached is not None:
-            ref, rendered = cached, {it.id: task.render(it, reference[1]) for it in items}
+            ref, rendered = cached, ref_rendered
         else:
-            ref, rendered = arm(reference, "reference")
+            ref, rendered = arm(reference, "reference", ref_rendered)
             if reference_cache is not None and key is not None:
                 reference_cache.store(key, ref)
         t1 = time.perf_counter()
@@ -152,15 +156,19 @@ def run_capability(
                          rendered=rendered, reference_source="cache" if cached is not None else "computed")
 
 
-def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], tokenizer: Any,
+def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], rendered: Mapping[str, str],
                base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int) -> dict[str, Any]:
     """Everything the reference arm's results depend on, beyond the model and lever in `base`."""
     from .refcache import CAPABILITY_CACHE_FORMAT, task_code_digest
 
     return {**base, "format": CAPABILITY_CACHE_FORMAT, "task": name, "task_code": task_code_digest(task),
-            "tier": tier, "n": n, "max_new_tokens": min(task.max_new_tokens, max_new_tokens) if max_new_tokens else task.max_new_tokens,
-            "batch_size": batch_size,
-            "items": [[it.id, prompt_hash(task.render(it, tokenizer))] for it in items]}
+            "tier": tier, "n": n, "max_new_tokens": _budget(task, max_new_tokens), "batch_size": batch_size,
+            "items": [[it.id, prompt_hash(rendered[it.id])] for it in items]}
+
+
+def _budget(task: Task, max_new_tokens: int | None) -> int:
+    """The generation budget: the task's own, lowered by --mlx-max-new-tokens."""
+    return min(task.max_new_tokens, max_new_tokens) if max_new_tokens else task.max_new_tokens
 
 
 def _stamp(result: ItemResult, rendered: str) -> ItemResult:
