@@ -67,7 +67,7 @@ class PairedRun:
         key = (task, str(tier), n)
         if key not in self._capability:
             ref = self._reference_model()
-            self._say(f"capability {task} ({tier}): both arms on the same items (the reference from its cache when unchanged)")
+            self._say(f"capability {task} ({tier}): both arms, the same items")
             self._capability[key] = run_capability(
                 task, tier,  # type: ignore[arg-type]
                 n=n,
