@@ -70,13 +70,8 @@ def choice_logprobs(model: Any, tokenizer: Any, text: str, choices: Sequence[str
     token after the prompt (MMLU's letters), else one forward per choice (summed over its tokens)."""
     import mlx.core as mx
 
-    prompt = _encode(tokenizer, text)
-    suffixes = []
-    for choice in choices:
-        full = _encode(tokenizer, text + choice)
-        if full[: len(prompt)] != prompt:  # the choice merged with the prompt's last token
-            full = prompt + _encode(tokenizer, choice, special=False)
-        suffixes.append(full[len(prompt):])
+    plan = _choice_plan(tokenizer, text, choices)
+    prompt, suffixes = plan.prompt, plan.suffixes
     if all(len(s) == 1 for s in suffixes):
         logits = model(mx.array(prompt)[None])[0, -1].astype(mx.float32)
         logp = logits - mx.logsumexp(logits)
