@@ -166,6 +166,7 @@ def test_user_tasks(paired):
 '''
 
 
+@pytest.mark.slow  # two pytester gate sessions on the tiny model
 def test_user_tasks_run_paired_through_a_gate(pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
     pytester.makeini("[pytest]\n")
     _jsonl(pytester.path / "colors.jsonl", [{"prompt": f"Say {w}:", "target": w} for w in ("red", "blue", "green")])
