@@ -81,6 +81,7 @@ __all__ = [
     "paired_binary",
     "power_binary",
     "power_binary_exact",
+    "score_array",
     "score_z",
     "tango_interval",
 ]
@@ -156,7 +157,8 @@ class PairedBinary:
     c: int  # ref wrong, cand right (discordant: wins)
 
 
-def _as_array(values: Scores, name: str) -> np.ndarray:
+def score_array(values: Scores, name: str) -> np.ndarray:
+    """Per-item scores as a flat float64 array: no nesting, nothing non-finite."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a flat sequence of per-item scores, got shape {arr.shape}")
@@ -166,7 +168,7 @@ def _as_array(values: Scores, name: str) -> np.ndarray:
 
 
 def _pair(ref: Scores, cand: Scores) -> tuple[np.ndarray, np.ndarray]:
-    r, c = _as_array(ref, "ref"), _as_array(cand, "cand")
+    r, c = score_array(ref, "ref"), score_array(cand, "cand")
     if r.shape != c.shape:
         raise ValueError(f"the arms must score the same items: {r.size} ref vs {c.size} cand scores")
     if r.size == 0:
@@ -539,7 +541,7 @@ def mean_interval_bootstrap(
     scores: Scores, confidence: float = 0.95, resamples: int = 10000, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap interval for a mean of graded scores (stays inside the scores' range)."""
-    s = _as_array(scores, "scores")
+    s = score_array(scores, "scores")
     if s.size == 0:
         raise ValueError("no scores")
     if not 0.0 < confidence < 1.0:

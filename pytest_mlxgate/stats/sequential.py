@@ -96,7 +96,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .paired_tests import Scores
+from .paired_tests import Scores, score_array
 
 __all__ = [
     "N_CAP",
@@ -143,11 +143,7 @@ def _check_horizon(horizon: int | None) -> None:
 
 
 def _scores(values: Scores, name: str) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a flat sequence of per-item scores, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} has non-finite scores")
+    arr = score_array(values, name)
     if arr.size and not (arr.min() >= 0.0 and arr.max() <= 1.0):
         raise ValueError(f"{name} scores must lie in [0, 1], got values in [{arr.min():g}, {arr.max():g}]")
     return arr
