@@ -12,9 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .capability.assertions import assert_capability_at_least
+    from .capability.base import Budget
     from .capability.user_tasks import jsonl_task, register_task
     from .config.names import CandidateSpec, parse_name
-    from .errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelNameError, ModelUnavailableError
+    from .errors import (
+        InconclusiveGateWarning,
+        MlxgateError,
+        MlxgateUsageError,
+        MlxgateWarning,
+        ModelNameError,
+        ModelUnavailableError,
+    )
     from .hub import HubError, snapshot_download, verify_snapshot
     from .kl.assertions import assert_kl_below
     from .kl.result import KLResult
@@ -25,7 +33,9 @@ if TYPE_CHECKING:
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {
+    "Budget": "capability.base",
     "CandidateSpec": "config.names",
+    "InconclusiveGateWarning": "errors",
     "KLResult": "kl.result",
     "Lever": "levers.lever",
     "Paired": "session.paired",

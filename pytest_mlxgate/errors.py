@@ -13,6 +13,7 @@ __all__ = [
     "MlxgateError",
     "MlxgateUsageError",
     "MlxgateWarning",
+    "InconclusiveGateWarning",
     "ModelNameError",
     "ModelUnavailableError",
     "LeverError",
@@ -61,3 +62,7 @@ class VocabularyMismatchError(GateRunError):
 
 class MlxgateWarning(pytest.PytestWarning):
     """Something makes the gate slow or less trustworthy, but it can still run."""
+
+
+class InconclusiveGateWarning(MlxgateWarning):
+    """A gate could not tell (--mlx-inconclusive=warn): it did not pass; its record says inconclusive."""

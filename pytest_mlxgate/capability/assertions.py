@@ -1,10 +1,13 @@
-"""`assert_capability_at_least`: a paired non-inferiority gate on real tasks.
+"""`assert_capability_at_least`: a paired non-inferiority gate on real tasks, with three verdicts.
 
-Both arms answer the very same items, so the test is on the pairs: exact McNemar on the discordant
-pairs (pass/fail tasks, or a score test when a margin is allowed) or a paired bootstrap (graded
-tasks). The gate fails only when the candidate's drop is significantly larger than `max_drop`;
-several tasks asserted together are Holm-corrected. `floor` checks the candidate's one-sided
-95% lower bound (Wilson for pass/fail) against an absolute score.
+Both arms answer the very same items, so the gate reasons about the pairs. Per task and limit:
+*pass* = shown inside the margin (the one-sided upper (1 - alpha) bound of the paired drop
+<= `max_drop`; the candidate's lower bound >= `floor`), *fail* = a regression shown (the drop
+significantly larger than `max_drop`, Holm-corrected across the tasks asserted together; the
+score's upper bound under `floor`), otherwise *inconclusive*, which never passes: it says what n
+would tell. Bounds at a fixed n: `stats/verdicts.py`; with `n=Budget(...)` the items come in
+batches until the verdict is shown (`stats/sequential.py`, anytime-valid, regression level
+alpha / k over k tasks). A gate passes only when every check passed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..common.format import percent, points
 
 if TYPE_CHECKING:
+    from .base import Budget
     from .result import CapabilityRun
 
 __all__ = ["assert_capability_at_least", "capability_checks"]
@@ -26,19 +30,23 @@ def assert_capability_at_least(
     *,
     floor: float | None = None,
     max_drop: float | None = None,
-    n: int | None = None,
+    n: int | Budget | None = None,
     alpha: float = 0.05,
 ) -> dict[str, CapabilityRun]:
-    """Fail when a task's score dropped significantly more than `max_drop` (paired, at `alpha`),
-    or when the candidate's lower confidence bound is under `floor`.
+    """Pass only when each task's drop is shown to be at most `max_drop` (and its score at least
+    `floor`); fail when a larger drop is shown; otherwise the gate is inconclusive and says what n
+    would tell (it fails, or with --mlx-inconclusive warns or xfails; it never passes).
 
     `result` is the `paired` fixture (both arms run here, on the same items) or a mapping of
-    task -> `CapabilityRun`. `n` limits the items per task (default: the tier's size; the tier is
-    `--mlx-tier smoke|full`). A task that cannot run here (no data, no sandbox) is skipped with the
-    reason. Returns the runs.
+    task -> `CapabilityRun`. `n`: the items per task (default: the tier's size; the tier is
+    `--mlx-tier smoke|full`), or `Budget(items=, seconds=, batch=)` to add items in batches until
+    the drop is shown either way. A task that cannot run here (no data, no sandbox) is skipped with
+    the reason. Returns the runs.
     """
     __tracebackhide__ = True
     import pytest
+
+    from .base import Budget, TaskSkipped
 
     tasks = [task] if isinstance(task, str) else list(task)
     if floor is None and max_drop is None:
@@ -50,27 +58,41 @@ def assert_capability_at_least(
         raise ValueError(f"max_drop={max_drop}: a drop of the whole score cannot be tested; use a margin below 1")
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha={alpha} must be in (0, 0.5)")
+    budget = n if isinstance(n, Budget) else None
+    if budget is not None and max_drop is None:
+        raise TypeError("n=Budget(...) sizes the drop test, so it needs max_drop= (a floor alone takes a count)")
+    if budget is not None and not hasattr(result, "capability"):
+        raise TypeError("n=Budget(...) runs the arms batch by batch: pass the `paired` fixture, not finished runs")
+    if n is not None and budget is None and not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"n={n!r}: a positive number of items per task, or n=Budget(items=..., seconds=...)")
 
-    from .base import TaskSkipped
-
+    fail_alpha = alpha / max(1, len(tasks))
     runs: dict[str, CapabilityRun] = {}
     skipped: dict[str, str] = {}
     for name in tasks:
         try:
-            runs[name] = result.capability(name, n=n) if hasattr(result, "capability") else result[name]
+            if budget is not None:
+                runs[name] = result.capability(name, n=budget, sequential={
+                    "max_drop": max_drop, "alpha": alpha, "fail_alpha": fail_alpha})
+            else:
+                runs[name] = result.capability(name, n=n) if hasattr(result, "capability") else result[name]
         except TaskSkipped as e:
             skipped[name] = str(e)
     checks, stats = capability_checks(runs, floor=floor, max_drop=max_drop, alpha=alpha)
-    verdict = "pass" if all(c["passed"] for c in checks) else "fail"
-    if not runs:
-        verdict = "skipped"
+    from ..results.verdicts import overall_verdict, settle_inconclusive
+
+    verdict = overall_verdict(checks) if runs else "skipped"
     publish = getattr(result, "publish_capability", None)
     if publish is not None:
         publish(tasks=stats, checks=checks, verdict=verdict, skipped=skipped,
-                bounds={"floor": floor, "max_drop": max_drop, "alpha": alpha})
-    if verdict == "fail":
-        raise AssertionError(failure_report(runs, stats, checks, rerun=getattr(result, "rerun", ""),
-                                            nodeid=getattr(result, "nodeid", "")))
+                bounds={"floor": floor, "max_drop": max_drop, "alpha": alpha,
+                        "budget": budget.to_json() if budget is not None else None})
+    if verdict in ("fail", "inconclusive"):
+        message = failure_report(runs, stats, checks, verdict=verdict, rerun=getattr(result, "rerun", ""),
+                                 nodeid=getattr(result, "nodeid", ""))
+        if verdict == "fail":
+            raise AssertionError(message)
+        settle_inconclusive(message, getattr(result, "inconclusive", "fail"))
     if skipped and not runs:
         pytest.skip("; ".join(skipped.values()))
     return runs
@@ -79,9 +101,9 @@ def assert_capability_at_least(
 def capability_checks(
     runs: dict[str, CapabilityRun], *, floor: float | None, max_drop: float | None, alpha: float
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Per task: scores with intervals, the paired drop test (Holm across tasks), the floor check."""
+    """Per task: scores with intervals, the drop's bounds and verdict, the floor's; one check per limit."""
     from ..stats import paired_tests as S
-    from ..stats.intervals import wilson_interval, wilson_lower
+    from ..stats.intervals import wilson_interval
 
     per_task: dict[str, dict[str, Any]] = {}
     p_values: dict[str, float] = {}
@@ -94,51 +116,137 @@ def capability_checks(
         if run.graded:
             info["ref_ci"] = list(S.mean_interval_bootstrap(ref))
             info["cand_ci"] = list(S.mean_interval_bootstrap(cand))
-            lower = _graded_lower(cand)
         else:
             k_ref, k_cand = sum(1 for x in ref if x >= 1), sum(1 for x in cand if x >= 1)
             info["ref_ci"] = list(wilson_interval(k_ref, run.n))
             info["cand_ci"] = list(wilson_interval(k_cand, run.n))
-            lower = wilson_lower(k_cand, run.n)
-        info["cand_lower"] = lower
-        if max_drop is not None:
+        if run.sequential is not None:
+            info["sequential"] = run.sequential
+        if max_drop is not None and run.sequential is None:
             test = (S.drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha) if run.graded
                     else S.drop_test_binary(ref, cand, max_drop=max_drop, alpha=alpha))
             info["drop_test"] = test.to_json()
             p_values[name] = test.p_value
         per_task[name] = info
-    rejected = S.holm(p_values, alpha=alpha) if len(p_values) > 1 else {k: p < alpha for k, p in p_values.items()}
+    k = len(p_values)
+    shown = S.holm(p_values, alpha=alpha) if k > 1 else {key: p < alpha for key, p in p_values.items()}
+    fail_alpha = alpha / max(1, len(runs))
     checks: list[dict[str, Any]] = []
     for name, info in per_task.items():
+        run = runs[name]
         if max_drop is not None:
-            test = info["drop_test"]
-            info["holm"] = len(p_values) > 1
-            checks.append({"metric": f"{name} drop", "key": "drop", "value": test["drop"],
-                           "bound": (test.get("drop_ci") or [None, None])[1], "limit": max_drop, "direction": "max",
-                           "p_value": test["p_value"], "passed": not rejected[name]})
+            info["holm"] = k > 1
+            drop = (_sequential_drop(run.sequential) if run.sequential is not None
+                    else _fixed_drop(run, info, max_drop=max_drop, alpha=alpha, fail_alpha=fail_alpha,
+                                     shown=shown[name]))
+            info["drop_verdict"] = drop
+            checks.append({"metric": f"{name} drop", "key": "drop", "value": drop["value"], "bound": drop["upper"],
+                           "lower": drop["lower"], "limit": max_drop, "direction": "max",
+                           "p_value": info.get("drop_test", {}).get("p_value"), "n": run.n,
+                           "n_needed": drop["n_needed"], "method": drop["method"], "verdict": drop["verdict"],
+                           "passed": drop["verdict"] == "pass"})
         if floor is not None:
+            fl = _floor(run, floor=floor, alpha=alpha)
+            info["cand_lower"] = fl["lower"]
+            info["floor_verdict"] = fl
             checks.append({"metric": f"{name} score", "key": "score", "value": info["cand_score"],
-                           "bound": info["cand_lower"], "limit": floor, "direction": "min",
-                           "passed": info["cand_lower"] >= floor})
+                           "bound": fl["lower"], "upper": fl["upper"], "limit": floor, "direction": "min",
+                           "n": run.n, "n_needed": fl["n_needed"], "method": fl["method"], "verdict": fl["verdict"],
+                           "passed": fl["verdict"] == "pass"})
     return checks, per_task
 
 
-def _graded_lower(scores: Sequence[float]) -> float:
-    from ..stats import paired_tests as S
+def _fixed_drop(run: CapabilityRun, info: dict[str, Any], *, max_drop: float, alpha: float, fail_alpha: float,
+                shown: bool) -> dict[str, Any]:
+    """One look at n items: pass = upper bound <= margin; fail = the drop test rejected (Holm)."""
+    import statistics
 
-    lo, _ = S.mean_interval_bootstrap(scores, confidence=0.90)  # two-sided 90% = one-sided 95% lower
-    return float(lo)
+    from ..stats import verdicts as V
+
+    ref, cand = run.scores("reference"), run.scores("candidate")
+    test = info["drop_test"]
+    if run.graded:
+        from ..stats.paired_tests import drop_test_graded
+
+        lower, upper = drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha,
+                                        ci_confidence=1 - 2 * alpha).drop_ci
+        method = "paired bootstrap"
+    else:
+        lower, upper = V.binary_drop_bounds(test["b"], test["c"], run.n, alpha=alpha, fail_alpha=fail_alpha)
+        method = "Tango score"
+    verdict = V.three_way(within=upper <= max_drop, beyond=shown)
+    needed = None
+    if verdict == "inconclusive":
+        if run.graded:
+            diffs = [r - c for r, c in zip(ref, cand)]
+            sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+            needed = V.drop_n_needed_graded(test["drop"], sd, run.n, max_drop=max_drop, alpha=alpha,
+                                            fail_alpha=fail_alpha)
+        else:
+            needed = V.drop_n_needed_binary(test["b"], test["c"], run.n, max_drop=max_drop, alpha=alpha,
+                                            fail_alpha=fail_alpha)
+    return {"verdict": verdict, "value": test["drop"], "lower": lower, "upper": upper, "limit": max_drop,
+            "n": run.n, "n_needed": needed, "method": method, "alpha": alpha}
+
+
+def _sequential_drop(seq: dict[str, Any]) -> dict[str, Any]:
+    """The sequential procedure decided already: its anytime-valid bounds and verdict."""
+    return {"verdict": seq["verdict"], "value": seq["drop"], "lower": seq["lower"], "upper": seq["upper"],
+            "limit": seq["max_drop"], "n": seq["n"], "n_needed": seq["n_needed"],
+            "method": "betting confidence sequence, anytime-valid", "alpha": seq["alpha"],
+            "stopped_by": seq.get("stopped_by"), "batches": seq.get("batches")}
+
+
+def _floor(run: CapabilityRun, *, floor: float, alpha: float) -> dict[str, Any]:
+    """The candidate's score against an absolute floor: pass = lower bound >= floor; fail = upper < floor."""
+    from ..stats import verdicts as V
+
+    cand = run.scores("candidate")
+    needed = None
+    if run.sequential is not None:  # the items were drawn until the drop was shown: an anytime-valid bound
+        import numpy as np
+
+        from ..stats.sequential import bounds_from_diffs
+
+        lower, upper = bounds_from_diffs(np.asarray(cand, dtype=np.float64), alpha=alpha)
+        method = "betting confidence sequence, anytime-valid"
+    elif run.graded:
+        from ..stats.paired_tests import mean_interval_bootstrap
+
+        lower, upper = mean_interval_bootstrap(cand, confidence=1 - 2 * alpha)
+        method = "bootstrap"
+    else:
+        k = sum(1 for x in cand if x >= 1)
+        lower, upper = V.score_bounds(k, run.n, alpha=alpha)
+        method = "Wilson score"
+    verdict = V.three_way(within=lower >= floor, beyond=upper < floor)
+    if verdict == "inconclusive" and not run.graded and run.sequential is None:
+        needed = V.floor_n_needed(sum(1 for x in cand if x >= 1), run.n, floor=floor, alpha=alpha)
+    return {"verdict": verdict, "value": sum(cand) / run.n, "lower": float(lower), "upper": float(upper),
+            "limit": floor, "n": run.n, "n_needed": needed, "method": method, "alpha": alpha}
+
+
+def _conf(alpha: float) -> str:
+    return f"{100 * (1 - alpha):.4g}%"
+
+
+def _needed_text(needed: int | None, n: int, goal: str, rates: str) -> str:
+    if needed is None:
+        return f"more items at the observed {rates} would not {goal}"
+    return f"about {needed} items ({needed - n} more) at the observed {rates} would {goal}"
 
 
 def failure_report(
     runs: dict[str, CapabilityRun], stats: dict[str, dict[str, Any]], checks: list[dict[str, Any]], *,
-    rerun: str, nodeid: str,
+    verdict: str = "fail", rerun: str, nodeid: str,
 ) -> str:
-    """Scores with intervals and n, discordant counts, p-values, and a few items that flipped."""
+    """Per check that did not pass: its verdict, bound, margin, n and the n that would tell; scores with
+    intervals, discordant counts, and a few items that flipped."""
     name = nodeid.split("/")[-1] if nodeid else "capability gate"
-    lines = [f"capability gate failed: {name}"]
+    head = "failed (regression shown)" if verdict == "fail" else "inconclusive (nothing shown either way)"
+    lines = [f"capability gate {head}: {name}"]
     for c in checks:
-        if c["passed"]:
+        if c["verdict"] == "pass":
             continue
         task = c["metric"].split()[0]
         info = stats[task]
@@ -146,20 +254,53 @@ def failure_report(
         cand_lo, cand_hi = info["cand_ci"]
         scores = (f"reference {percent(info['ref_score'])} ({percent(ref_lo)}–{percent(ref_hi)}) → candidate "
                   f"{percent(info['cand_score'])} ({percent(cand_lo)}–{percent(cand_hi)}), n={info['n']} paired items")
+        n = c["n"]
         if c["key"] == "drop":
-            t = info["drop_test"]
-            disc = f"; discordant: {t['b']} lost, {t['c']} gained" if t.get("b") is not None else ""
-            holm = ", Holm-corrected across tasks" if info.get("holm") else ""
-            lines.append(f"  {task}: drop {points(t['drop'])} is significantly more than the allowed {points(c['limit'])} "
-                         f"(one-sided p={t['p_value']:.3g} < alpha, {t['method']}{holm}){disc}")
+            d = info["drop_verdict"]
+            t = info.get("drop_test") or {}
+            seq = info.get("sequential")
+            losses = t.get("b") if t else (seq or {}).get("losses")
+            wins = t.get("c") if t else (seq or {}).get("wins")
+            disc = f"; discordant: {losses} lost, {wins} gained" if losses is not None else ""
+            rates = (f"discordance ({losses} lost, {wins} gained in {n})" if losses is not None
+                     and not runs[task].graded else "mean and spread of the differences")
+            if c["verdict"] == "fail":
+                how = (f"one-sided p={t['p_value']:.3g} < alpha, {t['method']}"
+                       + (", Holm-corrected across tasks" if info.get("holm") else "")) if t else d["method"]
+                lines.append(f"  {task}: fail (regression shown): drop {points(d['value'])} is more than the allowed "
+                             f"{points(c['limit'])}; n={n} bounds it from below at {points(d['lower'])} ({how}){disc}")
+            else:
+                lines.append(f"  {task}: inconclusive: n={n} bounds the drop at {points(d['upper'])} (one-sided "
+                             f"{_conf(d['alpha'])} upper bound, {d['method']}), above the allowed {points(c['limit'])}; "
+                             f"observed drop {points(d['value'])}{disc}")
+                goal = (f"bound it at {points(c['limit'])}" if d["value"] < c["limit"]
+                        else f"show it above {points(c['limit'])}")
+                lines.append(f"    {_needed_text(c['n_needed'], n, goal, rates)}")
+                if seq is not None:
+                    lines.append(f"    sequential: {seq.get('batches')} batches, stopped by {seq.get('stopped_by')}")
         else:
-            lines.append(f"  {task}: candidate's 95% lower bound {percent(c['bound'])} < floor {percent(c['limit'])}")
+            fl = info["floor_verdict"]
+            if c["verdict"] == "fail":
+                lines.append(f"  {task}: fail: the candidate's score is shown below the floor: one-sided "
+                             f"{_conf(fl['alpha'])} upper bound {percent(fl['upper'])} < floor {percent(c['limit'])} "
+                             f"(n={n}, {fl['method']})")
+            else:
+                lines.append(f"  {task}: inconclusive: candidate's one-sided {_conf(fl['alpha'])} lower bound "
+                             f"{percent(fl['lower'])} < floor {percent(c['limit'])} ≤ upper bound "
+                             f"{percent(fl['upper'])} (n={n}, {fl['method']})")
+                if not runs[task].graded and runs[task].sequential is None:
+                    goal = f"put the bound clear of {percent(c['limit'])}"
+                    lines.append(f"    {_needed_text(c['n_needed'], n, goal, 'pass rate')}")
         lines.append(f"    {scores}")
         run = runs[task]
         for item, r, cand in run.flipped()[:3]:
             excerpt = " ".join(run.rendered.get(item.id, "").split())[-90:]
             lines.append(f"    flipped {item.id} (…{excerpt!r}): reference {r.verdict} {_short(r.output)!r} → "
                          f"candidate {cand.verdict} {_short(cand.output)!r}")
+    if verdict == "inconclusive":
+        lines.append("  an inconclusive gate fails: it showed nothing. Size it with n= the items above, or "
+                     "n=Budget(items=..., seconds=...) to stop once it is shown; --mlx-inconclusive=warn|xfail "
+                     "for exploratory runs")
     if rerun:
         lines.append(f"  re-run: {rerun}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 from ..errors import MlxgateError
 
 __all__ = [
+    "EXTRA_TASK_NAMES",
     "TASK_NAMES",
     "Item",
     "ItemResult",
@@ -31,6 +32,9 @@ __all__ = [
 
 #: The six tasks of the Capability Score, in report order (one module each in `tasks/`).
 TASK_NAMES = ("mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop")
+#: Built-in tasks outside the Capability Score (one module each in `tasks/`): cloze-scored choice
+#: tasks on which a small model is well above chance (see `cloze.py`), so a lever's drop can show.
+EXTRA_TASK_NAMES = ("arc_easy", "piqa", "sciq")
 
 Tier = Literal["smoke", "full"]
 Kind = Literal["generate", "choice"]
@@ -84,6 +88,37 @@ class ItemResult:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """`n=Budget(...)`: size a capability gate by what it shows, not by a count fixed in advance.
+
+    Items are drawn in a seeded shuffled order, `batch` at a time, both arms on each batch, and the
+    gate looks after every batch (an anytime-valid bound, `stats/sequential.py`), stopping as soon as
+    the drop is shown inside the margin or beyond it, or when `items` or `seconds` run out
+    (then: inconclusive, with the n it would need). A near-exact lever stops early; a drifting one
+    keeps sampling.
+    """
+
+    items: int = 400
+    seconds: float | None = None
+    batch: int = 16
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.items, int) and self.items >= 1):
+            raise ValueError(f"Budget(items={self.items!r}): the most items per task, a positive whole number")
+        if not (isinstance(self.batch, int) and 1 <= self.batch):
+            raise ValueError(f"Budget(batch={self.batch!r}): items per look, a positive whole number")
+        if self.seconds is not None and not self.seconds > 0:
+            raise ValueError(f"Budget(seconds={self.seconds!r}): a time budget in seconds > 0, or None")
+
+    def describe(self) -> str:
+        secs = f", {self.seconds:g} s" if self.seconds is not None else ""
+        return f"budget {self.items} items{secs}, batches of {self.batch}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": self.items, "seconds": self.seconds, "batch": self.batch}
+
+
+@dataclass(frozen=True)
 class RunOptions:
     """Settings of one run that a task may need beyond (tier, n, seed), from the gate's options."""
 
@@ -93,7 +128,7 @@ class RunOptions:
 class Task(Protocol):
     """A capability task. Implementations live in `pytest_mlxgate/capability/tasks/<name>.py` as `TASK`."""
 
-    name: str  # "mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop"
+    name: str  # one of TASK_NAMES or EXTRA_TASK_NAMES, or a user task's own name
     graded: bool  # False: per-item pass/fail (exact McNemar); True: scores in [0, 1] (paired bootstrap)
     max_new_tokens: int  # default generation budget (the runner may lower it: --mlx-max-new-tokens)
 

@@ -26,6 +26,7 @@ class CapabilityRun:
     durations: dict[str, float] = field(default_factory=dict)
     rendered: dict[str, str] = field(default_factory=dict)  # item id -> exact model input (for reports)
     reference_source: str = "computed"  # "cache": the reference arm's results came from the capability cache
+    sequential: dict[str, Any] | None = None  # n=Budget(...): the sequential procedure's verdict, bounds and budget
 
     @property
     def n(self) -> int:

@@ -13,7 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import MlxgateUsageError
-from .base import TASK_NAMES, Item, ItemResult, RunOptions, TaskDataMissing, TaskSkipped, Tier, prompt_hash
+from .base import (
+    EXTRA_TASK_NAMES,
+    TASK_NAMES,
+    Budget,
+    Item,
+    ItemResult,
+    RunOptions,
+    TaskDataMissing,
+    TaskSkipped,
+    Tier,
+    prompt_hash,
+)
 from .result import CapabilityRun
 from .sandbox import SandboxUnavailable
 
@@ -23,7 +34,7 @@ if TYPE_CHECKING:
     from .generate import Progress
     from .refcache import CapabilityCache
 
-__all__ = ["ArmProgress", "load_task", "run_arm", "run_capability"]
+__all__ = ["ArmProgress", "load_task", "run_arm", "run_capability", "run_capability_sequential", "sequential_order"]
 
 
 class ArmProgress(Protocol):
@@ -38,14 +49,14 @@ def load_task(name: str, options: RunOptions | None = None) -> Task:
     """Task `name`: its module's shared `TASK`, or with `options`, that task configured for one run
     (a new object where an option applies, so the shared one never carries a caller's options)."""
     task: Task
-    if name in TASK_NAMES:
+    if name in TASK_NAMES or name in EXTRA_TASK_NAMES:
         task = importlib.import_module(f"{__package__}.tasks.{name}").TASK
     else:
         from .user_tasks import find_user_task, registered_names
 
         found = find_user_task(name)
         if found is None:
-            known = ", ".join([*TASK_NAMES, *registered_names()])
+            known = ", ".join([*TASK_NAMES, *EXTRA_TASK_NAMES, *registered_names()])
             raise MlxgateUsageError(
                 f"'{name}' is not a capability task; known: {known}. Define your own with "
                 "pytest_mlxgate.register_task(task) or pytest_mlxgate.jsonl_task(name, path) in a gate "
@@ -107,19 +118,17 @@ def run_capability(
     reference_cache: CapabilityCache | None = None,
     reference_key: Mapping[str, Any] | None = None,
     refresh_reference: bool = False,
+    items: Sequence[Item] | None = None,
 ) -> CapabilityRun:
     """Both arms of one task; raises TaskSkipped when the task cannot run here.
 
     With `reference_cache` and `reference_key` (what the reference model and lever contribute),
     the reference arm's results come from the cache when the whole key matches, and are stored
-    after a run otherwise; `refresh_reference` recomputes them."""
+    after a run otherwise; `refresh_reference` recomputes them. `items` (already loaded, e.g. one
+    batch of a sequential run) replaces loading the tier's."""
     task = load_task(name, RunOptions(allow_unsandboxed=allow_unsandboxed))
-    try:
-        items = task.load(tier, n=n)
-    except TaskDataMissing as e:
-        raise TaskSkipped(f"{name}: {e}") from None
-    if not items:
-        raise TaskSkipped(f"{name}: the {tier} tier has no items")
+    if items is None:
+        items = _load_items(task, name, tier, n)
 
     def arm(model_tok: tuple[Any, Any], which: Arm, rendered: Mapping[str, str] | None = None,
             ) -> tuple[list[ItemResult], dict[str, str]]:
@@ -154,6 +163,82 @@ def run_capability(
     return CapabilityRun(task=name, tier=tier, graded=task.graded, items=list(items), reference=ref, candidate=cand,
                          durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},
                          rendered=rendered, reference_source="cache" if cached is not None else "computed")
+
+
+def _load_items(task: Task, name: str, tier: Tier, n: int | None) -> list[Item]:
+    try:
+        items = task.load(tier, n=n)
+    except TaskDataMissing as e:
+        raise TaskSkipped(f"{name}: {e}") from None
+    if not items:
+        raise TaskSkipped(f"{name}: the {tier} tier has no items")
+    return items
+
+
+def sequential_order(name: str, items: Sequence[Item]) -> list[Item]:
+    """The pool in a seeded shuffled order, fixed before any item is scored.
+
+    The anytime-valid bound needs items whose outcomes do not drift with their position; task
+    loaders may group items (MMLU by subject, for prefix reuse), so the order is shuffled here."""
+    import random
+
+    order = list(items)
+    random.Random(f"mlxgate-sequential:{name}").shuffle(order)
+    return order
+
+
+def run_capability_sequential(
+    name: str,
+    tier: Tier,
+    *,
+    budget: Budget,
+    max_drop: float,
+    alpha: float,
+    fail_alpha: float | None = None,
+    say: Callable[[str], None] | None = None,
+    **arms: Any,
+) -> CapabilityRun:
+    """Both arms, a batch at a time, until the drop is shown either way or `budget` is spent.
+
+    `arms` are `run_capability`'s keyword arguments (models, lever, cache...). Every batch is an
+    ordinary paired run of its items, so the reference cache serves each batch of an unchanged gate.
+    The returned run carries every item scored and `sequential`, the procedure's verdict."""
+    from ..stats.sequential import run_sequential
+
+    task = load_task(name, RunOptions(allow_unsandboxed=bool(arms.get("allow_unsandboxed"))))
+    pool = sequential_order(name, _load_items(task, name, tier, budget.items))
+    batches: list[CapabilityRun] = []
+
+    def next_batch(k: int) -> list[tuple[float, float]]:
+        start = sum(b.n for b in batches)
+        chunk = pool[start:start + k]
+        if not chunk:
+            return []
+        run = run_capability(name, tier, n=None, items=chunk, **arms)
+        batches.append(run)
+        return list(zip(run.scores("reference"), run.scores("candidate")))
+
+    def report(v: Any) -> None:
+        if say is not None:
+            say(f"capability {name} ({tier}): {v.n} items, drop {v.drop:+.3f} within [{v.lower:.3f}, {v.upper:.3f}] "
+                f"vs max_drop {max_drop:.3f}: {'shown' if v.verdict != 'inconclusive' else 'going on'}")
+
+    verdict = run_sequential(next_batch, max_drop=max_drop, alpha=alpha, fail_alpha=fail_alpha,
+                             batch_size=budget.batch, max_items=budget.items,
+                             max_seconds=budget.seconds, on_batch=report)
+    if not batches:
+        raise TaskSkipped(f"{name}: the {tier} tier has no items")
+    sources = {b.reference_source for b in batches}
+    return CapabilityRun(
+        task=name, tier=tier, graded=batches[0].graded,
+        items=[it for b in batches for it in b.items],
+        reference=[r for b in batches for r in b.reference],
+        candidate=[c for b in batches for c in b.candidate],
+        durations={k: round(sum(b.durations.get(k, 0.0) for b in batches), 3) for k in ("reference_s", "candidate_s")},
+        rendered={k: v for b in batches for k, v in b.rendered.items()},
+        reference_source=sources.pop() if len(sources) == 1 else "mixed",
+        sequential={**verdict.to_json(), "budget": budget.to_json()},
+    )
 
 
 def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], rendered: Mapping[str, str],

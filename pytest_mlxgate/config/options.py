@@ -155,6 +155,9 @@ OPTIONS: tuple[Option, ...] = (
            "mlx_tier marker, else smoke)", "gate", choices=("smoke", "full")),
     Option("--mlx-max-new-tokens", "cap on generated tokens per capability item (default: each task's own)",
            "gate", metavar="N", type=count_arg),
+    Option("--mlx-inconclusive", "what a gate that could not tell does: fail (the default: an inconclusive "
+           "verdict showed nothing), warn (a warning; the record keeps 'inconclusive') or xfail (for exploratory "
+           "runs). It never turns into a pass.", "gate", choices=("fail", "warn", "xfail")),
     Option("--mlx-allow-unsandboxed", "run model-written HumanEval code even where no isolation (network "
            "namespace, sandbox-exec) is available; only rlimits and a temp dir then contain it", "gate"),
 )

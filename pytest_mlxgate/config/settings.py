@@ -83,6 +83,7 @@ class GateSettings:
     tier_from_cli: bool = False
     max_new_tokens: int | None = None
     allow_unsandboxed: bool = False
+    inconclusive: str = "fail"  # --mlx-inconclusive: fail | warn | xfail
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -145,7 +146,17 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         tier_from_cli=bool(cli["mlx_tier"]),
         max_new_tokens=cli["mlx_max_new_tokens"] or _ini_count(config, "mlx_max_new_tokens"),
         allow_unsandboxed=bool(cli["mlx_allow_unsandboxed"] or config.getini("mlx_allow_unsandboxed")),
+        inconclusive=_inconclusive(cli["mlx_inconclusive"] or config.getini("mlx_inconclusive") or "fail", config),
     )
+
+
+def _inconclusive(value: str, config: pytest.Config) -> str:
+    from ..results.verdicts import INCONCLUSIVE_POLICIES
+
+    if value not in INCONCLUSIVE_POLICIES:
+        raise MlxgateUsageError(f"mlx_inconclusive = {value!r} in {config.inipath or 'the ini file'}: choose one of "
+                                f"{', '.join(INCONCLUSIVE_POLICIES)} (an inconclusive gate never passes)")
+    return value
 
 
 def read_settings(config: pytest.Config) -> Settings:

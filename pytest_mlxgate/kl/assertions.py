@@ -1,5 +1,10 @@
 """`assert_kl_below`: a gate passes only when the confidence bound, not the point value, is in bounds.
 
+Three verdicts, the capability gate's words: *pass* = every limit's 95% bound on the good side
+clears it; *fail* = a limit is shown crossed (the interval's other end is beyond it, or the observed
+max KL is); otherwise *inconclusive* (the interval straddles a limit, or is undefined with too few
+prompts), which never passes and says about how many prompts would tell.
+
 Under `--mlx-aa` the same call checks the other direction: every limit must sit above the A/A noise
 floor (the reference against itself), or the gate would fail on noise alone.
 """
@@ -33,18 +38,34 @@ _METRICS: dict[str, tuple[str, str]] = {
 
 
 def kl_checks(stats: Mapping[str, Any], bounds: Mapping[str, float]) -> list[dict[str, Any]]:
-    """One check per bound: the value, the confidence bound compared, the limit, pass or not."""
+    """One check per bound: the value, both ends of its interval, the limit, and the verdict."""
     checks = []
+    n = int(stats.get("n_prompts") or 0)
     for key, limit in bounds.items():
         label, direction = _METRICS[key]
         value, bound = _value_and_bound(stats, key)
+        other = _other_end(stats, key)
         if bound is None or math.isnan(bound):
-            passed = False  # an undefined bound (e.g. one prompt) proves nothing
+            verdict = "inconclusive"  # an undefined bound (e.g. one prompt) shows nothing either way
+        elif direction == "max":
+            verdict = "pass" if bound <= limit else "fail" if other is not None and other > limit else "inconclusive"
         else:
-            passed = bound <= limit if direction == "max" else bound >= limit
-        checks.append({"metric": label, "key": key, "value": value, "bound": bound, "limit": float(limit),
-                       "direction": direction, "passed": bool(passed)})
+            verdict = "pass" if bound >= limit else "fail" if other is not None and other < limit else "inconclusive"
+        needed = _prompts_needed(value, bound, limit, n, direction) if verdict == "inconclusive" else None
+        checks.append({"metric": label, "key": key, "value": value, "bound": bound, "other_bound": other,
+                       "limit": float(limit), "direction": direction, "n": n, "n_needed": needed,
+                       "verdict": verdict, "passed": verdict == "pass"})
     return checks
+
+
+def _prompts_needed(value: float, bound: float | None, limit: float, n: int, direction: str) -> int | None:
+    """About how many prompts would bring the bound inside the limit: the interval narrows as 1/sqrt(n)."""
+    if bound is None or math.isnan(bound) or n < 2 or not math.isfinite(value):
+        return None
+    gap, half = (limit - value, bound - value) if direction == "max" else (value - limit, value - bound)
+    if gap <= 0 or half <= 0:
+        return None  # the point value itself is at or beyond the limit: more prompts would not show a pass
+    return max(n + 1, math.ceil(n * (half / gap) ** 2))
 
 
 def assert_kl_below(
@@ -82,17 +103,22 @@ def assert_kl_below(
     publish = getattr(result, "publish", None)
     kl: KLResult = result.kl() if hasattr(result, "kl") else result
     stats = kl.stats.to_json()
+    from ..results.verdicts import overall_verdict, settle_inconclusive
+
     if kl.aa is not None:
         checks = _floor_checks(kl.aa["floors"], bounds)
         verdict = "floor" if all(c["passed"] for c in checks) else "fail"
     else:
         checks = kl_checks(stats, bounds)
-        verdict = "pass" if all(c["passed"] for c in checks) else "fail"
+        verdict = overall_verdict(checks)
     rerun = getattr(result, "rerun", "")
     if publish is not None:
         publish(bounds=bounds, checks=checks, verdict=verdict)
-    if verdict == "fail":
-        raise AssertionError(failure_report(kl, checks, nodeid=getattr(result, "nodeid", ""), rerun=rerun))
+    if verdict in ("fail", "inconclusive"):
+        message = failure_report(kl, checks, nodeid=getattr(result, "nodeid", ""), rerun=rerun, verdict=verdict)
+        if verdict == "fail":
+            raise AssertionError(message)
+        settle_inconclusive(message, getattr(result, "inconclusive", "fail"))
     return kl
 
 
@@ -108,6 +134,21 @@ def _value_and_bound(stats: Mapping[str, Any], key: str) -> tuple[float, float |
     return stats[key], stats[f"{key}_ci"][0]
 
 
+def _other_end(stats: Mapping[str, Any], key: str) -> float | None:
+    """The interval's end on the far side of the limit: beyond it, a crossing is shown."""
+    if key == "mean":
+        end = stats["mean_ci"][0]
+    elif key in ("median", "p90", "p95", "p99", "p999"):
+        end = stats["quantile_ci"][key][0]
+    elif key == "max":
+        end = stats["max"]  # observed, not estimated: a max over the limit is shown
+    elif key == "ln_ppl":
+        end = stats["ln_ppl_ratio_ci"][0]
+    else:
+        end = stats[f"{key}_ci"][1]
+    return None if end is None or (isinstance(end, float) and math.isnan(end)) else float(end)
+
+
 def _floor_checks(floors: Mapping[str, float], bounds: Mapping[str, float]) -> list[dict[str, Any]]:
     """A/A: each limit must leave room above the noise floor (below it, for agreement rates)."""
     checks = []
@@ -120,7 +161,8 @@ def _floor_checks(floors: Mapping[str, float], bounds: Mapping[str, float]) -> l
     return checks
 
 
-def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, rerun: str) -> str:
+def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, rerun: str,
+                   verdict: str = "fail") -> str:
     """The assertion message: a small report that says what failed, where, on what, and how to re-run."""
     s = kl.stats.to_json()
     name = nodeid.split("/")[-1] if nodeid else "gate"
@@ -132,10 +174,12 @@ def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, r
                 lines.append(f"  {c['key']} limit {_fmt(c['limit'])} {rel} A/A floor {_fmt(c['value'])} "
                              f"(reference vs itself, prefill chunk {kl.aa['chunk']}): the gate would fail on noise")
     else:
-        lines = [f"KL gate failed: {name}"]
+        head = "failed (a limit shown crossed)" if verdict == "fail" else "inconclusive (an interval straddles a limit)"
+        lines = [f"KL gate {head}: {name}"]
         n = f"over {s['n_prompts']} prompts, {s['n_tokens']} tokens"
         for c in checks:
-            mark = "" if c["passed"] else "  ✗"
+            mark = {"pass": "", "fail": "  ✗ fail", "inconclusive": "  ? inconclusive"}.get(
+                c.get("verdict", "pass" if c["passed"] else "fail"), "")
             if c["key"] == "mean":
                 lo, hi = s["mean_ci"]
                 text = f"mean KL {_fmt(s['mean'])} (95% interval {_fmt(lo)}–{_fmt(hi)} {n})"
@@ -150,6 +194,11 @@ def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, r
             rel = ("≤" if c["passed"] else ">") if c["direction"] == "max" else ("≥" if c["passed"] else "<")
             limit = percent(c["limit"]) if c["direction"] == "min" else _fmt(c["limit"])
             lines.append(f"  {text} {rel} limit {limit}{mark}")
+            if c.get("verdict") == "inconclusive":
+                need = (f"about {c['n_needed']} prompts at the observed spread would tell" if c.get("n_needed")
+                        else "more prompts would not bring it inside the limit" if s["n_prompts"] > 1
+                        else "one prompt gives no interval: use at least 2 (--mlx-kl-prompts)")
+                lines.append(f"    the 95% interval straddles the limit: {need}")
         for w in s.get("worst", [])[:3]:
             i = w["prompt"]
             preview = kl.previews[i] if i < len(kl.previews) else ""

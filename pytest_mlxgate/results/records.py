@@ -43,15 +43,23 @@ class ModelRef(TypedDict):
 
 
 class Check(TypedDict, total=False):
-    """One limit of an assertion: the value, the confidence bound compared, the limit, the outcome."""
+    """One limit of an assertion: the value, the confidence bound compared, the limit, the verdict."""
 
     metric: Required[str]
     key: Required[str]
     value: Any
-    bound: Any
+    bound: Any  # the bound on the passing side: compared with the limit for a pass
+    lower: Any  # a drop's lower bound (a regression is shown when it is above the limit)
+    upper: Any  # a score's upper bound (shown under a floor when below it)
+    other_bound: Any  # KL: the interval's far end
     limit: Any
     direction: str  # "max": must stay at or below the limit; "min": at or above
-    passed: Required[bool]
+    verdict: str  # "pass" | "fail" | "inconclusive" (results.verdicts)
+    n: int  # items or prompts the verdict rests on
+    n_needed: int | None  # inconclusive: about how many would tell
+    method: str
+    p_value: float | None
+    passed: Required[bool]  # verdict == "pass"
 
 
 class GateRecord(TypedDict, total=False):

@@ -9,6 +9,7 @@ from typing import Any
 from ..common.format import DASH, format_duration, percent, percent_distinct
 from .fields import as_map, integer, interval_end, nodeid_of, number, real
 from .records import GateRecord
+from .verdicts import check_verdict
 
 __all__ = ["format_value", "summary_lines"]
 
@@ -71,8 +72,9 @@ def _check_rows(checks: Sequence[Any]) -> list[_Row]:
         c = as_map(check)
         key = str(c.get("key") or "")
         metric = str(c.get("metric") or key or DASH)
-        passed = c.get("passed")
-        verdict = "pass" if passed is True else "FAIL" if passed is False else DASH
+        verdict = _verdict_label(check_verdict(c)) if ("verdict" in c or "passed" in c) else DASH
+        if verdict == "INCONCLUSIVE" and integer(c.get("n_needed")) is not None:
+            verdict += f" (n≈{integer(c.get('n_needed'))})"
         rows.append((metric, format_value(key, c.get("value")), _bound(c.get("direction"), key, c.get("bound")),
                      _format_limit(key, c.get("limit")), verdict))
     return rows
@@ -107,7 +109,8 @@ def _score_pair(d: Mapping[str, Any]) -> str:
 
 def _verdict_label(verdict: Any) -> str:
     v = str(verdict or "")
-    return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured"}.get(v, v or DASH)
+    return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured",
+            "inconclusive": "INCONCLUSIVE"}.get(v, v or DASH)
 
 
 def _gate_rows(record: GateRecord) -> list[_Row]:
@@ -130,7 +133,8 @@ def _gate_rows(record: GateRecord) -> list[_Row]:
         rows = _check_rows(checks)
     else:
         rows = _measured_rows(stats, _verdict_label(verdict or "measured"))
-    if verdict in ("fail", "error") and not any(r[4] in ("FAIL", "ERROR") for r in rows):
+    if verdict in ("fail", "error", "inconclusive") and not any(
+            r[4].startswith(("FAIL", "ERROR", "INCONCLUSIVE")) for r in rows):
         rows.append(("verdict", DASH, DASH, DASH, _verdict_label(verdict)))  # never show all-pass
     if not rows:
         rows.append((DASH, DASH, DASH, DASH, _verdict_label(verdict)))

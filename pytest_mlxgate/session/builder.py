@@ -77,7 +77,8 @@ class RunContext:
     load_model: Callable[[Role], LoadedModel | None]  # None: no model configured for that role
     cache_dir: Path | None  # the reference cache's folder; None without pytest's cache provider
     machine: Mapping[str, str]  # device, BLAS and library versions: the reference depends on them
-    progress: Callable[[str], None] | None  # a line for the controller's terminal; None on workers
+    progress: Callable[[str], None] | None  # a line for the controller's terminal (from a worker: relayed)
+    live: bool = False  # the terminal is a tty: interim progress lines, not only a closing line per task
 
 
 def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
@@ -115,7 +116,9 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         cache=ReferenceCache(ctx.cache_dir) if ctx.cache_dir is not None else None,
         refresh_reference=gate.refresh_reference,
         aa=gate.aa,
+        inconclusive=gate.inconclusive,
         progress=ctx.progress,
+        live=ctx.live,
         capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
                             "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed},
     )

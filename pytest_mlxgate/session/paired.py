@@ -16,6 +16,7 @@ from ..kl.shape import ArmCounters, RunShape
 from ..results.records import RECORD_PROPERTY, gate_record
 
 if TYPE_CHECKING:
+    from ..capability.base import Budget
     from ..capability.runner import ArmProgress
     from ..kl.prompts import TokenSequence
     from ..kl.refcache import ReferenceCache
@@ -40,10 +41,12 @@ class PairedRun:
     cache: ReferenceCache | None = None
     refresh_reference: bool = False
     aa: bool = False
+    inconclusive: str = "fail"  # --mlx-inconclusive: what a gate that could not tell does
     progress: Callable[[str], None] | None = None
+    live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
     counters: ArmCounters = field(default_factory=ArmCounters)
-    _capability: dict[tuple[str, str, int | None], Any] = field(default_factory=dict)
+    _capability: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
 
@@ -58,27 +61,50 @@ class PairedRun:
                 raise
         return self._result
 
-    def capability(self, task: str, *, n: int | None = None, tier: str | None = None) -> Any:
-        """Both arms of one capability task on the same items (once per module, task, tier and n)."""
-        from ..capability.runner import run_capability
+    def capability(self, task: str, *, n: int | Budget | None = None, tier: str | None = None,
+                   sequential: Mapping[str, float | None] | None = None) -> Any:
+        """Both arms of one capability task on the same items (once per module, task, tier and n).
+
+        With `n=Budget(...)`, `sequential` holds the gate's max_drop, alpha and fail_alpha: the
+        procedure stops on them, so they are part of what is remembered."""
+        from ..capability.base import Budget
+        from ..capability.runner import run_capability, run_capability_sequential
 
         opts = self.capability_options
         tier = tier or opts.get("tier", "smoke")
-        key = (task, str(tier), n)
+        seq = tuple(sorted((sequential or {}).items())) if isinstance(n, Budget) else ()
+        key = (task, str(tier), n, seq)
         if key not in self._capability:
             ref = self._reference_model()
-            self._say(f"capability {task} ({tier}): both arms, the same items")
-            self._capability[key] = run_capability(
-                task, tier,  # type: ignore[arg-type]
-                n=n,
+            arms: dict[str, Any] = dict(
                 reference=(ref.model, ref.tokenizer),
                 candidate=(self.candidate.model, self.candidate.tokenizer),
                 lever=self.lever,
                 max_new_tokens=opts.get("max_new_tokens"),
                 allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
-                progress_for=self._arm_progress(f"capability {task} ({tier})"),
                 **self._capability_cache(ref),
             )
+            if isinstance(n, Budget):
+                if not sequential or sequential.get("max_drop") is None:
+                    raise TypeError("n=Budget(...) sizes the drop test: it needs max_drop=")
+                self._say(f"capability {task} ({tier}): both arms, batch by batch ({n.describe()})")
+                found = run_capability_sequential(
+                    task, tier,  # type: ignore[arg-type]
+                    budget=n, max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
+                    alpha=float(sequential.get("alpha") or 0.05), fail_alpha=sequential.get("fail_alpha"),
+                    say=self._say if self.live else None, **arms,
+                )
+                verdict = found.sequential or {}
+                self._say(f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
+                          f"{verdict.get('batches')} batches ({verdict.get('stopped_by')}), drop bounds "
+                          f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]")
+                self._capability[key] = found
+            else:
+                self._say(f"capability {task} ({tier}): both arms, the same items")
+                self._capability[key] = run_capability(
+                    task, tier,  # type: ignore[arg-type]
+                    n=n, progress_for=self._arm_progress(f"capability {task} ({tier})"), **arms,
+                )
         return self._capability[key]
 
     def _reference_model(self) -> LoadedModel:
@@ -121,8 +147,8 @@ class PairedRun:
                 "refresh_reference": self.refresh_reference}
 
     def _arm_progress(self, label: str) -> Callable[[Arm, int], ArmProgress] | None:
-        """Per arm: items done / total, rate and ETA every few seconds, then one closing line (on the
-        controller's terminal; None on workers, whose output nobody sees)."""
+        """Per arm: items done / total, rate and ETA every few seconds on a terminal, then one closing
+        line (the controller's terminal; a worker's lines are relayed there)."""
         say = self.progress
         if say is None:
             return None
@@ -131,7 +157,8 @@ class PairedRun:
             from ..models.progress import LineProgress
 
             line = LineProgress(lambda text: say(text.removeprefix("mlxgate: ")), f"{label} {arm} arm",
-                                unit="items", action="scoring", count_rate=True)
+                                unit="items", action="scoring", count_rate=True,
+                                interval=5.0 if self.live else float("inf"))
             line(0, total)
             return line
 
@@ -154,6 +181,11 @@ class Paired:
         return self.run.lever
 
     @property
+    def inconclusive(self) -> str:
+        """What an inconclusive verdict does to this test (--mlx-inconclusive): fail, warn or xfail."""
+        return self.run.inconclusive
+
+    @property
     def shape(self) -> RunShape:
         return self.run.shape
 
@@ -161,13 +193,14 @@ class Paired:
         """Run both arms (once per module) and return the statistics."""
         return self.run.kl()
 
-    def capability(self, task: str, *, n: int | None = None) -> Any:
+    def capability(self, task: str, *, n: int | Budget | None = None,
+                   sequential: Mapping[str, float | None] | None = None) -> Any:
         """Both arms of a capability task on the same items (`--mlx-tier` picks smoke or full)."""
         tier = None
         mark = self.item.get_closest_marker("mlx_tier")
         if mark is not None and mark.args and not self.run.capability_options.get("tier_from_cli"):
             tier = str(mark.args[0])
-        return self.run.capability(task, n=n, tier=tier)
+        return self.run.capability(task, n=n, tier=tier, sequential=sequential)
 
     def publish_capability(self, *, tasks: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], verdict: str,
                            skipped: Mapping[str, str], bounds: Mapping[str, Any]) -> None:

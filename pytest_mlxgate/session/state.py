@@ -20,6 +20,7 @@ from ..config.settings import Settings
 from ..errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
 from ..models.progress import LineProgress
 from ..results.records import records_in
+from .relay import LIVE_KEY, RELAY_KEY, ProgressRelay, worker_progress
 
 if TYPE_CHECKING:
     from ..models.loaded import LoadedModel
@@ -69,6 +70,7 @@ class MlxgateSession:
         self._models: dict[Role, tuple[Any, Any]] = {}
         self._runs: dict[str, PairedRun] = {}
         self.records: list[GateRecord] = []  # gate records seen by this process's reports
+        self._relay: ProgressRelay | None = None  # controller under xdist: the workers' progress lines
 
     @property
     def is_worker(self) -> bool:
@@ -124,6 +126,9 @@ class MlxgateSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """The controller writes the JSON report and appends to the results DB, once per run."""
         self._written = []
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
         if self.is_worker or not self.records or self.settings.gate is None:
             return
         from ..capability.base import TASK_NAMES
@@ -272,8 +277,31 @@ class MlxgateSession:
             load_model=self.loaded_model,
             cache_dir=cache.mkdir("mlxgate-reference") if cache is not None else None,
             machine={"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))},
-            progress=None if self.is_worker else self._say,
+            progress=self._progress_sink(),
+            live=self._live(),
         )
+
+    def _progress_sink(self) -> Callable[[str], None] | None:
+        """Where progress lines go: the terminal on the controller, the relay folder on a worker."""
+        if not self.is_worker:
+            return self._say
+        assert self.workerinput is not None
+        directory = self.workerinput.get(RELAY_KEY)
+        if not directory:
+            return None
+        return worker_progress(str(directory), str(self.workerinput.get("workerid", "worker")))
+
+    def _live(self) -> bool:
+        """Interim progress (items done, rate, ETA) only on a terminal; otherwise a closing line per task."""
+        if self.is_worker:
+            assert self.workerinput is not None
+            return bool(self.workerinput.get(LIVE_KEY))
+        writer = self.config.get_terminal_writer()
+        stream = getattr(writer, "_file", None)  # the real stdout, saved before output capture
+        try:
+            return bool(stream is not None and stream.isatty())
+        except (AttributeError, ValueError):
+            return False
 
     def loaded_model(self, role: Role) -> LoadedModel | None:
         """The role's model with its snapshot; None when no model is configured for the role."""
@@ -291,9 +319,22 @@ class MlxgateSession:
             if write is not None:
                 write(f"mlxgate: {text}")
 
-    def worker_payload(self) -> dict[str, str]:
-        """What `pytest_configure_node` puts into each worker's `workerinput`: pinned snapshots."""
-        return {WORKERINPUT_KEYS[r]: s.to_json() for r, s in self._resolved.items()}
+    def worker_payload(self) -> dict[str, Any]:
+        """What `pytest_configure_node` puts into each worker's `workerinput`: pinned snapshots, and
+        where to send progress lines (the relay starts with the first worker)."""
+        if self._relay is None and self.settings.in_use:
+            self._relay = ProgressRelay(self._say_from_thread)
+        payload: dict[str, Any] = {WORKERINPUT_KEYS[r]: s.to_json() for r, s in self._resolved.items()}
+        if self._relay is not None:
+            payload[RELAY_KEY] = str(self._relay.directory)
+            payload[LIVE_KEY] = self._live()
+        return payload
+
+    def _say_from_thread(self, text: str) -> None:
+        """The relay's writer: the reporter directly (capture belongs to the main thread)."""
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"mlxgate: {text.removeprefix('mlxgate: ')}")
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -272,7 +272,7 @@ class SequentialVerdict:
     verdict: Verdict
     n: int
     drop: float  # observed mean of ref - cand (positive = the candidate is worse); nan with no items
-    lower: float  # one-sided (1 - alpha) anytime-valid lower bound of the drop
+    lower: float  # one-sided (1 - fail_alpha) anytime-valid lower bound of the drop
     upper: float  # one-sided (1 - alpha) anytime-valid upper bound of the drop
     max_drop: float
     alpha: float
@@ -283,12 +283,13 @@ class SequentialVerdict:
     horizon: int | None = None
     batches: int | None = None  # run_sequential: how many batches it drew; decide alone: None
     stopped_by: str | None = None  # run_sequential: "verdict" | "max_items" | "max_seconds" | "exhausted"
+    fail_alpha: float | None = None  # the lower bound's level (None: alpha)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (no NaN/inf: undefined numbers become None)."""
         out = dataclasses.asdict(self)
-        for key in ("drop", "lower", "upper", "max_drop", "alpha"):
-            out[key] = float(out[key]) if math.isfinite(out[key]) else None
+        for key in ("drop", "lower", "upper", "max_drop", "alpha", "fail_alpha"):
+            out[key] = float(out[key]) if out[key] is not None and math.isfinite(out[key]) else None
         out["method"] = "betting confidence sequence (Waudby-Smith & Ramdas 2023, PrPl-EB bets)"
         return out
 
@@ -308,14 +309,16 @@ def _continuation(x: np.ndarray, length: int) -> np.ndarray:
     return ordered[np.minimum((u * x.size).astype(np.int64), x.size - 1)]
 
 
-def _project(x: np.ndarray, max_drop: float, side: Side, alpha: float, horizon: int | None) -> int | None:
+def _project(x: np.ndarray, max_drop: float, side: Side, alpha: float, horizon: int | None,
+             fail_alpha: float) -> int | None:
     """First total n (observed items, then the synthetic continuation) at which `side` clears the margin."""
     if x.size >= N_CAP:
         return None
     path = np.concatenate([x, _continuation(x, N_CAP - x.size)])
+    level = alpha if side == "upper" else fail_alpha
     crossed = np.flatnonzero(
         np.maximum.accumulate(_log_capital(path, _plugin_bets(path, alpha, horizon), max_drop, side))
-        >= math.log(1.0 / alpha)
+        >= math.log(1.0 / level)
     )
     return int(crossed[0]) + 1 if crossed.size else None
 
@@ -327,7 +330,8 @@ def _rates(x: np.ndarray, losses: int, wins: int) -> str:
 
 
 def decide(
-    ref: Scores, cand: Scores, *, max_drop: float, alpha: float = 0.05, horizon: int | None = None
+    ref: Scores, cand: Scores, *, max_drop: float, alpha: float = 0.05, horizon: int | None = None,
+    fail_alpha: float | None = None,
 ) -> SequentialVerdict:
     """The sequential gate's verdict on the items so far (in order): pass, fail or inconclusive.
 
@@ -335,14 +339,28 @@ def decide(
     inconclusive, with `n_needed`. Valid however often it is called on a growing list of items, as long
     as the item order and `horizon` were fixed in advance. The verdict is the capital test at the
     margin itself (the reported bound is snapped to the margin when bisection lands within 1e-12 of it).
+    `fail_alpha` (default `alpha`) is the lower side's level: a gate over k tasks passes each at alpha
+    (all must pass) but shows a regression in any one at alpha / k (Bonferroni), so that a false fail
+    in one of them stays <= alpha too. The bets stay tuned to `alpha` (validity needs only that they
+    are predictable).
     """
     _check_alpha(alpha)
     _check_max_drop(max_drop)
     _check_horizon(horizon)
-    return _decide(_diffs(ref, cand), max_drop, alpha, horizon, project=True)
+    fail_alpha = _fail_alpha(alpha, fail_alpha)
+    return _decide(_diffs(ref, cand), max_drop, alpha, horizon, project=True, fail_alpha=fail_alpha)
 
 
-def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *, project: bool) -> SequentialVerdict:
+def _fail_alpha(alpha: float, fail_alpha: float | None) -> float:
+    if fail_alpha is None:
+        return alpha
+    if not 0.0 < fail_alpha <= alpha:
+        raise ValueError(f"fail_alpha must be in (0, alpha={alpha}], got {fail_alpha}")
+    return fail_alpha
+
+
+def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *, project: bool,
+            fail_alpha: float | None = None) -> SequentialVerdict:
     """`decide` on validated differences; `project=False` skips `n_needed` (run_sequential's interim looks)."""
     n = int(x.size)
     if n == 0:
@@ -351,20 +369,24 @@ def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *
     losses, wins = int(np.sum(x > 0)), int(np.sum(x < 0))
     bets = _plugin_bets(x, alpha, horizon)
     threshold = math.log(1.0 / alpha)
-    lower, upper = _bisect(x, bets, "lower", threshold), _bisect(x, bets, "upper", threshold)
+    fail_threshold = math.log(1.0 / (fail_alpha or alpha))
+    lower, upper = _bisect(x, bets, "lower", fail_threshold), _bisect(x, bets, "upper", threshold)
     shown_below = max_drop >= 1.0 or _rejects(x, bets, max_drop, "upper", threshold)
-    shown_above = _rejects(x, bets, max_drop, "lower", threshold)
+    shown_above = _rejects(x, bets, max_drop, "lower", fail_threshold)
     crossed = lower > upper or (shown_below and shown_above)  # lower >= L*, upper <= U*: a real crossing
     if shown_below:
         upper = min(upper, max_drop)
     if shown_above:
         lower = max(lower, max_drop)
     conf, md = _confidence(alpha), _fmt(max_drop)
+    fail_conf = _confidence(fail_alpha or alpha)
+    levels = conf if fail_conf == conf else f"upper {conf}, lower {fail_conf}"
 
     def verdict(kind: Verdict, message: str, needed: int | None = None) -> SequentialVerdict:
         return SequentialVerdict(verdict=kind, n=n, drop=drop, lower=lower, upper=upper,
                                  max_drop=float(max_drop), alpha=float(alpha), n_needed=needed,
-                                 message=message, losses=losses, wins=wins, horizon=horizon)
+                                 message=message, losses=losses, wins=wins, horizon=horizon,
+                                 fail_alpha=None if fail_alpha in (None, alpha) else float(fail_alpha))
 
     if crossed:
         return verdict("inconclusive",
@@ -376,10 +398,10 @@ def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *
                                f"anytime-valid upper bound; observed drop {_fmt(drop)})")
     if shown_above:
         return verdict("fail", f"fail: regression shown: n={n} bounds the drop from below at {_fmt(lower)} > "
-                               f"max_drop {md} (one-sided {conf} anytime-valid lower bound; observed drop "
+                               f"max_drop {md} (one-sided {fail_conf} anytime-valid lower bound; observed drop "
                                f"{_fmt(drop)})")
     head = (f"inconclusive: n={n} bounds the drop at {_fmt(upper)}, above max_drop {md}, and from below "
-            f"at {_fmt(lower)}, not above it (one-sided {conf} anytime-valid bounds; observed drop {_fmt(drop)})")
+            f"at {_fmt(lower)}, not above it (one-sided {levels} anytime-valid bounds; observed drop {_fmt(drop)})")
     rates = _rates(x, losses, wins)
     needed: int | None = None
     if abs(drop - max_drop) <= 1e-12:
@@ -388,7 +410,7 @@ def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *
     else:
         side: Side = "upper" if drop < max_drop else "lower"
         goal = f"bound it at {md}" if side == "upper" else f"show it above {md}"
-        needed = _project(x, max_drop, side, alpha, horizon) if project else None
+        needed = _project(x, max_drop, side, alpha, horizon, fail_alpha or alpha) if project else None
         if not project:
             tail = "n_needed not projected"
         elif needed is None:
@@ -423,7 +445,9 @@ def run_sequential(
     max_items: int,
     max_seconds: float | None = None,
     horizon: int | None = None,
+    fail_alpha: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_batch: Callable[[SequentialVerdict], None] | None = None,
 ) -> SequentialVerdict:
     """Draw batches until the verdict is shown (pass or fail) or the budget is spent; `decide` after each.
 
@@ -431,10 +455,12 @@ def run_sequential(
     never asked for more than max_items in all). Budgets: `max_items` (the last batch is cut to fit)
     and `max_seconds` (checked after each batch, on `clock`). The verdict records `batches` and
     `stopped_by`. `horizon`: the bets' tuning (module docs); None = anytime (WSR's t log t).
+    `fail_alpha`: see `decide`. `on_batch` sees the interim verdict after every batch (progress lines).
     """
     _check_alpha(alpha)
     _check_max_drop(max_drop)
     _check_horizon(horizon)
+    fail_alpha = _fail_alpha(alpha, fail_alpha)
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if not (isinstance(max_items, int) and max_items >= 1):
@@ -453,7 +479,10 @@ def run_sequential(
             batches += 1
             pairs.append(_diffs(got[:, 0], got[:, 1]))
             n += got.shape[0]
-            verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=False)
+            verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=False,
+                              fail_alpha=fail_alpha)
+            if on_batch is not None:
+                on_batch(dataclasses.replace(verdict, batches=batches))
             if verdict.verdict != "inconclusive":
                 stopped_by = "verdict"
                 break
@@ -473,6 +502,6 @@ def run_sequential(
             message=f"inconclusive: no items to compare ({why})",
         )
     if verdict.verdict == "inconclusive":  # the projection, once, for the verdict that is returned
-        verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=True)
+        verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=True, fail_alpha=fail_alpha)
     return dataclasses.replace(verdict, batches=batches, stopped_by=stopped_by,
                                message=f"{verdict.message} [after {batches} batches of up to {batch_size}: {why}]")

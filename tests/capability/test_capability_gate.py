@@ -34,7 +34,8 @@ def gate_dir(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     gate_dir: pytest.Pytester, tmp_path: Path
 ) -> None:
-    gate_dir.makepyfile(test_cap=GATE.format(bounds="max_drop=0.0"))
+    # 8 agreeing items bound a drop at 25.3 points (one-sided 95%): a 30-point margin is shown
+    gate_dir.makepyfile(test_cap=GATE.format(bounds="max_drop=0.3"))
     report = tmp_path / "cap.json"
     result = gate_dir.runpytest_subprocess("--mlx-offline", f"--mlx-report={report}", "--mlx-db=off",
                                            "-p", "no:randomly")
@@ -46,7 +47,8 @@ def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     assert mmlu["drop_test"]["b"] == 0 and mmlu["drop_test"]["c"] == 0
     assert len(mmlu["items"]) == 8  # per item: both arms' outputs and verdicts, to rescore or join runs
     assert all(len(i["prompt_hash"]) == 16 and i["reference"]["verdict"] in ("correct", "wrong") for i in mmlu["items"])
-    assert cap["verdict"] == "pass" and cap["checks"][0]["passed"]
+    assert cap["verdict"] == "pass" and cap["checks"][0]["passed"] and cap["checks"][0]["verdict"] == "pass"
+    assert cap["checks"][0]["bound"] == pytest.approx(0.2527, abs=1e-3) and cap["checks"][0]["n"] == 8
     score = records["score"]["capability_score"]
     assert score["partial"] is True and "gsm8k" in score["missing"]
     assert score["candidate"] == pytest.approx(mmlu["cand_score"])
@@ -59,8 +61,9 @@ def test_a_floor_the_candidate_cannot_clear_fails_with_scores_and_n(gate_dir: py
     result = gate_dir.runpytest_subprocess("--mlx-offline", "--mlx-db=off", "-p", "no:randomly")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*capability gate failed: test_cap.py::test_capability",
-        "*mmlu: candidate's 95% lower bound *% < floor 95.0%",
+        "*capability gate failed (regression shown): test_cap.py::test_capability",
+        "*mmlu: fail: the candidate's score is shown below the floor: one-sided 95% upper bound *% < floor 95.0% "
+        "(n=8, Wilson score)",
         "*reference *% (*–*%) → candidate *% (*–*%), n=8 paired items",
         "*re-run: pytest test_cap.py::test_capability*",
     ])
@@ -89,17 +92,23 @@ def test_a_real_drop_on_paired_items_fails_with_discordant_counts_and_flipped_it
     with pytest.raises(AssertionError) as failure:
         assert_capability_at_least({"gsm8k": _run(ref, cand)}, "gsm8k", max_drop=0.0)
     text = str(failure.value)
-    assert "gsm8k: drop 13.3 points is significantly more than the allowed 0.0 points" in text
-    assert "discordant: 9 lost, 1 gained" in text and "exact-mcnemar" in text
+    assert text.startswith("capability gate failed (regression shown)")
+    assert ("gsm8k: fail (regression shown): drop 13.3 points is more than the allowed 0.0 points; n=60 bounds it "
+            "from below at 5.5 points (one-sided p=0.0107 < alpha, exact-mcnemar)") in text
+    assert "discordant: 9 lost, 1 gained" in text
     assert "reference 50.0% (" in text and "candidate 36.7% (" in text and "n=60 paired items" in text
     assert text.count("flipped q") == 3 and "reference correct 'ref answer q0'" in text
-    # the same items with the drop inside a generous margin pass
+    # the same items: inside a generous margin the upper bound (23.3 points) is shown below it
     assert_capability_at_least({"gsm8k": _run(ref, cand)}, "gsm8k", max_drop=0.25)
 
 
-def test_identical_arms_never_fail_the_drop_test() -> None:
+def test_identical_arms_pass_only_once_n_bounds_the_drop_inside_the_margin() -> None:
     from pytest_mlxgate import assert_capability_at_least
 
-    same = [1, 0] * 20
-    runs = assert_capability_at_least({"gsm8k": _run(same, same)}, "gsm8k", max_drop=0.0)
+    same = [1, 0] * 20  # 40 agreeing items: the drop is bounded at 6.3 points
+    runs = assert_capability_at_least({"gsm8k": _run(same, same)}, "gsm8k", max_drop=0.07)
     assert runs["gsm8k"].flipped() == []
+    with pytest.raises(AssertionError, match=r"inconclusive: n=40 bounds the drop at 6\.3 points"):
+        assert_capability_at_least({"gsm8k": _run(same, same)}, "gsm8k", max_drop=0.06)
+    with pytest.raises(AssertionError, match="inconclusive"):  # no drop at all, and still nothing shown at margin 0
+        assert_capability_at_least({"gsm8k": _run(same, same)}, "gsm8k", max_drop=0.0)

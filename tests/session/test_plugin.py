@@ -453,8 +453,8 @@ def test_a_worker_uses_the_shipped_snapshot_and_refuses_a_missing_one(
 
 
 @pytest.mark.skipif(os.name != "posix", reason="paths")
-def test_worker_payload_is_plain_json_strings(pytester: pytest.Pytester) -> None:
-    """execnet can only ship plain data: the payload must be str -> str."""
+def test_worker_payload_is_plain_data(pytester: pytest.Pytester) -> None:
+    """execnet can only ship plain data: snapshots as JSON strings, the progress relay's folder and mode."""
     from pytest_mlxgate.plugin import SESSION_KEY
 
     pytester.mkdir("m")
@@ -462,5 +462,9 @@ def test_worker_payload_is_plain_json_strings(pytester: pytest.Pytester) -> None
     state = config.stash[SESSION_KEY]
     state.snapshot("candidate")
     payload = state.worker_payload()
-    assert list(payload) == ["mlxgate_snapshot"]
+    assert list(payload) == ["mlxgate_snapshot", "mlxgate_progress_dir", "mlxgate_live_progress"]
     assert ResolvedSnapshot.from_json(payload["mlxgate_snapshot"]).path == str(pytester.path / "m")
+    assert Path(payload["mlxgate_progress_dir"]).is_dir() and payload["mlxgate_live_progress"] is False
+    assert state.worker_payload()["mlxgate_progress_dir"] == payload["mlxgate_progress_dir"]  # one relay per run
+    state.pytest_sessionfinish(None)  # type: ignore[arg-type]
+    assert not Path(payload["mlxgate_progress_dir"]).exists()
