@@ -162,7 +162,7 @@ jsonl_task("pick", "pick.jsonl", scoring="choice")
 
 
 def test_user_tasks(paired):
-    assert_capability_at_least(paired, ["colors", "pick"], max_drop=0.5)
+    assert_capability_at_least(paired, ["colors", "pick"], max_drop=0.6)  # 2 agreeing items bound a drop at 0.575
 '''
 
 

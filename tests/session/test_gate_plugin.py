@@ -82,8 +82,8 @@ def test_a_gate_over_its_limit_fails_and_its_message_is_the_report(
     result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*AssertionError: KL gate failed: test_gate.py::test_drift",
-        "*mean KL * (95% interval *–* over 3 prompts, 72 tokens) > limit 1.00e-09  ✗",
+        "*AssertionError: KL gate failed (a limit shown crossed): test_gate.py::test_drift",
+        "*mean KL * (95% interval *–* over 3 prompts, 72 tokens) > limit 1.00e-09  ✗ fail",
         "*worst: prompt *, position *, next token *",
         "*arms: norm=original vs norm=perturb:rms_norm · path=prefill",
         f"*model: {tiny_model_dir}*",
