@@ -1,1 +1,2 @@
-"""The capability suite: six tasks scored per item, two arms joined item by item, paired statistics."""
+"""The capability suite: six tasks (and three extras) scored per item, two arms joined item by item,
+paired statistics."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,14 +29,24 @@ CAPABILITY_CACHE_FORMAT = 1
 
 
 def task_code_digest(task: object) -> str:
-    """sha256 of the source file that defines the task's class: a changed scorer is a miss."""
-    try:
-        source = inspect.getsourcefile(type(task))
-    except TypeError:
-        source = None
-    if source is None:
-        return f"unhashable:{type(task).__module__}.{type(task).__qualname__}"
-    return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+    """sha256 of the source files that define the task's class and its bases (a shared scorer such
+    as `cloze.ClozeTask` lives in another file than the task): a changed scorer is a miss. A class
+    defined in one file hashes exactly that file's bytes."""
+    own = type(task)
+    sources: list[str] = []
+    for cls in own.__mro__:
+        if cls is not own and cls.__module__.partition(".")[0] in sys.stdlib_module_names:
+            continue  # object, Protocol, Generic: not the task's code
+        try:
+            source = inspect.getsourcefile(cls)
+        except TypeError:  # a builtin class
+            source = None
+        if source is None and cls is own:
+            return f"unhashable:{own.__module__}.{own.__qualname__}"
+        if source is not None and source not in sources:
+            sources.append(source)
+    digests = [hashlib.sha256(Path(source).read_bytes()).hexdigest() for source in sources]
+    return digests[0] if len(digests) == 1 else hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
 
 class CapabilityCache:

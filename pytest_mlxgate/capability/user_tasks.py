@@ -10,7 +10,7 @@
   Scoring: "exact" (the output, stripped, equals the target), "regex" (`re.search(target, output)`)
   or "choice" (the target — an index or one of the choices — has the highest log-probability).
 
-User tasks get the same pairing, statistics and reports as the six built-in ones; the Capability
+User tasks get the same pairing, statistics and reports as the built-in ones; the Capability
 Score stays the mean of the six.
 """
 
@@ -26,7 +26,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import MlxgateUsageError
-from .base import TASK_NAMES, Item, ItemResult, RunOptions, Task, TaskDataMissing, Tier, chat_render, stable_id
+from .base import (
+    EXTRA_TASK_NAMES,
+    TASK_NAMES,
+    Item,
+    ItemResult,
+    RunOptions,
+    Task,
+    TaskDataMissing,
+    Tier,
+    chat_render,
+    stable_id,
+)
 
 __all__ = ["ENTRY_POINT_GROUP", "JsonlTask", "find_user_task", "jsonl_task", "register_task", "registered_names"]
 
@@ -46,7 +57,7 @@ def register_task(task: Task, *, name: str | None = None, replace: bool = False)
     name = name or getattr(task, "name", None)
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise MlxgateUsageError(f"a capability task needs a lowercase name (letters, digits, _ . -), got {name!r}")
-    if name in TASK_NAMES:
+    if name in TASK_NAMES or name in EXTRA_TASK_NAMES:
         raise MlxgateUsageError(f"'{name}' is a built-in capability task; give yours another name")
     missing = [m for m in ("load", "render", "score", "configured") if not callable(getattr(task, m, None))]
     missing += [a for a in ("graded", "max_new_tokens") if not hasattr(task, a)]

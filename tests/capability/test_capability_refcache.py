@@ -87,3 +87,31 @@ def test_a_damaged_entry_is_a_miss_and_is_rewritten(setup: dict[str, Any]) -> No
     entry.write_bytes(b"\x00 not json")
     assert _run(setup).reference_source == "computed"
     assert _run(setup).reference_source == "cache"  # stored again after the miss
+
+
+def test_task_code_digest_covers_the_task_classes_bases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cloze task's scorer lives in `cloze.py`, its data in its own module: either changing is a miss."""
+    import hashlib
+    import sys
+
+    from pytest_mlxgate.capability.tasks import arc_easy, mmlu, piqa
+
+    def sha(path: str) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    assert refcache.task_code_digest(mmlu.TASK) == sha(mmlu.__file__)  # one file: exactly its bytes, as before
+    assert refcache.task_code_digest(arc_easy.TASK) not in (sha(arc_easy.__file__), refcache.task_code_digest(piqa.TASK))
+    base = tmp_path / "mlxgate_digest_base.py"
+    base.write_text("class Base:\n    def score(self): return 1\n")
+    (tmp_path / "mlxgate_digest_task.py").write_text(
+        "from mlxgate_digest_base import Base\nclass Task(Base):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import mlxgate_digest_task  # type: ignore[import-not-found]
+
+        before = refcache.task_code_digest(mlxgate_digest_task.Task())
+        base.write_text("class Base:\n    def score(self): return 0\n")  # the scorer changed, not the task's file
+        assert refcache.task_code_digest(mlxgate_digest_task.Task()) != before
+    finally:
+        for name in ("mlxgate_digest_task", "mlxgate_digest_base"):
+            sys.modules.pop(name, None)

@@ -1,5 +1,6 @@
 """HashHop: the generator's guarantees (checked by an independent parser), length targets measured on
-the real embedded tokenizer, and scoring of right, wrong, malformed and hostile outputs."""
+the real embedded tokenizer, both forms of the question (smoke's chain to complete, full's chat turn),
+and scoring of right, wrong, malformed and hostile outputs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pytest_mlxgate.capability.tasks.hashhop import (
     TASK,
     HashHopCase,
     HashHopTask,
+    chain_answer,
     generate,
     per_hop_accuracy,
 )
@@ -54,10 +56,21 @@ def lines_of(context: str) -> list[tuple[str, str]]:
     return out
 
 
+def prompt_of(item: Item) -> str:
+    """The smoke form's text, or the full form's single user turn."""
+    if item.text is not None:
+        return item.text
+    assert item.messages is not None
+    return str(item.messages[0]["content"])
+
+
 def block(item: Item) -> str:
     """The item's assignments block (the instructions mention the tag too, so split on the line form)."""
-    assert item.messages is not None
-    return str(item.messages[0]["content"]).split("<assignments>\n")[1].split("\n</assignments>")[0]
+    return prompt_of(item).split("<assignments>\n")[1].split("\n</assignments>")[0]
+
+
+#: The full (chat) form on a small context: cheap to build, the same code path as the 12k-token one.
+CHAT = HashHopTask(context_tokens_full=1024)
 
 
 def resolve(context: str, start: str, hops: int) -> str:
@@ -104,8 +117,9 @@ def test_same_seed_same_case_and_different_seed_different() -> None:
 
 def test_load_is_deterministic_and_seeded() -> None:
     assert TASK.load("smoke") == TASK.load("smoke")
-    assert [i.messages for i in TASK.load("smoke", seed=1)] != [i.messages for i in TASK.load("smoke")]
-    assert len({str(i.messages) for i in TASK.load("smoke")}) == 12  # every item its own context
+    assert [i.text for i in TASK.load("smoke", seed=1)] != [i.text for i in TASK.load("smoke")]
+    assert len({i.text for i in TASK.load("smoke")}) == 12  # every item its own context
+    assert CHAT.load("full", n=4) == CHAT.load("full", n=4)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -222,9 +236,31 @@ def test_context_length_within_ten_percent(tokenizer: Any, target: int, with_tok
             assert c.context_tokens == real
 
 
-def test_smoke_items_render_under_1300_tokens(tokenizer: Any) -> None:
+def test_smoke_items_are_short_chains_to_complete(tokenizer: Any) -> None:
+    """The smoke form: raw text (no chat template), a 256-512-token context, worked chains from the
+    distractors (right, and never the query's), and the query's chain opened at its start."""
     for item in TASK.load("smoke"):
         rendered = TASK.render(item, tokenizer)
+        assert rendered == item.text and item.messages is None and "<|im_start|>" not in rendered
+        assert 256 <= ntok(tokenizer, block(item)) <= 512
+        assert len(tokenizer.encode(rendered)) < 800
+        start, hops = item.target["start"], item.target["hops"]
+        steps = "1 step" if hops == 1 else f"{hops} steps"
+        head, _, worked = rendered.partition("</assignments>\n\n")
+        *shown, last = worked.split("\n")
+        assert last == f"{steps} from {start}: {start} ="
+        assert 1 <= len(shown) <= hashhop.DEMOS
+        for line in shown:
+            prefix, _, chain_text = line.partition(": ")
+            chain = chain_text.split(" = ")
+            assert prefix == f"{steps} from {chain[0]}" and len(chain) == hops + 1 and chain[0] != start
+            assert all(resolve(block(item), chain[0], k) == chain[k] for k in range(1, hops + 1))
+        assert start not in worked.rpartition("\n")[0]  # no worked chain gives the query away
+
+
+def test_chat_items_render_under_1300_tokens(tokenizer: Any) -> None:
+    for item in CHAT.load("full", n=4):
+        rendered = CHAT.render(item, tokenizer)
         assert len(tokenizer.encode(rendered)) < 1300
         assert rendered.rstrip().endswith("assistant")  # generation prompt appended
         q = item.target
@@ -245,22 +281,36 @@ def test_full_items_are_about_12k_tokens(tokenizer: Any) -> None:
 
 def test_task_shape_and_tiers() -> None:
     task: Task = TASK  # the protocol, checked by mypy
-    assert (task.name, task.graded, task.max_new_tokens) == ("hashhop", False, 24)
+    assert (task.name, task.graded, task.max_new_tokens) == ("hashhop", False, 32)
+    assert (hashhop.HOPS_SMOKE, hashhop.CONTEXT_TOKENS_SMOKE) == ((1, 2), 384)
+    assert (hashhop.HOPS_FULL, hashhop.CONTEXT_TOKENS_FULL) == ((1, 2, 3, 4), 12000)
     smoke = TASK.load("smoke")
     assert len(smoke) == 12
-    assert Counter(i.meta["hops"] for i in smoke) == {1: 3, 2: 3, 3: 3, 4: 3}
-    assert [i.id for i in smoke[:5]] == ["hashhop-0-0-h1", "hashhop-0-1-h2", "hashhop-0-2-h3",
-                                         "hashhop-0-3-h4", "hashhop-0-4-h1"]
-    full = TASK.load("full", seed=3)
-    assert len(full) == 48 and Counter(i.meta["hops"] for i in full) == {k: 12 for k in (1, 2, 3, 4)}
-    assert full[0].id == "hashhop-3-0-h1" and full[0].meta["context_tokens"] == 12000
+    assert Counter(i.meta["hops"] for i in smoke) == {1: 6, 2: 6}
+    assert [i.id for i in smoke[:5]] == ["hashhop-0-0-h1", "hashhop-0-1-h2", "hashhop-0-2-h1",
+                                         "hashhop-0-3-h2", "hashhop-0-4-h1"]
     assert len(TASK.load("smoke", n=5)) == 5
     for item in smoke:
         assert set(item.target) == {"answer", "hops", "start"}
-        assert item.meta["context_tokens"] == 1024 and item.kind == "generate"
+        assert item.meta["context_tokens"] == 384 and item.meta["form"] == "chain" and item.kind == "generate"
+        assert item.text is not None and item.messages is None
+        assert resolve(block(item), item.target["start"], item.target["hops"]) == item.target["answer"]
+    full = CHAT.load("full", seed=3)
+    assert len(full) == 48 and Counter(i.meta["hops"] for i in full) == {k: 12 for k in (1, 2, 3, 4)}
+    assert full[0].id == "hashhop-3-0-h1" and full[0].meta["context_tokens"] == 1024
+    for item in full[:8]:
+        assert item.meta["form"] == "chat" and item.text is None
         assert item.messages is not None and len(item.messages) == 1 and item.messages[0]["role"] == "user"
-        assert resolve(block(item), item.target["start"], item.target["hops"]) \
-            == item.target["answer"]
+        assert resolve(block(item), item.target["start"], item.target["hops"]) == item.target["answer"]
+
+
+def test_hop_counts_are_configurable() -> None:
+    task = HashHopTask(context_tokens_smoke=300, hops_smoke=(3,), hops_full=(1, 2))
+    assert {i.meta["hops"] for i in task.load("smoke", n=3)} == {3}
+    assert [i.meta["hops"] for i in task.load("full", n=4)] == [1, 2, 1, 2]
+    for bad in ((), (0, 1)):
+        with pytest.raises(ValueError):
+            HashHopTask(hops_smoke=bad)
 
 
 def test_context_size_is_configurable() -> None:
@@ -279,11 +329,11 @@ def test_context_size_is_configurable() -> None:
 
 @pytest.fixture(scope="module")
 def item() -> Item:
-    return TASK.load("smoke", n=3)[2]  # hops 3
+    return CHAT.load("full", n=3)[2]  # the chat form, hops 3
 
 
 def score(item: Item, output: str) -> ItemResult:
-    return TASK.score(item, output)
+    return CHAT.score(item, output)
 
 
 def test_score_right_answer_in_many_wrappers(item: Item) -> None:
@@ -334,14 +384,14 @@ def test_score_malformed_and_hostile(item: Item) -> None:
 
 
 def test_per_hop_accuracy() -> None:
-    items = TASK.load("smoke")
+    items = HashHopTask(context_tokens_full=600).load("full", n=12)
     outputs = []
     for i, it in enumerate(items):
         hops = it.target["hops"]
         # right on every 1-hop item, right on one 2-hop item, wrong elsewhere
         right = hops == 1 or (hops == 2 and i == 1)
         outputs.append(it.target["answer"] if right else it.target["start"])
-    results = [TASK.score(it, out) for it, out in zip(items, outputs)]
+    results = [CHAT.score(it, out) for it, out in zip(items, outputs)]
     assert per_hop_accuracy(results) == {1: (3, 3), 2: (1, 3), 3: (0, 3), 4: (0, 3)}
     assert per_hop_accuracy([]) == {}
     assert list(per_hop_accuracy(list(reversed(results)))) == [1, 2, 3, 4]
@@ -353,3 +403,39 @@ def test_extract_hash_prefers_context_hashes() -> None:
     assert hashhop.extract_hash(f"characteristical {h}") == "characteristical"
     assert hashhop.extract_hash("none here") is None
     assert re.fullmatch(r"[A-Za-z]{16}", h)
+
+
+# ---------------------------------------------------------------- scoring the smoke form (chains)
+
+@pytest.fixture(scope="module")
+def two_hop() -> Item:
+    return TASK.load("smoke", n=2)[1]  # the chain form, hops 2
+
+
+def test_chain_form_scores_the_hash_the_chain_reaches(two_hop: Item) -> None:
+    start, answer = two_hop.target["start"], two_hop.target["answer"]
+    middle = resolve(block(two_hop), start, 1)
+    cases = {
+        f" {middle} = {answer}\n2 steps from x": ("correct", 2, 2),  # the chain written out
+        f" {middle} = {answer} = AbCdEfGhIjKlMnOp": ("correct", 2, 3),  # on past the end: step 2 counts
+        f" {answer}": ("correct", 2, 1),  # straight to the end
+        f" {middle}\n{answer}": ("wrong", 1, 1),  # stopped after one step: only the first line counts
+        f" {middle} = {middle}": ("wrong", 1, 2),  # copied the wrong line
+        f" {start} = {middle}": ("wrong", 1, 2),  # restarted the chain: the 2nd hash is one step short
+    }
+    for output, (verdict, position, written) in cases.items():
+        r = TASK.score(two_hop, output)
+        assert (r.verdict, r.detail["chain_position"], r.detail["hashes_written"]) == (verdict, position, written), output
+        assert r.score == (1.0 if verdict == "correct" else 0.0)
+    for output in ("", " \n" + answer, " I don't know", " " + answer[:15]):
+        r = TASK.score(two_hop, output)
+        assert (r.verdict, r.detail["extracted"]) == ("no_answer", None), output
+    assert TASK.score(two_hop, "").prompt_hash == hashhop.prompt_hash(str(two_hop.text))
+
+
+def test_chain_answer() -> None:
+    a, b, c = "AbCdEfGhIjKlMnOp", "QrStUvWxYzAbCdEf", "GhIjKlMnOpQrStUv"
+    assert chain_answer(f" {a} = {b} = {c}", 2) == (b, 3)
+    assert chain_answer(f" {a}", 3) == (a, 1)
+    assert chain_answer(f"{a}\n{b}", 2) == (a, 1)
+    assert chain_answer("  no hash", 1) == (None, 0)

@@ -62,19 +62,47 @@ def test_prompt_format_is_the_standard_five_shot(full: list[Item]) -> None:
     assert expected.count("Answer:") == 6 and expected.endswith("Answer:")
 
 
-def test_smoke_sample_is_deterministic_and_spread() -> None:
+def test_smoke_sample_is_deterministic_and_grouped() -> None:
+    """8 questions from each of 5 seeded subjects: their 5-shot heads are shared (prefilled once)."""
     a, b = TASK.load("smoke"), TASK.load("smoke")
-    assert len(a) == 40 and a == b
-    assert len({i.meta["subject"] for i in a}) == 40  # fewer than 57 items: one per subject
-    assert TASK.load("smoke", seed=1) != a
+    assert len(a) == 40 and a == b and len({i.id for i in a}) == 40
+    per_subject = Counter(i.meta["subject"] for i in a)
+    assert len(per_subject) == 5 and set(per_subject.values()) == {mmlu.GROUP} == {8}
+    subjects = [i.meta["subject"] for i in a]
+    assert subjects == sorted(subjects)  # a subject's items are next to each other
+    other = TASK.load("smoke", seed=1)
+    assert other != a and {i.meta["subject"] for i in other} != set(per_subject)
     bigger = TASK.load("smoke", n=200)
-    per_subject = Counter(i.meta["subject"] for i in bigger)
-    assert len(per_subject) == 57 and max(per_subject.values()) - min(per_subject.values()) <= 1
+    assert set(Counter(i.meta["subject"] for i in bigger).values()) == {8} and len(bigger) == 200  # 25 subjects
     # A smaller sample is part of a larger one: growing n only adds items.
     assert {i.id for i in a} <= {i.id for i in bigger}
     assert TASK.load("full", n=40) == a
     with pytest.raises(ValueError):
         TASK.load("smoke", n=0)
+
+
+def test_smoke_items_share_their_subjects_prefix() -> None:
+    """What the grouping buys: items of one subject share their whole 5-shot head."""
+    smoke = TASK.load("smoke")
+    for subject in {i.meta["subject"] for i in smoke}:
+        texts = [str(i.text) for i in smoke if i.meta["subject"] == subject]
+        head = texts[0][: texts[0].rindex("Answer:", 0, len(texts[0]) - 1) + len("Answer: X\n\n")]
+        assert head.count("Answer:") == 5 and all(t.startswith(head) for t in texts)
+
+
+@pytest.mark.parametrize("n", [1, 7, 9, 41, 457])
+def test_sampler_blocks(n: int) -> None:
+    sizes = {f"s{k:02}": 10 + k for k in range(57)}
+    picked = mmlu._sample(sizes, n, seed=0)
+    assert len(picked) == len(set(picked)) == n and picked == mmlu._sample(sizes, n, seed=0)
+    counts = sorted(Counter(s for s, _ in picked).values(), reverse=True)
+    full, rest = divmod(n, 8)
+    if n <= 57 * 8:
+        assert counts == [8] * full + ([rest] if rest else [])  # whole blocks, then one partial
+    assert all(0 <= i < sizes[s] for s, i in picked)
+    assert mmlu._sample({"a": 3, "b": 20}, 100, seed=0) == [("a", i) for i in range(3)] + [("b", i) for i in range(20)]
+    with pytest.raises(ValueError):
+        mmlu._sample(sizes, 4, seed=0, group=0)
 
 
 def _item(gold: int = 2) -> Item:

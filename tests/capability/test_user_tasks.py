@@ -74,7 +74,7 @@ def test_registration_mistakes_say_what_to_do() -> None:
 
 def test_an_unknown_task_lists_what_is_known_and_how_to_add_one() -> None:
     register_task(Echo())
-    with pytest.raises(MlxgateUsageError, match=r"'nope' is not a capability task; known: mmlu, .*hashhop, echo\. "
+    with pytest.raises(MlxgateUsageError, match=r"'nope' is not a capability task; known: mmlu, .*hashhop, arc_easy, piqa, sciq, echo\. "
                                                 r"Define your own with pytest_mlxgate.register_task"):
         load_task("nope")
 

@@ -9,6 +9,19 @@ with many distractor chains of mixed length. The question starts from a chain's 
 for the hash reached after exactly k assignments, which is the chain's last hash (chains never share
 a hash, so the end of the chain is unambiguous).
 
+Two forms of the question, one per tier:
+- full (~12k tokens, hops 1-4): a chat turn with instructions and a worked example, answered with
+  the hash alone;
+- smoke (~384 tokens, hops 1-2): a raw-text chain to complete, "2 steps from X: X =", after three
+  chains worked from the context's own distractors; the model writes " Y = Z" and the k-th hash it
+  writes is its answer. Why: the embedded 135M chat model scored 0-4% on the chat form at every
+  small size tried (24 items each at 256, 384 and 512 tokens with hops 1-2, and at 1024 with hops
+  1-4), so no lever could show a drop there. On the chain form it solved about half the 1-hop and a fifth
+  of the 2-hop questions in trials (16-24 items per cell, 256-512 tokens); the 12 smoke items: 4 of
+  6 and 0 of 6. Writing each hash it passes is what lets a small model chain at all: after " = Y"
+  it finds "Y =" in the context and copies what follows (an induction copy, exactly what a broken
+  KV cache or attention kernel loses).
+
 Length is measured in tokens. `generate` counts with the tokenizer it is given; without one (the
 task's `load` has none) it uses `CHARS_PER_TOKEN`, measured on the embedded SmolLM2 tokenizer for
 exactly this text (random mixed-case letters tokenize badly: ~1.40 chars per token, ~25.7 tokens
@@ -33,12 +46,17 @@ __all__ = [
     "CONTEXT_TOKENS_FULL",
     "CONTEXT_TOKENS_SMOKE",
     "HASH_LEN",
+    "HOPS_FULL",
+    "HOPS_SMOKE",
     "HashHopCase",
     "HashHopTask",
     "MAX_HOPS",
     "Query",
     "TASK",
+    "build_chain_prompt",
     "build_messages",
+    "chain_answer",
+    "chains_of",
     "extract_hash",
     "generate",
     "parse_assignments",
@@ -51,8 +69,13 @@ MAX_HOPS = 4
 # Characters per token of "Hash = Hash\n" lines on the embedded SmolLM2 tokenizer (measured: 1.400-1.404
 # over 3 x 1000 random lines; tests/test_task_hashhop.py re-measures it and fails if it drifts past 10%).
 CHARS_PER_TOKEN = 1.40
-CONTEXT_TOKENS_SMOKE = 1024  # fits a CPU run: the whole rendered smoke prompt stays under ~1.3k tokens
+# The smoke tier is sized (and phrased) for a small model to solve some of it, so a lever that hurts
+# retrieval can show a drop there (see the module docstring); the full tier is the real test.
+CONTEXT_TOKENS_SMOKE = 384
 CONTEXT_TOKENS_FULL = 12000
+HOPS_SMOKE = (1, 2)
+HOPS_FULL = (1, 2, 3, 4)
+DEMOS = 3  # worked chains in a smoke prompt, from the context's distractor chains
 SMOKE_N = 12
 FULL_N = 48
 
@@ -210,6 +233,48 @@ def question(start: str, hops: int) -> str:
     return f"Starting from {start}, follow {hops} {word}: what hash do you reach? Answer with the hash only."
 
 
+_CHAIN_HEAD = (
+    "Each line between the <assignments> tags reads \"A = B\": hash A leads to hash B. To follow the "
+    "assignments from a hash, find the line that starts with the current hash and move to the hash on its right.\n\n"
+)
+
+
+def _steps(hops: int) -> str:
+    return f"{hops} step{'s' if hops > 1 else ''}"
+
+
+def chains_of(case: HashHopCase) -> list[list[str]]:
+    """Every chain of the case's context, each from its first hash to its last, in context order."""
+    graph = parse_assignments(case.context)
+    ends = set(graph.values())
+    out = []
+    for start in graph:  # dicts keep the order of the lines
+        if start in ends:
+            continue
+        chain = [start]
+        while chain[-1] in graph:
+            chain.append(graph[chain[-1]])
+        out.append(chain)
+    return out
+
+
+def build_chain_prompt(case: HashHopCase, query: Query, demos: int = DEMOS) -> str:
+    """The smoke form: instructions, the context, up to `demos` chains worked from distractors long
+    enough for `query.hops` steps, then the query's chain opened for the model to complete."""
+    worked = [c for c in chains_of(case) if c[0] != query.start and len(c) > query.hops][:demos]
+    shown = "".join(f"{_steps(query.hops)} from {c[0]}: {' = '.join(c[: query.hops + 1])}\n" for c in worked)
+    return f"{_CHAIN_HEAD}{case.context}\n\n{shown}{_steps(query.hops)} from {query.start}: {query.start} ="
+
+
+def chain_answer(output: str, hops: int) -> tuple[str | None, int]:
+    """The hash a completed chain reaches: the `hops`-th hash on the output's first line, or the last
+    one written when the chain stops short; with how many hashes the line holds."""
+    found = _HASH_RE.findall(output.lstrip(" ").partition("\n")[0])
+    if not found:
+        return None, 0
+    return str(found[min(hops, len(found)) - 1]), len(found)
+
+
 def build_messages(case: HashHopCase, query: Query) -> tuple[dict[str, str], ...]:
     """One user turn: instructions with the worked example, the context, then the question."""
     content = f"{_INSTRUCTIONS}{case.context}\n\n{question(query.start, query.hops)}"
@@ -243,62 +308,80 @@ def per_hop_accuracy(results: Sequence[ItemResult]) -> dict[int, tuple[int, int]
 
 
 class HashHopTask:
-    """The `hashhop` task: smoke = small CPU-sized contexts, full = ~12k-token contexts; hops 1-4 evenly."""
+    """The `hashhop` task. Smoke: 12 chains to complete in ~384-token contexts, hops 1-2 evenly;
+    full: 48 chat questions on ~12k-token contexts, hops 1-4 evenly (see the module docstring)."""
 
     name = "hashhop"
     graded = False
-    max_new_tokens = 24
+    max_new_tokens = 32  # a hash is ~12 tokens: a smoke 2-hop chain " Y = Z" takes ~26
 
     def __init__(self, context_tokens_smoke: int = CONTEXT_TOKENS_SMOKE,
-                 context_tokens_full: int = CONTEXT_TOKENS_FULL) -> None:
+                 context_tokens_full: int = CONTEXT_TOKENS_FULL, *,
+                 hops_smoke: Sequence[int] = HOPS_SMOKE, hops_full: Sequence[int] = HOPS_FULL) -> None:
+        for hops in (hops_smoke, hops_full):
+            if not hops or any(k < 1 for k in hops):
+                raise ValueError(f"hops must be one or more counts >= 1, got {tuple(hops)}")
         self.context_tokens_smoke = context_tokens_smoke
         self.context_tokens_full = context_tokens_full
+        self.hops_smoke = tuple(hops_smoke)
+        self.hops_full = tuple(hops_full)
 
     def configured(self, options: RunOptions) -> HashHopTask:
         """No run option applies to this task (it keeps no per-run state): the shared object serves every run."""
         return self
 
     def load(self, tier: Tier, *, n: int | None = None, seed: int = 0) -> list[Item]:
-        """`n` items (12 smoke, 48 full), hops cycling 1..4; each item has its own derived seed."""
+        """`n` items (12 smoke, 48 full), hop counts cycling through the tier's; each item has its own seed."""
         if tier == "smoke":
-            count, target = (SMOKE_N if n is None else n), self.context_tokens_smoke
+            count, target, hop_counts = (SMOKE_N if n is None else n), self.context_tokens_smoke, self.hops_smoke
         elif tier == "full":
-            count, target = (FULL_N if n is None else n), self.context_tokens_full
+            count, target, hop_counts = (FULL_N if n is None else n), self.context_tokens_full, self.hops_full
         else:
             raise ValueError(f"unknown tier {tier!r}")
         items: list[Item] = []
         for i in range(count):
-            k = 1 + i % MAX_HOPS
+            k = hop_counts[i % len(hop_counts)]
             case_seed = int(stable_id("hashhop", seed, i, k, target), 16)
             case = generate(case_seed, context_tokens=target, hops=k, tokenizer=None)
             q = case.queries[0]
+            chain = tier == "smoke"
             items.append(Item(
                 id=f"hashhop-{seed}-{i}-h{k}",
-                messages=build_messages(case, q),
+                messages=None if chain else build_messages(case, q),
+                text=build_chain_prompt(case, q) if chain else None,
                 target={"answer": q.answer, "hops": k, "start": q.start},
-                meta={"hops": k, "context_tokens": target, "context_tokens_estimated": case.context_tokens,
-                      "lines": case.n_lines},
+                meta={"hops": k, "form": "chain" if chain else "chat", "context_tokens": target,
+                      "context_tokens_estimated": case.context_tokens, "lines": case.n_lines},
             ))
         return items
 
     def render(self, item: Item, tokenizer: Any) -> str:
-        """The chat template applied to the item's single user turn."""
+        """The smoke form's raw text as it is; the full form's user turn through the chat template."""
+        if item.text is not None:
+            return item.text
         if item.messages is None:
-            raise ValueError(f"hashhop item {item.id} has no messages")
+            raise ValueError(f"hashhop item {item.id} has neither text nor messages")
         return chat_render(tokenizer, item.messages)
 
     def score(self, item: Item, output: str, *, choice_logprobs: Sequence[float] | None = None) -> ItemResult:
-        """Exact match on the first hash in the output; detail says how far along the chain it was.
+        """Exact match on the answer: the first hash of the output (chat form) or the hash the
+        completed chain reaches (chain form); detail says how far along the chain it was.
 
-        `prompt_hash` here hashes the messages (score has no tokenizer to render with); a runner
-        that rendered the prompt may replace it with the rendered text's hash.
+        `prompt_hash` here hashes the text or the messages (score has no tokenizer to render with);
+        a runner that rendered the prompt may replace it with the rendered text's hash.
         """
         target: Mapping[str, Any] = item.target
         answer, start, hops = str(target["answer"]), str(target["start"]), int(target["hops"])
         messages = item.messages or ()
-        graph = parse_assignments(_context_of("\n".join(str(m.get("content", "")) for m in messages)))
+        prompt = item.text if item.text is not None else "\n".join(str(m.get("content", "")) for m in messages)
+        graph = parse_assignments(_context_of(prompt))
         known = set(graph) | set(graph.values())
-        got = extract_hash(output, known)
+        detail: dict[str, Any] = {"hops": hops, "answer": answer}
+        if item.text is not None:
+            got, written = chain_answer(output, hops)
+            detail["hashes_written"] = written
+        else:
+            got = extract_hash(output, known)
         position = _chain_position(graph, start, got, hops + 1) if got is not None else None
         if got is None:
             verdict, score = "no_answer", 0.0
@@ -306,11 +389,11 @@ class HashHopTask:
             verdict, score = "correct", 1.0
         else:
             verdict, score = "wrong", 0.0
-        detail: dict[str, Any] = {"hops": hops, "answer": answer, "extracted": got,
-                                  "chain_position": position, "in_context": got in known if got else False}
-        return ItemResult(item_id=item.id, prompt_hash=prompt_hash(json.dumps(list(map(dict, messages)),
-                                                                              sort_keys=True)),
-                          output=output, score=score, verdict=verdict, detail=detail)
+        detail.update({"extracted": got, "chain_position": position, "in_context": got in known if got else False})
+        hashed = prompt_hash(item.text if item.text is not None else json.dumps(list(map(dict, messages)),
+                                                                                 sort_keys=True))
+        return ItemResult(item_id=item.id, prompt_hash=hashed, output=output, score=score, verdict=verdict,
+                          detail=detail)
 
 
 def _context_of(text: str) -> str:
