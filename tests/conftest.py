@@ -68,3 +68,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random gemma-4 (mlx_lm's gemma4_text classes: sliding + full layers, KV-shared layers,
+    per-layer inputs, softcapping), text-only config form."""
+    from tinygemma import build_tiny_gemma4
+
+    return build_tiny_gemma4(tmp_path_factory.mktemp("tiny-gemma4"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_multimodal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny gemma-4 in the multimodal `gemma4` config form (text model under text_config)."""
+    from tinygemma import build_tiny_gemma4
+
+    return build_tiny_gemma4(tmp_path_factory.mktemp("tiny-gemma4-mm"), form="multimodal")

@@ -26,6 +26,8 @@ __all__ = ["choice_logprobs", "choice_logprobs_many", "generate_greedy"]
 MIN_SHARED_PREFIX = 32
 #: Batched choice rows stay under this many logits (rows x positions x vocabulary, float32: 512 MiB).
 _MAX_BATCH_LOGITS = 1 << 27
+#: ... and under this many tokens (activations and attention scores grow with rows x width).
+_MAX_BATCH_TOKENS = 4096
 
 
 def generate_greedy(
@@ -103,22 +105,77 @@ def choice_logprobs_many(
 
     plans = [_choice_plan(tokenizer, text, item_choices) for text, item_choices in zip(texts, choices)]
     out: list[list[float]] = [[] for _ in plans]
+    head = _split_head(model)
     for members, shared in _shared_prefix_groups([p.prompt for p in plans], MIN_SHARED_PREFIX):
         prefix = _prefill(model, plans[members[0]].prompt[:shared]) if shared else None
         if prefix is None:
             shared = 0  # nothing reused: every member runs its whole prompt
         rows = [(i, row) for i in members for row in plans[i].rows(shared)]
-        for batch in _batches(rows, _vocab_size(model)):
+        rows.sort(key=lambda r: len(r[1].tokens))  # similar lengths share a batch: little padding
+        for batch in _batches(rows, _vocab_size(model), gathered=head is not None):
             width = max(len(row.tokens) for _, row in batch)
             tokens = mx.array([row.tokens + [0] * (width - len(row.tokens)) for _, row in batch])
             cache = _batched_cache(prefix, len(batch)) if prefix is not None else None
-            logits = model(tokens, cache=cache).astype(mx.float32)
+            wanted = [row.positions() for _, row in batch]
+            if head is not None:  # the vocabulary projection only where a choice is read
+                span = max(len(w) for w in wanted)
+                index = mx.array([w + [w[-1]] * (span - len(w)) for w in wanted])
+                logits = _logits_at(head, tokens, cache, index)
+            else:
+                logits = model(tokens, cache=cache)
+                wanted = [list(range(width)) for _ in batch]
+            logits = logits.astype(mx.float32)
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             for b, (i, row) in enumerate(batch):
-                out[i].extend(row.read(logp[b]))
+                out[i].extend(row.read(logp[b], {p: k for k, p in enumerate(wanted[b])}))
             if progress is not None:
                 progress(sum(len(o) == len(c) for o, c in zip(out, choices)), len(plans))
     return out
+
+
+class _Head:
+    """A model split at its vocabulary projection: `body` gives hidden states, `project` logits."""
+
+    def __init__(self, body: Any, project: Callable[[Any], Any]) -> None:
+        self.body = body
+        self.project = project
+
+
+#: mlx_lm model types whose `Model.__call__` is body -> (tied embedding | lm_head) [-> softcap].
+_SPLIT_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma4_text"})
+
+
+def _split_head(model: Any) -> _Head | None:
+    """The body/projection split for the architectures whose forward we know; None otherwise (the
+    caller then projects every position). Choice scoring reads a handful of positions, and the
+    projection onto a 49k-262k vocabulary at every position is a large share of a forward."""
+    owner = getattr(model, "language_model", model)  # multimodal wrappers hold the text model
+    args = getattr(owner, "args", None)
+    body = getattr(owner, "model", None)
+    if getattr(args, "model_type", None) not in _SPLIT_HEAD_TYPES or body is None:
+        return None
+    tied = getattr(owner, "tie_word_embeddings", getattr(args, "tie_word_embeddings", False))
+    linear = body.embed_tokens.as_linear if tied else getattr(owner, "lm_head", None)
+    if linear is None:
+        return None
+    cap = getattr(owner, "final_logit_softcapping", None)
+    if cap is None:
+        return _Head(body, linear)
+
+    def capped(h: Any) -> Any:
+        import mlx.core as mx
+
+        return mx.tanh(linear(h) / cap) * cap
+
+    return _Head(body, capped)
+
+
+def _logits_at(head: _Head, tokens: Any, cache: Any, index: Any) -> Any:
+    """Logits of `tokens` (B, T) only at `index` (B, P) positions: (B, P, vocabulary)."""
+    import mlx.core as mx
+
+    hidden = head.body(tokens, cache=cache)
+    return head.project(mx.take_along_axis(hidden, index[..., None], axis=1))
 
 
 class _Row:
@@ -128,14 +185,16 @@ class _Row:
         self.tokens = tokens
         self.reads = reads  # per choice: (row positions whose logits predict it, its token ids)
 
-    def read(self, logp: Any) -> list[float]:
+    def positions(self) -> list[int]:
+        """The row positions whose logits any choice reads, ascending."""
+        return sorted({p for positions, _ in self.reads for p in positions})
+
+    def read(self, logp: Any, at: dict[int, int]) -> list[float]:
+        """Each choice's summed log-probability from `logp` (rows = the positions `at` maps to)."""
         import mlx.core as mx
 
-        values = []
-        for positions, ids in self.reads:
-            total: Any = mx.sum(logp[mx.array(positions), mx.array(ids)]).item()
-            values.append(float(total))
-        return values
+        picked = [logp[mx.array([at[p] for p in positions]), mx.array(ids)].sum() for positions, ids in self.reads]
+        return [float(v) for v in mx.stack(picked).tolist()]
 
 
 class _ChoicePlan:
@@ -237,15 +296,17 @@ def _batched_cache(prefix: list[Any], rows: int) -> list[Any]:
     return caches
 
 
-def _batches(rows: list[tuple[int, _Row]], vocab: int) -> list[list[tuple[int, _Row]]]:
-    """Consecutive rows in batches whose logits stay under _MAX_BATCH_LOGITS (at least one row each)."""
+def _batches(rows: list[tuple[int, _Row]], vocab: int, *, gathered: bool = False) -> list[list[tuple[int, _Row]]]:
+    """Consecutive rows in batches whose logits stay under _MAX_BATCH_LOGITS and whose tokens stay
+    under _MAX_BATCH_TOKENS (at least one row each). `gathered`: logits only at the read positions."""
     out: list[list[tuple[int, _Row]]] = []
     for item in rows:
         if out:
-            batch = out[-1]
-            width = max(len(r.tokens) for _, r in [*batch, item])
-            if (len(batch) + 1) * width * vocab <= _MAX_BATCH_LOGITS:
-                batch.append(item)
+            batch = [*out[-1], item]
+            width = max(len(r.tokens) for _, r in batch)
+            span = max(len(r.positions()) for _, r in batch) if gathered else width
+            if len(batch) * span * vocab <= _MAX_BATCH_LOGITS and len(batch) * width <= _MAX_BATCH_TOKENS:
+                out[-1].append(item)
                 continue
         out.append([item])
     return out

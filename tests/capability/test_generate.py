@@ -130,3 +130,53 @@ def test_an_arm_reports_items_done_as_they_finish(tiny_model_dir: Path, tmp_path
                          progress=lambda done, total: calls.append((done, total)))
     assert len(results) == 5 and calls and calls[-1] == (5, 5)
     assert all(total == 5 for _, total in calls) and [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+# --- the vocabulary projection only where a choice is read -------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_gemma4_dir", "tiny_gemma4_multimodal_dir"])
+def test_the_split_head_gives_the_full_forwards_logits(fixture: str, request: pytest.FixtureRequest) -> None:
+    """Body + projection at chosen positions == the model's own forward there (llama tied head,
+    gemma-4 with softcapping, and gemma-4 wrapped as the multimodal model)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from pytest_mlxgate.capability.generate import _logits_at, _split_head
+
+    model, tok = mlx_lm.load(str(request.getfixturevalue(fixture)))
+    head = _split_head(model)
+    assert head is not None, "a known architecture must take the fast path"
+    rows = [tok.encode("The capital of France is Paris, and the capital of Spain is"),
+            tok.encode("One two three four five six seven eight nine ten eleven twelve")]
+    width = max(map(len, rows))
+    tokens = mx.array([r + [0] * (width - len(r)) for r in rows])
+    index = mx.array([[0, 5, len(rows[0]) - 1], [2, 3, len(rows[1]) - 1]])
+    full = model(tokens)
+    want = mx.take_along_axis(full, index[..., None], axis=1)
+    got = _logits_at(head, tokens, None, index)
+    assert got.shape == want.shape
+    assert float(mx.abs(got - want).max()) < 1e-4
+    # the check can fail: the positions must matter
+    assert float(mx.abs(got - mx.take_along_axis(full, (index + 1)[..., None], axis=1)).max()) > 1e-2
+
+
+def test_an_unknown_architecture_projects_every_position(tiny_model_dir: Path) -> None:
+    import mlx_lm
+
+    from pytest_mlxgate.capability.generate import _split_head
+
+    model, _ = mlx_lm.load(str(tiny_model_dir))
+    model.args.model_type = "some_new_arch"  # a forward we have not read: never guess its head
+    assert _split_head(model) is None
+
+
+def test_choice_scoring_on_gemma4_matches_whole_prompts(tiny_gemma4_dir: Path) -> None:
+    """Sliding-window caches cannot take a copied prefix: items run whole, batched, still exact."""
+    import mlx_lm
+
+    model, tok = mlx_lm.load(str(tiny_gemma4_dir))
+    texts, choices = _mmlu_like(2, 3)
+    multi = [(" Paris", " the city of London"), (" yes", " no thanks")] * 3
+    for opts in (choices, multi):
+        many = choice_logprobs_many(model, tok, texts, opts)
+        assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, opts)]) < 1e-4

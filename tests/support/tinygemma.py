@@ -1,0 +1,93 @@
+"""A tiny random gemma-4 from mlx_lm's own `gemma4_text` classes, with the real architecture's
+structure: sliding and full attention layers (RotatingKVCache and KVCache), KV-shared layers that
+reuse earlier layers' K/V (so fewer caches than layers), per-layer inputs, final logit
+softcapping, two head dims (sliding vs full), a tied embedding. Seeded, so every build of one
+configuration has the same weights.
+
+Two config forms, as real gemma-4 repos ship them:
+- "text": `model_type: gemma4_text`, weights named `model.layers...`;
+- "multimodal": `model_type: gemma4` with a `text_config` (and a vision config mlx_lm ignores),
+  weights named `model.language_model.layers...`, which mlx_lm's `gemma4.Model.sanitize` maps.
+
+The tokenizer is the embedded model's (49,152 entries); `vocab=262_144` gives the real gemma-4
+vocabulary size (rows past the tokenizer are never produced by encoding, but the logits, the KL
+and the softmax span all of them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Literal
+
+#: 8 layers, three sliding then one full (gemma-4 ends on a full layer): caches on the first 5
+#: (sliding x3, full, sliding); the last 3 reuse the K/V of the last cached layer of their type.
+LAYER_TYPES = ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"]
+KV_SHARED_LAYERS = 3
+SLIDING_WINDOW = 16
+
+TEXT_CONFIG: dict[str, Any] = {
+    "model_type": "gemma4_text",
+    "hidden_size": 64,
+    "num_hidden_layers": len(LAYER_TYPES),
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "global_head_dim": 32,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 49152,
+    "vocab_size_per_layer_input": 49152,
+    "hidden_size_per_layer_input": 8,
+    "num_kv_shared_layers": KV_SHARED_LAYERS,
+    "sliding_window": SLIDING_WINDOW,
+    "layer_types": LAYER_TYPES,
+    "final_logit_softcapping": 30.0,
+    "use_double_wide_mlp": True,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tiny_gemma4_config(*, vocab: int = 49152) -> dict[str, Any]:
+    """The text config of the tiny gemma-4 at `vocab` entries."""
+    return {**TEXT_CONFIG, "vocab_size": vocab, "vocab_size_per_layer_input": vocab}
+
+
+def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text", vocab: int = 49152,
+                      seed: int = 0, scale: float = 4.0) -> Path:
+    """Write config, seeded random weights and the embedded tokenizer into `out`; returns `out`.
+
+    `scale` sharpens the embedding so next-token distributions are peaked, as a trained model's are.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gemma4_text
+
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    text = tiny_gemma4_config(vocab=vocab)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(seed)
+    model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(text))
+    model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
+    weights = dict(tree_flatten(model.parameters()))
+    if form == "multimodal":
+        weights = {"model.language_model." + k.removeprefix("model."): v for k, v in weights.items()}
+        config: dict[str, Any] = {
+            "architectures": ["Gemma4ForConditionalGeneration"],
+            "model_type": "gemma4",
+            "vocab_size": vocab,
+            "text_config": text,
+            "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16},
+        }
+    else:
+        config = {"architectures": ["Gemma4ForCausalLM"], **text}
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    source = ensure_embedded_snapshot()
+    for name in _TOKENIZER_FILES:
+        shutil.copyfile(source / name, out / name)
+    return out
