@@ -1,8 +1,9 @@
 """capability: generation throughput batched vs sequential, and the smoke tier's wall time.
 
-1. On the embedded model, `--prompts` (32) chat prompts x `--tokens` (64) new tokens, greedy:
-   `mlx_lm.batch_generate` (our batched path, batch 32) vs `mlx_lm.stream_generate` one prompt at
-   a time; both produce the same texts (checked). Goal: generated tokens/s batched / sequential >= 4.
+1. On the embedded model, `--prompts` (32) chat prompts x `--tokens` (64) new tokens, greedy, with
+   the KV plan `--kv` (plain; `8` for an 8-bit cache): our batched path (`generate_greedy`, batch
+   32) vs `mlx_lm.stream_generate` one prompt at a time (with kv_bits for a quantized plan), and
+   how many texts are identical. Goal: generated tokens/s batched / sequential >= 4.
 2. MMLU choice scoring, `--subjects` (4) x `--per-subject` (8) real five-shot items: each prompt
    whole (one forward per item) vs the shared prefix prefilled once per subject and the suffixes
    batched (`choice_logprobs_many`, what the runner uses); items/s of both, the ratio, and the
@@ -34,27 +35,27 @@ def _load() -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def throughput(n: int, tokens: int) -> None:
+def throughput(n: int, tokens: int, kv_value: str = "plain") -> None:
     from pytest_mlxgate.capability.base import chat_render
     from pytest_mlxgate.capability.generate import generate_greedy, generate_sequential
     from pytest_mlxgate.kl.prompts import default_prompts
     from pytest_mlxgate.levers.kvcache import parse_kv_value
 
-    header(f"capability generation: {n} prompts x {tokens} new tokens, batched vs sequential (greedy)")
+    header(f"capability generation: {n} prompts x {tokens} new tokens, KV {kv_value}, batched vs sequential (greedy)")
     model, tokenizer = _load()
     texts = [p.text or p.messages[-1]["content"] for p in default_prompts()]  # type: ignore[index]
     prompts = [chat_render(tokenizer, [{"role": "user", "content": "Continue this:\n" + t[:300]}])
                for t in (texts * (n // len(texts) + 1))[:n]]
-    generate_greedy(model, tokenizer, prompts[:2], max_new_tokens=4, kv=parse_kv_value("plain"))  # warm-up
+    kv = parse_kv_value(kv_value)
+    generate_greedy(model, tokenizer, prompts[:2], max_new_tokens=4, kv=kv)  # warm-up
     t0 = time.perf_counter()
-    batched = generate_greedy(model, tokenizer, prompts, max_new_tokens=tokens, kv=parse_kv_value("plain"),
-                              batch_size=n)
+    batched = generate_greedy(model, tokenizer, prompts, max_new_tokens=tokens, kv=kv, batch_size=n)
     tb = time.perf_counter() - t0
     t0 = time.perf_counter()
-    sequential = generate_sequential(model, tokenizer, prompts, max_new_tokens=tokens)
+    sequential = generate_sequential(model, tokenizer, prompts, max_new_tokens=tokens, kv=kv)
     ts = time.perf_counter() - t0
     produced = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in batched)
-    same = sum(a == b for a, b in zip(batched, sequential))
+    same = sum(a.strip() == b.strip() for a, b in zip(batched, sequential))  # streaming drops a leading space
     print(f"batched:    {tb:.1f} s  ({produced / tb:.1f} generated tok/s)")
     print(f"sequential: {ts:.1f} s  ({produced / ts:.1f} generated tok/s)")
     print(f"identical outputs: {same}/{n}")
@@ -118,11 +119,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--subjects", type=int, default=4)
     parser.add_argument("--per-subject", type=int, default=8)
+    parser.add_argument("--kv", default="plain", help="the KV plan of the throughput run (e.g. 8: quantized)")
     parser.add_argument("--only", choices=["throughput", "prefix", "smoke"], default=None)
     parser.add_argument("--tasks", default="", help="comma-separated smoke-tier tasks (default: the six)")
     args = parser.parse_args(argv)
     if args.only in (None, "throughput"):
-        throughput(args.prompts, args.tokens)
+        throughput(args.prompts, args.tokens, args.kv)
     if args.only in (None, "prefix"):
         mmlu_prefix(args.subjects, args.per_subject)
     if args.only in (None, "smoke"):

@@ -71,6 +71,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_kv_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama with head_dim 64, so its KV cache quantizes at every group size (32/64/128)."""
+    from tinymodel import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-kv-model"), head_dim=64)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random gemma-4 (mlx_lm's gemma4_text classes: sliding + full layers, KV-shared layers,
     per-layer inputs, softcapping), text-only config form."""

@@ -1,10 +1,13 @@
-"""Greedy generation and choice scoring for one arm, through mlx_lm's own serving code.
+"""Greedy generation and choice scoring for one arm, through mlx_lm's models and caches.
 
-- plain KV cache: `mlx_lm.batch_generate` (continuous batching, greedy), the throughput path;
-- a uniformly quantized KV cache: `mlx_lm.stream_generate(kv_bits=..., kv_group_size=...,
+- models whose layers all keep a plain `KVCache` (and prompts within one prefill chunk): batches
+  of prompts through `serving.batch.greedy_batch`, each layer's cache plain or quantized as the
+  arm's KV plan says, so both arms of a KV gate run the same loop and differ only in the cache;
+- otherwise a plain KV cache: `mlx_lm.batch_generate` (continuous batching, greedy);
+- otherwise a uniformly quantized KV cache: `mlx_lm.stream_generate(kv_bits=..., kv_group_size=...,
   quantized_kv_start=...)`, one prompt at a time, exactly what `mlx_lm.generate` runs in production;
-- a per-layer KV plan (kv_config.json): the same greedy loop with the plan's cache, quantized
-  after every model call where `generate_step` would.
+- otherwise a per-layer KV plan (kv_config.json): the same greedy loop with the plan's cache,
+  quantized after every model call where `generate_step` would.
 
 Everything is greedy (argmax), so an arm's outputs are a function of its weights and kernels.
 """
@@ -44,6 +47,10 @@ def generate_greedy(
     if not prompts:
         return []
     ids = [_encode(tokenizer, p) for p in prompts]
+    from ..serving.batch import batchable
+
+    if batchable(model, kv, [len(x) for x in ids]):
+        return _batched_plan(model, tokenizer, ids, max_new_tokens, kv, batch_size, progress)
     if kv.is_plain:
         return _batched(model, tokenizer, ids, max_new_tokens, batch_size, progress)
     uniform = kv.default if not kv.layers else None
@@ -56,14 +63,19 @@ def generate_greedy(
     return out
 
 
-def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int) -> list[str]:
-    """One prompt at a time through `stream_generate` (the benchmark's baseline for batching)."""
+def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
+                        kv: KVPlan | None = None) -> list[str]:
+    """One prompt at a time through `stream_generate` (the benchmark's baseline for batching), with
+    `kv`'s uniform quantization when it has one."""
     from mlx_lm import stream_generate
 
+    spec = kv.default if kv is not None and not kv.layers else None
+    extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
+                                     "quantized_kv_start": spec.start}
     out = []
     for p in prompts:
-        text = "".join(r.text for r in stream_generate(model, tokenizer, _encode(tokenizer, p), max_tokens=max_new_tokens))
-        out.append(text)
+        stream = stream_generate(model, tokenizer, _encode(tokenizer, p), max_tokens=max_new_tokens, **extra)
+        out.append("".join(r.text for r in stream))
     return out
 
 
@@ -194,7 +206,8 @@ class _Row:
         import mlx.core as mx
 
         picked = [logp[mx.array([at[p] for p in positions]), mx.array(ids)].sum() for positions, ids in self.reads]
-        return [float(v) for v in mx.stack(picked).tolist()]
+        values: Any = mx.stack(picked).tolist()
+        return [float(v) for v in values]
 
 
 class _ChoicePlan:
@@ -341,6 +354,23 @@ def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: i
         if progress is not None:
             progress(len(out), len(ids))
     return out
+
+
+def _batched_plan(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, kv: KVPlan,
+                  batch_size: int, progress: Progress | None = None) -> list[str]:
+    """Batches of similar length (less padding), each through `greedy_batch`; outputs in order."""
+    from ..serving.batch import greedy_batch
+
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    out: dict[int, str] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        generated = greedy_batch(model, [ids[i] for i in chunk], max_new_tokens=max_new_tokens, kv=kv, eos=eos)
+        out.update((i, str(tokenizer.decode(g))) for i, g in zip(chunk, generated))
+        if progress is not None:
+            progress(len(out), len(ids))
+    return [out[i] for i in range(len(ids))]
 
 
 def _stream(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, spec: Any) -> str:

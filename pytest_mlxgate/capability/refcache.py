@@ -22,7 +22,7 @@ from ..common.atomic import atomic_write_bytes
 from ..common.keys import canonical_json, key_digest
 from .base import ItemResult
 
-__all__ = ["CAPABILITY_CACHE_FORMAT", "CapabilityCache", "task_code_digest"]
+__all__ = ["CAPABILITY_CACHE_FORMAT", "CapabilityCache", "generation_code_digest", "task_code_digest"]
 
 #: Bump when an entry's layout or the meaning of a stored field changes.
 CAPABILITY_CACHE_FORMAT = 1
@@ -47,6 +47,16 @@ def task_code_digest(task: object) -> str:
             sources.append(source)
     digests = [hashlib.sha256(Path(source).read_bytes()).hexdigest() for source in sources]
     return digests[0] if len(digests) == 1 else hashlib.sha256(" ".join(digests).encode()).hexdigest()
+
+
+def generation_code_digest() -> str:
+    """sha256 of the code that turns a rendered prompt into an arm's output (greedy generation,
+    choice scoring, the batched serving loop): a changed path is a miss, even for an unchanged task."""
+    from ..serving import batch
+    from . import generate
+
+    digests = [hashlib.sha256(Path(m.__file__ or "").read_bytes()).hexdigest() for m in (generate, batch)]
+    return hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
 
 class CapabilityCache:

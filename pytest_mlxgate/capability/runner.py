@@ -244,9 +244,10 @@ def run_capability_sequential(
 def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], rendered: Mapping[str, str],
                base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int) -> dict[str, Any]:
     """Everything the reference arm's results depend on, beyond the model and lever in `base`."""
-    from .refcache import CAPABILITY_CACHE_FORMAT, task_code_digest
+    from .refcache import CAPABILITY_CACHE_FORMAT, generation_code_digest, task_code_digest
 
     return {**base, "format": CAPABILITY_CACHE_FORMAT, "task": name, "task_code": task_code_digest(task),
+            "generation_code": generation_code_digest(),
             "tier": tier, "n": n, "max_new_tokens": _budget(task, max_new_tokens), "batch_size": batch_size,
             "items": [[it.id, prompt_hash(rendered[it.id])] for it in items]}
 

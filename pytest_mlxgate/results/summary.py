@@ -147,7 +147,7 @@ def _n_parts(record: GateRecord) -> list[str]:
     parts: list[str] = []
     n_prompts = integer(stats.get("n_prompts", sizes.get("prompts")))
     if n_prompts is not None:
-        parts.append(f"{n_prompts} prompts")
+        parts.append(f"{n_prompts} {'items' if record.get('mode') == 'capability' else 'prompts'}")
     n_tokens = integer(stats.get("n_tokens"))
     if n_tokens is not None:
         parts.append(f"{n_tokens} tokens")

@@ -87,7 +87,7 @@ class PairedRun:
             if isinstance(n, Budget):
                 if not sequential or sequential.get("max_drop") is None:
                     raise TypeError("n=Budget(...) sizes the drop test: it needs max_drop=")
-                self._say(f"capability {task} ({tier}): both arms, batch by batch ({n.describe()})")
+                self._say(f"capability {task} ({tier}): batch by batch ({n.describe()})")
                 found = run_capability_sequential(
                     task, tier,  # type: ignore[arg-type]
                     budget=n, max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
@@ -97,7 +97,8 @@ class PairedRun:
                 verdict = found.sequential or {}
                 self._say(f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
                           f"{verdict.get('batches')} batches ({verdict.get('stopped_by')}), drop bounds "
-                          f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]")
+                          f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]; "
+                          f"reference arm: {_SOURCE_WORDS.get(found.reference_source, found.reference_source)}")
                 self._capability[key] = found
             else:
                 self._say(f"capability {task} ({tier}): both arms, the same items")
@@ -163,6 +164,9 @@ class PairedRun:
             return line
 
         return meter
+
+#: How a capability run's reference arm was obtained, in the progress line's words.
+_SOURCE_WORDS = {"cache": "from the reference cache", "computed": "computed", "mixed": "partly cached"}
 
 
 class Paired:

@@ -56,7 +56,8 @@ def test_an_unchanged_gate_runs_only_its_candidate_arm(setup: dict[str, Any]) ->
     assert again.rendered == first.rendered  # reports still show the exact inputs
 
 
-@pytest.mark.parametrize("change", ["model", "lever", "data", "n", "tier", "max_new_tokens", "code", "refresh"])
+@pytest.mark.parametrize("change", ["model", "lever", "data", "n", "tier", "max_new_tokens", "code", "generation",
+                                    "refresh"])
 def test_each_key_input_is_a_miss(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     _run(setup)
     kw: dict[str, Any] = {}
@@ -73,6 +74,8 @@ def test_each_key_input_is_a_miss(setup: dict[str, Any], monkeypatch: pytest.Mon
         kw["max_new_tokens"] = 1
     elif change == "code":
         monkeypatch.setattr(refcache, "task_code_digest", lambda task: "another scorer")
+    elif change == "generation":
+        monkeypatch.setattr(refcache, "generation_code_digest", lambda: "another serving loop")
     else:
         kw["refresh_reference"] = True
     assert _run(setup, key=key, **kw).reference_source == "computed"

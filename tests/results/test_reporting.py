@@ -494,6 +494,12 @@ def test_summary_pass_matches_the_documented_layout() -> None:
     assert len(lines) == 5
 
 
+def test_a_capability_gate_counts_items_not_prompts() -> None:
+    record = make_record("gates/test_a.py::test_capability", mode="capability", stats={"n_prompts": 48})
+    (n_line,) = [line for line in summary_lines([record]) if "48" in line]
+    assert "48 items" in n_line and "prompts" not in n_line
+
+
 def test_summary_columns_align_across_gates_of_every_kind() -> None:
     failing = make_record("gates/test_kv_cache.py::test_drift_kv4", verdict="fail")
     failing["checks"][0].update(value=2.5e-3, bound=3.1e-3, passed=False)

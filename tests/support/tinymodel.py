@@ -26,8 +26,9 @@ TINY_CONFIG = {
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def build_tiny_model(out: Path, *, seed: int = 0, scale: float = 2.0) -> Path:
-    """Write config, random weights (seeded) and the embedded tokenizer into `out`.
+def build_tiny_model(out: Path, *, seed: int = 0, scale: float = 2.0, **overrides: object) -> Path:
+    """Write config (TINY_CONFIG with `overrides`), random weights (seeded) and the embedded
+    tokenizer into `out`.
 
     `scale` sharpens the embedding so the random model's next-token distributions are peaked,
     like a real model's, rather than nearly uniform.
@@ -40,11 +41,12 @@ def build_tiny_model(out: Path, *, seed: int = 0, scale: float = 2.0) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(TINY_CONFIG))
+    config = {**TINY_CONFIG, **overrides}
+    model = llama.Model(llama.ModelArgs.from_dict(config))
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
-    (out / "config.json").write_text(json.dumps(TINY_CONFIG, indent=2))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     source = ensure_embedded_snapshot()
     for name in _TOKENIZER_FILES:
         shutil.copyfile(source / name, out / name)

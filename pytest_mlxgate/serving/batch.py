@@ -1,0 +1,186 @@
+"""Batched greedy decoding through each arm's real KV caches, quantized ones included.
+
+mlx_lm batches generation (`batch_generate`, left-padded `BatchKVCache`) only for plain caches; a
+quantized KV cache runs one prompt at a time (`stream_generate(kv_bits=...)`). A KV lever's
+candidate arm was therefore the slowest part of a gate. Here a whole batch runs in one loop:
+left-padded prompts, one cache per layer, `BatchQuantizedKVCache` once a layer's plan says so.
+
+Both arms of a gate take this same loop (a plain plan keeps `BatchKVCache`), so the arms differ
+only in the cache a layer keeps. What the loop mirrors of `mlx_lm.generate_step`: the prompt but
+its last token is prefilled in one call, each layer is quantized when its offset reaches its spec's
+start (checked after every call), and the last prompt token starts decoding. Quantization is per
+row and per group of the head dimension, so a row's quantized keys are the same in a batch as
+alone; the mask hides the padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..levers.kvcache import KVPlan
+
+__all__ = ["BatchQuantizedKVCache", "batchable", "greedy_batch", "quantize_batch_cache"]
+
+#: mlx_lm's `generate_step` prefills in chunks of this many tokens; longer prompts would quantize
+#: mid-prompt there, so the batched loop leaves them to the one-at-a-time path.
+PREFILL_STEP = 2048
+
+
+class BatchQuantizedKVCache:
+    """A left-padded batch of quantized K/V (mlx_lm's `QuantizedKVCache` layout per row).
+
+    `bits` and `group_size` make mlx_lm's attention take its quantized path; `offset` is per row
+    (positions for RoPE), `make_mask` hides each row's left padding, as `BatchKVCache` does.
+    """
+
+    step = 256
+
+    def __init__(self, left_padding: Any, *, group_size: int, bits: int) -> None:
+        import mlx.core as mx
+
+        self.keys: tuple[Any, Any, Any] | None = None
+        self.values: tuple[Any, Any, Any] | None = None
+        self.left_padding = mx.array(left_padding)
+        self.offset = -self.left_padding
+        self._idx = 0
+        self.group_size = group_size
+        self.bits = bits
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
+        import mlx.core as mx
+
+        steps = keys.shape[2]
+        prev = self._idx
+        if self.keys is None or self.values is None or prev + steps > self.keys[0].shape[2]:
+            self._grow(keys, values, prev + steps)
+        assert self.keys is not None and self.values is not None
+        qk = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
+        qv = mx.quantize(values, group_size=self.group_size, bits=self.bits)
+        for stored, new in ((self.keys, qk), (self.values, qv)):
+            for part, value in zip(stored, new):
+                part[..., prev : prev + steps, :] = value
+        self._idx += steps
+        self.offset = self.offset + steps
+        return self._fetch()
+
+    def _grow(self, keys: Any, values: Any, needed: int) -> None:
+        import mlx.core as mx
+
+        size = (needed + self.step - 1) // self.step * self.step
+        per_int = 32 // self.bits
+
+        def empty(like: Any, have: tuple[Any, Any, Any] | None) -> tuple[Any, Any, Any]:
+            b, h, _, d = like.shape
+            shape = (b, h, size)
+            parts = (mx.zeros((*shape, d // per_int), mx.uint32),
+                     mx.zeros((*shape, d // self.group_size), like.dtype),
+                     mx.zeros((*shape, d // self.group_size), like.dtype))
+            if have is None:
+                return parts
+            return tuple(mx.concatenate([old[..., : self._idx, :], new[..., self._idx :, :]], axis=2)
+                         for old, new in zip(have, parts))  # type: ignore[return-value]
+
+        self.keys, self.values = empty(keys, self.keys), empty(values, self.values)
+
+    def _fetch(self) -> tuple[Any, Any]:
+        assert self.keys is not None and self.values is not None
+        cut = self._idx
+        return (tuple(x[..., :cut, :] for x in self.keys), tuple(x[..., :cut, :] for x in self.values))
+
+    def make_mask(self, n: int, return_array: bool = False, **kwargs: Any) -> Any:
+        from mlx_lm.models.base import create_causal_mask
+
+        return create_causal_mask(n, offset=self._idx, left_padding=self.left_padding, **kwargs)
+
+    @property
+    def state(self) -> tuple[Any, ...]:
+        return self.keys, self.values, self.offset, self.left_padding, self._idx
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        parts = (*(self.keys or ()), *(self.values or ()))
+        return sum(int(p[..., : self._idx, :].nbytes) for p in parts)
+
+
+def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuantizedKVCache:
+    """A `BatchKVCache`'s contents, quantized (what `KVCache.to_quantized` does for one row)."""
+    import mlx.core as mx
+
+    out = BatchQuantizedKVCache(cache.left_padding, group_size=group_size, bits=bits)
+    keys, values = cache.keys[..., : cache._idx, :], cache.values[..., : cache._idx, :]
+    out._grow(keys, values, cache._idx)
+    assert out.keys is not None and out.values is not None
+    for stored, new in ((out.keys, mx.quantize(keys, group_size=group_size, bits=bits)),
+                        (out.values, mx.quantize(values, group_size=group_size, bits=bits))):
+        for part, value in zip(stored, new):
+            part[..., : cache._idx, :] = value
+    out._idx = cache._idx
+    out.offset = cache.offset
+    return out
+
+
+def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
+    """True when the batched loop reproduces what one prompt at a time would do: every layer keeps
+    a plain `KVCache` (no sliding window or recurrent state), no prompt is longer than one prefill
+    chunk, and every quantized layer starts at or before the shortest prompt's prefill end (so all
+    rows quantize at the same call, right after the prefill, as they would alone)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    if not lengths or max(lengths) - 1 > PREFILL_STEP or min(lengths) < 2:
+        return False
+    caches = make_prompt_cache(model)
+    if not all(type(c) is KVCache for c in caches):
+        return False
+    starts = [spec.start for i in range(len(caches)) if (spec := kv.for_layer(i)) is not None]
+    return all(start <= min(lengths) - 1 for start in starts)
+
+
+def greedy_batch(model: Any, ids: Sequence[list[int]], *, max_new_tokens: int, kv: KVPlan,
+                 eos: set[int], on_token: Callable[[int], None] | None = None) -> list[list[int]]:
+    """Greedy continuations of the token lists `ids` (one batch; see `batchable`), each cut at its
+    first end-of-sequence token. `on_token(step)` after each decode step."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+    width = max(len(x) for x in ids)
+    padding = [width - len(x) for x in ids]
+    tokens = mx.array([[0] * p + x for p, x in zip(padding, ids)])
+    cache: list[Any] = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
+    kv.check_model(len(cache))
+
+    def quantize_due() -> None:
+        for i, c in enumerate(cache):
+            spec = kv.for_layer(i)
+            if spec is not None and isinstance(c, BatchKVCache) and c._idx - max(padding) >= spec.start:
+                cache[i] = quantize_batch_cache(c, group_size=spec.group_size, bits=spec.bits)
+
+    model(tokens[:, :-1], cache=cache)
+    quantize_due()
+    mx.eval([c.state for c in cache])
+    last = tokens[:, -1:]
+    out: list[list[int]] = [[] for _ in ids]
+    done = [False] * len(ids)
+    for step in range(max_new_tokens):
+        logits = model(last, cache=cache)[:, -1]
+        quantize_due()
+        best = mx.argmax(logits, axis=-1)
+        values: Any = best.tolist()
+        picked = [int(t) for t in values]
+        for row, token in enumerate(picked):
+            if done[row]:
+                continue
+            if token in eos:
+                done[row] = True
+            else:
+                out[row].append(token)
+        if on_token is not None:
+            on_token(step)
+        if all(done):
+            break
+        last = best[:, None]
+    return out

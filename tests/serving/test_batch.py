@@ -1,0 +1,119 @@
+"""Batched greedy decoding through real (quantized) KV caches: the same numbers as one row alone,
+the same tokens as mlx_lm's own one-at-a-time production path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate.levers.kvcache import parse_kv_value
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away, there lived a king who",
+    "1, 2, 3, 4, 5,",
+    "A long time ago the river flooded the valley and the farmers moved their houses up the hill",
+]
+
+
+def _load(path: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    return mlx_lm.load(str(path))
+
+
+def _ids(tok: Any) -> list[list[int]]:
+    return [list(tok.encode(p)) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("plan", ["8", "4", "bits=4,group_size=32,start=0"])
+def test_a_batch_of_one_is_mlx_lms_quantized_stream_generate(tiny_kv_model_dir: Path, plan: str) -> None:
+    """Alone, the loop is `mlx_lm.stream_generate(kv_bits=...)` token for token: the production path."""
+    from mlx_lm import stream_generate
+
+    from pytest_mlxgate.serving.batch import greedy_batch
+
+    model, tok = _load(tiny_kv_model_dir)
+    kv = parse_kv_value(plan)
+    spec = kv.default
+    assert spec is not None
+    for ids in _ids(tok):
+        ours = greedy_batch(model, [ids], max_new_tokens=12, kv=kv, eos=set())[0]
+        theirs = [r.token for r in stream_generate(model, tok, ids, max_tokens=12, kv_bits=spec.bits,
+                                                   kv_group_size=spec.group_size, quantized_kv_start=spec.start)]
+        assert ours == theirs
+
+
+def test_a_plain_batch_is_mlx_lms_batch_generate(tiny_model_dir: Path) -> None:
+    from mlx_lm import batch_generate
+
+    from pytest_mlxgate.serving.batch import greedy_batch
+
+    model, tok = _load(tiny_model_dir)
+    ids = _ids(tok)
+    ours = greedy_batch(model, ids, max_new_tokens=12, kv=parse_kv_value("plain"), eos=set())
+    theirs = batch_generate(model, tok, ids, max_tokens=12).texts
+    assert [tok.decode(o) for o in ours] == theirs
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_each_row_of_a_padded_quantized_batch_has_its_own_logits(tiny_kv_model_dir: Path, bits: int) -> None:
+    """Left padding is masked and positions are per row: a row's decode logits in a batch of rows of
+    different lengths equal its logits alone (float32 rounding), through prefill and two steps."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from pytest_mlxgate.serving.batch import BatchQuantizedKVCache, quantize_batch_cache
+
+    model, tok = _load(tiny_kv_model_dir)
+    ids = _ids(tok)
+    width = max(map(len, ids))
+    padding = [width - len(x) for x in ids]
+    cache: list[Any] = [BatchKVCache(padding) for _ in model.layers]
+    tokens = mx.array([[0] * p + x for p, x in zip(padding, ids)])
+    model(tokens[:, :-1], cache=cache)
+    cache = [quantize_batch_cache(c, group_size=32, bits=bits) for c in cache]
+    assert all(isinstance(c, BatchQuantizedKVCache) for c in cache)
+    steps = [tokens[:, -1:], mx.array([[11]] * len(ids)), mx.array([[12]] * len(ids))]
+    batched = [model(s, cache=cache)[:, -1] for s in steps]
+    for row, x in enumerate(ids):
+        alone: list[Any] = [KVCache() for _ in model.layers]
+        model(mx.array([x[:-1]]), cache=alone)
+        alone = [c.to_quantized(group_size=32, bits=bits) for c in alone]
+        for k, s in enumerate([mx.array([[x[-1]]]), mx.array([[11]]), mx.array([[12]])]):
+            mine = model(s, cache=alone)[0, -1]
+            assert float(mx.abs(mine - batched[k][row]).max()) < 1e-4, (row, k)
+    # and the comparison can fail: another row's logits differ
+    assert float(mx.abs(batched[0][0] - batched[0][1]).max()) > 1e-2
+
+
+def test_what_the_batched_loop_refuses(tiny_model_dir: Path, tiny_gemma4_dir: Path) -> None:
+    from pytest_mlxgate.serving.batch import PREFILL_STEP, batchable
+
+    model, _ = _load(tiny_model_dir)
+    assert batchable(model, parse_kv_value("8"), [10, 20])
+    assert batchable(model, parse_kv_value("bits=8,start=9"), [10, 20])
+    assert not batchable(model, parse_kv_value("bits=8,start=10"), [10, 20]), "rows would quantize at different steps"
+    assert not batchable(model, parse_kv_value("8"), [10, PREFILL_STEP + 2]), "mlx_lm would quantize mid-prompt"
+    assert not batchable(model, parse_kv_value("8"), [])
+    gemma, _ = _load(tiny_gemma4_dir)
+    assert not batchable(gemma, parse_kv_value("plain"), [10, 20]), "sliding-window caches are not BatchKVCache"
+
+
+def test_cache_bytes_count_the_quantized_arrays() -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    from pytest_mlxgate.serving.batch import quantize_batch_cache
+
+    plain = BatchKVCache([0, 0])
+    k = mx.random.normal((2, 2, 64, 64))
+    plain.update_and_fetch(k, k)
+    q8 = quantize_batch_cache(plain, group_size=32, bits=8)
+    q4 = quantize_batch_cache(plain, group_size=32, bits=4)
+    float_bytes = 2 * k.nbytes
+    assert q4.nbytes < q8.nbytes < float_bytes
+    # 8-bit: 1 byte per element + a float32 scale and bias per group of 32 -> (32 + 8) / 128 of float32
+    assert q8.nbytes == float_bytes * (32 + 8) // 128
