@@ -53,7 +53,7 @@ def generate_greedy(
         return _batched_plan(model, tokenizer, ids, max_new_tokens, kv, batch_size, progress)
     if kv.is_plain:
         return _batched(model, tokenizer, ids, max_new_tokens, batch_size, progress)
-    uniform = kv.default if not kv.layers else None
+    uniform = kv.default if kv.is_uniform and not kv.fake and _mlx_lm_quantizes(model) else None
     out: list[str] = []
     for x in ids:
         out.append(_stream(model, tokenizer, x, max_new_tokens, uniform) if uniform is not None
@@ -69,7 +69,7 @@ def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, m
     `kv`'s uniform quantization when it has one."""
     from mlx_lm import stream_generate
 
-    spec = kv.default if kv is not None and not kv.layers else None
+    spec = kv.default if kv is not None and kv.is_uniform else None
     extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
                                      "quantized_kv_start": spec.start}
     out = []
@@ -371,6 +371,17 @@ def _batched_plan(model: Any, tokenizer: Any, ids: list[list[int]], max_new_toke
         if progress is not None:
             progress(len(out), len(ids))
     return [out[i] for i in range(len(ids))]
+
+
+def _mlx_lm_quantizes(model: Any) -> bool:
+    """mlx_lm's own `generate(kv_bits=...)` runs this model: every cache is a plain `KVCache` and no
+    layer shares another's K/V (sliding windows and KV-shared layers take the project's caches)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    from ..levers.kvcache import shared_kv_sources
+
+    cache = make_prompt_cache(model)
+    return all(type(c) is KVCache for c in cache) and not shared_kv_sources(model, len(cache))
 
 
 def _stream(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, spec: Any) -> str:

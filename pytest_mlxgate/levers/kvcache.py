@@ -20,14 +20,22 @@ The kv_config.json format::
       "layers": {"0": {"bits": 4, "group_size": 32}, "3": null}
     }
 
+`"types"` (optional) sets a spec per attention type, for models with sliding-window and full
+layers (gemma-4): `"types": {"sliding": {"bits": 4}, "full": 8}` (`full_attention` and
+`sliding_attention` are the long names). A layer takes its `"layers"` entry, else its type's,
+else `"default"`.
+
 `"layers"` may instead be a list indexed by layer, each entry a spec, `null` (plain) or a bare
 bit count: `"layers": [4, 4, {"bits": 8, "start": 16}, null]`. A spec holds `bits` (2, 3, 4, 5, 6
 or 8), optionally `group_size` (32, 64 or 128; default 64) and `start` (default
 `quantized_kv_start`). Every key is optional; unknown keys are errors, not silently ignored. A
 plan's `source` carries the sha256 of the file's bytes, so a cache key changes with the file.
 
-Only caches that have `to_quantized` are quantized (mlx_lm's `KVCache` and `RotatingKVCache`);
-others (e.g. `ArraysCache` of recurrent layers) stay as they are, exactly as in mlx_lm.
+`KVCache` layers quantize to mlx_lm's `QuantizedKVCache`, `RotatingKVCache` (sliding-window)
+layers to this project's `QuantizedRotatingKVCache` (mlx_lm 0.32 has none), and gemma-4's
+KV-shared layers read their source layer's quantized K/V (`serving.caches`). Caches with no
+quantized form (e.g. `ArraysCache` of recurrent layers) stay as they are under `"default"`, as in
+mlx_lm; naming one in `"layers"` is an error, raised when the plan meets the model.
 """
 
 from __future__ import annotations
@@ -45,11 +53,13 @@ from ..errors import LeverError
 
 __all__ = [
     "KV_BITS",
+    "ATTENTION_TYPES",
     "KV_GROUP_SIZES",
     "KVPlan",
     "KVSpec",
     "PLAIN",
     "parse_kv_value",
+    "shared_kv_sources",
 ]
 
 #: Bit widths mlx's quantized KV cache path supports.
@@ -62,7 +72,7 @@ _VALUE_FORMS = (
     "a dict {'bits': 8, 'group_size': 64, 'start': 0}, or a path to a kv_config.json"
 )
 _SPEC_KEYS = frozenset({"bits", "group_size", "start"})
-_CONFIG_KEYS = frozenset({"default", "quantized_kv_start", "layers"})
+_CONFIG_KEYS = frozenset({"default", "quantized_kv_start", "layers", "types"})
 _BITS_TEXT = re.compile(r"(?:q)?(\d+)(?:-?bits?)?", re.IGNORECASE)
 
 
@@ -93,57 +103,95 @@ def _spec_label(spec: KVSpec | None) -> str:
     return "plain" if spec is None else spec.label()
 
 
+#: kv_config.json's attention types (mlx_lm's `layer_types` names) and their short forms.
+ATTENTION_TYPES: dict[str, str] = {"full": "full_attention", "full_attention": "full_attention",
+                                   "sliding": "sliding_attention", "sliding_attention": "sliding_attention"}
+
+
 @dataclass(frozen=True)
 class KVPlan:
-    """A KV cache spec per layer: `default` for every layer `layers` does not override."""
+    """A KV cache spec per layer: `layers` by index, else `types` by attention type, else `default`."""
 
     default: KVSpec | None  # None = plain KVCache
     layers: Mapping[int, KVSpec | None] = field(default_factory=lambda: MappingProxyType({}))
     source: str = "plain"  # canonical text (a config file: its name and sha256 prefix)
     digest: str | None = None  # full sha256 of the kv_config.json bytes; None for inline values
     n_layers: int | None = None  # the layer count a list-form kv_config.json declares
+    types: Mapping[str, KVSpec | None] = field(default_factory=lambda: MappingProxyType({}))
+    fake: bool = False  # quantize -> dequantize into float caches (see `fake_quant`)
 
-    def for_layer(self, i: int) -> KVSpec | None:
-        """Layer `i`'s spec; None means a plain cache."""
-        return self.layers.get(i, self.default)
+    def for_layer(self, i: int, attention: str | None = None) -> KVSpec | None:
+        """Layer `i`'s spec (its attention type, when known, for `types`); None means a plain cache."""
+        if i in self.layers:
+            return self.layers[i]
+        if attention is not None and attention in self.types:
+            return self.types[attention]
+        return self.default
 
     @property
     def is_plain(self) -> bool:
         """No layer is ever quantized."""
-        return self.default is None and all(spec is None for spec in self.layers.values())
+        specs = [self.default, *self.layers.values(), *self.types.values()]
+        return all(spec is None for spec in specs)
+
+    @property
+    def is_uniform(self) -> bool:
+        """Every layer alike (what `mlx_lm.generate --kv-bits` can run)."""
+        return not self.layers and not self.types
+
+    def fake_quant(self) -> KVPlan:
+        """The same plan in float: each quantized layer stores its K/V quantized then dequantized
+        and attends with the float kernel. Against the real plan, what differs is the kernels."""
+        from dataclasses import replace
+
+        return replace(self, fake=True, source=f"fake-quant {self.source}")
 
     def make_cache(self, model: Any) -> list[Any]:
-        """A fresh prompt cache for `model` (quantization happens later, in `maybe_quantize`)."""
+        """A fresh prompt cache for `model` (quantization happens later, in `maybe_quantize`), after
+        checking the plan against the model's layers. A model with KV-shared layers (gemma-4) gets
+        a `SharedKVReader` in each of their slots, so they read a quantized source correctly."""
         from mlx_lm.models.cache import make_prompt_cache
 
+        from ..serving.caches import SharedKVReader
+
         cache: list[Any] = make_prompt_cache(model)
-        self.check_model(len(cache))
+        shared = shared_kv_sources(model, len(cache))
+        self.check_caches(cache, shared, n_layers=len(cache) + len(shared))
+        if shared and not self.is_plain and not self.fake:
+            cache.extend(SharedKVReader(cache, shared[j]) for j in sorted(shared))
         return cache
 
     def maybe_quantize(self, cache: list[Any]) -> None:
         """Quantize, in place, each layer whose spec's start its offset has reached.
 
         Call it after every forward, as mlx_lm's `generate_step` calls `maybe_quantize_kv_cache`;
-        an already quantized cache has no `to_quantized` and is left alone.
+        a quantized cache (or one with no quantized form) is left alone.
         """
         if self.is_plain:
             return
+        from ..serving.caches import attention_type, fake_quantize_cache, quantize_cache, quantized_form
+
+        convert = fake_quantize_cache if self.fake else quantize_cache
         for i, c in enumerate(cache):
-            spec = self.for_layer(i)
-            if spec is not None and hasattr(c, "to_quantized") and c.offset >= spec.start:
-                cache[i] = c.to_quantized(group_size=spec.group_size, bits=spec.bits)
+            if quantized_form(c) is None:
+                continue
+            spec = self.for_layer(i, attention_type(c))
+            if spec is not None and c.offset >= spec.start:
+                cache[i] = convert(c, group_size=spec.group_size, bits=spec.bits)
 
     def describe(self) -> str:
         """Short human text: `plain`, `8-bit g64 from token 0`, `kv_config.json (…)`."""
         if self.digest is None:
-            return _spec_label(self.default)
-        return f"{self.source.split(' sha256:')[0]} ({self._summary()})"
+            return ("fake-quant " if self.fake else "") + _spec_label(self.default)
+        return ("fake-quant " if self.fake else "") + f"{self.source.split(' sha256:')[0]} ({self._summary()})"
 
     def _summary(self) -> str:
         if self.n_layers is not None:
             specs = [self.for_layer(i) for i in range(self.n_layers)]
             return f"{self.n_layers} layers: {_counted(specs)}"
         text = f"default {_spec_label(self.default)}"
+        for kind, spec in self.types.items():
+            text += f"; {kind.removesuffix('_attention')} {_spec_label(spec)}"
         if self.layers:
             text += f"; {len(self.layers)} overridden: {_counted(list(self.layers.values()))}"
         return text
@@ -158,6 +206,45 @@ class KVPlan:
                 f"KV plan {self.source} configures {named}, but the model has {n_layers} "
                 f"layers (0..{n_layers - 1}); fix the kv_config.json for this model"
             )
+
+    def check_caches(self, cache: list[Any], shared: Mapping[int, int], *, n_layers: int) -> None:
+        """Refuse, when the plan meets the model, what it cannot run: a layer beyond the model, a
+        quantized spec on a KV-shared layer (it keeps no cache) or on a cache with no quantized form,
+        an attention type the model has none of. The message names the layers and their caches."""
+        from ..serving.caches import attention_type, quantized_form
+
+        self.check_model(n_layers)
+        problems: list[str] = []
+        on_shared = sorted(i for i, spec in self.layers.items() if spec is not None and i in shared)
+        if on_shared:
+            sources = ", ".join(f"{i} reads layer {shared[i]}" for i in on_shared)
+            problems.append(f"layers {on_shared} are KV-shared and keep no cache ({sources}): quantize their "
+                            "source layers instead, and set these to null")
+        stuck = sorted(i for i, spec in self.layers.items()
+                       if spec is not None and i < len(cache) and quantized_form(cache[i]) is None)
+        if stuck:
+            kinds = ", ".join(f"{i}: {type(cache[i]).__name__}" for i in stuck)
+            problems.append(f"layers {stuck} keep caches with no quantized form ({kinds}): set them to null "
+                            "(only KVCache and RotatingKVCache layers can be quantized)")
+        present = {attention_type(c) for c in cache}
+        missing = sorted(t for t, spec in self.types.items() if spec is not None and t not in present)
+        if missing:
+            have = sorted(t for t in present if t) or ["none"]
+            problems.append(f"it sets attention types {missing}, but the model's cached layers are {have}")
+        if problems:
+            raise LeverError(f"KV plan {self.source} cannot run on this model: " + "; ".join(problems)
+                             + " (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
+
+
+def shared_kv_sources(model: Any, n_cached: int) -> dict[int, int]:
+    """{KV-shared layer: the layer whose K/V it reuses} for models whose last layers keep no cache
+    (gemma-4's `previous_kvs`); empty for every other model."""
+    text = getattr(model, "language_model", model)
+    previous = getattr(getattr(text, "model", None), "previous_kvs", None)
+    layers = getattr(model, "layers", None)
+    if not isinstance(previous, list) or layers is None or len(layers) <= n_cached:
+        return {}
+    return {j: int(previous[j]) for j in range(n_cached, len(layers))}
 
 
 def _counted(specs: list[KVSpec | None]) -> str:
@@ -281,6 +368,19 @@ def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
         raise LeverError(f"{at} is {raw!r}; give a spec {{'bits': 8, 'group_size': 64}}, a bit count, or null")
 
     default = spec(config.get("default"), "'default'")
+    raw_types = config.get("types", {})
+    if not isinstance(raw_types, dict):
+        raise LeverError(f"{where} key 'types' is {type(raw_types).__name__}; give an object "
+                         "{'full': spec, 'sliding': spec}")
+    types: dict[str, KVSpec | None] = {}
+    for name, raw in raw_types.items():
+        kind = ATTENTION_TYPES.get(str(name))
+        if kind is None:
+            raise LeverError(f"{where} key 'types' names {name!r}; attention types are "
+                             f"{sorted(set(ATTENTION_TYPES))}")
+        if kind in types:
+            raise LeverError(f"{where} key 'types' sets {kind!r} twice ({name!r}); give it once")
+        types[kind] = spec(raw, f"'types'.{name!r}")
     raw_layers = config.get("layers", {})
     layers: dict[int, KVSpec | None] = {}
     n_layers: int | None = None
@@ -302,4 +402,5 @@ def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
         source=f"{path.name} sha256:{digest[:16]}",
         digest=digest,
         n_layers=n_layers,
+        types=MappingProxyType(types),
     )

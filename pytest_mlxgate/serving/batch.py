@@ -134,9 +134,9 @@ def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
     if not lengths or max(lengths) - 1 > PREFILL_STEP or min(lengths) < 2:
         return False
     caches = make_prompt_cache(model)
-    if not all(type(c) is KVCache for c in caches):
+    if not all(type(c) is KVCache for c in caches) or kv.fake:
         return False
-    starts = [spec.start for i in range(len(caches)) if (spec := kv.for_layer(i)) is not None]
+    starts = [spec.start for i in range(len(caches)) if (spec := kv.for_layer(i, "full_attention")) is not None]
     return all(start <= min(lengths) - 1 for start in starts)
 
 
@@ -151,11 +151,11 @@ def greedy_batch(model: Any, ids: Sequence[list[int]], *, max_new_tokens: int, k
     padding = [width - len(x) for x in ids]
     tokens = mx.array([[0] * p + x for p, x in zip(padding, ids)])
     cache: list[Any] = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
-    kv.check_model(len(cache))
+    kv.check_caches(make_prompt_cache(model), {}, n_layers=len(cache))
 
     def quantize_due() -> None:
         for i, c in enumerate(cache):
-            spec = kv.for_layer(i)
+            spec = kv.for_layer(i, "full_attention")
             if spec is not None and isinstance(c, BatchKVCache) and c._idx - max(padding) >= spec.start:
                 cache[i] = quantize_batch_cache(c, group_size=spec.group_size, bits=spec.bits)
 

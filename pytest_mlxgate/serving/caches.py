@@ -1,0 +1,255 @@
+"""The KV caches a quantized plan needs beyond mlx_lm's own, for architectures like gemma-4.
+
+mlx_lm 0.32 quantizes only its plain `KVCache` (`to_quantized` -> `QuantizedKVCache`):
+`RotatingKVCache.to_quantized` raises NotImplementedError, and gemma-4's KV-shared layers (which
+reuse an earlier layer's K/V and keep no cache) hand quantized K/V to the float attention kernel,
+a TypeError. The production setup runs e4b with mixed 4/8-bit KV over every cached layer, so:
+
+- `QuantizedRotatingKVCache`: a sliding-window ring buffer with quantized storage, the same
+  rotation, trimming and masks as `RotatingKVCache` (it subclasses it), quantized per row and
+  group of the head dimension as `QuantizedKVCache` is;
+- `SharedKVReader`: what a KV-shared layer gets as its cache: it passes the K/V through and, once
+  its source layer's cache is quantized, carries that cache's `bits`/`group_size`, which is what
+  makes mlx_lm's `scaled_dot_product_attention` take its quantized path;
+- fake-quant caches (`FakeQuantKVCache`, `FakeQuantRotatingKVCache`): the same plan in float
+  (quantize then dequantize into a plain cache), so a check can tell the plan's rounding from the
+  quantized kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "SharedKVReader",
+    "attention_type",
+    "fake_quantize_cache",
+    "quantize_cache",
+    "quantized_form",
+]
+
+Parts = tuple[Any, Any, Any]  # (packed ints, scales, biases): mx.quantize's output
+
+
+def attention_type(cache: Any) -> str | None:
+    """The attention a cache serves, by its mlx_lm class: a sliding window or full attention; None
+    for caches that hold no K/V (recurrent state) or that this project does not know."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    if isinstance(cache, RotatingKVCache):
+        return "sliding_attention"
+    if isinstance(cache, (KVCache, QuantizedKVCache)):
+        return "full_attention"
+    return None
+
+
+def quantized_form(cache: Any) -> str | None:
+    """The name of the quantized cache that replaces `cache`, or None when it has none."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    if type(cache) is KVCache:
+        return "QuantizedKVCache"
+    if type(cache) is RotatingKVCache:
+        return "QuantizedRotatingKVCache"
+    return None
+
+
+def quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
+    """`cache` with its contents quantized: mlx_lm's own conversion for `KVCache`, ours for
+    `RotatingKVCache`. Raises TypeError for anything else (check `quantized_form` first)."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    if type(cache) is KVCache:
+        return cache.to_quantized(group_size=group_size, bits=bits)
+    if type(cache) is RotatingKVCache:
+        return QuantizedRotatingKVCache.from_cache(cache, group_size=group_size, bits=bits)
+    raise TypeError(f"{type(cache).__name__} has no quantized form")
+
+
+def fake_quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
+    """`cache` as a float cache that stores every K/V quantized then dequantized (see module doc)."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    if type(cache) is KVCache:
+        out: Any = FakeQuantKVCache(group_size=group_size, bits=bits)
+    elif type(cache) is RotatingKVCache:
+        out = FakeQuantRotatingKVCache(cache.max_size, cache.keep, group_size=group_size, bits=bits)
+    else:
+        raise TypeError(f"{type(cache).__name__} has no quantized form")
+    if cache.keys is not None:
+        out.keys = _round_trip(cache.keys, group_size, bits)
+        out.values = _round_trip(cache.values, group_size, bits)
+    out.offset = cache.offset
+    if hasattr(cache, "_idx"):
+        out._idx = cache._idx
+    return out
+
+
+def _round_trip(x: Any, group_size: int, bits: int) -> Any:
+    import mlx.core as mx
+
+    return mx.dequantize(*mx.quantize(x, group_size=group_size, bits=bits), group_size=group_size, bits=bits)
+
+
+class SharedKVReader:
+    """The cache slot of a KV-shared layer: K/V pass through unchanged; `bits` and `group_size`
+    exist exactly while the source layer's cache is quantized (mlx_lm picks the kernel by them)."""
+
+    def __init__(self, caches: Sequence[Any], source: int) -> None:
+        self._caches = caches  # the live list: a layer quantized later is seen from then on
+        self.source = source
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("bits", "group_size"):
+            source = self._caches[self.source]
+            if not isinstance(source, SharedKVReader) and hasattr(source, name):
+                return getattr(source, name)
+        raise AttributeError(name)
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
+        return keys, values
+
+    @property
+    def state(self) -> list[Any]:
+        return []  # holds nothing of its own
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+
+def _base_rotating() -> Any:
+    from mlx_lm.models.cache import RotatingKVCache
+
+    return RotatingKVCache
+
+
+def _base_plain() -> Any:
+    from mlx_lm.models.cache import KVCache
+
+    return KVCache
+
+
+class QuantizedRotatingKVCache(_base_rotating()):  # type: ignore[misc]
+    """`RotatingKVCache` whose keys and values are stored quantized (`Parts` per array)."""
+
+    keys: Any  # Parts, or None before the first update
+    values: Any
+
+    def __init__(self, max_size: int, keep: int = 0, *, group_size: int = 64, bits: int = 8) -> None:
+        super().__init__(max_size, keep)
+        self.group_size = group_size
+        self.bits = bits
+
+    @classmethod
+    def from_cache(cls, cache: Any, *, group_size: int, bits: int) -> QuantizedRotatingKVCache:
+        out = cls(cache.max_size, cache.keep, group_size=group_size, bits=bits)
+        if cache.keys is not None:
+            out.keys, out.values = out._quantize(cache.keys), out._quantize(cache.values)
+        out.offset, out._idx = cache.offset, cache._idx
+        return out
+
+    def _quantize(self, x: Any) -> Parts:
+        import mlx.core as mx
+
+        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
+        return packed, scales, biases
+
+    def _each(self, fn: Any, parts: Parts, other: Parts | None = None) -> Parts:
+        if other is None:
+            return tuple(fn(p) for p in parts)
+        return tuple(fn(p, o) for p, o in zip(parts, other))
+
+    def _update_concat(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
+        base = _base_rotating()
+        new_k, new_v = self._quantize(keys), self._quantize(values)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:  # temporal order, then trim so every new token still sees max_size of context
+            self.keys = self._each(lambda p: base._temporal_order(self, p), self.keys)
+            self.values = self._each(lambda p: base._temporal_order(self, p), self.values)
+            self._idx = self.keys[0].shape[2]
+            trim = self._idx - self.max_size + 1
+            self.keys = self._each(lambda p, a: base._trim(self, trim, p, a), self.keys, new_k)
+            self.values = self._each(lambda p, a: base._trim(self, trim, p, a), self.values, new_v)
+        self.offset += keys.shape[2]
+        self._idx = self.keys[0].shape[2]
+        return self.keys, self.values
+
+    def _update_in_place(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
+        import mlx.core as mx
+
+        base = _base_rotating()
+        steps = keys.shape[2]
+        prev = self.offset
+        new_k, new_v = self._quantize(keys), self._quantize(values)
+        if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
+            size = min(self.step, self.max_size - prev)
+
+            def grown(have: Parts | None, like: Parts) -> Parts:
+                zeros = tuple(mx.zeros((*p.shape[:2], size, p.shape[3]), p.dtype) for p in like)
+                if have is None:
+                    return zeros  # type: ignore[return-value]
+                return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros))  # type: ignore[return-value]
+
+            self.keys, self.values = grown(self.keys, new_k), grown(self.values, new_v)
+            self._idx = prev
+        trim = self.keys[0].shape[2] - self.max_size
+        if trim > 0:
+            self.keys = self._each(lambda p: base._trim(self, trim, p), self.keys)
+            self.values = self._each(lambda p: base._trim(self, trim, p), self.values)
+            self._idx = self.max_size
+        if self._idx == self.max_size:  # rotate
+            self._idx = self.keep
+        for stored, new in ((self.keys, new_k), (self.values, new_v)):
+            for part, value in zip(stored, new):
+                part[..., self._idx : self._idx + steps, :] = value
+        self.offset += steps
+        self._idx += steps
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple[Parts, Parts]:
+        if self.offset < self.keys[0].shape[2]:
+            cut = self.offset
+            return (self._each(lambda p: p[..., :cut, :], self.keys),
+                    self._each(lambda p: p[..., :cut, :], self.values))
+        return self.keys, self.values
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:
+        raise TypeError("already quantized")
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return sum(int(p.nbytes) for p in (*self.keys, *self.values))
+
+
+class FakeQuantKVCache(_base_plain()):  # type: ignore[misc]
+    """A plain `KVCache` that stores K/V quantized then dequantized (float storage, float kernels)."""
+
+    def __init__(self, *, group_size: int, bits: int) -> None:
+        super().__init__()
+        self.fake_group_size = group_size
+        self.fake_bits = bits
+
+    def update_and_fetch(self, keys: Any, values: Any) -> Any:
+        g, b = self.fake_group_size, self.fake_bits
+        return super().update_and_fetch(_round_trip(keys, g, b), _round_trip(values, g, b))
+
+
+class FakeQuantRotatingKVCache(_base_rotating()):  # type: ignore[misc]
+    """A `RotatingKVCache` that stores K/V quantized then dequantized."""
+
+    def __init__(self, max_size: int, keep: int = 0, *, group_size: int, bits: int) -> None:
+        super().__init__(max_size, keep)
+        self.fake_group_size = group_size
+        self.fake_bits = bits
+
+    def update_and_fetch(self, keys: Any, values: Any) -> Any:
+        g, b = self.fake_group_size, self.fake_bits
+        return super().update_and_fetch(_round_trip(keys, g, b), _round_trip(values, g, b))

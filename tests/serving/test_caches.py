@@ -1,0 +1,181 @@
+"""Quantized KV plans on gemma-4: a quantized sliding-window cache, KV-shared layers reading
+quantized K/V, selection by attention type, and refusals that name the layers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate.errors import LeverError
+from pytest_mlxgate.levers.kvcache import parse_kv_value
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. " * 5,  # longer than the 16-token window
+    "One two three four five six seven eight nine ten eleven twelve thirteen fourteen",
+    "Short one",
+]
+
+
+def _load(path: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    return mlx_lm.load(str(path))
+
+
+def test_the_quantized_ring_buffer_holds_what_mlx_lms_ring_buffer_holds() -> None:
+    """Fed the same K/V (prefill chunks, then single steps far past the window), the quantized
+    cache's dequantized contents, offsets, write index and masks equal mlx_lm's RotatingKVCache
+    storing the same rounded values: the rotation and trimming are the same."""
+    import mlx.core as mx
+
+    from pytest_mlxgate.serving.caches import FakeQuantRotatingKVCache, QuantizedRotatingKVCache
+
+    mx.random.seed(0)
+    real = QuantizedRotatingKVCache(16, 0, group_size=32, bits=4)
+    fake = FakeQuantRotatingKVCache(16, 0, group_size=32, bits=4)
+    for steps in [5, 7, 1, 1, 9, *([1] * 30), 3, *([1] * 5)]:
+        k, v = mx.random.normal((1, 2, steps, 64)), mx.random.normal((1, 2, steps, 64))
+        rk, rv = real.update_and_fetch(k, v)
+        fk, fv = fake.update_and_fetch(k, v)
+        assert (real.offset, real._idx) == (fake.offset, fake._idx)
+        deq = mx.dequantize(*rk, group_size=32, bits=4)
+        assert deq.shape == fk.shape
+        assert float(mx.abs(deq - fk).max()) < 1e-5
+        assert float(mx.abs(mx.dequantize(*rv, group_size=32, bits=4) - fv).max()) < 1e-5
+        for n in (1, 3):
+            a, b = real.make_mask(n, window_size=16), fake.make_mask(n, window_size=16)
+            assert (a is None and b is None) or (isinstance(a, str) and a == b) or bool(mx.all(a == b))
+    assert real.nbytes < fake.nbytes
+
+
+def _decode_kls(model: Any, tok: Any, plan: Any, other: Any, steps: int = 4) -> list[float]:
+    """KL(plan || other) at each of `steps` decode positions, both fed the same tokens."""
+    import mlx.core as mx
+    import numpy as np
+
+    out = []
+    for text in PROMPTS:
+        ids = list(tok.encode(text))
+        caches = [p.make_cache(model) for p in (plan, other)]
+        for p, c in zip((plan, other), caches):
+            model(mx.array([ids[:-1]]), cache=c)
+            p.maybe_quantize(c)
+        token = ids[-1]
+        for _ in range(steps):
+            rows = []
+            for p, c in zip((plan, other), caches):
+                logits = np.array(model(mx.array([[token]]), cache=c)[0, -1].astype(mx.float32), np.float64)
+                p.maybe_quantize(c)
+                rows.append(logits - np.logaddexp.reduce(logits))  # float64: the KL itself adds no noise
+            a, b = rows
+            out.append(float((np.exp(a) * (a - b)).sum()))
+            token = int(np.argmax(a))
+    return out
+
+
+@pytest.fixture
+def mixed_config(tmp_path: Path) -> Path:
+    """A production-like mixed plan: 8-bit on two layers, 4-bit on the rest, by type and index."""
+    path = tmp_path / "kv_config.json"
+    path.write_text(json.dumps({"types": {"sliding": {"bits": 4}, "full": {"bits": 8}}, "layers": {"1": 8}}))
+    return path
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gemma4_dir", "tiny_gemma4_multimodal_dir"])
+@pytest.mark.parametrize("value", ["8", "4", "mixed"])
+def test_gemma4_plans_run_and_only_the_kernels_differ_from_fake_quant(
+        fixture: str, value: str, mixed_config: Path, request: pytest.FixtureRequest) -> None:
+    """Every cached layer quantized (sliding and full), KV-shared layers reading quantized K/V: the
+    decode steps' KL against the same plan in float (fake-quant) is <= 1e-6 on every prompt, while
+    against the plain cache it is not 0 (the plan did quantize)."""
+    model, tok = _load(request.getfixturevalue(fixture))
+    plan = parse_kv_value(str(mixed_config) if value == "mixed" else value)
+    kls = _decode_kls(model, tok, plan, plan.fake_quant())
+    assert max(kls) <= 1e-6, kls
+    assert max(_decode_kls(model, tok, plan, parse_kv_value("plain"))) > 1e-5
+
+
+def test_caches_follow_the_plan_by_type_index_and_sharing(tiny_gemma4_dir: Path, mixed_config: Path) -> None:
+    import mlx.core as mx
+
+    from pytest_mlxgate.serving.caches import QuantizedRotatingKVCache, SharedKVReader
+
+    model, tok = _load(tiny_gemma4_dir)
+    plan = parse_kv_value(str(mixed_config))
+    cache = plan.make_cache(model)
+    assert len(cache) == len(model.layers)  # 5 cached layers + 3 readers
+    shared = [c for c in cache if isinstance(c, SharedKVReader)]
+    assert [c.source for c in shared] == [4, 4, 3]  # the last cached layer of each type
+    assert not any(hasattr(c, "bits") for c in shared), "nothing quantized yet: readers stay float"
+    model(mx.array([list(tok.encode(PROMPTS[0]))]), cache=cache)
+    plan.maybe_quantize(cache)
+    bits = [getattr(c, "bits", None) for c in cache]
+    assert bits == [4, 8, 4, 8, 4, 4, 4, 8]
+    assert isinstance(cache[0], QuantizedRotatingKVCache)
+    assert type(cache[3]).__name__ == "QuantizedKVCache"
+
+
+def test_start_defers_quantization_and_readers_follow(tiny_gemma4_dir: Path) -> None:
+    import mlx.core as mx
+
+    from pytest_mlxgate.serving.caches import SharedKVReader
+
+    model, tok = _load(tiny_gemma4_dir)
+    plan = parse_kv_value("bits=8,start=40")
+    cache = plan.make_cache(model)
+    ids = list(tok.encode(PROMPTS[1]))
+    assert len(ids) < 40
+    model(mx.array([ids]), cache=cache)
+    plan.maybe_quantize(cache)
+    assert not any(hasattr(c, "bits") for c in cache)
+    while cache[0].offset < 40:  # on past the start
+        model(mx.array([ids]), cache=cache)
+        plan.maybe_quantize(cache)
+    assert all(getattr(c, "bits", None) == 8 for c in cache)
+    assert any(isinstance(c, SharedKVReader) for c in cache)
+
+
+def test_plans_the_model_cannot_run_are_refused_naming_the_layers(tiny_gemma4_dir: Path, tiny_model_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    gemma, _ = _load(tiny_gemma4_dir)
+    llama, _ = _load(tiny_model_dir)
+
+    def plan(config: dict[str, Any]) -> Any:
+        path = tmp_path / "kv.json"
+        path.write_text(json.dumps(config))
+        return parse_kv_value(path)
+
+    with pytest.raises(LeverError, match=r"layers \[6\] are KV-shared.*6 reads layer 4"):
+        plan({"layers": {"6": 8}}).make_cache(gemma)
+    with pytest.raises(LeverError, match=r"attention types \['sliding_attention'\].*\['full_attention'\]"):
+        plan({"types": {"sliding": 4}}).make_cache(llama)
+    with pytest.raises(LeverError, match="the model has 8 layers"):
+        plan({"layers": {"9": 8}}).make_cache(gemma)
+    plan({"layers": {"6": None}, "default": 8}).make_cache(gemma)  # null on a shared layer is fine
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ({"types": {"windowed": 4}}, "attention types are"),
+    ({"types": {"full": 4, "full_attention": 8}}, "twice"),
+    ({"types": [4]}, "key 'types' is list"),
+])
+def test_bad_types_in_kv_config(tmp_path: Path, config: dict[str, Any], fragment: str) -> None:
+    path = tmp_path / "kv.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(LeverError, match=fragment):
+        parse_kv_value(path)
+
+
+def test_capability_generation_runs_quantized_gemma4(tiny_gemma4_dir: Path) -> None:
+    """mlx_lm's own quantized generation raises on gemma-4 (RotatingKVCache quantization NYI);
+    the arm's greedy path runs the plan, and its fake-quant twin gives the same texts."""
+    from pytest_mlxgate.capability.generate import generate_greedy
+
+    model, tok = _load(tiny_gemma4_dir)
+    plan = parse_kv_value("8")
+    texts = generate_greedy(model, tok, PROMPTS, max_new_tokens=6, kv=plan)
+    assert len(texts) == 3 and all(isinstance(t, str) and t for t in texts)
+    assert texts == generate_greedy(model, tok, PROMPTS, max_new_tokens=6, kv=plan.fake_quant())
