@@ -10,6 +10,7 @@ from .environment import resolve_cache_dir
 from .errors import (
     HubAuthError,
     HubChecksumError,
+    HubDiskFullError,
     HubError,
     HubNotFoundError,
     HubOfflineError,
@@ -24,6 +25,7 @@ from .verify import VerifyReport, verify_snapshot
 __all__ = [
     "HubAuthError",
     "HubChecksumError",
+    "HubDiskFullError",
     "HubError",
     "HubNotFoundError",
     "HubOfflineError",

@@ -35,5 +35,9 @@ class HubRetryError(HubError):
     """Transient failures (5xx, 429, resets, stalls) outlasted the retry budget."""
 
 
+class HubDiskFullError(HubError):
+    """The cache's disk has no room for the snapshot: the message says how much is needed and free."""
+
+
 class HubVerifyError(HubError):
     """A cached snapshot failed re-verification: files missing or not matching their hash."""

@@ -84,7 +84,11 @@ class _Partial:
         self.size += len(data)
 
     def close(self) -> None:
-        self.f.close()
+        """Close even when a full disk refuses the last buffered bytes: the file stays a prefix to resume."""
+        try:
+            self.f.close()
+        except OSError:
+            pass
 
 
 def fetch_blob(
@@ -116,6 +120,12 @@ def fetch_blob(
             partial.close()
             _leave(partial.path)
     return stats
+
+
+def resumable_bytes(blobs: Path, file: RepoFile) -> int:
+    """What the largest partial of `file` already holds: bytes a resume will not fetch again."""
+    sizes = [_size(p) for p in blobs.glob(f"{file.etag}.*{PARTIAL_SUFFIX}")]
+    return max([n for n in sizes if n <= file.size], default=0)
 
 
 def _is_published(blob: Path, file: RepoFile) -> bool:
@@ -316,11 +326,16 @@ def _stream_body(
     pending = bytearray()
 
     def drain() -> None:
-        if pending:
+        if not pending:
+            return
+        n = len(pending)
+        try:
             partial.write(pending)
-            if progress:
-                progress(len(pending))
+        finally:
+            # Offered once: a write a full disk cut short, offered again, would land after its own prefix.
             del pending[:]
+        if progress:
+            progress(n)
 
     try:
         for chunk in response.iter_raw():

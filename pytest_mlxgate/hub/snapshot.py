@@ -12,8 +12,9 @@ from ..common.commits import COMMIT_RE
 from .cache import RepoCache, RepoFile
 from .environment import REPO_TYPES, resolve_cache_dir, resolve_endpoint, resolve_offline, resolve_token
 from .errors import HubError, HubOfflineError
-from .fetch import FetchStats, fetch_blob
+from .fetch import FetchStats, fetch_blob, resumable_bytes
 from .listing import list_files, resolve_commit, resolve_url
+from .space import NO_ROOM_ERRNOS, disk_filled_up, ensure_room
 from .transport import HubClient, RetryPolicy
 
 SnapshotProgress = Callable[[int, int], None]  # (bytes done, bytes to fetch in all)
@@ -56,11 +57,20 @@ def snapshot_download(
         files = list_files(client, repo_id, repo_type, commit)
         for f in files:
             cache.snapshot_file(commit, f.path)  # refuse unsafe names before a single byte is written
-        _fetch_all(client, cache, commit, files, policy, progress)
-    for f in files:
-        cache.link(commit, f)
-    cache.write_manifest(commit, files)
-    cache.write_ref(revision, commit)
+        what = f"{repo_type} {repo_id}@{commit[:7]}"
+        todo = _missing_blobs(cache, files)
+        ensure_room(cache.cache_dir, cache.blobs, _bytes_to_fetch(cache, todo), what)
+        try:
+            _fetch_all(client, cache, commit, todo, policy, progress)
+            for f in files:
+                cache.link(commit, f)
+            cache.write_manifest(commit, files)
+            cache.write_ref(revision, commit)
+        except OSError as exc:
+            if exc.errno not in NO_ROOM_ERRNOS:
+                raise
+            needed = _bytes_to_fetch(cache, _missing_blobs(cache, files))
+            raise disk_filled_up(cache.cache_dir, cache.blobs, needed, what, exc) from exc
     return cache.snapshot_dir(commit)
 
 
@@ -91,18 +101,26 @@ def _offline_snapshot(cache: RepoCache, revision: str) -> Path:
     return cache.snapshot_dir(commit)
 
 
+def _missing_blobs(cache: RepoCache, files: list[RepoFile]) -> list[RepoFile]:
+    by_etag: dict[str, RepoFile] = {}
+    for f in files:
+        by_etag.setdefault(f.etag, f)  # identical content under two names is fetched once
+    return [f for f in by_etag.values() if not _blob_ready(cache, f)]
+
+
+def _bytes_to_fetch(cache: RepoCache, todo: list[RepoFile]) -> int:
+    """What the disk must still take: each missing blob less what its partial already holds."""
+    return sum(f.size - resumable_bytes(cache.blobs, f) for f in todo)
+
+
 def _fetch_all(
     client: HubClient,
     cache: RepoCache,
     commit: str,
-    files: list[RepoFile],
+    todo: list[RepoFile],
     policy: RetryPolicy,
     progress: SnapshotProgress | None,
 ) -> list[FetchStats]:
-    by_etag: dict[str, RepoFile] = {}
-    for f in files:
-        by_etag.setdefault(f.etag, f)  # identical content under two names is fetched once
-    todo = [f for f in by_etag.values() if not _blob_ready(cache, f)]
     total = sum(f.size for f in todo)
     lock = threading.Lock()
     done = 0

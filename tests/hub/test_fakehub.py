@@ -149,6 +149,22 @@ def test_tree_is_paginated_with_absolute_link_and_lists_directories(hub: FakeHub
     assert client.get(f"{hub.endpoint}/api/datasets/{DATASET}/tree/main?recursive=true").status_code == 200
 
 
+def test_listed_sizes_change_only_what_the_listings_claim(hub: FakeHub, client: httpx.Client) -> None:
+    """listed_sizes lets a test state a size it could never serve; the bytes served stay the real ones."""
+    claimed = 10**15
+    hub.add_repo("org/claims", {SMALL: b"{}", LFS: FILES[LFS]}, listed_sizes={LFS: claimed})
+    tree = client.get(f"{hub.endpoint}/api/models/org/claims/tree/main?recursive=true").json()
+    entry = next(e for e in tree if e["path"] == LFS)
+    assert entry["size"] == entry["lfs"]["size"] == claimed
+    info = client.get(f"{hub.endpoint}/api/models/org/claims/revision/main", params={"blobs": "true"}).json()
+    sib = {s["rfilename"]: s for s in info["siblings"]}
+    assert sib[LFS]["size"] == sib[LFS]["lfs"]["size"] == claimed and sib[SMALL]["size"] == 2
+    cdn = client.get(hub.file_url("org/claims", LFS)).headers["location"]
+    assert client.get(cdn).content == FILES[LFS]
+    with pytest.raises(ValueError, match="not in files"):
+        hub.add_repo("org/claims", {SMALL: b"{}"}, listed_sizes={"nope.bin": 1})
+
+
 def test_new_commit_moves_branch_and_old_commit_stays_resolvable(hub: FakeHub, client: httpx.Client) -> None:
     """add_repo on an existing repo is a new commit: main moves, the old sha still serves old bytes."""
     old = client.get(f"{hub.endpoint}/api/models/{REPO}/revision/main").json()["sha"]

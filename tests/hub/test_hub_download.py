@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import time
 from pathlib import Path
 
 import pytest
-from fakehub import Fault
+from fakehub import Fault, Request
 
 from pytest_mlxgate.hub import (
     HubAuthError,
@@ -28,8 +29,9 @@ TOKEN = "hf_secret_token_do_not_leak_1234"
 
 
 def _files(seed: int = 0) -> dict[str, bytes]:
-    rnd = hashlib.sha256(str(seed).encode()).digest()
-    big = (rnd * (300_000 // len(rnd) + 1))[:300_000]
+    # Random, not a repeated pattern: in a periodic file, bytes written at the wrong offset can be the
+    # right bytes, and a client that appends a whole-file answer to its partial would pass unnoticed.
+    big = random.Random(seed).randbytes(300_000)
     return {
         "config.json": b'{"model_type": "llama"}\n',
         "README.md": b"# a model\n",
@@ -220,29 +222,76 @@ def test_a_single_fault_is_survived(hub, cache_dir: Path, fast_policy, fault) ->
     assert verify_snapshot(repo, cache_dir=cache_dir).ok
 
 
-def test_truncation_resumes_with_range_for_only_the_rest(hub, cache_dir: Path, fast_policy) -> None:
-    repo, files = _fault_repo(hub, "org/resume-range")
+# The final hash repairs any resume bug by downloading again, so these tests look at the traffic: what
+# the hub was asked, what it sent, and what the client wrote.
+
+
+class _Written:
+    """Bytes the client wrote, read off snapshot_download's progress (its count drops on a restart)."""
+
+    def __init__(self) -> None:
+        self.done = self.written = self.peak = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.written += max(done - self.done, 0)
+        self.done, self.peak = done, max(self.peak, done)
+
+
+def _one_file_repo(hub, name: str) -> tuple[str, bytes]:
+    """A repo holding only BIG, so the snapshot's progress is that one file's."""
+    content = _files(abs(hash(name)) % 1000)[BIG]
+    hub.add_repo(name, {BIG: content})
+    return name, content
+
+
+def _content_gets(hub, repo: str, path: str) -> list[tuple[str | None, int, int]]:
+    """(Range asked, status, body bytes sent) of each GET that answered with the file's bytes, in order."""
+    gets: list[Request] = [r for r in hub.log if r.file == ("model", repo, path) and r.method == "GET"
+                           and r.status != 302]
+    return [(r.headers.get("range"), r.status, r.body_bytes) for r in gets]
+
+
+def test_an_interrupted_download_asks_once_for_exactly_the_rest(hub, cache_dir: Path, fast_policy) -> None:
+    repo, content = _one_file_repo(hub, "org/resume-range")
     hub.inject(repo, BIG, Fault.truncate(123_456))
-    snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
-    gets = [r for r in hub.log if r.origin == "cdn" and r.method == "GET" and r.status in (200, 206)]
-    big_size = len(files[BIG])
-    assert hub.bytes_served(repo, BIG) == big_size
-    assert any(r.headers.get("range") == "bytes=123456-" and r.status == 206 for r in gets)
+    written = _Written()
+    snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy, progress=written)
+    size = len(content)
+    assert _content_gets(hub, repo, BIG) == [(None, 200, 123_456), ("bytes=123456-", 206, size - 123_456)]
+    assert hub.bytes_served(repo, BIG) == size  # not a byte sent twice
+    assert written.written == written.peak == size
 
 
-def test_server_ignoring_range_restarts_cleanly(hub, cache_dir: Path, fast_policy) -> None:
-    repo, files = _fault_repo(hub, "org/ignore-range")
+def test_a_200_answer_to_a_range_restarts_the_file_instead_of_appending(hub, cache_dir: Path,
+                                                                        fast_policy) -> None:
+    repo, content = _one_file_repo(hub, "org/ignore-range")
     hub.inject(repo, BIG, Fault.truncate(100_000), Fault.ignore_range())
-    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
-    assert _read_snapshot(path)[BIG] == files[BIG]
-    assert hub.bytes_served(repo, BIG) == 100_000 + len(files[BIG])
+    written = _Written()
+    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy,
+                             progress=written)
+    assert _read_snapshot(path)[BIG] == content
+    size = len(content)
+    # The whole file came in the one 200 and replaced the partial: no third download after a failed hash.
+    assert _content_gets(hub, repo, BIG) == [(None, 200, 100_000), ("bytes=100000-", 200, size)]
+    assert hub.bytes_served(repo, BIG) == 100_000 + size
+    assert written.written == 100_000 + size and written.peak == size
 
 
-def test_wrong_content_range_is_not_trusted(hub, cache_dir: Path, fast_policy) -> None:
-    repo, files = _fault_repo(hub, "org/wrong-cr")
-    hub.inject(repo, BIG, Fault.truncate(100_000), Fault.wrong_content_range(-1000))
-    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
-    assert _read_snapshot(path)[BIG] == files[BIG]
+@pytest.mark.parametrize("shift", [-1000, 1000])
+def test_a_206_from_another_offset_is_refused_not_appended(hub, cache_dir: Path, fast_policy, shift: int) -> None:
+    repo, content = _one_file_repo(hub, f"org/wrong-cr{shift}")
+    hub.inject(repo, BIG, Fault.truncate(100_000), Fault.wrong_content_range(shift))
+    written = _Written()
+    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy,
+                             progress=written)
+    assert _read_snapshot(path)[BIG] == content
+    # Refused unread, then the whole file once without Range (the server's ranges can't be trusted).
+    gets = _content_gets(hub, repo, BIG)
+    size = len(content)
+    assert [(asked, status) for asked, status, _ in gets] == [(None, 200), ("bytes=100000-", 206), (None, 200)]
+    assert gets[-1][2] == size
+    # Nothing of the misplaced body was written: the first 100000 bytes, then the file once.
+    assert written.written == 100_000 + size and written.peak == size
 
 
 def test_always_corrupt_ends_in_checksum_error_and_publishes_nothing(hub, cache_dir: Path, fast_policy) -> None:

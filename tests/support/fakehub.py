@@ -262,6 +262,7 @@ class _File:
     oid: str  # git oid of what git stores: the blob itself, or the LFS pointer
     sha256: str  # LFS only ("" otherwise)
     pointer_size: int  # LFS only (0 otherwise)
+    listed_size: int  # the size the listing claims: len(content) unless add_repo(listed_sizes=...) says otherwise
 
 
 @dataclass
@@ -284,9 +285,9 @@ class _Commit:
                 oid = hashlib.sha1(f"tree {self.sha} {d}".encode()).hexdigest()
                 entries.append({"type": "directory", "oid": oid, "size": 0, "path": d})
             for f in self.files.values():
-                e: dict[str, Any] = {"type": "file", "oid": f.oid, "size": len(f.content), "path": f.path}
+                e: dict[str, Any] = {"type": "file", "oid": f.oid, "size": f.listed_size, "path": f.path}
                 if f.lfs:
-                    e["lfs"] = {"oid": f.sha256, "size": len(f.content), "pointerSize": f.pointer_size}
+                    e["lfs"] = {"oid": f.sha256, "size": f.listed_size, "pointerSize": f.pointer_size}
                 entries.append(e)
             entries.sort(key=lambda e: e["path"])
             self._tree = entries
@@ -860,6 +861,7 @@ class FakeHub:
         lfs: Callable[[str, bytes], bool] | set[str] | None = None,
         gated_token: str | None = None,
         hostile_paths: bool = False,
+        listed_sizes: dict[str, int] | None = None,
     ) -> str:
         """Commit ``files`` (the whole tree) to ``branch`` of ``repo_id``; returns the 40-hex commit sha.
 
@@ -867,12 +869,18 @@ class FakeHub:
         resolvable by sha. ``lfs``: predicate or set of paths; default: files >= 1024 bytes are LFS.
         ``gated_token``: if given, every API/resolve request must carry ``Authorization: Bearer <it>``;
         ``None`` keeps the repo's previous gating. ``hostile_paths``: list paths as given, even
-        ``../x`` or ``/abs`` — a malicious hub, for testing that clients refuse them.
+        ``../x`` or ``/abs`` — a malicious hub, for testing that clients refuse them. ``listed_sizes``:
+        sizes the listings (tree and ``?blobs=true``) claim instead of the real ones, so a check made from
+        the listing alone (free disk space) can be tested with a size no test could serve (10**15 bytes).
         """
         if repo_type not in ("model", "dataset"):
             raise ValueError(f"repo_type must be 'model' or 'dataset', got {repo_type!r}")
         if repo_id.count("/") != 1 or not all(repo_id.split("/")):
             raise ValueError(f"repo_id must be 'org/name', got {repo_id!r}")
+        listed = listed_sizes or {}
+        unknown = set(listed) - set(files)
+        if unknown:
+            raise ValueError(f"listed_sizes names files that are not in files: {sorted(unknown)}")
         built: dict[str, _File] = {}
         for path, content in files.items():
             if not hostile_paths and (not path or path.startswith("/") or path.endswith("/") or any(
@@ -889,9 +897,11 @@ class FakeHub:
             if is_lfs:
                 sha = hashlib.sha256(content).hexdigest()
                 pointer = lfs_pointer(sha, len(content))
-                built[path] = _File(path, content, True, git_blob_oid(pointer), sha, len(pointer))
+                built[path] = _File(path, content, True, git_blob_oid(pointer), sha, len(pointer),
+                                    listed.get(path, len(content)))
             else:
-                built[path] = _File(path, content, False, git_blob_oid(content), "", 0)
+                built[path] = _File(path, content, False, git_blob_oid(content), "", 0,
+                                    listed.get(path, len(content)))
         with self._lock:
             key = (repo_type, repo_id)
             repo = self._repos.setdefault(key, _Repo(repo_type, repo_id))
@@ -1006,10 +1016,10 @@ class FakeHub:
             f = commit.files[p]
             s: dict[str, Any] = {"rfilename": p}
             if blobs:
-                s["size"] = len(f.content)
+                s["size"] = f.listed_size
                 s["blobId"] = f.oid
                 if f.lfs:
-                    s["lfs"] = {"sha256": f.sha256, "size": len(f.content), "pointerSize": f.pointer_size}
+                    s["lfs"] = {"sha256": f.sha256, "size": f.listed_size, "pointerSize": f.pointer_size}
             siblings.append(s)
         modified = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(commit.created))
         return {
