@@ -30,10 +30,10 @@ def test_snapshot_is_intact(mlx_snapshot: ResolvedSnapshot) -> None:
     )
 
 
-def test_model_answers(mlx_model: tuple[object, object]) -> None:
+def test_model_answers(mlx_trained_model: tuple[object, object]) -> None:
     import mlx_lm
 
-    model, tokenizer = mlx_model
+    model, tokenizer = mlx_trained_model
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)  # type: ignore[attr-defined]
     answer = mlx_lm.generate(model, tokenizer, prompt, max_tokens=24)

@@ -77,6 +77,21 @@ def _snapshot_or_fail(request: pytest.FixtureRequest, role: Role) -> ResolvedSna
 
 
 @pytest.fixture(scope="session")
+def mlx_trained_model(request: pytest.FixtureRequest, mlx_model: tuple[Any, Any]) -> tuple[Any, Any]:
+    """`mlx_model`, for tests whose assertions presume a trained model (it answers a question): they
+    skip, saying so, when the candidate predicts text no better than chance (random-weight test
+    models), unless --mlx-allow-untrained."""
+    gate = _state(request).settings.gate
+    if gate is None or not gate.allow_untrained:
+        from .models.untrained import untrained_reason_for_prompts
+
+        reason = untrained_reason_for_prompts(*mlx_model)
+        if reason is not None:
+            pytest.skip(reason.replace("the reference model", "the candidate model"))
+    return mlx_model
+
+
+@pytest.fixture(scope="session")
 def mlx_snapshot(request: pytest.FixtureRequest) -> ResolvedSnapshot:
     """The candidate model's snapshot (`--mlx-candidate`, default `smollm2-135m`), pinned to its
     commit and hash-verified (a local directory is used as is): `.path`, `.repo_id`, `.commit`.

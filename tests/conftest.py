@@ -17,6 +17,9 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# The tests' models are random-weight: gates run on them (tests of the untrained skip unset this).
+os.environ["MLXGATE_ALLOW_UNTRAINED"] = "1"
+
 
 @pytest.fixture(scope="session")
 def fakehub() -> Iterator["FakeHub"]:  # noqa: F821

@@ -158,6 +158,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--mlx-inconclusive", "what a gate that could not tell does: fail (the default: an inconclusive "
            "verdict showed nothing), warn (a warning; the record keeps 'inconclusive') or xfail (for exploratory "
            "runs). It never turns into a pass.", "gate", choices=("fail", "warn", "xfail")),
+    Option("--mlx-allow-untrained", "run gates on a reference model that predicts text no better than chance "
+           "(random-weight test models); by default such gates skip, saying so. Also MLXGATE_ALLOW_UNTRAINED=1",
+           "gate"),
     Option("--mlx-allow-unsandboxed", "run model-written HumanEval code even where no isolation (network "
            "namespace, sandbox-exec) is available; only rlimits and a temp dir then contain it", "gate"),
 )

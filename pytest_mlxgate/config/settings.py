@@ -7,6 +7,7 @@ unset here stays None and the hub reads its variable, so the three layers never 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ class GateSettings:
     tier_from_cli: bool = False
     max_new_tokens: int | None = None
     allow_unsandboxed: bool = False
+    allow_untrained: bool = False
     inconclusive: str = "fail"  # --mlx-inconclusive: fail | warn | xfail
 
 
@@ -146,6 +148,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         tier_from_cli=bool(cli["mlx_tier"]),
         max_new_tokens=cli["mlx_max_new_tokens"] or _ini_count(config, "mlx_max_new_tokens"),
         allow_unsandboxed=bool(cli["mlx_allow_unsandboxed"] or config.getini("mlx_allow_unsandboxed")),
+        allow_untrained=bool(cli["mlx_allow_untrained"] or config.getini("mlx_allow_untrained")
+                             or os.environ.get("MLXGATE_ALLOW_UNTRAINED", "").strip() in ("1", "true", "yes")),
         inconclusive=_inconclusive(cli["mlx_inconclusive"] or config.getini("mlx_inconclusive") or "fail", config),
     )
 

@@ -117,6 +117,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         refresh_reference=gate.refresh_reference,
         aa=gate.aa,
         inconclusive=gate.inconclusive,
+        allow_untrained=gate.allow_untrained,
         progress=ctx.progress,
         live=ctx.live,
         capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,

@@ -42,6 +42,7 @@ class PairedRun:
     refresh_reference: bool = False
     aa: bool = False
     inconclusive: str = "fail"  # --mlx-inconclusive: what a gate that could not tell does
+    allow_untrained: bool = False  # --mlx-allow-untrained: gates run on a model that predicts nothing
     progress: Callable[[str], None] | None = None
     live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
@@ -49,8 +50,27 @@ class PairedRun:
     _capability: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
+    _untrained: str | None = None
+    _untrained_checked: bool = False
+
+    def skip_if_untrained(self) -> None:
+        """Skip the gate (once checked, every gate of the module) when the reference model predicts
+        the gate's prompts no better than chance, unless allowed (see `models.untrained`)."""
+        import pytest
+
+        if self.allow_untrained:
+            return
+        if not self._untrained_checked:
+            from ..models.untrained import untrained_reason
+
+            ref = self._reference_model()
+            self._untrained = untrained_reason(ref.model, [s.ids for s in self.sequences])
+            self._untrained_checked = True
+        if self._untrained is not None:
+            pytest.skip(self._untrained)
 
     def kl(self) -> KLResult:
+        self.skip_if_untrained()
         if self._error is not None:
             raise self._error
         if self._result is None:
@@ -67,6 +87,7 @@ class PairedRun:
 
         With `n=Budget(...)`, `sequential` holds the gate's max_drop, alpha and fail_alpha: the
         procedure stops on them, so they are part of what is remembered."""
+        self.skip_if_untrained()
         from ..capability.base import Budget
         from ..capability.runner import run_capability, run_capability_sequential
 

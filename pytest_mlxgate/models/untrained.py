@@ -1,0 +1,59 @@
+"""Is the reference model trained at all? Gates' limits presume a model that predicts text.
+
+A random-weight model (what a plugin's own tests and a CI smoke job use) or a broken conversion
+predicts text no better than a uniform guess over its vocabulary: its mean next-token NLL is at or
+above ln V (trained models: ~2-3 nats; the embedded 135M model: 2.4; random ones: 13-20 at
+ln V = 10.8). Drift limits and capability margins calibrated on trained models say nothing there,
+so a gate skips, naming the figures, unless told it may run (`--mlx-allow-untrained`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SAMPLE_SEQUENCES", "SAMPLE_TOKENS", "mean_nll", "untrained_reason", "untrained_reason_for_prompts"]
+
+#: The check reads this many of the gate's KL sequences, each cut to this many tokens: one forward.
+SAMPLE_SEQUENCES = 4
+SAMPLE_TOKENS = 128
+
+
+def mean_nll(model: Any, sequences: Sequence[Sequence[int]]) -> tuple[float, int]:
+    """(mean next-token NLL in nats, vocabulary size) of `model` over `sequences` (each >= 2 ids)."""
+    import mlx.core as mx
+
+    total, count, vocab = 0.0, 0, 0
+    for ids in sequences:
+        x = mx.array([list(ids)])
+        logits = model(x[:, :-1])[0].astype(mx.float32)
+        vocab = int(logits.shape[-1])
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        picked = logp[mx.arange(len(ids) - 1), x[0, 1:]]
+        total -= float(picked.sum().item())
+        count += len(ids) - 1
+    return total / max(count, 1), vocab
+
+
+def untrained_reason(model: Any, sequences: Sequence[Sequence[int]]) -> str | None:
+    """The skip reason when `model` predicts `sequences` no better than a uniform guess, else None."""
+    sample = [list(s)[:SAMPLE_TOKENS] for s in sequences[:SAMPLE_SEQUENCES] if len(s) >= 2]
+    if not sample:
+        return None
+    nll, vocab = mean_nll(model, sample)
+    uniform = math.log(vocab)
+    if nll < uniform:
+        return None
+    return (f"the reference model looks untrained: its mean next-token NLL on the gate's prompts is {nll:.1f} "
+            f"nats, no better than a uniform guess over {vocab} tokens ({uniform:.1f}); drift limits and "
+            "capability margins presume a trained model. Use trained weights (a random or broken conversion "
+            "scores like this), or pass --mlx-allow-untrained to run the gate anyway")
+
+
+def untrained_reason_for_prompts(model: Any, tokenizer: Any) -> str | None:
+    """`untrained_reason` over the built-in KL prompts, tokenized with `tokenizer`."""
+    from ..kl.prompts import default_prompts
+
+    texts = [p.text or str((p.messages or [{}])[-1].get("content", "")) for p in default_prompts()[:SAMPLE_SEQUENCES]]
+    return untrained_reason(model, [list(tokenizer.encode(t))[:SAMPLE_TOKENS] for t in texts])

@@ -1,0 +1,65 @@
+"""The project's own gates/ on a gemma-4, served by the fake hub and loaded through the verified
+snapshot path like a real repo: sliding windows, KV-shared layers, per-layer inputs, softcapping
+and the quantized KV plans all meet every gate. Random weights: by default the gates skip and say
+why; allowed to run, each ends in a verdict of the plugin's own, never a traceback from mlx_lm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "mlxgate-test/gemma-4-tiny-random"
+
+
+@pytest.fixture
+def gemma_on_hub(hub: "FakeHub", hf_env: "HfEnv", tiny_gemma4_multimodal_dir: Path) -> str:  # noqa: F821
+    """The tiny gemma-4 (multimodal config form, as google's gemma-4 repos ship) as a hub repo."""
+    files = {p.name: p.read_bytes() for p in tiny_gemma4_multimodal_dir.iterdir() if p.is_file()}
+    hub.add_repo(REPO, files)
+    hf_env.on_hub(hub)
+    return REPO
+
+
+def _gates(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\n")
+    for gate in sorted((ROOT / "gates").glob("test_*.py")):
+        pytester.makepyfile(**{gate.stem: gate.read_text()})
+
+
+def test_gates_on_random_weights_skip_and_say_why(pytester: pytest.Pytester, gemma_on_hub: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLXGATE_ALLOW_UNTRAINED")
+    _gates(pytester)
+    result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
+                                           "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped") == 5 and "failed" not in outcomes and "error" not in outcomes
+    assert outcomes.get("passed") == 1  # the snapshot gate: hashes verified
+    result.stdout.fnmatch_lines(["*the reference model looks untrained: its mean next-token NLL*"
+                                 "--mlx-allow-untrained*"])
+
+
+@pytest.mark.slow  # every gate's arms on the tiny gemma-4: ~1.5 min
+def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytester, gemma_on_hub: str,
+                                                         tmp_path: Path) -> None:
+    _gates(pytester)
+    report = tmp_path / "r.json"
+    result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
+                                           "--mlx-inconclusive=warn", f"--mlx-report={report}")
+    text = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in text and "mlx_lm/models" not in text, text[-3000:]
+    outcomes = result.parseoutcomes()
+    assert "error" not in outcomes, text[-3000:]
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 6
+    for line in result.stdout.lines:  # any failure is a gate's own assertion, never an exception from inside
+        if line.startswith("E   ") and "Error" in line:
+            assert line[1:].lstrip().startswith("AssertionError"), line
+    import json
+
+    records = json.loads(report.read_text())["gates"]
+    kv = [r for r in records if "test_kv_cache" in r["nodeid"] and r["mode"] != "capability"]
+    gates = [r for r in records if r["mode"] in ("gate", "capability")]  # 2 KL + 2 capability gates
+    assert kv and len(gates) == 4 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), \
+        [(r["nodeid"], r["mode"], r["verdict"]) for r in records]
