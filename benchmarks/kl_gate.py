@@ -15,6 +15,12 @@ Three measurements, each printed with its goal:
    against the KL the gate computes from the compact reference; printed: both means, the
    largest per-token absolute and relative error, and the entry size on disk.
    Goal: the error is below 5% of the gate's mean KL (the gates' limits leave 4x and more).
+4. `--only vocab`: the KL gate at gemma-4's 262,144-token vocabulary: a tiny random gemma-4 at that
+   vocabulary (tests/support/tinygemma.py) vs the embedded model (49,152), 16 and 64 prompts x 256
+   tokens on the prefill path, each in a fresh process: peak RSS growth over the loaded model and
+   ms per scored position (both arms). The gate streams one sequence at a time, so a 5x wider
+   vocabulary may cost time per position, never memory that grows with the prompt count.
+   Goal: peak RSS 64/16 <= 1.2 for each model.
 """
 
 from __future__ import annotations
@@ -34,14 +40,14 @@ from ._common import REPO_ROOT, header, median, verdict
 TIME_GOAL, CACHED_GOAL, RSS_GOAL = 1.10, 0.60, 1.2
 
 
-def _load() -> Any:
+def _load(path: Path | None = None) -> Any:
     import mlx_lm
 
     from pytest_mlxgate.models.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
     from pytest_mlxgate.models.loaded import LoadedModel
     from pytest_mlxgate.models.materialize import ResolvedSnapshot
 
-    path = ensure_embedded_snapshot()
+    path = path or ensure_embedded_snapshot()
     model, tokenizer = mlx_lm.load(str(path))
     snap = ResolvedSnapshot(name="smollm2-135m", kind="embedded", repo_id=EMBEDDED_REPO_ID, commit=path.name,
                             path=str(path))
@@ -108,19 +114,22 @@ def _vm(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def rss_child(n: int, tokens: int) -> None:
+def rss_child(n: int, tokens: int, model_dir: str | None = None) -> None:
     """Peak RSS of the gate alone: Linux lets a process reset its high-water mark (clear_refs 5)
     after the model is loaded, so loading's own peak cannot hide the gate's."""
     from pytest_mlxgate.kl.shape import RunShape
 
-    loaded = _load()
+    loaded = _load(Path(model_dir) if model_dir else None)
     import mlx.core as mx
 
     mx.eval(loaded.model.parameters())
     Path("/proc/self/clear_refs").write_text("5")
     before = _vm("VmRSS")
-    _run(loaded, _neutral(), RunShape(path="prefill", tokens=tokens, decode=1), n, None).kl()
-    print(json.dumps({"peak_kib": _vm("VmHWM"), "after_load_kib": before}))
+    t0 = time.perf_counter()
+    result = _run(loaded, _neutral(), RunShape(path="prefill", tokens=tokens, decode=1), n, None).kl()
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"peak_kib": _vm("VmHWM"), "after_load_kib": before, "seconds": seconds,
+                      "positions": int(result.stats["n_tokens"])}))
 
 
 def peak_rss(tokens: int) -> None:
@@ -135,6 +144,34 @@ def peak_rss(tokens: int) -> None:
               f"growth {(out[n]['peak_kib'] - out[n]['after_load_kib']) / 1024:.0f} MiB)")
     ratio = out[64]["peak_kib"] / out[16]["peak_kib"]
     print(f"ratio 64/16: {ratio:.3f}  goal <= {RSS_GOAL}: {verdict(ratio <= RSS_GOAL)}")
+
+
+def _child(n: int, tokens: int, model_dir: Path | None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.kl_gate", "--rss-child", str(n), "--tokens", str(tokens)]
+    if model_dir is not None:
+        cmd += ["--model-dir", str(model_dir)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=True, env=os.environ.copy())
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def big_vocabulary(tokens: int) -> None:
+    from ._common import TESTS_DIR
+
+    header(f"kl_gate at a 262,144-token vocabulary: tiny gemma-4 vs the embedded model, 16 and 64 prompts x {tokens}")
+    sys.path.insert(0, str(TESTS_DIR))
+    from tinygemma import build_tiny_gemma4
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gemma = build_tiny_gemma4(Path(tmp) / "gemma", vocab=262_144)
+        for label, model_dir in (("embedded (49,152)", None), ("tiny gemma-4 (262,144)", gemma)):
+            runs = {n: _child(n, tokens, model_dir) for n in (16, 64)}
+            for n, r in runs.items():
+                growth = (r["peak_kib"] - r["after_load_kib"]) / 1024
+                print(f"{label:24} {n:>3} prompts: peak RSS growth {growth:6.0f} MiB (peak {r['peak_kib'] / 1024:.0f} "
+                      f"MiB), {1000 * r['seconds'] / r['positions']:.2f} ms per scored position")
+            ratio = runs[64]["peak_kib"] / runs[16]["peak_kib"]
+            print(f"{label:24} peak RSS 64/16: {ratio:.3f}  goal <= {RSS_GOAL}: {verdict(ratio <= RSS_GOAL)}")
 
 
 def compaction_error(n: int, tokens: int) -> None:
@@ -205,10 +242,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rss-child", type=int, default=None)
-    parser.add_argument("--only", choices=["time", "rss", "error"], default=None)
+    parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["time", "rss", "error", "vocab"], default=None)
     args = parser.parse_args(argv)
     if args.rss_child is not None:
-        rss_child(args.rss_child, args.tokens)
+        rss_child(args.rss_child, args.tokens, args.model_dir)
         return
     if args.only in (None, "time"):
         wall_time(args.prompts, args.tokens, args.repeats)
@@ -216,6 +254,8 @@ def main(argv: list[str]) -> None:
         peak_rss(128)
     if args.only in (None, "error"):
         compaction_error(8, 128)
+    if args.only in (None, "vocab"):
+        big_vocabulary(args.tokens)
 
 
 if __name__ == "__main__":

@@ -154,7 +154,9 @@ def run_capability(
         else:
             ref, rendered = arm(reference, "reference", ref_rendered)
             if reference_cache is not None and key is not None:
-                reference_cache.store(key, ref)
+                from ..common.refstore import store_or_warn
+
+                store_or_warn(reference_cache, key, ref)
         t1 = time.perf_counter()
         cand, _ = arm(candidate, "candidate")
     except SandboxUnavailable as e:

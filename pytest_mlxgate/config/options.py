@@ -143,6 +143,9 @@ OPTIONS: tuple[Option, ...] = (
            "gate", metavar="T", type=count_arg),
     Option("--mlx-kl-decode", "serving path: the last D tokens are decoded one at a time (default: marker, else 32)",
            "gate", metavar="D", type=count_arg),
+    Option("--mlx-reference-cache", "where reference arms are cached: a directory, or 'off'. Default: pytest's "
+           "cache (.pytest_cache/d/mlxgate-reference); off when pytest's cacheprovider is disabled "
+           "(-p no:cacheprovider)", "gate", metavar="DIR"),
     Option("--mlx-refresh-reference", "recompute the reference arm even when the reference cache has it", "gate"),
     Option("--mlx-aa", "A/A calibration: run each gate's reference arm against itself (and with another "
            "prefill chunk size) and check every limit sits above that noise floor", "gate"),

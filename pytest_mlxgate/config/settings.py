@@ -85,6 +85,8 @@ class GateSettings:
     max_new_tokens: int | None = None
     allow_unsandboxed: bool = False
     allow_untrained: bool = False
+    reference_cache: Path | None = None  # --mlx-reference-cache DIR (None: pytest's cache)
+    reference_cache_off: bool = False  # --mlx-reference-cache off
     inconclusive: str = "fail"  # --mlx-inconclusive: fail | warn | xfail
 
 
@@ -116,6 +118,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
     db_raw = cli["mlx_db"] or config.getini("mlx_db") or None
     db = (None if str(db_raw).lower() in ("off", "none", "0", "false") else path("mlx_db")) if db_raw else (
         config.rootpath / DEFAULT_DB)
+    ref_cache_raw = cli["mlx_reference_cache"] or config.getini("mlx_reference_cache") or None
+    ref_cache_off = str(ref_cache_raw).lower() in ("off", "none", "0", "false") if ref_cache_raw else False
     lever = cli["mlx_lever"] or config.getini("mlx_lever") or None
     ref_value = cli["mlx_ref_value"] if cli["mlx_ref_value"] is not None else (config.getini("mlx_ref_value") or None)
     cand_value = cli["mlx_cand_value"] if cli["mlx_cand_value"] is not None else (
@@ -148,6 +152,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         tier_from_cli=bool(cli["mlx_tier"]),
         max_new_tokens=cli["mlx_max_new_tokens"] or _ini_count(config, "mlx_max_new_tokens"),
         allow_unsandboxed=bool(cli["mlx_allow_unsandboxed"] or config.getini("mlx_allow_unsandboxed")),
+        reference_cache=None if ref_cache_off or not ref_cache_raw else path("mlx_reference_cache"),
+        reference_cache_off=ref_cache_off,
         allow_untrained=bool(cli["mlx_allow_untrained"] or config.getini("mlx_allow_untrained")
                              or os.environ.get("MLXGATE_ALLOW_UNTRAINED", "").strip() in ("1", "true", "yes")),
         inconclusive=_inconclusive(cli["mlx_inconclusive"] or config.getini("mlx_inconclusive") or "fail", config),

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..common.refstore import store_or_warn
 from ..errors import VocabularyMismatchError
 from .arms import run_candidate, run_reference
 from .result import KLResult, aa_floors
@@ -58,7 +59,7 @@ def measure_kl(
         say(f"reference arm ({lever.name}={lever.describe_value('reference')}), {len(sequences)} sequences")
         refs = run_reference(reference.model, sequences, shape, lever, counters=counters)
         if cache is not None:
-            cache.store(key, refs)
+            store_or_warn(cache, key, refs)
     reference_s = time.perf_counter() - started
 
     aa_info: dict[str, Any] | None = None

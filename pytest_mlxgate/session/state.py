@@ -8,8 +8,11 @@ Only the controller prints; workers never download and never write to the termin
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -65,6 +68,7 @@ class MlxgateSession:
         self._failed: dict[Role, str] = {}
         self._machine: tuple[str, str] | None = None
         self._header_shown = False
+        self._ref_cache_failed = False
         self._written: list[str] = []
         self._started = time.time()
         self._models: dict[Role, tuple[Any, Any]] = {}
@@ -101,6 +105,10 @@ class MlxgateSession:
             if spec is not None:
                 lines.append(self._describe(role, spec, self._resolved.get(role)))
         lines[0] += f" · {device} · {blas}"
+        if self.settings.gate is not None:
+            _, off = self.reference_cache_plan()
+            if off is not None:
+                lines.append(f"mlxgate: reference cache off ({off})")
         self._header_shown = True
         return lines
 
@@ -142,13 +150,21 @@ class MlxgateSession:
         run = self._run_info()
         gate = self.settings.gate
         if gate.report is not None:
-            write_json_report(gate.report, run, self.records)
-            self._written.append(f"mlxgate: JSON report → {gate.report}")
+            try:
+                write_json_report(gate.report, run, self.records)
+            except OSError as e:  # the verdicts are already printed: warn with the fix, never crash
+                self.config.issue_config_time_warning(MlxgateWarning(
+                    f"JSON report {gate.report} not written: {e.strerror or e}; fix: --mlx-report PATH in a "
+                    "writable directory"), 2)
+            else:
+                self._written.append(f"mlxgate: JSON report → {gate.report}")
         if gate.db is not None:
             try:
                 rows = ResultsDB(gate.db).append(run, self.records)
             except (OSError, MlxgateError, ValueError) as e:  # history is a by-product: warn, keep the verdict
-                self.config.issue_config_time_warning(MlxgateWarning(f"results DB {gate.db} not written: {e}"), 2)
+                self.config.issue_config_time_warning(MlxgateWarning(
+                    f"results DB {gate.db} not written: {e}; fix: --mlx-db PATH in a writable directory, or "
+                    "--mlx-db off"), 2)
             else:
                 self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
 
@@ -270,16 +286,48 @@ class MlxgateSession:
 
         gate = self.settings.gate
         assert gate is not None
-        cache = getattr(self.config, "cache", None)  # None under -p no:cacheprovider
         device, blas = self.machine()
         return RunContext(
             gate=gate,
             load_model=self.loaded_model,
-            cache_dir=cache.mkdir("mlxgate-reference") if cache is not None else None,
+            cache_dir=self._reference_cache_dir(),
             machine={"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))},
             progress=self._progress_sink(),
             live=self._live(),
         )
+
+    def reference_cache_plan(self) -> tuple[Path | None, str | None]:
+        """(directory, why it is off): --mlx-reference-cache, else pytest's cache, else off."""
+        gate = self.settings.gate
+        assert gate is not None
+        if gate.reference_cache_off:
+            return None, "--mlx-reference-cache off"
+        if gate.reference_cache is not None:
+            return gate.reference_cache, None
+        cache = getattr(self.config, "cache", None)  # None under -p no:cacheprovider
+        if cache is None:
+            return None, "pytest's cacheprovider is disabled; --mlx-reference-cache DIR keeps one"
+        return Path(cache._cachedir) / "d" / "mlxgate-reference", None
+
+    def _reference_cache_dir(self) -> Path | None:
+        """The usable reference cache directory, or None: off, or not writable (warned once, with
+        the fix; reference arms are then computed every run, the verdicts are the same)."""
+        directory, _ = self.reference_cache_plan()
+        if directory is None or self._ref_cache_failed:
+            return None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            self._ref_cache_failed = True
+            warnings.warn(MlxgateWarning(
+                f"reference cache {directory} is not writable ({e.strerror or e}): reference arms are computed "
+                "every run. Fix: --mlx-reference-cache DIR (a writable directory), or --mlx-reference-cache off"),
+                stacklevel=2)
+            return None
+        return directory
 
     def _progress_sink(self) -> Callable[[str], None] | None:
         """Where progress lines go: the terminal on the controller, the relay folder on a worker."""
