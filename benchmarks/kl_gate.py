@@ -63,7 +63,8 @@ def _run(loaded: Any, lever: Any, shape: Any, n: int, cache_dir: Path | None) ->
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=n, tokens=shape.tokens)
     return PairedRun(lever=lever, shape=shape, sequences=seqs, sequences_digest=sequences_digest(seqs),
                      candidate=loaded, reference=None, machine={"device": "cpu", "blas": blas_in_use()},
-                     cache=ReferenceCache(cache_dir) if cache_dir else None)
+                     cache=ReferenceCache(cache_dir) if cache_dir else None,
+                     allow_untrained=True)  # the random-weight gemma-4 measures the machinery
 
 
 def _neutral(path: str = "prefill") -> Any:
@@ -129,7 +130,7 @@ def rss_child(n: int, tokens: int, model_dir: str | None = None) -> None:
     result = _run(loaded, _neutral(), RunShape(path="prefill", tokens=tokens, decode=1), n, None).kl()
     seconds = time.perf_counter() - t0
     print(json.dumps({"peak_kib": _vm("VmHWM"), "after_load_kib": before, "seconds": seconds,
-                      "positions": int(result.stats["n_tokens"])}))
+                      "positions": int(result.stats.n_tokens)}))
 
 
 def peak_rss(tokens: int) -> None:

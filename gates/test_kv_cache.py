@@ -15,11 +15,12 @@ How the limits were set (re-measure: `./dev gates --mlx-aa` checks every limit a
 - A known-bad change must fail: a 4-bit cache (`--mlx-lever kv_cache --mlx-ref-value plain
   --mlx-cand-value bits=4,group_size=64,start=0`) measures mean KL 0.12, p99 0.93, top-1 82.6%.
 
-Long context: HashHop is where KV-cache approximations fail first; both arms generate through
-`mlx_lm.stream_generate` with the arm's `kv_bits`, the production path. The smoke tier (~384-token
+Long context: HashHop is where KV-cache approximations fail first; both arms generate in batches
+through the arm's own caches (`serving.batch`: plain `BatchKVCache` vs a left-padded batch of
+8-bit quantized caches); alone, that loop is `mlx_lm.stream_generate(kv_bits=8)` token for token. The smoke tier (~384-token
 contexts, 1-2 hops, the chain form) is one the embedded model solves a third of (33.3% of 24
 items); an 8-bit cache answered every one of those 24 exactly as the plain cache did, a 2-bit cache
-none (0%). Items cost ~5-10 s per arm here, so the gate asks for 16 and a 15-point margin, which 16
+none (0%). Items cost ~5.6 s per arm here (16 in ~90 s), so the gate asks for 16 and a 15-point margin, which 16
 agreeing items show (bound 0.145); a real regression needs ~40+ items to be *shown* against that
 margin (a 33-point loss on 24 items is not yet: p = 0.065), so this is a coarse check beside the
 KL gate's fine one; `--mlx-tier full` (~12k-token contexts, 1-4 hops) is the real test.
