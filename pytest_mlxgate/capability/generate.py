@@ -40,23 +40,26 @@ def generate_greedy(
     *,
     max_new_tokens: int,
     kv: KVPlan,
+    peers: Sequence[KVPlan] = (),
     batch_size: int = 16,
     progress: Progress | None = None,
 ) -> list[str]:
-    """Greedy completions of `prompts` (already rendered text), in order."""
+    """Greedy completions of `prompts` (already rendered text), in order.
+
+    `peers`: the KV plans of the gate's other arms. The loop is chosen from all of them, so every
+    arm of a gate takes the same one (and decodes text the same way) and the arms differ only in
+    their caches: padding, batching and detokenization never count as a lever's drift."""
     if not prompts:
         return []
     ids = [_encode(tokenizer, p) for p in prompts]
-    from ..serving.batch import batchable
-
-    if batchable(model, kv, [len(x) for x in ids]):
+    route = generation_route(model, [kv, *peers], [len(x) for x in ids])
+    if route == "batched":
         return _batched_plan(model, tokenizer, ids, max_new_tokens, kv, batch_size, progress)
-    if kv.is_plain:
+    if route == "batch_generate":
         return _batched(model, tokenizer, ids, max_new_tokens, batch_size, progress)
-    uniform = kv.default if kv.is_uniform and not kv.fake and _mlx_lm_quantizes(model) else None
     out: list[str] = []
     for x in ids:
-        out.append(_stream(model, tokenizer, x, max_new_tokens, uniform) if uniform is not None
+        out.append(_stream(model, tokenizer, x, max_new_tokens, kv.default) if route == "stream"
                    else _per_layer(model, tokenizer, x, max_new_tokens, kv))
         if progress is not None:
             progress(len(out), len(ids))
@@ -116,7 +119,7 @@ def choice_logprobs_many(
     import mlx.core as mx
 
     plans = [_choice_plan(tokenizer, text, item_choices) for text, item_choices in zip(texts, choices)]
-    out: list[list[float]] = [[] for _ in plans]
+    out: list[list[float | None]] = [[None] * len(c) for c in choices]
     head = _split_head(model)
     for members, shared in _shared_prefix_groups([p.prompt for p in plans], MIN_SHARED_PREFIX):
         prefix = _prefill(model, plans[members[0]].prompt[:shared]) if shared else None
@@ -138,11 +141,12 @@ def choice_logprobs_many(
                 wanted = [list(range(width)) for _ in batch]
             logits = logits.astype(mx.float32)
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            for b, (i, row) in enumerate(batch):
-                out[i].extend(row.read(logp[b], {p: k for k, p in enumerate(wanted[b])}))
+            for b, (i, row) in enumerate(batch):  # rows run sorted: each writes its own choices' slots
+                values = row.read(logp[b], {p: k for k, p in enumerate(wanted[b])})
+                out[i][row.slot : row.slot + len(values)] = values
             if progress is not None:
-                progress(sum(len(o) == len(c) for o, c in zip(out, choices)), len(plans))
-    return out
+                progress(sum(None not in o for o in out), len(plans))
+    return out  # type: ignore[return-value]  # every slot written: each choice is read by one row
 
 
 class _Head:
@@ -193,9 +197,10 @@ def _logits_at(head: _Head, tokens: Any, cache: Any, index: Any) -> Any:
 class _Row:
     """One forward row: tokens after the shared prefix, and how to read choice log-probs from it."""
 
-    def __init__(self, tokens: list[int], reads: list[tuple[list[int], list[int]]]) -> None:
+    def __init__(self, tokens: list[int], reads: list[tuple[list[int], list[int]]], slot: int = 0) -> None:
         self.tokens = tokens
         self.reads = reads  # per choice: (row positions whose logits predict it, its token ids)
+        self.slot = slot  # the index of its first choice among the item's choices
 
     def positions(self) -> list[int]:
         """The row positions whose logits any choice reads, ascending."""
@@ -224,7 +229,7 @@ class _ChoicePlan:
         last = len(rest) - 1
         if all(len(s) == 1 for s in self.suffixes):
             return [_Row(rest, [([last], s) for s in self.suffixes])]
-        return [_Row(rest + s[:-1], [(list(range(last, last + len(s))), s)]) for s in self.suffixes]
+        return [_Row(rest + s[:-1], [(list(range(last, last + len(s))), s)], slot=j) for j, s in enumerate(self.suffixes)]
 
 
 def _choice_plan(tokenizer: Any, text: str, choices: Sequence[str]) -> _ChoicePlan:
@@ -373,6 +378,21 @@ def _batched_plan(model: Any, tokenizer: Any, ids: list[list[int]], max_new_toke
     return [out[i] for i in range(len(ids))]
 
 
+def generation_route(model: Any, plans: Sequence[KVPlan], lengths: Sequence[int]) -> str:
+    """The one loop every plan of a gate runs: "batched" (`serving.batch`, plain-cache models),
+    "batch_generate" (every plan plain), "stream" (`mlx_lm.stream_generate`, uniform plans mlx_lm
+    can quantize), else "per_layer" (the project's loop with the plans' caches, one prompt at a time)."""
+    from ..serving.batch import batchable
+
+    if all(batchable(model, p, lengths) for p in plans):
+        return "batched"
+    if all(p.is_plain for p in plans):
+        return "batch_generate"
+    if all(p.is_uniform and not p.fake for p in plans) and _mlx_lm_quantizes(model):
+        return "stream"
+    return "per_layer"
+
+
 def _mlx_lm_quantizes(model: Any) -> bool:
     """mlx_lm's own `generate(kv_bits=...)` runs this model: every cache is a plain `KVCache` and no
     layer shares another's K/V (sliding windows and KV-shared layers take the project's caches)."""
@@ -387,11 +407,9 @@ def _mlx_lm_quantizes(model: Any) -> bool:
 def _stream(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, spec: Any) -> str:
     from mlx_lm import stream_generate
 
-    return "".join(
-        r.text
-        for r in stream_generate(model, tokenizer, ids, max_tokens=max_new_tokens, kv_bits=spec.bits,
-                                 kv_group_size=spec.group_size, quantized_kv_start=spec.start)
-    )
+    extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
+                                                     "quantized_kv_start": spec.start}
+    return "".join(r.text for r in stream_generate(model, tokenizer, ids, max_tokens=max_new_tokens, **extra))
 
 
 def _per_layer(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, kv: KVPlan) -> str:

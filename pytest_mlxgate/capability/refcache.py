@@ -52,10 +52,12 @@ def task_code_digest(task: object) -> str:
 def generation_code_digest() -> str:
     """sha256 of the code that turns a rendered prompt into an arm's output (greedy generation,
     choice scoring, the batched serving loop): a changed path is a miss, even for an unchanged task."""
-    from ..serving import batch
+    from ..levers import kvcache
+    from ..serving import batch, caches
     from . import generate
 
-    digests = [hashlib.sha256(Path(m.__file__ or "").read_bytes()).hexdigest() for m in (generate, batch)]
+    modules = (generate, batch, caches, kvcache)
+    digests = [hashlib.sha256(Path(m.__file__ or "").read_bytes()).hexdigest() for m in modules]
     return hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
 

@@ -88,6 +88,7 @@ def run_arm(
     results: dict[str, ItemResult] = {}
     with lever.applied(arm):
         kv = lever.kv_plan(arm)
+        peers = [lever.kv_plan(other) for other in ("reference", "candidate") if other != arm]
         choice = [it for it in items if it.kind == "choice"]
         gen = [it for it in items if it.kind != "choice"]
         total = len(items)
@@ -96,7 +97,7 @@ def run_arm(
         for it, item_logps in zip(choice, logps):
             results[it.id] = _stamp(task.score(it, "", choice_logprobs=item_logps), rendered[it.id])
         outputs = generate_greedy(model, tokenizer, [rendered[it.id] for it in gen], max_new_tokens=budget, kv=kv,
-                                  batch_size=batch_size,
+                                  peers=peers, batch_size=batch_size,
                                   progress=(lambda done, _: progress(len(choice) + done, total)) if progress else None)
     for it, out in zip(gen, outputs):
         results[it.id] = _stamp(task.score(it, out), rendered[it.id])
@@ -144,7 +145,7 @@ def run_capability(
     ref_rendered = {it.id: task.render(it, reference[1]) for it in items}  # once: the key hashes it too
     if reference_cache is not None and reference_key is not None:
         key = _cache_key(task, name, tier, n, items, ref_rendered, dict(reference_key),
-                         max_new_tokens=max_new_tokens, batch_size=batch_size)
+                         max_new_tokens=max_new_tokens, batch_size=batch_size, lever=lever)
         if not refresh_reference:
             cached = reference_cache.load(key, len(items))
     t0 = time.perf_counter()
@@ -244,12 +245,14 @@ def run_capability_sequential(
 
 
 def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], rendered: Mapping[str, str],
-               base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int) -> dict[str, Any]:
+               base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int, lever: Lever) -> dict[str, Any]:
     """Everything the reference arm's results depend on, beyond the model and lever in `base`."""
     from .refcache import CAPABILITY_CACHE_FORMAT, generation_code_digest, task_code_digest
 
     return {**base, "format": CAPABILITY_CACHE_FORMAT, "task": name, "task_code": task_code_digest(task),
             "generation_code": generation_code_digest(),
+            # the generation loop is chosen from both arms' KV plans (generate.generation_route)
+            "kv_plans": [lever.kv_plan(a).source for a in ("reference", "candidate")] if lever.kind == "kv" else [],
             "tier": tier, "n": n, "max_new_tokens": _budget(task, max_new_tokens), "batch_size": batch_size,
             "items": [[it.id, prompt_hash(rendered[it.id])] for it in items]}
 

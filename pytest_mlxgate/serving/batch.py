@@ -69,12 +69,11 @@ class BatchQuantizedKVCache:
         import mlx.core as mx
 
         size = (needed + self.step - 1) // self.step * self.step
-        per_int = 32 // self.bits
 
         def empty(like: Any, have: tuple[Any, Any, Any] | None) -> tuple[Any, Any, Any]:
             b, h, _, d = like.shape
             shape = (b, h, size)
-            parts = (mx.zeros((*shape, d // per_int), mx.uint32),
+            parts = (mx.zeros((*shape, d * self.bits // 32), mx.uint32),  # mx.quantize's packed width
                      mx.zeros((*shape, d // self.group_size), like.dtype),
                      mx.zeros((*shape, d // self.group_size), like.dtype))
             if have is None:

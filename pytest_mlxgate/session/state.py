@@ -316,17 +316,24 @@ class MlxgateSession:
         if directory is None or self._ref_cache_failed:
             return None
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            cache = getattr(self.config, "cache", None)
+            if self.settings.gate is not None and self.settings.gate.reference_cache is None and cache is not None:
+                directory = Path(cache.mkdir("mlxgate-reference"))  # pytest's own: its .gitignore comes too
+            else:
+                directory.mkdir(parents=True, exist_ok=True)
             probe = directory / f".probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as e:
             self._ref_cache_failed = True
+            readable = directory.is_dir()
             warnings.warn(MlxgateWarning(
-                f"reference cache {directory} is not writable ({e.strerror or e}): reference arms are computed "
-                "every run. Fix: --mlx-reference-cache DIR (a writable directory), or --mlx-reference-cache off"),
+                f"reference cache {directory} is not writable ({e.strerror or e}): "
+                + ("its entries are still read, new ones are not stored. " if readable else
+                   "reference arms are computed every run. ")
+                + "Fix: --mlx-reference-cache DIR (a writable directory), or --mlx-reference-cache off"),
                 stacklevel=2)
-            return None
+            return directory if readable else None
         return directory
 
     def _progress_sink(self) -> Callable[[str], None] | None:

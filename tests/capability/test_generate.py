@@ -79,7 +79,8 @@ def test_prefix_reuse_matches_whole_prompts_on_a_real_model(tiny_model_dir: Path
     many = choice_logprobs_many(model, tok, texts, choices)
     assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices)]) < 1e-4
     # multi-token continuations (one row per choice, tokens summed) take the same path
-    multi = [(" Paris", " the city of London"), (" yes", " no thanks")] * 3 + [(" a", " b c")]
+    # longer choices first too: rows run sorted by length, and each must land in its own slot
+    multi = [(" Paris", " the city of London"), (" no thanks at all", " yes")] * 3 + [(" a b c d", " b", " c d")]
     many = choice_logprobs_many(model, tok, texts, multi)
     assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, multi)]) < 1e-4
 

@@ -117,3 +117,38 @@ def test_cache_bytes_count_the_quantized_arrays() -> None:
     assert q4.nbytes < q8.nbytes < float_bytes
     # 8-bit: 1 byte per element + a float32 scale and bias per group of 32 -> (32 + 8) / 128 of float32
     assert q8.nbytes == float_bytes * (32 + 8) // 128
+
+
+@pytest.mark.parametrize("bits", [3, 5, 6])
+def test_odd_bit_widths_pack_as_mx_quantize_does(bits: int) -> None:
+    """3/5/6 bits do not divide 32: the packed width is d * bits / 32, not d / (32 // bits)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+
+    from pytest_mlxgate.serving.batch import quantize_batch_cache
+
+    plain = BatchKVCache([0, 1])
+    k = mx.random.normal((2, 2, 9, 256))
+    plain.update_and_fetch(k, k)
+    q = quantize_batch_cache(plain, group_size=64, bits=bits)
+    keys, _ = q.update_and_fetch(k[:, :, :1], k[:, :, :1])
+    want = mx.quantize(k, group_size=64, bits=bits)
+    assert keys[0].shape[-1] == want[0].shape[-1] == 256 * bits // 32
+    back = mx.dequantize(*(p[..., :9, :] for p in keys), group_size=64, bits=bits)
+    assert float(mx.abs(back - mx.dequantize(*want, group_size=64, bits=bits)).max()) == 0.0
+
+
+def test_every_arm_of_a_gate_takes_one_loop(tiny_kv_model_dir: Path, tiny_gemma4_dir: Path) -> None:
+    """The loop is chosen from both arms' plans: a plan that cannot batch sends its peer along."""
+    from pytest_mlxgate.capability.generate import generation_route
+
+    llama, _ = _load(tiny_kv_model_dir)
+    gemma, _ = _load(tiny_gemma4_dir)
+    plain, q8, late = parse_kv_value("plain"), parse_kv_value("8"), parse_kv_value("bits=8,start=5000")
+    lengths = [20, 30]
+    assert generation_route(llama, [plain, q8], lengths) == "batched"
+    assert generation_route(llama, [q8, plain], lengths) == "batched"
+    assert generation_route(llama, [plain, late], lengths) == generation_route(llama, [late, plain], lengths) == "stream"
+    assert generation_route(llama, [plain, q8.fake_quant()], lengths) == "per_layer"
+    assert generation_route(gemma, [plain, plain], lengths) == "batch_generate"
+    assert generation_route(gemma, [plain, q8], lengths) == generation_route(gemma, [q8, plain], lengths) == "per_layer"
