@@ -16,10 +16,10 @@ and the softmax span all of them).
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Literal
+
+from tinymodel import write_snapshot
 
 #: 8 layers, three sliding then one full (gemma-4 ends on a full layer): caches on the first 5
 #: (sliding x3, full, sliding); the last 3 reuse the K/V of the last cached layer of their type.
@@ -48,7 +48,6 @@ TEXT_CONFIG: dict[str, Any] = {
     "tie_word_embeddings": True,
     "max_position_embeddings": 8192,
 }
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def tiny_gemma4_config(*, vocab: int = 49152) -> dict[str, Any]:
@@ -66,10 +65,7 @@ def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text"
     from mlx.utils import tree_flatten
     from mlx_lm.models import gemma4_text
 
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
     text = tiny_gemma4_config(vocab=vocab)
-    out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(text))
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
@@ -85,9 +81,4 @@ def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text"
         }
     else:
         config = {"architectures": ["Gemma4ForCausalLM"], **text}
-    mx.save_safetensors(str(out / "model.safetensors"), weights)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    source = ensure_embedded_snapshot()
-    for name in _TOKENIZER_FILES:
-        shutil.copyfile(source / name, out / name)
-    return out
+    return write_snapshot(out, config, weights)

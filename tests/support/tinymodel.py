@@ -37,15 +37,22 @@ def build_tiny_model(out: Path, *, seed: int = 0, scale: float = 2.0, **override
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     config = {**TINY_CONFIG, **overrides}
     model = llama.Model(llama.ModelArgs.from_dict(config))
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
     weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    return write_snapshot(out, config, weights)
+
+
+def write_snapshot(out: Path, config: dict[str, object], weights: dict[str, object]) -> Path:
+    """A model directory mlx_lm loads: config.json, model.safetensors and the embedded tokenizer."""
+    import mlx.core as mx
+
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)  # type: ignore[arg-type]
     (out / "config.json").write_text(json.dumps(config, indent=2))
     source = ensure_embedded_snapshot()
     for name in _TOKENIZER_FILES:
