@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .models.device import blas_in_use, mlx_device
     from .models.materialize import ResolvedSnapshot, materialize
     from .session.paired import Paired
+    from .speed.assertions import assert_faster
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {
@@ -40,6 +41,7 @@ _LAZY: dict[str, str] = {
     "Lever": "levers.lever",
     "Paired": "session.paired",
     "assert_capability_at_least": "capability.assertions",
+    "assert_faster": "speed.assertions",
     "assert_kl_below": "kl.assertions",
     "jsonl_task": "capability.user_tasks",
     "register_task": "capability.user_tasks",

@@ -42,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "mlx_kl(prompts=N, tokens=T, decode=D, chunk=C): a KL gate's sizes (the command line overrides them)",
     )
+    config.addinivalue_line(
+        "markers",
+        "mlx_speed(contexts=(600, 8192), decode=D, repetitions=N): measure the module's prefill and decode speed "
+        "and memory, both arms interleaved (--mlx-speed on|off overrides)",
+    )
     state = MlxgateSession(config, read_settings(config))
     config.stash[SESSION_KEY] = state
     config.pluginmanager.register(state, "mlxgate-session")

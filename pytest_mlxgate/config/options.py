@@ -23,6 +23,7 @@ __all__ = [
     "add_options",
     "cache_dir_arg",
     "check_endpoint",
+    "contexts_arg",
     "count_arg",
     "endpoint_arg",
     "file_arg",
@@ -79,6 +80,17 @@ def count_arg(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
+
+
+def contexts_arg(value: str) -> tuple[int, ...]:
+    """Context lengths in tokens, comma-separated: `600,8192`."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("give at least one context length, e.g. 600,8192")
+    out = tuple(count_arg(p) for p in parts)
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"'{value}' repeats a length")
+    return out
 
 
 def file_arg(value: str) -> str:
@@ -143,6 +155,14 @@ OPTIONS: tuple[Option, ...] = (
            "gate", metavar="T", type=count_arg),
     Option("--mlx-kl-decode", "serving path: the last D tokens are decoded one at a time (default: marker, else 32)",
            "gate", metavar="D", type=count_arg),
+    Option("--mlx-speed", "speed and memory beside drift: on (every gate), off (none). Default: the gate modules "
+           "with an mlx_speed marker", "gate", choices=("on", "off")),
+    Option("--mlx-speed-contexts", "context lengths speed is measured at (default: the marker's, else 600,8192 on "
+           "a GPU, 128,512 on a CPU)", "gate", metavar="N,N", type=contexts_arg),
+    Option("--mlx-speed-decode", "tokens decoded (and timed) per speed trial (default: marker, else 64 GPU / 16 CPU)",
+           "gate", metavar="N", type=count_arg),
+    Option("--mlx-speed-reps", "interleaved pairs of speed trials per context, at least 3 (default: marker, else 9)",
+           "gate", metavar="N", type=count_arg),
     Option("--mlx-reference-cache", "where reference arms are cached: a directory, or 'off'. Default: pytest's "
            "cache (.pytest_cache/d/mlxgate-reference); off when pytest's cacheprovider is disabled "
            "(-p no:cacheprovider)", "gate", metavar="DIR"),

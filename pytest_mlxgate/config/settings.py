@@ -16,7 +16,7 @@ import pytest
 
 from ..errors import MlxgateUsageError
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
-from .options import OPTIONS, check_endpoint, count_arg
+from .options import OPTIONS, check_endpoint, contexts_arg, count_arg
 
 __all__ = [
     "DEFAULT_DB",
@@ -88,6 +88,10 @@ class GateSettings:
     reference_cache: Path | None = None  # --mlx-reference-cache DIR (None: pytest's cache)
     reference_cache_off: bool = False  # --mlx-reference-cache off
     inconclusive: str = "fail"  # --mlx-inconclusive: fail | warn | xfail
+    speed: str | None = None  # --mlx-speed on | off; None: the modules' mlx_speed markers decide
+    speed_contexts: tuple[int, ...] | None = None
+    speed_decode: int | None = None
+    speed_reps: int | None = None
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -157,7 +161,28 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         allow_untrained=bool(cli["mlx_allow_untrained"] or config.getini("mlx_allow_untrained")
                              or os.environ.get("MLXGATE_ALLOW_UNTRAINED", "").strip() in ("1", "true", "yes")),
         inconclusive=_inconclusive(cli["mlx_inconclusive"] or config.getini("mlx_inconclusive") or "fail", config),
+        speed=_speed_switch(cli["mlx_speed"] or config.getini("mlx_speed") or None, config),
+        speed_contexts=cli["mlx_speed_contexts"] or _ini_contexts(config),
+        speed_decode=cli["mlx_speed_decode"] or _ini_count(config, "mlx_speed_decode"),
+        speed_reps=cli["mlx_speed_reps"] or _ini_count(config, "mlx_speed_reps"),
     )
+
+
+def _speed_switch(value: str | None, config: pytest.Config) -> str | None:
+    if value is None or value in ("on", "off"):
+        return value
+    raise MlxgateUsageError(f"mlx_speed = {value!r} in {config.inipath or 'the ini file'}: choose on or off "
+                            "(or leave it out: modules with an mlx_speed marker measure speed)")
+
+
+def _ini_contexts(config: pytest.Config) -> tuple[int, ...] | None:
+    value = config.getini("mlx_speed_contexts")
+    if value in (None, ""):
+        return None
+    try:
+        return contexts_arg(str(value))
+    except argparse.ArgumentTypeError as e:
+        raise MlxgateUsageError(f"mlx_speed_contexts in {config.inipath or 'the ini file'}: {e}") from None
 
 
 def _inconclusive(value: str, config: pytest.Config) -> str:

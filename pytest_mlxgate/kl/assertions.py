@@ -116,6 +116,11 @@ def assert_kl_below(
         publish(bounds=bounds, checks=checks, verdict=verdict)
     if verdict in ("fail", "inconclusive"):
         message = failure_report(kl, checks, nodeid=getattr(result, "nodeid", ""), rerun=rerun, verdict=verdict)
+        speed = result.speed_if_asked() if hasattr(result, "speed_if_asked") else None
+        if speed:
+            from ..speed.text import speed_lines
+
+            message += "".join(f"\n  {line}" for line in speed_lines(speed))
         if verdict == "fail":
             raise AssertionError(message)
         settle_inconclusive(message, getattr(result, "inconclusive", "fail"))

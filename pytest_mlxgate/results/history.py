@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "ResultsDB", "ResultsDBError"]
 
-#: `PRAGMA user_version` of the results database this code writes.
-SCHEMA_VERSION = 1
+#: `PRAGMA user_version` of the results database this code writes. Version 2 added the speed
+#: columns; a version-1 file gains them (ALTER TABLE ADD COLUMN: existing rows keep every value).
+SCHEMA_VERSION = 2
 _DB_BUSY_TIMEOUT_S = 60.0
 
 
@@ -58,6 +59,20 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("config_json", "TEXT NOT NULL"),
     ("record_json", "TEXT NOT NULL"),
 )
+#: Added in version 2: speed and memory at the longest measured context (candidate / reference).
+_SPEED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("speed_context", "INTEGER"),
+    ("prefill_ratio", "REAL"),
+    ("decode_ratio", "REAL"),
+    ("decode_ratio_lo", "REAL"),
+    ("decode_ratio_hi", "REAL"),
+    ("ref_decode_tps", "REAL"),
+    ("cand_decode_tps", "REAL"),
+    ("peak_ratio", "REAL"),
+    ("ref_kv_bytes", "INTEGER"),
+    ("cand_kv_bytes", "INTEGER"),
+)
+_COLUMNS = _COLUMNS + _SPEED_COLUMNS
 _COLUMN_NAMES = tuple(name for name, _ in _COLUMNS)
 
 _SCHEMA = (
@@ -106,8 +121,33 @@ def _row(run: RunInfo, record: GateRecord) -> tuple[Any, ...]:
         "code_dirty": None if run.code_dirty is None else int(run.code_dirty),
         "config_json": dumps({"config": run.config, "machine": run.machine, "argv": run.argv}),
         "record_json": dumps(record),
+        **_speed_values(as_map(record.get("speed"))),
     }
     return tuple(values[name] for name in _COLUMN_NAMES)
+
+
+def _speed_values(speed: Any) -> dict[str, Any]:
+    contexts = as_map(speed.get("contexts"))
+    if not contexts:
+        return {name: None for name, _ in _SPEED_COLUMNS}
+    lengths = {str(c): int(c) for c in contexts if str(c).isdigit()}  # JSON keys: the context as text
+    if not lengths:
+        return {name: None for name, _ in _SPEED_COLUMNS}
+    longest = max(lengths, key=lengths.__getitem__)
+    ctx = as_map(contexts[longest])
+    ref, cand, decode = as_map(ctx.get("reference")), as_map(ctx.get("candidate")), as_map(ctx.get("decode"))
+    return {
+        "speed_context": lengths[longest],
+        "prefill_ratio": real(as_map(ctx.get("prefill")).get("ratio")),
+        "decode_ratio": real(decode.get("ratio")),
+        "decode_ratio_lo": interval_end(decode.get("ratio_ci"), 0),
+        "decode_ratio_hi": interval_end(decode.get("ratio_ci"), 1),
+        "ref_decode_tps": real(ref.get("decode_tps")),
+        "cand_decode_tps": real(cand.get("decode_tps")),
+        "peak_ratio": real(as_map(ctx.get("peak")).get("ratio")),
+        "ref_kv_bytes": integer(ref.get("kv_bytes")),
+        "cand_kv_bytes": integer(cand.get("kv_bytes")),
+    }
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -143,6 +183,10 @@ class ResultsDB:
                             f"another file")
                     for statement in _SCHEMA:
                         conn.execute(statement)
+                elif version == 1:
+                    for name, kind in _SPEED_COLUMNS:
+                        conn.execute(f"ALTER TABLE quality_runs ADD COLUMN {name} {kind}")
+                if version in (0, 1):
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -167,13 +211,21 @@ class ResultsDB:
     def _version(self, conn: sqlite3.Connection) -> int:
         """The schema version; refuses (before writing anything) a file from a newer mlxgate."""
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version not in (0, SCHEMA_VERSION):
+        if version not in (0, 1, SCHEMA_VERSION):
             raise ResultsDBError(
                 f"the results database {self.path} has schema version {version}, but this mlxgate "
-                f"knows only version {SCHEMA_VERSION}: it was written by a newer (or another) "
+                f"knows only versions up to {SCHEMA_VERSION}: it was written by a newer (or another) "
                 f"program, and writing to it could corrupt its history. mlxgate left it untouched; "
                 f"upgrade pytest-mlxgate, or point the results option at another file")
         return version
+
+    def _require_current(self, conn: sqlite3.Connection) -> None:
+        """The file is still the one opened: another program may have replaced it since."""
+        version = self._version(conn)
+        if version != SCHEMA_VERSION:
+            raise ResultsDBError(
+                f"the results database {self.path} has schema version {version} now, not {SCHEMA_VERSION} as "
+                f"when it was opened: something else rewrote the file. mlxgate left it untouched")
 
     def append(self, run: RunInfo, records: Sequence[GateRecord]) -> int:
         """Add one row per record, all in one transaction; returns the number of rows written."""
@@ -185,10 +237,7 @@ class ResultsDB:
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if self._version(conn) != SCHEMA_VERSION:
-                    raise ResultsDBError(
-                        f"the results database {self.path} lost its quality_runs table (schema "
-                        f"version 0) since it was opened: something else rewrote the file")
+                self._require_current(conn)
                 conn.executemany(sql, rows)
                 conn.execute("COMMIT")
             except BaseException:
@@ -205,7 +254,7 @@ class ResultsDB:
             params = (nodeid,)
         sql += " ORDER BY time, id"
         with self._connect() as conn:
-            self._version(conn)
+            self._require_current(conn)
             conn.row_factory = sqlite3.Row
             out = [dict(row) for row in conn.execute(sql, params)]
         for row in out:

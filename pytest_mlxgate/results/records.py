@@ -30,7 +30,7 @@ __all__ = [
 #: The `user_properties` name a record travels under.
 RECORD_PROPERTY = "mlxgate"
 
-Mode = Literal["gate", "aa", "capability", "score"]
+Mode = Literal["gate", "aa", "capability", "score", "speed"]
 
 
 class ModelRef(TypedDict):
@@ -64,7 +64,7 @@ class Check(TypedDict, total=False):
 
 class GateRecord(TypedDict, total=False):
     """What one gate measured and decided. KL gates fill `stats`/`aa`/`tokens`; capability gates
-    `tasks`/`skipped`; the run's Capability Score `capability_score`."""
+    `tasks`/`skipped`; the run's Capability Score `capability_score`; speed (any gate) `speed`."""
 
     nodeid: Required[str]
     gate: Required[str]
@@ -91,6 +91,8 @@ class GateRecord(TypedDict, total=False):
     skipped: dict[str, str]
     # the run's Capability Score
     capability_score: dict[str, Any]
+    # speed and memory of both arms (speed gates, and any gate whose module asks for speed)
+    speed: dict[str, Any]
 
 
 def utc_now(at: float | None = None) -> str:

@@ -34,6 +34,8 @@ def format_value(metric_key: str, value: Any) -> str:
         return ("-" if v < 0 else "") + "inf"
     if metric_key in _PERCENT_KEYS:
         return percent_distinct(v)
+    if metric_key.startswith("speed."):
+        return f"×{v:.3f}"
     if metric_key in _COUNT_KEYS and v == int(v):
         return str(int(v))
     if metric_key in _SIGNED_KEYS or metric_key.startswith("delta_p"):
@@ -145,6 +147,10 @@ def _n_parts(record: GateRecord) -> list[str]:
     stats = as_map(record.get("stats"))
     sizes = as_map(record.get("sizes"))
     parts: list[str] = []
+    if record.get("mode") == "speed":
+        shape = as_map(as_map(record.get("speed")).get("shape"))
+        if integer(shape.get("repetitions")) is not None:
+            parts.append(f"{shape['repetitions']} pairs per context, {shape.get('decode')} decoded")
     n_prompts = integer(stats.get("n_prompts", sizes.get("prompts")))
     if n_prompts is not None:
         parts.append(f"{n_prompts} {'items' if record.get('mode') == 'capability' else 'prompts'}")
@@ -159,10 +165,28 @@ def _n_parts(record: GateRecord) -> list[str]:
     return parts
 
 
+def _speed_parts(record: GateRecord, shown: set[str]) -> list[str]:
+    """A module's speed lines, under the first of its records that carries them (its gates share one
+    measurement)."""
+    from ..speed.text import speed_lines
+
+    speed = as_map(record.get("speed"))
+    if not speed:
+        return []
+    ident = str(speed.get("id") or id(speed))
+    if ident in shown:
+        return []
+    shown.add(ident)
+    return ["\n" + line for line in speed_lines(speed)]
+
+
 def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
     """Join parts into lines of at most `width`, breaking only between parts (clipping a lone giant)."""
     lines: list[str] = []
     for part in parts:
+        if part.startswith("\n"):  # a part of its own line, wrapped at its own separators
+            lines.extend(_pack(part[1:].split(sep), width, sep))
+            continue
         if lines and len(lines[-1]) + len(sep) + len(part) <= width:
             lines[-1] += sep + part
         else:
@@ -206,9 +230,10 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
     header: tuple[str, str, str, str, str, str] = ("gate", "metric", "value", bound_title, "limit", "verdict")
 
     blocks: list[tuple[str, list[_Row], list[str]]] = []
+    speeds_shown: set[str] = set()
     for record in sorted(records, key=nodeid_of):
         name = str(record.get("gate") or record.get("nodeid") or DASH)
-        blocks.append((name, _gate_rows(record), _n_parts(record)))
+        blocks.append((name, _gate_rows(record), _n_parts(record) + _speed_parts(record, speeds_shown)))
 
     cols = [[row[i] for _, rows, _ in blocks for row in rows] for i in range(5)]
     widths = [max([len(header[i + 1])] + [len(v) for v in cols[i]]) for i in range(5)]

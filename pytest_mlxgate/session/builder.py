@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     from ..kl.shape import RunShape
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
+    from ..speed.shape import SpeedShape
     from .paired import PairedRun
 
-__all__ = ["RunContext", "build_paired_run", "gate_lever", "gate_shape"]
+__all__ = ["RunContext", "build_paired_run", "gate_lever", "gate_shape", "gate_speed_shape"]
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
@@ -67,6 +68,30 @@ def gate_shape(item: pytest.Item, gate: GateSettings, lever: Lever) -> tuple[Run
     decode = pick(gate.kl_decode, "decode", gate.kl_decode_ini, min(DEFAULT_KL_DECODE, max(1, tokens // 2)))
     chunk = marked.get("chunk")
     return RunShape(path=lever.path, tokens=tokens, decode=decode, chunk=chunk), prompts
+
+
+def gate_speed_shape(item: pytest.Item, gate: GateSettings, device: str) -> SpeedShape | None:
+    """How the module's speed is measured, or None when nothing asks for it: `--mlx-speed on|off`
+    over the module's `mlx_speed` marker; sizes: command line, then marker, then ini, then defaults."""
+    from ..speed.shape import DEFAULT_REPETITIONS, SpeedShape, default_contexts, default_decode
+
+    mark = item.get_closest_marker("mlx_speed")
+    if gate.speed == "off" or (gate.speed is None and mark is None):
+        return None
+    marked: dict[str, Any] = dict(mark.kwargs) if mark is not None else {}
+    unknown = set(marked) - {"contexts", "decode", "repetitions"}
+    if unknown or (mark is not None and mark.args):
+        raise LeverError(f"mlx_speed marker on {item.nodeid}: takes only contexts=, decode=, repetitions= "
+                         f"(got {sorted(unknown) or list(mark.args if mark else [])})")
+    contexts = gate.speed_contexts or marked.get("contexts") or default_contexts(device)
+    if isinstance(contexts, int):
+        contexts = (contexts,)
+    decode = gate.speed_decode or marked.get("decode") or default_decode(device)
+    reps = gate.speed_reps or marked.get("repetitions") or DEFAULT_REPETITIONS
+    try:
+        return SpeedShape(contexts=tuple(contexts), decode=int(decode), repetitions=int(reps))
+    except (TypeError, ValueError) as e:
+        raise LeverError(f"mlx_speed on {item.nodeid}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -120,6 +145,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         allow_untrained=gate.allow_untrained,
         progress=ctx.progress,
         live=ctx.live,
+        speed_shape=gate_speed_shape(item, gate, ctx.machine.get("device", "cpu")),
         capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
                             "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed},
     )

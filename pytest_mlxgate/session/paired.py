@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..kl.result import KLResult
     from ..levers.lever import Arm, Lever
     from ..models.loaded import LoadedModel
+    from ..speed.shape import SpeedShape
 
 __all__ = ["Paired", "PairedRun"]
 
@@ -46,12 +47,14 @@ class PairedRun:
     progress: Callable[[str], None] | None = None
     live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
+    speed_shape: SpeedShape | None = None  # None: the module's speed is not asked for (mlx_speed, --mlx-speed)
     counters: ArmCounters = field(default_factory=ArmCounters)
     _capability: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
     _untrained: str | None = None
     _untrained_checked: bool = False
+    _speed: dict[str, Any] | None = None
 
     def skip_if_untrained(self) -> None:
         """Skip the gate (once checked, every gate of the module) when the reference model predicts
@@ -129,6 +132,33 @@ class PairedRun:
                 )
         return self._capability[key]
 
+    def speed(self) -> dict[str, Any]:
+        """Both arms' prefill and decode speed and memory, interleaved (once per module; never
+        cached across runs: a speed ratio means something only when both arms ran here, now).
+
+        Untrained models are fine here: speed does not depend on what the weights predict."""
+        if self._speed is None:
+            import uuid
+
+            from ..speed.measure import ArmModel, measure_speed
+            from ..speed.shape import SpeedShape, default_contexts, default_decode
+
+            shape = self.speed_shape or SpeedShape(contexts=default_contexts(self.machine.get("device", "cpu")),
+                                                   decode=default_decode(self.machine.get("device", "cpu")))
+            ref = self._reference_model()
+            candidate = ArmModel(ref.model, "reference") if self.aa else ArmModel(self.candidate.model, "candidate")
+            what = "A/A: reference arm against itself" if self.aa else "both arms interleaved"
+            self._say(f"speed ({what}): contexts {', '.join(map(str, shape.contexts))} tokens, "
+                      f"{shape.decode} decoded, {shape.repetitions} pairs each")
+            found = measure_speed(lever=self.lever, reference=ArmModel(ref.model, "reference"), candidate=candidate,
+                                  token_ids=[t for s in self.sequences for t in s.ids], shape=shape, say=self._say)
+            self._speed = {"id": uuid.uuid4().hex, **found.to_json()}
+        return self._speed
+
+    def speed_if_asked(self) -> dict[str, Any] | None:
+        """The module's speed when it asks for it (its records then carry it), else None."""
+        return self.speed() if self.speed_shape is not None else None
+
     def _reference_model(self) -> LoadedModel:
         if self.lever.kind != "model":
             return self.candidate
@@ -186,6 +216,10 @@ class PairedRun:
 
         return meter
 
+def _speed_field(speed: dict[str, Any] | None) -> dict[str, Any]:
+    return {} if speed is None else {"speed": speed}
+
+
 #: How a capability run's reference arm was obtained, in the progress line's words.
 _SOURCE_WORDS = {"cache": "from the reference cache", "computed": "computed", "mixed": "partly cached"}
 
@@ -240,22 +274,51 @@ class Paired:
             lever=self.lever.to_json(), path=self.shape.path,
             sizes={"prompts": n_items}, stats={"n_prompts": n_items},
             tasks=dict(tasks), skipped=dict(skipped),
+            **_speed_field(run.speed_if_asked()),
             durations={"total_s": round(sum(sum(t["durations"].values()) for t in tasks.values()), 3)},
             rerun=self.rerun,
         )
         self.item.user_properties.append((RECORD_PROPERTY, record))
         self.published = True
 
+    def speed(self) -> dict[str, Any]:
+        """Both arms' speed and memory on the serving path (once per module), as its record carries it."""
+        return self.run.speed()
+
+    def speed_if_asked(self) -> dict[str, Any] | None:
+        return self.run.speed_if_asked()
+
     def publish(self, *, bounds: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
         record = self.kl().record(nodeid=self.nodeid, bounds=bounds, checks=checks, verdict=verdict,
                                   rerun=self.rerun)
+        speed = self.run.speed_if_asked()
+        if speed is not None:
+            record["speed"] = speed
+        self.item.user_properties.append((RECORD_PROPERTY, record))
+        self.published = True
+
+    def publish_speed(self, *, goals: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
+        """A speed gate's record: the goals, their checks and the whole measurement."""
+        run = self.run
+        speed = run.speed()
+        record = gate_record(
+            nodeid=self.nodeid, mode="aa" if run.aa else "speed", verdict=verdict, checks=checks, bounds=goals,
+            candidate=run.candidate.describe(),
+            reference_model=run.reference.describe() if self.lever.kind == "model" and run.reference else None,
+            lever=self.lever.to_json(), path="serving", speed=speed,
+            durations={"total_s": float(speed.get("duration_s") or 0.0)}, rerun=self.rerun,
+        )
         self.item.user_properties.append((RECORD_PROPERTY, record))
         self.published = True
 
     def finish(self) -> None:
         """At teardown: a gate that measured but asserted nothing still reports what it measured."""
-        if not self.published and self.run._result is not None:
+        if self.published:
+            return
+        if self.run._result is not None:
             self.publish(bounds={}, checks=[], verdict="measured")
+        elif self.run._speed is not None:
+            self.publish_speed(goals={}, checks=[], verdict="measured")
 
     def __repr__(self) -> str:
         return f"<paired {self.run.lever.describe()}>"

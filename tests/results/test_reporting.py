@@ -267,8 +267,8 @@ def test_db_creation_is_idempotent_with_version_and_index(tmp_path: Path) -> Non
                                ).fetchall()
         assert any("(nodeid, time)" in (sql or "") for (sql,) in indexes)
         columns = [row[1] for row in conn.execute("PRAGMA table_info(quality_runs)")]
-    assert columns[0] == "id" and columns[-2:] == ["config_json", "record_json"]
-    assert len(columns) == 32
+    assert columns[0] == "id" and columns[30:32] == ["config_json", "record_json"]
+    assert len(columns) == 32 + len(history._SPEED_COLUMNS) and columns[32] == "speed_context"
 
 
 def _batch(tag: str, i: int) -> list[dict[str, Any]]:
@@ -357,10 +357,10 @@ def test_db_refuses_a_schema_that_changes_after_opening(tmp_path: Path) -> None:
     path = tmp_path / "r.sqlite"
     db = ResultsDB(path)
     path.unlink()
-    before = _foreign_db(path, 2)
-    with pytest.raises(ResultsDBError, match="version 2"):
+    before = _foreign_db(path, 1)  # an older file put in its place
+    with pytest.raises(ResultsDBError, match="version 1 now"):
         db.append(make_run(), [make_record()])
-    with pytest.raises(ResultsDBError, match="version 2"):
+    with pytest.raises(ResultsDBError, match="version 1 now"):
         db.rows()
     assert path.read_bytes() == before
 
@@ -595,3 +595,58 @@ def test_summary_header_without_a_common_confidence_says_bound() -> None:
 ])
 def test_format_value(key: str, value: Any, text: str) -> None:
     assert format_value(key, value) == text
+
+
+def _speed(decode_ratio: float = 1.3) -> dict[str, Any]:
+    def arm(tps: float, kv: int) -> dict[str, Any]:
+        return {"prefill_tps": 200.0, "decode_tps": tps, "peak_bytes": 3 << 20, "kv_bytes": kv, "trials": []}
+
+    return {"id": "s1", "shape": {"contexts": [128, 512], "decode": 16, "repetitions": 9, "warmup": 1},
+            "contexts": {str(c): {"context": c, "reference": arm(10.0, 4 << 20), "candidate": arm(13.0, 1 << 20),
+                                  "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], "n": 9, "log_sd": 0.1},
+                                  "decode": {"ratio": decode_ratio * c / 512, "ratio_ci": [1.2, 1.4], "n": 9,
+                                             "log_sd": 0.1},
+                                  "peak": {"ratio": 0.8, "ratio_ci": [0.8, 0.8], "n": 9, "log_sd": 0.0},
+                                  "kv": {"ratio": 0.25}} for c in (128, 512)}}
+
+
+def test_db_version_1_gains_the_speed_columns_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    v1 = history._COLUMNS[: len(history._COLUMNS) - len(history._SPEED_COLUMNS)]
+    old_row = history._row(make_run(), make_record())[: len(v1)]
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE quality_runs (id INTEGER PRIMARY KEY, "
+                     + ", ".join(f"{n} {k}" for n, k in v1) + ")")
+        conn.execute(f"INSERT INTO quality_runs ({', '.join(n for n, _ in v1)}) VALUES ({', '.join('?' * len(v1))})",
+                     old_row)
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    db = ResultsDB(path)
+    db.append(make_run("b" * 32), [make_record("gates/test_kv_cache.py::test_speed", mode="speed", speed=_speed())])
+    old, new = db.rows()
+    assert old["mean_kl"] == make_record()["stats"]["mean"] and old["decode_ratio"] is None
+    assert new["speed_context"] == 512  # the longest context's figures
+    assert (new["decode_ratio"], new["decode_ratio_lo"], new["decode_ratio_hi"]) == (1.3, 1.2, 1.4)
+    assert (new["ref_decode_tps"], new["cand_decode_tps"], new["peak_ratio"]) == (10.0, 13.0, 0.8)
+    assert (new["ref_kv_bytes"], new["cand_kv_bytes"]) == (4 << 20, 1 << 20)
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
+    conn.close()
+
+
+def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None:
+    speed = _speed()
+    drift = make_record(speed=speed)
+    checks = [{"metric": "decode speed @512", "key": "speed.decode", "value": 1.3, "bound": 1.2, "other_bound": 1.4,
+               "limit": 1.05, "direction": "min", "n": 9, "verdict": "pass", "passed": True}]
+    gate = make_record("gates/test_kv_cache.py::test_speed", mode="speed", speed=speed, checks=checks, stats={})
+    lines = summary_lines([drift, gate], width=200)
+    text = "\n".join(lines)
+    assert text.count("speed @512: prefill ×1.00 [0.90, 1.10] (tok/s 200 → 200) · decode ×1.30 [1.20, 1.40] "
+                      "(tok/s 10.0 → 13.0) · KV 4.0 MiB → 1.0 MiB · peak +3.0 MiB → +3.0 MiB") == 1
+    assert text.count("speed @128:") == 1
+    row = next(line for line in lines if "decode speed @512" in line)
+    assert "×1.300" in row and "≥ ×1.200" in row and "×1.050" in row and "pass" in row
+    narrow = summary_lines([drift], width=60)
+    assert all(len(line) <= 60 for line in narrow)
+    assert any(line.strip().startswith("decode ×1.30") for line in narrow)  # wrapped at its separators

@@ -1,0 +1,1 @@
+"""Speed and memory beside drift: both arms of a lever timed in one process, interleaved, paired."""

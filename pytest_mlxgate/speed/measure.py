@@ -1,0 +1,220 @@
+"""Timing both arms of a lever on the serving path: prefill and decode tokens/s, peak and KV bytes.
+
+One trial is what `mlx_lm.generate` does with a prompt: a fresh cache from the arm's KV plan, the
+context prefilled in chunks of 2048 (only the cache is evaluated, as mlx_lm does), quantized where
+the plan says, then `decode` tokens fed one at a time, each call synchronised with `mx.eval`. Fixed
+token ids (the gate's own prompts, cycled) stand in for sampled ones, so both arms do identical
+work. No KL work happens inside a timed span.
+
+Per context: `warmup` untimed trials per arm, then `repetitions` pairs in ABBA order (reference
+first in even pairs, candidate first in odd ones), so drift of the machine over the run (thermal
+state, a background job) falls on both arms alike. Each pair gives one ratio (`stats.ratios`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..kl.shape import SERVING_PREFILL_STEP
+from .result import ContextSpeed, SpeedResult, Trial
+from .shape import SpeedShape
+
+if TYPE_CHECKING:
+    from ..levers.lever import Arm, Lever
+
+__all__ = ["ArmModel", "MemoryProbe", "cache_bytes", "measure_speed", "memory_probe", "pair_order", "weight_bytes"]
+
+
+@dataclass(frozen=True)
+class ArmModel:
+    """What one side of a speed pair runs: the model, and which arm's lever value it runs under."""
+
+    model: Any
+    arm: Arm
+
+
+def measure_speed(
+    *,
+    lever: Lever,
+    reference: ArmModel,
+    candidate: ArmModel,
+    token_ids: Sequence[int],
+    shape: SpeedShape,
+    say: Callable[[str], None] | None = None,
+) -> SpeedResult:
+    """Both arms at every context of `shape`, interleaved; `reference`/`candidate` may name the same
+    arm (an A/A run measures the noise of the measurement itself)."""
+    if not token_ids:
+        raise ValueError("speed needs token ids to feed the model")
+    probe = memory_probe()
+    started = time.perf_counter()
+    contexts = {}
+    for context in shape.contexts:
+        ids = _ids(token_ids, context + shape.decode)
+        sides = (reference, candidate)
+        for _ in range(shape.warmup):
+            for side in sides:
+                _trial(side, lever, ids, context, shape.decode, probe)
+        trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
+        for rep in range(shape.repetitions):
+            for name in pair_order(rep):
+                side = reference if name == "reference" else candidate
+                trials[name].append(_trial(side, lever, ids, context, shape.decode, probe))
+        contexts[context] = ContextSpeed.from_trials(context, shape.decode, trials["reference"], trials["candidate"])
+        if say is not None:
+            say(f"speed at {context} tokens: {contexts[context].short_text()}")
+    return SpeedResult(
+        shape=shape, contexts=contexts, memory_method=probe.method,
+        weights={"reference": weight_bytes(reference.model), "candidate": weight_bytes(candidate.model)},
+        arms={"reference": reference.arm, "candidate": candidate.arm},
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def pair_order(rep: int) -> tuple[str, str]:
+    """ABBA: which side runs first in pair `rep` (a trend over the run then falls on both alike)."""
+    return ("reference", "candidate") if rep % 2 == 0 else ("candidate", "reference")
+
+
+def _ids(pool: Sequence[int], n: int) -> Any:
+    import mlx.core as mx
+
+    reps = -(-n // len(pool))
+    return mx.array((list(pool) * reps)[:n], dtype=mx.int32)[None]
+
+
+def _trial(side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, probe: MemoryProbe) -> Trial:
+    import mlx.core as mx
+
+    model = side.model
+    with lever.applied(side.arm):
+        kv = lever.kv_plan(side.arm)
+        cache = kv.make_cache(model)
+        probe.reset()
+        t0 = time.perf_counter()
+        for start in range(0, context, SERVING_PREFILL_STEP):
+            model(ids[:, start : min(start + SERVING_PREFILL_STEP, context)], cache=cache)
+            kv.maybe_quantize(cache)
+            mx.eval([c.state for c in cache])
+        t1 = time.perf_counter()
+        for pos in range(context, context + decode):
+            out = model(ids[:, pos : pos + 1], cache=cache)
+            kv.maybe_quantize(cache)
+            mx.eval(out)
+        t2 = time.perf_counter()
+        peak = probe.peak()
+        kv_bytes = cache_bytes(cache)
+    del cache, out
+    return Trial(prefill_s=t1 - t0, decode_s=t2 - t1, peak_bytes=peak, kv_bytes=kv_bytes)
+
+
+def cache_bytes(cache: Sequence[Any]) -> int:
+    """Bytes the arm's KV cache holds: every array of every layer's cache (quantized caches count
+    their packed values, scales and biases; a KV-shared layer holds nothing of its own)."""
+    total = 0
+    for layer in cache:
+        if getattr(layer, "keys", None) is None and not getattr(layer, "state", None):
+            continue
+        total += sum(int(a.nbytes) for a in _leaves(_arrays(layer)))
+    return total
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    """The arrays in nested lists, tuples and dicts (cache state, parameters)."""
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _leaves(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _leaves(v)
+    elif hasattr(tree, "nbytes"):
+        yield tree
+
+
+def _arrays(layer: Any) -> Any:
+    """The arrays a cache holds, allocated size (mlx_lm grows caches in steps: the slack is memory too)."""
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if keys is not None and values is not None:
+        return [keys, values]
+    return layer.state
+
+
+def weight_bytes(model: Any) -> int:
+    """The model's parameter bytes (quantized weights count packed values, scales and biases)."""
+    return sum(int(a.nbytes) for a in _leaves(model.parameters()))
+
+
+class MemoryProbe:
+    """Peak memory over one trial, above what was in use when it began."""
+
+    method = "not measured"
+
+    def reset(self) -> None:
+        """Called just before a trial's first forward."""
+
+    def peak(self) -> int | None:
+        """Bytes above the reset's level at the highest point since; None: not measurable here."""
+        return None
+
+
+class _MlxAllocatorProbe(MemoryProbe):
+    """MLX's own allocator counters: exact for MLX arrays on every backend that tracks them."""
+
+    method = "mlx allocator peak (mx.get_peak_memory)"
+
+    def reset(self) -> None:
+        import mlx.core as mx
+
+        mx.synchronize()
+        self._base = int(mx.get_active_memory())
+        mx.reset_peak_memory()
+
+    def peak(self) -> int:
+        import mlx.core as mx
+
+        mx.synchronize()
+        return max(0, int(mx.get_peak_memory()) - self._base)
+
+
+class _LinuxRSSProbe(MemoryProbe):
+    """Resident set size high-water mark (Linux: /proc, reset through clear_refs): a backend whose
+    allocator reports nothing still shows what the process grew by."""
+
+    method = "RSS high-water mark (/proc/self/status VmHWM)"
+
+    def reset(self) -> None:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self._base = _proc_status_kib("VmRSS") * 1024
+
+    def peak(self) -> int:
+        return max(0, _proc_status_kib("VmHWM") * 1024 - self._base)
+
+
+def _proc_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+class _NoMemoryProbe(MemoryProbe):
+    method = "not measured (no allocator counters, no /proc)"
+
+
+def memory_probe() -> MemoryProbe:
+    """The allocator's peak where MLX tracks it (Metal, CUDA and CPU in MLX >= 0.24), else RSS on
+    Linux, else nothing (the record says so)."""
+    import os
+
+    import mlx.core as mx
+
+    if hasattr(mx, "get_peak_memory") and hasattr(mx, "reset_peak_memory") and mx.get_active_memory() > 0:
+        return _MlxAllocatorProbe()
+    if os.path.exists("/proc/self/clear_refs"):
+        return _LinuxRSSProbe()
+    return _NoMemoryProbe()

@@ -1,0 +1,72 @@
+"""A paired ratio (candidate / reference) with its interval: how speed and memory are decided.
+
+Each repetition times both arms back to back, so slow moments of the machine hit both; the unit is
+the pair's ratio. Ratios multiply, so the estimate is the geometric mean of the per-pair ratios
+and the interval a Student-t interval on their logarithms, turned back into ratios (a lognormal
+model: timing noise is multiplicative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .intervals import CONFIDENCE, t_quantile
+
+__all__ = ["RatioEstimate", "paired_ratio", "ratio_pairs_needed"]
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """The geometric mean of n pair ratios and its interval (both ends nan below 2 pairs)."""
+
+    ratio: float
+    lower: float
+    upper: float
+    n: int
+    log_sd: float  # spread of the log ratios: what sizes a repeat
+
+    def to_json(self) -> dict[str, float | int | list[float | None] | None]:
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else float(x)
+
+        return {"ratio": num(self.ratio), "ratio_ci": [num(self.lower), num(self.upper)], "n": self.n,
+                "log_sd": num(self.log_sd)}
+
+
+def paired_ratio(candidate: Sequence[float], reference: Sequence[float],
+                 confidence: float = CONFIDENCE) -> RatioEstimate:
+    """The candidate/reference ratio from paired, positive measurements (tokens/s, bytes).
+
+    Pairs where either side is not a positive finite number are refused: a zero time or a zero
+    peak is a measurement that failed, and no ratio can be taken from it.
+    """
+    cand = np.asarray(candidate, dtype=np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
+    if cand.shape != ref.shape or cand.ndim != 1 or cand.size == 0:
+        raise ValueError(f"need as many candidate as reference values, at least one (got {cand.shape}, {ref.shape})")
+    if not (np.all(np.isfinite(cand)) and np.all(np.isfinite(ref)) and np.all(cand > 0) and np.all(ref > 0)):
+        raise ValueError("ratios need positive, finite measurements on both arms")
+    logs = np.log(cand) - np.log(ref)
+    n = int(logs.size)
+    center = float(np.mean(logs))
+    if n < 2:
+        return RatioEstimate(math.exp(center), math.nan, math.nan, n, math.nan)
+    sd = float(np.std(logs, ddof=1))
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
+    return RatioEstimate(math.exp(center), math.exp(center - half), math.exp(center + half), n, sd)
+
+
+def ratio_pairs_needed(estimate: RatioEstimate, limit: float, confidence: float = CONFIDENCE) -> int | None:
+    """About how many pairs would put the interval on one side of `limit` at the observed spread;
+    None when the point estimate sits on the limit (no number of pairs would tell) or no spread is known."""
+    if estimate.n < 2 or not math.isfinite(estimate.log_sd) or limit <= 0:
+        return None
+    gap = abs(math.log(estimate.ratio) - math.log(limit))
+    if gap == 0:
+        return None
+    z = t_quantile(0.5 + confidence / 2.0, max(1, estimate.n - 1))
+    return max(estimate.n + 1, math.ceil((z * estimate.log_sd / gap) ** 2))

@@ -1,0 +1,106 @@
+"""Speed and memory in a gate session: a module with `mlx_speed` measures once and every record of
+it carries the figures (summary once, JSON, DB columns); assert_faster's verdicts end tests;
+--mlx-speed on/off and the size options apply; bad sizes are usage errors."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+GATE = '''
+import pytest
+from pytest_mlxgate import assert_faster, assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv8", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
+                          path="serving"),
+    pytest.mark.mlx_kl(prompts=3, tokens=24, decode=4),
+    pytest.mark.mlx_speed(contexts=(16, 40), decode=3, repetitions=3),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=10.0)
+
+
+def test_memory(paired):
+    assert_faster(paired, kv=0.3, at="all")
+
+
+def test_impossible_speed_up(paired):
+    assert_faster(paired, decode=100.0)
+'''
+
+PLAIN = '''
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", cand="1"),
+              pytest.mark.mlx_kl(prompts=2, tokens=16)]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=1e-6)
+'''
+
+
+@pytest.mark.slow  # a pytester session measuring speed
+def test_a_speed_module_measures_once_and_every_record_carries_it(
+        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_kv=GATE)
+    report, db = tmp_path / "r.json", tmp_path / "h.sqlite"
+    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly",
+                                           f"--mlx-report={report}", f"--mlx-db={db}")
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert "speed gate failed (shown short of a goal): test_kv.py::test_impossible_speed_up" in out
+    assert out.count("speed @40: prefill ×") == 1 and out.count("speed @16: prefill ×") == 1  # once per module
+    assert "speed (both arms interleaved): contexts 16, 40 tokens, 3 decoded, 3 pairs each" in out
+    records = {r["nodeid"].split("::")[1]: r for r in json.loads(report.read_text())["gates"]}
+    assert records["test_drift"]["mode"] == "gate" and records["test_memory"]["mode"] == "speed"
+    ids = {r["speed"]["id"] for r in records.values()}
+    assert len(ids) == 1  # one measurement, shared
+    speed = records["test_memory"]["speed"]
+    assert sorted(speed["contexts"]) == ["16", "40"]
+    assert all(len(speed["contexts"][c][arm]["trials"]) == 3 for c in ("16", "40") for arm in ("reference", "candidate"))
+    assert [c["verdict"] for c in records["test_memory"]["checks"]] == ["pass", "pass"]
+    assert records["test_impossible_speed_up"]["verdict"] == "fail"
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT mode, speed_context, decode_ratio, ref_kv_bytes > cand_kv_bytes FROM quality_runs"
+                            ).fetchall()
+    conn.close()
+    assert len(rows) == 3 and all(r[1] == 40 and r[2] is not None and r[3] == 1 for r in rows)
+
+
+@pytest.mark.slow  # two pytester sessions
+def test_mlx_speed_on_adds_speed_to_any_gate_and_off_removes_it(
+        pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_plain=PLAIN)
+    report = tmp_path / "r.json"
+    on = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off",
+                                       f"--mlx-report={report}", "--mlx-speed=on", "--mlx-speed-contexts=8,20",
+                                       "--mlx-speed-decode=2", "--mlx-speed-reps=3")
+    on.assert_outcomes(passed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert sorted(record["speed"]["contexts"]) == ["20", "8"] and record["speed"]["shape"]["decode"] == 2
+    off = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off",
+                                        f"--mlx-report={report}", "--mlx-speed=off")
+    off.assert_outcomes(passed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert "speed" not in record and "speed @" not in off.stdout.str()
+
+
+def test_bad_speed_sizes_are_usage_errors(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nmlx_speed = sometimes\n")
+    result = pytester.runpytest_subprocess("--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*mlx_speed = 'sometimes'*choose on or off*"])
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest_subprocess("--mlx-speed-contexts=600,600", "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*repeats a length*"])

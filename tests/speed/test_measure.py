@@ -1,0 +1,177 @@
+"""Speed and memory measured on real MLX forwards of tiny models: a planted slowdown is measured at
+its true size and fails an asked speed-up; KV bytes match the cache's layout counted by hand; a
+planted allocation shows in the peak; an A/A run reads as no difference."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate import assert_faster
+from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.speed.measure import ArmModel, measure_speed
+from pytest_mlxgate.speed.shape import SpeedShape
+
+IDS = list(range(200, 520))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_kv_model_dir: Path) -> Any:
+    from mlx_lm import load
+
+    return load(str(tiny_kv_model_dir))[0]
+
+
+def _wrapping_call(model: Any, before: Any) -> contextlib.AbstractContextManager[None]:
+    """Patch the model class's __call__ so `before()` runs at every forward (restored on exit)."""
+
+    @contextlib.contextmanager
+    def patch() -> Iterator[None]:
+        cls = type(model)
+        original = cls.__call__
+
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before()
+            return original(self, *args, **kwargs)
+
+        cls.__call__ = call
+        try:
+            yield
+        finally:
+            cls.__call__ = original
+
+    return patch()
+
+
+def _measure(model: Any, lever: Lever, shape: SpeedShape, *, aa: bool = False) -> dict[str, Any]:
+    cand = ArmModel(model, "reference" if aa else "candidate")
+    return measure_speed(lever=lever, reference=ArmModel(model, "reference"), candidate=cand, token_ids=IDS,
+                         shape=shape).to_json()
+
+
+def test_a_planted_slowdown_is_measured_at_its_true_size_and_fails_a_speed_up(tiny: Any) -> None:
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the planted cost, as it really was (sleep overshoots a little)
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        slept.append(time.perf_counter() - t0)
+
+    lever = Lever(name="sleepy", kind="context", target=None, ref=0.0, cand=0.01, path="serving",
+                  factory=lambda s: _wrapping_call(tiny, lambda: sleep(s)) if s else contextlib.nullcontext())
+    shape = SpeedShape(contexts=(32,), decode=6, repetitions=5)
+    speed = _measure(tiny, lever, shape)
+    ctx = speed["contexts"]["32"]
+    per_call = statistics.mean(slept)
+    true_ratios = [t["decode_s"] / (t["decode_s"] + shape.decode * per_call) for t in ctx["reference"]["trials"]]
+    true_ratio = math.exp(statistics.mean(math.log(r) for r in true_ratios))  # decode tok/s, candidate / reference
+    assert ctx["decode"]["ratio"] == pytest.approx(true_ratio, rel=0.10)
+    assert ctx["decode"]["ratio_ci"][1] < 1.0  # shown slower
+    with pytest.raises(AssertionError, match=r"(?s)speed gate failed.*decode speed @32.*✗ fail"):
+        assert_faster(speed, decode=1.0)
+    assert ctx["kv"]["ratio"] == 1.0  # the same cache plan on both arms
+
+
+def _expected_kv_bytes(config: dict[str, Any], tokens: int, bits: int | None, group: int = 64) -> int:
+    """mlx_lm's caches by hand: K and V per layer, (kv heads, allocated positions, head dim),
+    grown 256 positions at a time; a quantized cache holds packed uint32 words plus a float32 scale
+    and bias per group."""
+    step = 256
+    allocated = -(-tokens // step) * step
+    heads, dim, layers = config["num_key_value_heads"], config["head_dim"], config["num_hidden_layers"]
+    per_position = dim * 4 if bits is None else dim * bits // 32 * 4 + 2 * (dim // group) * 4
+    return layers * 2 * heads * allocated * per_position
+
+
+def test_kv_bytes_are_the_caches_own_arrays_counted_by_hand(tiny: Any, tiny_kv_model_dir: Path) -> None:
+    import json
+
+    config = json.loads((tiny_kv_model_dir / "config.json").read_text())
+    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
+                  path="serving")
+    shape = SpeedShape(contexts=(40, 300), decode=4, repetitions=3, warmup=0)
+    speed = _measure(tiny, lever, shape)
+    for context in shape.contexts:
+        ctx = speed["contexts"][str(context)]
+        tokens = context + shape.decode
+        assert ctx["reference"]["kv_bytes"] == _expected_kv_bytes(config, tokens, None)
+        assert ctx["candidate"]["kv_bytes"] == _expected_kv_bytes(config, tokens, 8)
+        assert ctx["kv"]["ratio"] == pytest.approx(72 / 256)  # (16 words + scale + bias) / 64 floats, x4 bytes
+    assert_faster(speed, kv=0.3, at="all")
+    with pytest.raises(AssertionError, match="KV cache bytes @300"):
+        assert_faster(speed, kv=0.25)
+
+
+def test_a_planted_allocation_shows_in_the_peak(tiny: Any) -> None:
+    import mlx.core as mx
+
+    hog_bytes = 32 << 20
+    held: list[Any] = []
+
+    @contextlib.contextmanager
+    def hog(on: bool) -> Iterator[None]:
+        def allocate() -> None:
+            if on and not held:
+                held.append(mx.zeros((hog_bytes // 4,), dtype=mx.float32))
+                mx.eval(held[0])
+
+        with _wrapping_call(tiny, allocate):
+            try:
+                yield
+            finally:
+                held.clear()
+
+    lever = Lever(name="hog", kind="context", target=None, ref=False, cand=True, path="serving", factory=hog)
+    speed = _measure(tiny, lever, SpeedShape(contexts=(64,), decode=2, repetitions=3))
+    if speed["memory_method"].startswith("not measured"):
+        pytest.skip(speed["memory_method"])
+    ctx = speed["contexts"]["64"]
+    grown = ctx["candidate"]["peak_bytes"] - ctx["reference"]["peak_bytes"]
+    assert grown == pytest.approx(hog_bytes, rel=0.10)
+    assert_faster(speed, memory=100.0)  # +32 MiB over ~1 MiB of activations: ~x34
+    with pytest.raises(AssertionError, match="peak memory @64"):
+        assert_faster(speed, memory=10.0)
+
+
+def test_an_aa_run_reads_as_no_difference(tiny: Any) -> None:
+    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 4}, path="serving")
+    speed = _measure(tiny, lever, SpeedShape(contexts=(48,), decode=8, repetitions=9), aa=True)
+    ctx = speed["contexts"]["48"]
+    assert speed["arms"] == {"reference": "reference", "candidate": "reference"}
+    assert ctx["kv"]["ratio"] == 1.0 and ctx["reference"]["kv_bytes"] == ctx["candidate"]["kv_bytes"]
+    # timing noise only: the interval is centred near 1 (its coverage is the simulation's to show)
+    assert 0.8 < ctx["decode"]["ratio"] < 1.25 and 0.8 < ctx["prefill"]["ratio"] < 1.25
+    assert all(math.isfinite(x) for x in ctx["decode"]["ratio_ci"])
+
+
+def test_gemma4_kv_shared_layers_hold_no_bytes_and_a_quantized_plan_runs(tiny_gemma4_dir: Path) -> None:
+    from mlx_lm import load
+
+    from pytest_mlxgate.speed.measure import cache_bytes
+
+    model = load(str(tiny_gemma4_dir))[0]
+    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
+                  path="serving")
+    speed = _measure(model, lever, SpeedShape(contexts=(24, 80), decode=4, repetitions=3, warmup=0))
+    for context in ("24", "80"):
+        ctx = speed["contexts"][context]
+        assert 0 < ctx["candidate"]["kv_bytes"] < ctx["reference"]["kv_bytes"]
+    import mlx.core as mx
+
+    from pytest_mlxgate.serving.caches import SharedKVReader
+
+    plan = lever.kv_plan("candidate")
+    cache = plan.make_cache(model)
+    model(mx.array([IDS[:40]]), cache=cache)
+    plan.maybe_quantize(cache)
+
+    shared = [c for c in cache if isinstance(c, SharedKVReader)]
+    assert shared and cache_bytes(shared) == 0
+    assert cache_bytes(cache) == sum(c.nbytes for c in cache if not isinstance(c, SharedKVReader))

@@ -1,0 +1,111 @@
+"""The paired ratio behind every speed and memory verdict: its algebra, and its error rates under
+the timing noise and drift a real machine has (simulated, seeded: many runs, not one)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_mlxgate.speed.measure import pair_order
+from pytest_mlxgate.speed.result import ContextSpeed, Trial
+from pytest_mlxgate.stats.ratios import paired_ratio, ratio_pairs_needed
+
+positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
+pairs = st.lists(st.tuples(positive, positive), min_size=2, max_size=30)
+
+
+@given(pairs, st.floats(min_value=0.01, max_value=100))
+def test_scaling_the_candidate_scales_ratio_and_interval(values: list[tuple[float, float]], k: float) -> None:
+    cand, ref = [c for c, _ in values], [r for _, r in values]
+    base, scaled = paired_ratio(cand, ref), paired_ratio([c * k for c in cand], ref)
+    for a, b in ((base.ratio, scaled.ratio), (base.lower, scaled.lower), (base.upper, scaled.upper)):
+        assert b == pytest.approx(a * k, rel=1e-9)
+
+
+@given(pairs)
+def test_swapping_the_arms_inverts_the_ratio_and_the_interval(values: list[tuple[float, float]]) -> None:
+    cand, ref = [c for c, _ in values], [r for _, r in values]
+    ab, ba = paired_ratio(cand, ref), paired_ratio(ref, cand)
+    assert ba.ratio == pytest.approx(1 / ab.ratio, rel=1e-9)
+    assert ba.lower == pytest.approx(1 / ab.upper, rel=1e-9) and ba.upper == pytest.approx(1 / ab.lower, rel=1e-9)
+    assert ab.lower <= ab.ratio <= ab.upper
+
+
+def test_the_estimate_is_the_geometric_mean_and_one_pair_has_no_interval() -> None:
+    est = paired_ratio([2.0, 8.0], [1.0, 1.0])
+    assert est.ratio == pytest.approx(4.0) and est.n == 2
+    one = paired_ratio([3.0], [1.0])
+    assert one.ratio == pytest.approx(3.0) and math.isnan(one.lower) and math.isnan(one.upper)
+    same = paired_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert same.lower == same.upper == pytest.approx(2.0)  # no spread: the interval is the point
+
+
+@pytest.mark.parametrize("bad", [[0.0, 1.0], [-1.0, 1.0], [math.inf, 1.0], [math.nan, 1.0]])
+def test_a_failed_measurement_is_refused_not_averaged(bad: list[float]) -> None:
+    with pytest.raises(ValueError, match="positive, finite"):
+        paired_ratio(bad, [1.0, 1.0])
+    with pytest.raises(ValueError, match="as many"):
+        paired_ratio([1.0], [1.0, 1.0])
+
+
+def test_pairs_needed_shrinks_the_interval_past_the_limit() -> None:
+    rng = np.random.default_rng(3)
+    ref = np.exp(rng.normal(0, 0.05, 9))
+    cand = ref * 1.04 * np.exp(rng.normal(0, 0.05, 9))
+    est = paired_ratio(cand, ref)
+    assert est.lower < 1.0 < est.upper  # 9 pairs cannot tell 4% at 5% noise
+    need = ratio_pairs_needed(est, 1.0)
+    assert need is not None and need > 9
+    # at that many pairs with the same spread and estimate, the half-width clears the gap
+    half = math.log(est.upper / est.ratio) * math.sqrt(9 / need)
+    assert math.log(est.ratio) - half >= -0.01
+    assert ratio_pairs_needed(est, est.ratio) is None  # sitting on the limit: no n tells
+
+
+def _simulated_context(rng: np.random.Generator, true_ratio: float, reps: int, drift: float, *,
+                       noise: float = 0.05, order=pair_order) -> ContextSpeed:  # noqa: ANN001
+    """A machine whose speed drifts by `drift` over the run (thermal, a background job) with `noise`
+    multiplicative noise per trial; the candidate's true decode time is 1/true_ratio of the reference's."""
+    trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
+    slot = 0
+    for rep in range(reps):
+        for side in order(rep):
+            slowdown = 1.0 + drift * slot / (2 * reps)
+            t = 0.1 * slowdown * math.exp(rng.normal(0, noise)) / (true_ratio if side == "candidate" else 1.0)
+            trials[side].append(Trial(prefill_s=t, decode_s=t, peak_bytes=1, kv_bytes=1))
+            slot += 1
+    return ContextSpeed.from_trials(100, 16, trials["reference"], trials["candidate"])
+
+
+@given(st.floats(min_value=0.0, max_value=1.0), st.integers(min_value=2, max_value=12))
+def test_abba_pairs_cancel_a_linear_drift(drift: float, half_reps: int) -> None:
+    """Reference-first in every pair, a drift that slows the machine reads as a faster reference;
+    ABBA pairs put it on both arms alike, so a noise-free A/A run centres on 1 whatever the drift."""
+    rng = np.random.default_rng(0)
+    reps = 2 * half_reps
+    abba = _simulated_context(rng, 1.0, reps, drift, noise=0.0)
+    same_order = _simulated_context(rng, 1.0, reps, drift, noise=0.0, order=lambda rep: ("reference", "candidate"))
+    step = drift / (2 * reps)  # the slowdown between the two trials of a pair
+    assert abs(math.log(abba.decode.ratio)) <= 2 * step**2 + 1e-12  # first order cancels: O(step²) left
+    if drift > 0.05:
+        assert abs(math.log(same_order.decode.ratio)) > 5 * abs(math.log(abba.decode.ratio))
+
+
+def test_an_aa_lever_is_called_faster_in_at_most_5_percent_of_runs() -> None:
+    rng = np.random.default_rng(20261201)
+    runs = [_simulated_context(rng, 1.0, 9, drift=0.2) for _ in range(2000)]
+    false_faster = sum(r.decode.lower > 1.0 for r in runs) / len(runs)
+    covered = sum(r.decode.lower <= 1.0 <= r.decode.upper for r in runs) / len(runs)
+    assert false_faster <= 0.05
+    assert 0.92 <= covered <= 0.98  # a 95% interval: neither too narrow nor uselessly wide
+
+
+def test_a_real_speed_up_is_shown_at_nine_pairs() -> None:
+    rng = np.random.default_rng(7)
+    runs = [_simulated_context(rng, 1.15, 9, drift=0.2) for _ in range(500)]
+    shown = sum(r.decode.lower > 1.05 for r in runs) / len(runs)
+    assert shown >= 0.9  # 15% faster at 5% noise: 9 pairs show >= 5% almost always
