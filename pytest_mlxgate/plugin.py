@@ -40,7 +40,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "mlx_kl(prompts=N, tokens=T, decode=D, chunk=C): a KL gate's sizes (the command line overrides them)",
+        "mlx_kl(prompts=N, tokens=T, decode=D, chunk=C, batched=True): a KL gate's sizes (the command line "
+        "overrides them); batched=False runs the serving path one sequence at a time",
     )
     config.addinivalue_line(
         "markers",

@@ -158,8 +158,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--mlx-speed", "speed and memory beside drift: on (every gate), off (none). Default: the gate modules "
            "with an mlx_speed marker", "gate", choices=("on", "off")),
     Option("--mlx-speed-contexts", "context lengths speed is measured at (default: the marker's, else 600,8192 on "
-           "a GPU, 128,512 on a CPU)", "gate", metavar="N,N", type=contexts_arg),
-    Option("--mlx-speed-decode", "tokens decoded (and timed) per speed trial (default: marker, else 64 GPU / 16 CPU)",
+           "a GPU, 64,256 on a CPU)", "gate", metavar="N,N", type=contexts_arg),
+    Option("--mlx-speed-decode", "tokens decoded (and timed) per speed trial (default: marker, else 64 GPU / 8 CPU)",
            "gate", metavar="N", type=count_arg),
     Option("--mlx-speed-reps", "interleaved pairs of speed trials per context, at least 3 (default: marker, else 9)",
            "gate", metavar="N", type=count_arg),

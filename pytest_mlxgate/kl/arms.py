@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
-__all__ = ["SequenceLogits", "run_candidate", "run_reference", "sequence_logits"]
+__all__ = ["SERVING_BATCH_BYTES", "SequenceLogits", "run_candidate", "run_reference", "sequence_logits",
+           "serving_logits"]
 
 @dataclass
 class SequenceLogits:
@@ -68,7 +69,24 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan)
         positions = np.arange(tokens, dtype=np.int32)
         return SequenceLogits(logits, next_tokens, positions, dtype), calls
 
-    # serving: prefix through the cache in prefill chunks, then one token per call
+    outs, calls = serving_logits(model, [ids], shape, kv)
+    return outs[0], calls
+
+
+def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape,
+                   kv: KVPlan) -> tuple[list[SequenceLogits], int]:
+    """The serving path for sequences of one length, as one batch: the prefixes through the arm's
+    caches in prefill chunks, then one token per call, quantizing where `generate_step` does.
+
+    Equal lengths need no padding or masks, so mlx_lm's own caches (plain, rotating, quantized,
+    KV-shared readers) hold a batch as they hold one row; each row's numbers are its own."""
+    import mlx.core as mx
+
+    tokens = shape.tokens
+    for ids in batch:
+        if len(ids) != tokens + 1:
+            raise ValueError(f"a sequence must hold tokens + 1 = {tokens + 1} ids, got {len(ids)}")
+    x = mx.array([list(ids[:tokens]) for ids in batch], dtype=mx.int32)
     prefix = tokens - shape.decode
     step = shape.chunk or SERVING_PREFILL_STEP
     cache = kv.make_cache(model)
@@ -83,16 +101,25 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan)
     for i, pos in enumerate(range(prefix, tokens)):
         out = model(x[:, pos : pos + 1], cache=cache)
         kv.maybe_quantize(cache)
-        row = out[0, -1]
-        dtype = _dtype_name(row.dtype)
-        values = _to_numpy(row)
+        step_rows = out[:, -1]
+        dtype = _dtype_name(step_rows.dtype)
+        values = _to_numpy(step_rows)
         if rows is None:
-            rows = np.empty((shape.decode, values.shape[-1]), dtype=np.float32)
-        rows[i] = values
+            rows = np.empty((len(batch), shape.decode, values.shape[-1]), dtype=np.float32)
+        rows[:, i] = values
         calls += 1
     assert rows is not None
     positions = np.arange(prefix, tokens, dtype=np.int32)
-    return SequenceLogits(rows, next_tokens[prefix:], positions, dtype), calls
+    outs = [SequenceLogits(rows[b], np.asarray(ids[prefix + 1 : tokens + 1], dtype=np.int32), positions, dtype)
+            for b, ids in enumerate(batch)]
+    return outs, calls
+
+
+#: The serving path holds a batch's decoded logits (rows x decode x vocabulary, float32) until the
+#: batch ends: this bounds them, so peak memory stays independent of the prompt count.
+SERVING_BATCH_BYTES = 256 << 20
+#: The first batch, before the vocabulary size is known from a model output.
+_FIRST_BATCH = 4
 
 
 def run_reference(
@@ -155,21 +182,45 @@ def _each(
     lever: Lever,
     counters: ArmCounters,
 ) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
+    for seq, out in _batches(model, sequences, shape, kv, counters, arm):
+        _check_finite(seq, out, arm, lever)
+        yield seq, out
+
+
+def _batches(model: Any, sequences: Sequence[TokenSequence], shape: RunShape, kv: KVPlan, counters: ArmCounters,
+             arm: Arm) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
+    """Prefill: one sequence per forward. Serving (`shape.batched`): the sequences in batches whose
+    decoded logits fit `SERVING_BATCH_BYTES`; else one at a time."""
+    if shape.path != "serving" or not shape.batched:
+        for seq in sequences:
+            out, calls = sequence_logits(model, seq.ids, shape, kv)
+            counters.add(arm, calls)
+            yield seq, out
+        return
+    size = _FIRST_BATCH
+    i = 0
+    while i < len(sequences):
+        group = sequences[i : i + size]
+        outs, calls = serving_logits(model, [s.ids for s in group], shape, kv)
+        counters.add(arm, calls)
+        yield from zip(group, outs)
+        i += len(group)
+        vocab = outs[0].logits.shape[-1]
+        size = max(1, SERVING_BATCH_BYTES // (shape.decode * vocab * 4))
+
+
+def _check_finite(seq: TokenSequence, out: SequenceLogits, arm: Arm, lever: Lever) -> None:
     from .divergence import first_nonfinite_row
 
-    for seq in sequences:
-        out, calls = sequence_logits(model, seq.ids, shape, kv)
-        counters.add(arm, calls)
-        bad = first_nonfinite_row(out.logits)
-        if bad is not None:
-            row = out.logits[bad]
-            what = "NaN" if np.isnan(row).any() else "inf"
-            raise NonFiniteLogitsError(
-                f"the {arm} arm ({lever.name}={lever.describe_value(arm)}) produced {what} logits at "
-                f"prompt {seq.index} ({seq.preview!r}), position {int(out.positions[bad])}: "
-                "a broken kernel or overflow, not drift; run that arm alone to debug it"
-            )
-        yield seq, out
+    bad = first_nonfinite_row(out.logits)
+    if bad is not None:
+        row = out.logits[bad]
+        what = "NaN" if np.isnan(row).any() else "inf"
+        raise NonFiniteLogitsError(
+            f"the {arm} arm ({lever.name}={lever.describe_value(arm)}) produced {what} logits at "
+            f"prompt {seq.index} ({seq.preview!r}), position {int(out.positions[bad])}: "
+            "a broken kernel or overflow, not drift; run that arm alone to debug it"
+        )
 
 
 def _to_numpy(x: Any) -> np.ndarray:

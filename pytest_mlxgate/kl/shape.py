@@ -29,6 +29,7 @@ class RunShape:
     tokens: int  # sequence length T: ids hold T + 1 tokens, the last one only ever predicted
     decode: int  # serving: the last `decode` positions are fed one token at a time
     chunk: int | None = None  # prefill chunk size; None: one forward (prefill) / 2048 (serving)
+    batched: bool = True  # serving: the sequences (one length) run as batches, not one at a time
 
     def __post_init__(self) -> None:
         if self.tokens < 2:
@@ -48,8 +49,9 @@ class RunShape:
         return self.decode if self.path == "serving" else self.tokens
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "tokens": self.tokens, "decode": self.decode if self.path == "serving" else None,
-                "chunk": self.chunk}
+        serving = self.path == "serving"
+        return {"path": self.path, "tokens": self.tokens, "decode": self.decode if serving else None,
+                "chunk": self.chunk, **({"batched": self.batched} if serving else {})}
 
 
 @dataclass

@@ -177,16 +177,13 @@ def _speed_parts(record: GateRecord, shown: set[str]) -> list[str]:
     if ident in shown:
         return []
     shown.add(ident)
-    return ["\n" + line for line in speed_lines(speed)]
+    return speed_lines(speed)
 
 
 def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
     """Join parts into lines of at most `width`, breaking only between parts (clipping a lone giant)."""
     lines: list[str] = []
     for part in parts:
-        if part.startswith("\n"):  # a part of its own line, wrapped at its own separators
-            lines.extend(_pack(part[1:].split(sep), width, sep))
-            continue
         if lines and len(lines[-1]) + len(sep) + len(part) <= width:
             lines[-1] += sep + part
         else:
@@ -229,17 +226,17 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
         bound_title = f"{c * 100:g}% bound"
     header: tuple[str, str, str, str, str, str] = ("gate", "metric", "value", bound_title, "limit", "verdict")
 
-    blocks: list[tuple[str, list[_Row], list[str]]] = []
+    blocks: list[tuple[str, list[_Row], list[str], list[str]]] = []
     speeds_shown: set[str] = set()
     for record in sorted(records, key=nodeid_of):
         name = str(record.get("gate") or record.get("nodeid") or DASH)
-        blocks.append((name, _gate_rows(record), _n_parts(record) + _speed_parts(record, speeds_shown)))
+        blocks.append((name, _gate_rows(record), _n_parts(record), _speed_parts(record, speeds_shown)))
 
-    cols = [[row[i] for _, rows, _ in blocks for row in rows] for i in range(5)]
+    cols = [[row[i] for _, rows, _, _ in blocks for row in rows] for i in range(5)]
     widths = [max([len(header[i + 1])] + [len(v) for v in cols[i]]) for i in range(5)]
     widths[0] = max(widths[0], len("n"))
     rest = sum(widths) + len(_GAP) * 5
-    gate_width = max([len(header[0])] + [len(name) for name, _, _ in blocks])
+    gate_width = max([len(header[0])] + [len(name) for name, _, _, _ in blocks])
     gate_width = min(gate_width, max(_MIN_GATE_WIDTH, width - rest))
 
     def line(cells: Sequence[str]) -> str:
@@ -248,9 +245,17 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
 
     lines = [line(header)]
     detail_start = gate_width + len(_GAP) + widths[0] + len(_GAP)
-    for name, rows, n_parts in blocks:
+    for name, rows, n_parts, speed in blocks:
         for i, row in enumerate(rows):
             lines.append(line((_truncate(name, gate_width) if i == 0 else "", *row)))
         for i, detail in enumerate(_pack(n_parts, max(len(DASH), width - detail_start))):
             lines.append(line(("", "n" if i == 0 else "", detail)))
+        for text in speed:  # under the block at full width: a speed line has too much for the n column
+            head, _, rest = text.partition(": ")
+            indent = " " * (len(_SPEED_INDENT) + len(head) + 2)
+            for i, part in enumerate(_pack(rest.split(" · "), max(len(DASH), width - len(indent)))):
+                lines.append((f"{_SPEED_INDENT}{head}: " if i == 0 else indent) + part)
     return lines
+
+
+_SPEED_INDENT = "  "

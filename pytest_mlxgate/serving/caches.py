@@ -111,6 +111,18 @@ class SharedKVReader:
         return keys, values
 
     @property
+    def offset(self) -> int:
+        """The source layer's position (mlx_lm's prompt-cache tools read every layer's offset)."""
+        source = self._caches[self.source]
+        return int(getattr(source, "offset", 0))
+
+    def is_trimmable(self) -> bool:
+        return True  # holds nothing: trimming the source trims what this layer reads
+
+    def trim(self, n: int) -> int:
+        return min(n, self.offset)
+
+    @property
     def state(self) -> list[Any]:
         return []  # holds nothing of its own
 

@@ -50,10 +50,10 @@ def gate_shape(item: pytest.Item, gate: GateSettings, lever: Lever) -> tuple[Run
 
     mark = item.get_closest_marker("mlx_kl")
     marked: dict[str, Any] = dict(mark.kwargs) if mark is not None else {}
-    unknown = set(marked) - {"prompts", "tokens", "decode", "chunk"}
+    unknown = set(marked) - {"prompts", "tokens", "decode", "chunk", "batched"}
     if unknown or (mark is not None and mark.args):
         raise LeverError(
-            f"mlx_kl marker on {item.nodeid}: takes only prompts=, tokens=, decode=, chunk= "
+            f"mlx_kl marker on {item.nodeid}: takes only prompts=, tokens=, decode=, chunk=, batched= "
             f"(got {sorted(unknown) or list(mark.args if mark else [])})"
         )
 
@@ -67,7 +67,10 @@ def gate_shape(item: pytest.Item, gate: GateSettings, lever: Lever) -> tuple[Run
     tokens = pick(gate.kl_tokens, "tokens", gate.kl_tokens_ini, DEFAULT_KL_TOKENS)
     decode = pick(gate.kl_decode, "decode", gate.kl_decode_ini, min(DEFAULT_KL_DECODE, max(1, tokens // 2)))
     chunk = marked.get("chunk")
-    return RunShape(path=lever.path, tokens=tokens, decode=decode, chunk=chunk), prompts
+    batched = marked.get("batched", True)
+    if not isinstance(batched, bool):
+        raise LeverError(f"mlx_kl(batched={batched!r}) on {item.nodeid}: True (the default) or False")
+    return RunShape(path=lever.path, tokens=tokens, decode=decode, chunk=chunk, batched=batched), prompts
 
 
 def gate_speed_shape(item: pytest.Item, gate: GateSettings, device: str) -> SpeedShape | None:

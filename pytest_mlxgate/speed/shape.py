@@ -19,10 +19,10 @@ _MIN_REPETITIONS = 3
 #: The method this project descends from decides at 600 and 8k tokens of context.
 _ACCELERATOR_CONTEXTS = (600, 8192)
 _ACCELERATOR_DECODE = 64
-#: On a CPU (the embedded model in CI) the same measurement at sizes a run can afford: one pair of
-#: trials at 512 costs ~5 s here.
-_CPU_CONTEXTS = (128, 512)
-_CPU_DECODE = 16
+#: On a CPU (the embedded model in CI) the same measurement at sizes a run can afford: the embedded
+#: model decodes ~12 tokens/s on 2 cores, so a module's 40 trials at 64 and 256 take ~1 min.
+_CPU_CONTEXTS = (64, 256)
+_CPU_DECODE = 8
 
 
 def default_contexts(device: str) -> tuple[int, ...]:

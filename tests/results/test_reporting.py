@@ -647,6 +647,8 @@ def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None
     assert text.count("speed @128:") == 1
     row = next(line for line in lines if "decode speed @512" in line)
     assert "×1.300" in row and "≥ ×1.200" in row and "×1.050" in row and "pass" in row
-    narrow = summary_lines([drift], width=60)
-    assert all(len(line) <= 60 for line in narrow)
-    assert any(line.strip().startswith("decode ×1.30") for line in narrow)  # wrapped at its separators
+    narrow = summary_lines([drift], width=80)
+    assert all(len(line) <= 80 for line in narrow)
+    i = next(i for i, line in enumerate(narrow) if line.startswith("  speed @512: prefill ×1.00"))
+    assert narrow[i + 1].strip().startswith("decode ×1.30 [1.20, 1.40] (tok/s 10.0 → 13.0)")  # wrapped at its separators
+    assert narrow[i + 1].index("decode") == narrow[i].index("prefill")

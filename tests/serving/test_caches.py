@@ -116,6 +116,15 @@ def test_caches_follow_the_plan_by_type_index_and_sharing(tiny_gemma4_dir: Path,
     assert bits == [4, 8, 4, 8, 4, 4, 4, 8]
     assert isinstance(cache[0], QuantizedRotatingKVCache)
     assert type(cache[3]).__name__ == "QuantizedKVCache"
+    # mlx_lm's prompt-cache tools walk every layer: a reader reports its source's position and trims with it
+    from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+    assert [c.offset for c in shared] == [cache[4].offset, cache[4].offset, cache[3].offset]
+    full = [i for i, c in enumerate(cache) if type(c).__name__ == "QuantizedKVCache"]
+    assert can_trim_prompt_cache([cache[i] for i in full] + shared)
+    before = cache[3].offset
+    assert trim_prompt_cache([cache[3], shared[2]], 2) == 2
+    assert cache[3].offset == before - 2 and shared[2].offset == before - 2
 
 
 def test_start_defers_quantization_and_readers_follow(tiny_gemma4_dir: Path) -> None:

@@ -64,7 +64,7 @@ def test_a_planted_slowdown_is_measured_at_its_true_size_and_fails_a_speed_up(ti
         time.sleep(seconds)
         slept.append(time.perf_counter() - t0)
 
-    lever = Lever(name="sleepy", kind="context", target=None, ref=0.0, cand=0.01, path="serving",
+    lever = Lever(name="sleepy", kind="context", target=None, ref=0.0, cand=0.03, path="serving",
                   factory=lambda s: _wrapping_call(tiny, lambda: sleep(s)) if s else contextlib.nullcontext())
     shape = SpeedShape(contexts=(32,), decode=6, repetitions=5)
     speed = _measure(tiny, lever, shape)

@@ -1,0 +1,88 @@
+"""The KL serving path in batches: each row of a batch is that sequence alone (plain, quantized,
+sliding-window and KV-shared caches), the batch size keeps the held logits bounded, and a gate's
+verdict is the same batched as one at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_mlxgate.kl import arms
+from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
+from pytest_mlxgate.kl.shape import ArmCounters, RunShape
+from pytest_mlxgate.levers.kvcache import parse_kv_value
+from pytest_mlxgate.levers.lever import Lever
+
+
+def _model(path: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    return mlx_lm.load(str(path))
+
+
+@pytest.mark.parametrize("fixture", ["tiny_kv_model_dir", "tiny_gemma4_dir"])
+@pytest.mark.parametrize("plan", ["plain", "bits=8,group_size=64,start=0", "bits=4,group_size=32,start=20"])
+def test_each_row_of_a_batch_is_its_sequence_alone(fixture: str, plan: str, request: pytest.FixtureRequest) -> None:
+    model, tok = _model(request.getfixturevalue(fixture))
+    shape = RunShape(path="serving", tokens=40, decode=8)
+    seqs = build_sequences(default_prompts(), tok, n=5, tokens=shape.tokens)
+    kv = parse_kv_value(plan)
+    batch, calls = arms.serving_logits(model, [s.ids for s in seqs], shape, kv)
+    assert calls == 1 + shape.decode  # one prefill call and one per decoded token, for the whole batch
+    for seq, row in zip(seqs, batch):
+        alone, _ = arms.sequence_logits(model, seq.ids, shape, kv)
+        np.testing.assert_array_equal(row.next_tokens, alone.next_tokens)
+        np.testing.assert_array_equal(row.positions, alone.positions)
+        if plan == "plain":  # float rounding of a batched matmul only: a row never sees another row
+            assert np.max(np.abs(row.logits - alone.logits)) <= 1e-4, fixture
+        else:  # that rounding may flip a quantization step of K/V now and then: far below the lever's own drift
+            assert _mean_kl(alone.logits, row.logits) <= 1e-4, (fixture, plan)
+
+
+def _mean_kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+
+
+def test_batches_hold_a_bounded_amount_of_logits(tiny_kv_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tok = _model(tiny_kv_model_dir)
+    shape = RunShape(path="serving", tokens=24, decode=4)
+    seqs = build_sequences(default_prompts(), tok, n=9, tokens=shape.tokens)
+    vocab = 49152
+    monkeypatch.setattr(arms, "SERVING_BATCH_BYTES", 2 * shape.decode * vocab * 4)  # two sequences' rows
+    counters = ArmCounters()
+    seen = [seq.index for seq, _ in arms._batches(model, seqs, shape, parse_kv_value("plain"), counters, "reference")]
+    assert seen == list(range(9))  # every sequence, in order
+    # the first batch of 4 (vocabulary unknown yet), then batches of 2: 4 + 2 + 2 + 1
+    assert counters.reference_forwards == 4 * (1 + shape.decode)
+    one_at_a_time = ArmCounters()
+    list(arms._batches(model, seqs, dataclasses.replace(shape, batched=False), parse_kv_value("plain"), one_at_a_time,
+                       "reference"))
+    assert one_at_a_time.reference_forwards == 9 * (1 + shape.decode)
+
+
+def test_a_kv_gate_decides_the_same_batched_and_one_at_a_time(tiny_kv_model_dir: Path) -> None:
+    from pytest_mlxgate.stats.kl_stats import summarize
+
+    model, tok = _model(tiny_kv_model_dir)
+    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand="bits=4,group_size=64,start=0", path="serving")
+    shape = RunShape(path="serving", tokens=48, decode=16)
+    seqs = build_sequences(default_prompts(), tok, n=8, tokens=shape.tokens)
+    results = {}
+    for batched in (True, False):
+        s = dataclasses.replace(shape, batched=batched)
+        refs = arms.run_reference(model, seqs, s, lever, counters=ArmCounters())
+        results[batched] = summarize(arms.run_candidate(model, seqs, s, lever, refs, counters=ArmCounters()))
+    b, one = results[True].to_json(), results[False].to_json()
+    assert b["mean"] > 1e-4  # a real drift to agree on
+    assert b["mean"] == pytest.approx(one["mean"], rel=0.02)  # 4-bit rounding flips at most a few groups
+    assert b["p99"] == pytest.approx(one["p99"], rel=0.05)
+    assert abs(b["top1"] - one["top1"]) <= 2 / b["n_tokens"]
