@@ -251,9 +251,9 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
         for i, detail in enumerate(_pack(n_parts, max(len(DASH), width - detail_start))):
             lines.append(line(("", "n" if i == 0 else "", detail)))
         for text in speed:  # under the block at full width: a speed line has too much for the n column
-            head, _, rest = text.partition(": ")
+            head, _, body = text.partition(": ")
             indent = " " * (len(_SPEED_INDENT) + len(head) + 2)
-            for i, part in enumerate(_pack(rest.split(" · "), max(len(DASH), width - len(indent)))):
+            for i, part in enumerate(_pack(body.split(" · "), max(len(DASH), width - len(indent)))):
                 lines.append((f"{_SPEED_INDENT}{head}: " if i == 0 else indent) + part)
     return lines
 
