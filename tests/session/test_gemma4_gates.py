@@ -13,10 +13,20 @@ ROOT = Path(__file__).resolve().parents[2]
 REPO = "mlxgate-test/gemma-4-tiny-random"
 
 
+@pytest.fixture(scope="module")
+def deep_gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny gemma-4 at e2b's shape of sharing: 20 layers, the last 5 KV-shared, so the 15 cached
+    layers hold every layer the production KV plan names (3, 4, 9, 10, 11, 14); multimodal config
+    form, as google's gemma-4 repos ship."""
+    from tinygemma import build_tiny_gemma4
+
+    return build_tiny_gemma4(tmp_path_factory.mktemp("deep-gemma4"), form="multimodal", layers=20, shared=5)
+
+
 @pytest.fixture
-def gemma_on_hub(hub: "FakeHub", hf_env: "HfEnv", tiny_gemma4_multimodal_dir: Path) -> str:  # noqa: F821
-    """The tiny gemma-4 (multimodal config form, as google's gemma-4 repos ship) as a hub repo."""
-    files = {p.name: p.read_bytes() for p in tiny_gemma4_multimodal_dir.iterdir() if p.is_file()}
+def gemma_on_hub(hub: "FakeHub", hf_env: "HfEnv", deep_gemma4_dir: Path) -> str:  # noqa: F821
+    """The deep tiny gemma-4 as a hub repo."""
+    files = {p.name: p.read_bytes() for p in deep_gemma4_dir.iterdir() if p.is_file()}
     hub.add_repo(REPO, files)
     hf_env.on_hub(hub)
     return REPO
@@ -26,6 +36,8 @@ def _gates(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\n")
     for gate in sorted((ROOT / "gates").glob("test_*.py")):
         pytester.makepyfile(**{gate.stem: gate.read_text()})
+    for config in (ROOT / "gates").glob("*.json"):
+        (pytester.path / config.name).write_text(config.read_text())
 
 
 def test_gates_on_random_weights_skip_and_say_why(pytester: pytest.Pytester, gemma_on_hub: str,
@@ -35,8 +47,9 @@ def test_gates_on_random_weights_skip_and_say_why(pytester: pytest.Pytester, gem
     result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
                                            "-rs")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("skipped") == 5 and "failed" not in outcomes and "error" not in outcomes
-    assert outcomes.get("passed") == 1  # the snapshot gate: hashes verified
+    assert outcomes.get("skipped") == 6 and "failed" not in outcomes and "error" not in outcomes, outcomes
+    # the snapshot gate (hashes verified) and both KV gates' memory goals: bytes need no trained model
+    assert outcomes.get("passed") == 3
     result.stdout.fnmatch_lines(["*the reference model looks untrained: its mean next-token NLL*"
                                  "--mlx-allow-untrained*"])
 
@@ -52,7 +65,7 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytest
     assert "Traceback" not in text and "mlx_lm/models" not in text, text[-3000:]
     outcomes = result.parseoutcomes()
     assert "error" not in outcomes, text[-3000:]
-    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 6
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 9
     for line in result.stdout.lines:  # any failure is a gate's own assertion, never an exception from inside
         if line.startswith("E   ") and "Error" in line:
             assert line[1:].lstrip().startswith("AssertionError"), line
@@ -60,6 +73,11 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytest
 
     records = json.loads(report.read_text())["gates"]
     kv = [r for r in records if "test_kv_cache" in r["nodeid"] and r["mode"] != "capability"]
-    gates = [r for r in records if r["mode"] in ("gate", "capability")]  # 2 KL + 2 capability gates
-    assert kv and len(gates) == 4 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), \
+    gates = [r for r in records if r["mode"] in ("gate", "capability")]  # 3 KL + 2 capability gates
+    assert kv and len(gates) == 5 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), \
         [(r["nodeid"], r["mode"], r["verdict"]) for r in records]
+    # the uniform 8-bit plan and the production mixed plan both ran, each with its drift and its bytes
+    drift = {r["nodeid"].split("::")[0]: r for r in records if r["nodeid"].endswith("::test_drift")}
+    assert {"test_kv_cache.py", "test_kv_mixed.py"} <= set(drift)
+    memory = {r["nodeid"].split("::")[0]: r for r in records if r["nodeid"].endswith("::test_memory")}
+    assert all(r["verdict"] == "pass" and r["speed"]["contexts"] for r in memory.values())

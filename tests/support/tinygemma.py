@@ -50,14 +50,24 @@ TEXT_CONFIG: dict[str, Any] = {
 }
 
 
-def tiny_gemma4_config(*, vocab: int = 49152) -> dict[str, Any]:
-    """The text config of the tiny gemma-4 at `vocab` entries."""
-    return {**TEXT_CONFIG, "vocab_size": vocab, "vocab_size_per_layer_input": vocab}
+def tiny_gemma4_config(*, vocab: int = 49152, layers: int | None = None, shared: int | None = None) -> dict[str, Any]:
+    """The text config of the tiny gemma-4 at `vocab` entries; `layers` (a multiple of 4: three
+    sliding, one full) and `shared` (KV-shared layers at the end) make a deeper one."""
+    config = {**TEXT_CONFIG, "vocab_size": vocab, "vocab_size_per_layer_input": vocab}
+    if layers is not None:
+        if layers % 4:
+            raise ValueError(f"layers must be a multiple of 4 (three sliding, one full), got {layers}")
+        types = (["sliding_attention"] * 3 + ["full_attention"]) * (layers // 4)
+        config.update(num_hidden_layers=layers, layer_types=types)
+    if shared is not None:
+        config["num_kv_shared_layers"] = shared
+    return config
 
 
 def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text", vocab: int = 49152,
-                      seed: int = 0, scale: float = 4.0) -> Path:
+                      seed: int = 0, scale: float = 4.0, layers: int | None = None, shared: int | None = None) -> Path:
     """Write config, seeded random weights and the embedded tokenizer into `out`; returns `out`.
+    `layers`/`shared`: see `tiny_gemma4_config` (default: 8 layers, 3 KV-shared).
 
     `scale` sharpens the embedding so next-token distributions are peaked, as a trained model's are.
     """
@@ -65,7 +75,7 @@ def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text"
     from mlx.utils import tree_flatten
     from mlx_lm.models import gemma4_text
 
-    text = tiny_gemma4_config(vocab=vocab)
+    text = tiny_gemma4_config(vocab=vocab, layers=layers, shared=shared)
     mx.random.seed(seed)
     model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(text))
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
