@@ -10,15 +10,17 @@ How the limits were set (embedded model, 16 prompts x 128 tokens, the last 32 de
 - This plan: mean KL 8.9e-2 (95% upper 1.1e-1), p99 0.64 (upper 0.83), top-1 85.7% (lower 81.6%):
   24 of 30 layers at 4 bits cost a 135M model much more than uniform 8-bit (mean 4.2e-4). The limits
   hold it where it is, ~2x of room: mean 0.2, p99 1.5, top-1 75%; what they catch is a kernel or
-  plan that makes it worse, e.g. a 2-bit default (see the closing figures in the README's table).
+  plan that makes it worse: a 2-bit cache (`--mlx-lever kv_cache --mlx-ref-value plain
+  --mlx-cand-value bits=2,group_size=64,start=0`) measures mean KL 3.1, p99 8.8, top-1 20.7%. What
+  they cannot tell on this model: uniform 4-bit (mean 0.12) from this plan.
 - KV memory is counted, not sampled: 8-bit is 72 bytes per 64 float32 values (packed words, a scale
   and a bias per group), 4-bit 40; with 6 of 30 layers at 8 bits the cache is 0.181 x the plain one
   at every context (e4b, 6 of 24: 0.188 by the same count; the e2b-shaped tiny gemma-4 of the tests,
   6 of 15 with sliding windows: 0.235). The gate asks for at most 0.25 on any of them: below uniform
   8-bit (0.281), so a plan that quietly stopped using 4 bits fails.
-- Speed (CPU, 2 cores: quantized attention is composed ops here, so the plan costs decode speed,
-  decode x0.74 at 256 tokens of context): reported, not asserted; on Metal the quantized kernels
-  are fused and the long-context ratio is the figure to watch.
+- Speed (CPU, 2 cores: quantized attention is composed ops here, so the plan costs decode speed:
+  decode x0.88 [0.82, 0.95] at 256 tokens of context, 11.5 -> 9.9 tok/s): reported, not asserted; on
+  Metal the quantized kernels are fused and the long-context ratio is the figure to watch.
 """
 
 from __future__ import annotations

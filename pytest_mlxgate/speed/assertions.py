@@ -18,10 +18,10 @@ __all__ = ["assert_faster", "speed_checks"]
 
 #: keyword -> (what it bounds, direction): "min" = the ratio must reach the limit, "max" = stay under it.
 _GOALS: dict[str, tuple[str, str]] = {
-    "prefill": ("prefill speed", "min"),
-    "decode": ("decode speed", "min"),
+    "prefill": ("prefill tok/s", "min"),
+    "decode": ("decode tok/s", "min"),
     "memory": ("peak memory", "max"),
-    "kv": ("KV cache bytes", "max"),
+    "kv": ("KV bytes", "max"),
 }
 
 

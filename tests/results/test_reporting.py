@@ -637,7 +637,7 @@ def test_db_version_1_gains_the_speed_columns_and_keeps_its_rows(tmp_path: Path)
 def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None:
     speed = _speed()
     drift = make_record(speed=speed)
-    checks = [{"metric": "decode speed @512", "key": "speed.decode", "value": 1.3, "bound": 1.2, "other_bound": 1.4,
+    checks = [{"metric": "decode tok/s @512", "key": "speed.decode", "value": 1.3, "bound": 1.2, "other_bound": 1.4,
                "limit": 1.05, "direction": "min", "n": 9, "verdict": "pass", "passed": True}]
     gate = make_record("gates/test_kv_cache.py::test_speed", mode="speed", speed=speed, checks=checks, stats={})
     lines = summary_lines([drift, gate], width=200)
@@ -645,7 +645,7 @@ def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None
     assert text.count("speed @512: prefill ×1.00 [0.90, 1.10] (tok/s 200 → 200) · decode ×1.30 [1.20, 1.40] "
                       "(tok/s 10.0 → 13.0) · KV 4.0 MiB → 1.0 MiB · peak +3.0 MiB → +3.0 MiB") == 1
     assert text.count("speed @128:") == 1
-    row = next(line for line in lines if "decode speed @512" in line)
+    row = next(line for line in lines if "decode tok/s @512" in line)
     assert "×1.300" in row and "≥ ×1.200" in row and "×1.050" in row and "pass" in row
     narrow = summary_lines([drift], width=80)
     assert all(len(line) <= 80 for line in narrow)

@@ -28,7 +28,7 @@ def _speed(decode: tuple[float, float, float], *, kv: float = 0.5, peak: tuple[f
                                                   ((0.95, 0.90, 1.00), "fail"), ((1.08, 1.00, 1.16), "inconclusive")])
 def test_decode_goal_verdicts(decode: tuple[float, float, float], verdict: str) -> None:
     (check,) = speed_checks(_speed(decode), {"decode": 1.05}, None)
-    assert check["verdict"] == verdict and check["metric"] == "decode speed @512"
+    assert check["verdict"] == verdict and check["metric"] == "decode tok/s @512"
     assert check["bound"] == decode[1] and check["other_bound"] == decode[2]
     assert (check["n_needed"] is not None and check["n_needed"] > 9) == (verdict == "inconclusive")
 

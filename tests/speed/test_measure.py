@@ -74,7 +74,7 @@ def test_a_planted_slowdown_is_measured_at_its_true_size_and_fails_a_speed_up(ti
     true_ratio = math.exp(statistics.mean(math.log(r) for r in true_ratios))  # decode tok/s, candidate / reference
     assert ctx["decode"]["ratio"] == pytest.approx(true_ratio, rel=0.10)
     assert ctx["decode"]["ratio_ci"][1] < 1.0  # shown slower
-    with pytest.raises(AssertionError, match=r"(?s)speed gate failed.*decode speed @32.*✗ fail"):
+    with pytest.raises(AssertionError, match=r"(?s)speed gate failed.*decode tok/s @32.*✗ fail"):
         assert_faster(speed, decode=1.0)
     assert ctx["kv"]["ratio"] == 1.0  # the same cache plan on both arms
 
@@ -105,7 +105,7 @@ def test_kv_bytes_are_the_caches_own_arrays_counted_by_hand(tiny: Any, tiny_kv_m
         assert ctx["candidate"]["kv_bytes"] == _expected_kv_bytes(config, tokens, 8)
         assert ctx["kv"]["ratio"] == pytest.approx(72 / 256)  # (16 words + scale + bias) / 64 floats, x4 bytes
     assert_faster(speed, kv=0.3, at="all")
-    with pytest.raises(AssertionError, match="KV cache bytes @300"):
+    with pytest.raises(AssertionError, match="KV bytes @300"):
         assert_faster(speed, kv=0.25)
 
 
