@@ -474,3 +474,28 @@ def test_without_a_working_lock_a_published_blob_is_never_rewritten(hub: Any, ca
     # ...and it must stay so, whatever became of caller 1. Fails today: BIG is truncated to 0 bytes.
     assert os.path.getsize(snap / BIG) == len(files[BIG]), f"caller 1 ended with {results[1]!r}"
     assert (snap / BIG).read_bytes() == files[BIG]
+
+
+def test_a_live_partial_is_taken_over_only_once_its_writer_has_left_it(tmp_path: Path) -> None:
+    """Another writer's live partial is left alone while it changes; unchanged for STALE_AFTER seconds
+    (its writer died without cleaning up), it is claimed like any left-over."""
+    etag = hashlib.sha256(b"blob").hexdigest()
+    live = tmp_path / f"{etag}.{fetch_mod.LIVE_PREFIX}999-deadbeef{PARTIAL_SUFFIX}"
+    live.write_bytes(b"x" * 10)
+    mine = fetch_mod._claim_partial(tmp_path, etag)
+    assert live.exists() and not mine.exists() and mine.name.startswith(f"{etag}.{fetch_mod.LIVE_PREFIX}{os.getpid()}-")
+    stale = time.time() - fetch_mod.STALE_AFTER - 5
+    os.utime(live, (stale, stale))
+    mine = fetch_mod._claim_partial(tmp_path, etag)
+    assert not live.exists() and mine.read_bytes() == b"x" * 10
+
+
+def test_the_largest_left_over_is_resumed_and_the_others_deleted(tmp_path: Path) -> None:
+    etag = hashlib.sha256(b"blob").hexdigest()
+    # Named so that their name order is not their size order.
+    sizes = {"left-a": 10, "left-b": 30, "left-c": 20}
+    for name, size in sizes.items():
+        (tmp_path / f"{etag}.{name}{PARTIAL_SUFFIX}").write_bytes(bytes([size]) * size)
+    mine = fetch_mod._claim_partial(tmp_path, etag)
+    assert mine.read_bytes() == bytes([30]) * 30
+    assert sorted(tmp_path.iterdir()) == [mine]

@@ -20,6 +20,7 @@ from pytest_mlxgate.common.format import format_bytes
 from pytest_mlxgate.hub import HubDiskFullError, HubError, HubRetryError, snapshot_download
 from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
 from pytest_mlxgate.hub.hashing import CHUNK
+from pytest_mlxgate.hub.space import _fix, disk_filled_up
 
 SMALL_DISK = "8m"  # tmpfs size: room for a few MB of blobs, nothing more
 IMAGE_BYTES = 10 << 20  # the loop-mounted ext4 image, when tmpfs can't be had
@@ -91,6 +92,26 @@ def _partials(cache_dir: Path, repo_id: str, content: bytes) -> list[Path]:
 def _content_gets(hub, repo_id: str, path: str) -> list[tuple[str | None, int]]:
     return [(r.headers.get("range"), r.status) for r in hub.log
             if r.file == ("model", repo_id, path) and r.method == "GET" and r.status != 302]
+
+
+def test_the_fix_says_how_much_to_free_or_some_space_when_the_listing_fits() -> None:
+    point = ("there, or point the cache at a disk with room: --mlx-cache-dir DIR (ini mlx_cache_dir), "
+             "HF_HUB_CACHE=DIR, or `mlxgate get --cache-dir DIR`.")
+    assert _fix(5_000_001, 1_000_000) == f"To fix: free at least 4.0 MB {point}"
+    # The listed bytes fit, or just fit (another writer took the room): how much to free is not known.
+    assert _fix(1_000_000, 1_000_000) == _fix(1_000, 1_000_000) == f"To fix: free some space {point}"
+
+
+def test_a_full_disk_error_names_what_is_left_to_fetch_what_is_free_and_how_much_to_free(small_disk: Path) -> None:
+    cache_dir = small_disk / "hub-cache"
+    free = _free(small_disk)  # a filesystem of its own: nobody else writes there
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    message = str(disk_filled_up(cache_dir, cache_dir / "blobs", 3 * free, "org/full", full))
+    assert message.startswith(f"org/full: the disk of the hub cache {cache_dir} filled up while downloading "
+                              f"({os.strerror(errno.ENOSPC)}): {format_bytes(3 * free)} are still to fetch and "
+                              f"{format_bytes(free)} free. ")
+    assert message.endswith(f"the next run resumes where this one stopped. {_fix(3 * free, free)}")
+    assert f"free at least {format_bytes(2 * free)} there" in message
 
 
 def test_a_listing_bigger_than_any_disk_is_refused_before_a_byte_is_fetched(hub, cache_dir: Path,

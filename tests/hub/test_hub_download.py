@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from pytest_mlxgate.hub import (
     snapshot_download,
     verify_snapshot,
 )
+from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
 from pytest_mlxgate.hub.transport import RetryPolicy
 
 TOKEN = "hf_secret_token_do_not_leak_1234"
@@ -308,6 +311,35 @@ def test_always_corrupt_ends_in_checksum_error_and_publishes_nothing(hub, cache_
     assert not (cache_dir / "models--org--always-corrupt" / "blobs" / bad).exists()
 
 
+def test_a_corrupt_git_file_is_fetched_again_under_its_git_hash(hub, cache_dir: Path, fast_policy) -> None:
+    """A small (non-LFS) file is named by git's blob sha1, which hashes its size first: the restart after
+    a failed check must start that hash afresh, header and all."""
+    repo, files = _fault_repo(hub, "org/corrupt-git-file")
+    hub.inject(repo, "config.json", Fault.corrupt(5))
+    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
+    assert _read_snapshot(path) == files
+    assert len(_content_gets(hub, repo, "config.json")) == 2
+
+
+def test_a_checksum_error_keeps_nothing_of_the_bad_bytes(hub, cache_dir: Path, fast_policy) -> None:
+    repo, _ = _fault_repo(hub, "org/corrupt-nothing-kept")
+    hub.inject(repo, BIG, Fault.corrupt(1000).forever())
+    with pytest.raises(HubChecksumError, match="Nothing was kept"):
+        snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
+    blobs = cache_dir / "models--org--corrupt-nothing-kept" / "blobs"
+    assert [p.stat().st_size for p in blobs.glob(f"*{PARTIAL_SUFFIX}")] in ([], [0])
+
+
+def test_giving_up_names_the_last_error(hub, cache_dir: Path, fast_policy) -> None:
+    repo, _ = _fault_repo(hub, "org/last-error")
+    hub.inject(repo, BIG, Fault.status(500), Fault.status(502), Fault.status(503, retry_after="0").forever())
+    with pytest.raises(HubRetryError, match="gave up after 3 tries in a row") as info:
+        snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint,
+                          policy=dataclasses.replace(fast_policy, max_retries=2))
+    message = str(info.value)
+    assert "answered 503)" in message and "answered 502" not in message and "answered 500" not in message
+
+
 def test_persistent_503_ends_in_retry_error(hub, cache_dir: Path, fast_policy) -> None:
     repo, _ = _fault_repo(hub, "org/always-503")
     hub.inject(repo, BIG, Fault.status(503, retry_after="0").forever())
@@ -374,3 +406,40 @@ def test_verify_finds_and_repairs_a_corrupt_blob(hub, cache_dir: Path, fast_poli
     assert "moved aside" in report.problems[0]
     snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
     assert verify_snapshot(repo, cache_dir=cache_dir).ok
+
+
+def test_verify_reports_every_kind_of_damage_and_goes_on_after_each(hub, cache_dir: Path, fast_policy) -> None:
+    repo, files = _fault_repo(hub, "org/verify-damage")
+    snap = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
+    blob_of = {name: Path(os.path.realpath(snap / name)) for name in files}
+    blob_of["README.md"].unlink()  # a dangling link
+    (snap / "config.json").unlink()  # a link to another file's blob than the manifest names
+    (snap / "config.json").symlink_to(os.path.relpath(blob_of["one.bin"], snap))
+    (snap / "extra.txt").write_bytes(b"not from the hub")  # a plain file, named by no hash
+    (snap / "tokenizer" / "tokenizer.json").unlink()  # gone from the snapshot
+    big = blob_of[BIG]
+    big.write_bytes(b"X" + big.read_bytes()[1:])  # a corrupt blob
+    report = verify_snapshot(repo, cache_dir=cache_dir, repair=True)
+    actual = hashlib.sha256(b"X" + files[BIG][1:]).hexdigest()
+    [aside] = big.parent.glob(f"{big.name}.corrupt-*")
+    assert report.problems == [
+        "README.md: its blob is missing",
+        f"config.json: links to blob {blob_of['one.bin'].name}, the manifest says {blob_of['config.json'].name}",
+        "extra.txt: blob extra.txt is not named by a hash; can't check it",
+        f"{BIG}: content hashes to {actual}, not {big.name} (corrupt blob {big}); moved aside to {aside.name}, "
+        "the next download fetches it again",
+        "tokenizer/tokenizer.json: missing from the snapshot",
+    ]
+    assert not big.exists() and aside.read_bytes()[:1] == b"X"
+    assert report.files_checked == 4  # empty.txt, one.bin and both shards: the rest was refused before hashing
+
+
+def test_verify_of_what_is_not_cached_says_so(hub, cache_dir: Path, fast_policy) -> None:
+    with pytest.raises(HubOfflineError) as info:
+        verify_snapshot("org/never-fetched", cache_dir=cache_dir)
+    assert str(info.value) == f"model org/never-fetched@main is not in the cache {cache_dir}; nothing to verify"
+    repo, _ = _fault_repo(hub, "org/verify-gone")
+    snap = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
+    shutil.rmtree(snap)  # the ref still names the commit, its folder is gone
+    with pytest.raises(HubOfflineError, match="is not in the cache"):
+        verify_snapshot(repo, cache_dir=cache_dir)

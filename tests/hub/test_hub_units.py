@@ -74,6 +74,7 @@ def test_algo_from_blob_name() -> None:
     assert algo_for_etag("b" * 40) == "git-sha1"
     assert algo_for_etag("xyz") is None
     assert algo_for_etag("A" * 40) is None
+    assert algo_for_etag("X" * 64) is None and algo_for_etag("0123456789abcdef" * 4) == "sha256"
 
 
 def test_lfs_entry_uses_the_content_sha256_not_the_pointer_oid() -> None:

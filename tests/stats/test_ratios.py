@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from pytest_mlxgate.speed.measure import pair_order
 from pytest_mlxgate.speed.result import ContextSpeed, Trial
-from pytest_mlxgate.stats.ratios import paired_ratio, ratio_pairs_needed
+from pytest_mlxgate.stats.intervals import t_quantile
+from pytest_mlxgate.stats.ratios import RatioEstimate, paired_ratio, ratio_pairs_needed
 
 positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
 pairs = st.lists(st.tuples(positive, positive), min_size=2, max_size=30)
@@ -64,6 +65,53 @@ def test_pairs_needed_shrinks_the_interval_past_the_limit() -> None:
     half = math.log(est.upper / est.ratio) * math.sqrt(9 / need)
     assert math.log(est.ratio) - half >= -0.01
     assert ratio_pairs_needed(est, est.ratio) is None  # sitting on the limit: no n tells
+
+
+def test_pairs_needed_is_the_t_interval_sized_to_the_gap() -> None:
+    def est(ratio: float, n: int, log_sd: float) -> RatioEstimate:
+        return RatioEstimate(ratio, math.nan, math.nan, n, log_sd)
+
+    def expected(ratio: float, n: int, log_sd: float, limit: float, confidence: float) -> int:
+        z = t_quantile(0.5 + confidence / 2, n - 1)
+        return max(n + 1, math.ceil((z * log_sd / abs(math.log(ratio / limit))) ** 2))
+
+    for ratio, n, sd, limit, confidence in ((1.1, 10, 0.2, 1.0, 0.95), (0.8, 2, 0.3, 1.0, 0.95),
+                                            (1.05, 25, 1.0, 1.2, 0.8)):
+        need = ratio_pairs_needed(est(ratio, n, sd), limit, confidence)
+        assert need == expected(ratio, n, sd, limit, confidence) > n + 1
+    assert ratio_pairs_needed(est(1.1, 10, 0.2), 1.0) == 23  # (2.262 * 0.2 / ln 1.1)^2 = 22.5
+    assert ratio_pairs_needed(est(2.0, 10, 0.01), 1.0) == 11  # already clear: one pair more
+    # Nothing to size it from: one pair, no spread, or a limit that is no ratio.
+    assert ratio_pairs_needed(est(1.1, 1, 0.2), 1.0) is None
+    assert ratio_pairs_needed(est(1.1, 10, math.nan), 1.0) is None
+    assert ratio_pairs_needed(est(1.1, 10, 0.2), 0.0) is None
+    assert ratio_pairs_needed(est(1.1, 10, 0.2), -1.0) is None
+
+
+def test_ratio_json_gives_nan_as_none() -> None:
+    assert paired_ratio([2.0, 4.0], [1.0, 2.0]).to_json() == {"ratio": 2.0, "ratio_ci": [2.0, 2.0], "n": 2,
+                                                              "log_sd": 0.0}
+    assert paired_ratio([4.0], [2.0]).to_json() == {"ratio": 2.0, "ratio_ci": [None, None], "n": 1, "log_sd": None}
+
+
+def test_paired_ratio_refuses_what_is_no_pair_of_measurements() -> None:
+    for cand, ref in (([[1.0, 2.0]], [[1.0, 2.0]]), ([], []), ([1.0, 2.0], [1.0])):
+        with pytest.raises(ValueError, match=r"^need as many candidate as reference values, at least one"):
+            paired_ratio(cand, ref)
+    for cand, ref in (([1.0, 2.0], [1.0, 0.0]), ([0.0], [1.0]), ([1.0], [math.inf]), ([math.nan], [1.0])):
+        with pytest.raises(ValueError, match=r"^ratios need positive, finite measurements on both arms$"):
+            paired_ratio(cand, ref)
+
+
+def test_paired_ratio_is_the_t_interval_of_the_log_ratios() -> None:
+    est = paired_ratio([2.0, 8.0, 3.0], [1.0, 2.0, 1.0])  # log ratios ln 2, ln 4, ln 3
+    logs = [math.log(2), math.log(4), math.log(3)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)  # the sample sd (n - 1)
+    half = t_quantile(0.975, 2) * sd / math.sqrt(3)
+    assert est.log_sd == pytest.approx(sd, rel=1e-12) and est.n == 3
+    assert (est.ratio, est.lower, est.upper) == pytest.approx((math.exp(mean), math.exp(mean - half),
+                                                                math.exp(mean + half)), rel=1e-12)
 
 
 def _simulated_context(rng: np.random.Generator, true_ratio: float, reps: int, drift: float, *,

@@ -11,12 +11,17 @@ import pytest
 
 from pytest_mlxgate.kl.divergence import TokenScores
 from pytest_mlxgate.stats.intervals import (
+    _betainc,
     _resampled_quantiles,
     cluster_bootstrap_quantile,
     cluster_bootstrap_quantiles,
     mean_interval,
+    normal_quantile,
+    proportion_interval,
     t_quantile,
     wilson_interval,
+    wilson_lower,
+    z_two_sided,
 )
 from pytest_mlxgate.stats.kl_stats import QUANTILES, KLStats, summarize
 
@@ -46,6 +51,39 @@ def test_t_quantile_refuses_nonsense() -> None:
             t_quantile(p, df)
 
 
+def test_normal_quantiles_refuse_what_is_no_probability() -> None:
+    assert normal_quantile(0.0) == -math.inf and normal_quantile(1.0) == math.inf
+    for p in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"^p must be in \[0, 1\], got "):
+            normal_quantile(p)
+    assert z_two_sided(0.95) == pytest.approx(1.959963985)
+    for confidence in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match=r"^confidence must be in \(0, 1\), got "):
+            z_two_sided(confidence)
+
+
+# t_quantile is cached: its __wrapped__ computes afresh, through the incomplete beta, every time.
+@pytest.mark.parametrize("p", [0.001, 0.2, 0.6, 0.75, 0.9, 0.975, 0.999])
+def test_t_quantile_has_the_closed_forms_at_one_and_two_degrees_of_freedom(p: float) -> None:
+    assert t_quantile.__wrapped__(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
+    assert t_quantile.__wrapped__(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-9)
+
+
+@pytest.mark.parametrize("x", [1e-6, 0.05, 0.3, 0.5, 0.71, 0.97, 1 - 1e-6])
+def test_incomplete_beta_equals_its_closed_forms(x: float) -> None:
+    # Integer shapes: I_x(a, b) = P(Binomial(a + b - 1, x) >= a); on both sides of the switch point.
+    for a, b in [(1, 1), (2, 3), (5, 2), (7, 7), (1, 9), (12, 4), (3, 20)]:
+        n = a + b - 1
+        exact = sum(math.comb(n, j) * x**j * (1 - x) ** (n - j) for j in range(a, n + 1))
+        assert _betainc(a, b, x) == pytest.approx(exact, rel=1e-10, abs=1e-300), (a, b)
+    # Non-integer shapes: I_x(a, 1) = x^a, I_x(1, b) = 1 - (1 - x)^b, I_x(1/2, 1/2) = 2/pi asin(sqrt x).
+    assert _betainc(2.5, 1.0, x) == pytest.approx(x**2.5, rel=1e-10)
+    assert _betainc(1.0, 0.5, x) == pytest.approx(-math.expm1(0.5 * math.log1p(-x)), rel=1e-10)
+    assert _betainc(0.5, 0.5, x) == pytest.approx(2 / math.pi * math.asin(math.sqrt(x)), rel=1e-10)
+    assert _betainc(3.0, 2.0, 0.0) == 0.0 and _betainc(3.0, 2.0, -0.5) == 0.0
+    assert _betainc(3.0, 2.0, 1.0) == 1.0 and _betainc(3.0, 2.0, 1.5) == 1.0
+
+
 def test_mean_interval_known_values() -> None:
     lo, hi = mean_interval(np.array([1.0, 2.0, 3.0, 4.0]))
     half = 3.182446305 * math.sqrt(5 / 3) / 2  # t(0.975, 3) * s / sqrt(n)
@@ -55,6 +93,29 @@ def test_mean_interval_known_values() -> None:
     assert mean_interval(np.array([2.0, 2.0, 2.0])) == (2.0, 2.0)
     with pytest.raises(ValueError):
         mean_interval(np.array([]))
+
+
+def test_mean_interval_refuses_bad_input_by_name() -> None:
+    for values in (np.array([]), np.ones((2, 2))):
+        with pytest.raises(ValueError, match=r"^need a non-empty 1-D array of values, got shape "):
+            mean_interval(values)
+    weights_message = r"^weights must be non-negative, one per value, and not all zero$"
+    for weights in (np.array([1.0, -1.0, 3.0]), np.array([1.0, 1.0]), np.zeros(3)):
+        with pytest.raises(ValueError, match=weights_message):
+            mean_interval(np.array([1.0, 2.0, 3.0]), weights=weights)
+
+
+def test_zero_weights_drop_their_values_and_fractional_weights_count() -> None:
+    values = np.array([1.0, 2.0, 3.0, 100.0])
+    assert mean_interval(values, weights=np.array([1.0, 1.0, 1.0, 0.0])) == mean_interval(values[:3])
+    assert mean_interval(values[:3], weights=np.full(3, 0.25)) == pytest.approx(mean_interval(values[:3]))
+    assert mean_interval(np.array([4.0, 9.0]), weights=np.array([0.0, 2.0])) == (-math.inf, math.inf)  # one left
+
+
+def test_a_non_finite_mean_gives_its_own_interval() -> None:
+    assert mean_interval(np.array([1.0, math.inf])) == (-math.inf, math.inf)
+    lo, hi = mean_interval(np.array([1.0, math.nan]))
+    assert math.isnan(lo) and math.isnan(hi)
 
 
 def test_weighted_mean_interval_centres_on_the_pooled_token_mean() -> None:
@@ -83,6 +144,30 @@ def test_wilson_interval_edges_and_symmetry() -> None:
         wilson_interval(5, 4)
 
 
+def test_wilson_interval_refuses_impossible_counts_and_reaches_one_at_all_successes() -> None:
+    for k, n in ((5, 4), (-1, 5), (0, -1)):
+        with pytest.raises(ValueError, match=r"^need 0 <= successes <= n, got "):
+            wilson_interval(k, n)
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(10, 10)[0] < 1.0
+    for k, n in ((5, 4), (-1, 5)):
+        with pytest.raises(ValueError, match=r"^need 0 <= successes <= n, got "):
+            wilson_lower(k, n)
+    for confidence in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match=r"^confidence must be in \(0, 1\), got "):
+            wilson_lower(3, 10, confidence)
+
+
+def test_proportion_interval_is_the_hull_of_wilson_and_the_weighted_t_interval() -> None:
+    hits, sizes = np.array([1.0, 0.0, 9.0, 2.0]), np.array([1.0, 3.0, 10.0, 4.0])  # one single-token sequence
+    for confidence in (0.8, 0.95):
+        w_lo, w_hi = wilson_interval(12, 18, confidence)
+        t_lo, t_hi = mean_interval(hits / sizes, confidence, weights=sizes)
+        assert proportion_interval(hits, sizes, confidence) == (min(w_lo, max(0.0, t_lo)), max(w_hi, min(1.0, t_hi)))
+    # Equal rates in every sequence: the t interval is a point, so the hull is Wilson's, at that confidence.
+    even = proportion_interval(np.array([3.0, 6.0, 9.0]), np.array([10.0, 20.0, 30.0]), 0.8)
+    assert even == wilson_interval(18, 60, 0.8)
+
+
 # --- cluster bootstrap ---------------------------------------------------------------------------------------
 
 
@@ -106,6 +191,26 @@ def test_cluster_bootstrap_is_deterministic_and_honest_about_one_sequence() -> N
     assert a[0] <= np.quantile(np.concatenate(seqs), 0.9) <= a[1]
     assert cluster_bootstrap_quantiles(seqs, [0.9], resamples=200, seed=1) == [a]
     assert cluster_bootstrap_quantile([seqs[0], np.array([])], 0.5) == (-math.inf, math.inf)
+
+
+def test_cluster_bootstrap_is_the_percentile_interval_of_whole_sequence_resamples() -> None:
+    rng = np.random.default_rng(6)
+    seqs = [rng.lognormal(size=int(n)) for n in rng.integers(1, 30, 5)]
+    qs, resamples, seed, confidence = [0.5, 0.9], 300, 3, 0.8
+    draws = np.random.default_rng(seed).integers(0, len(seqs), size=(resamples, len(seqs)))
+    stats = np.array([np.quantile(np.concatenate([seqs[i] for i in d]), qs) for d in draws])
+    bounds = np.quantile(stats, [0.1, 0.9], axis=0)
+    expected = [(bounds[0, i], bounds[1, i]) for i in range(len(qs))]
+    ours = cluster_bootstrap_quantiles(seqs, qs, resamples=resamples, seed=seed, confidence=confidence)
+    np.testing.assert_allclose(ours, expected, rtol=1e-12)
+    one = cluster_bootstrap_quantile(seqs, 0.9, resamples=resamples, seed=seed, confidence=confidence)
+    assert one == pytest.approx(expected[1], rel=1e-12)
+    # The defaults: 1000 resamples from seed 0, at 95%; two sequences are enough to resample.
+    assert cluster_bootstrap_quantiles(seqs, qs) == cluster_bootstrap_quantiles(seqs, qs, resamples=1000, seed=0,
+                                                                                 confidence=0.95)
+    assert cluster_bootstrap_quantile(seqs, 0.5) == cluster_bootstrap_quantiles(seqs, [0.5], resamples=1000, seed=0)[0]
+    lo, hi = cluster_bootstrap_quantile(seqs[:2], 0.5, resamples=50)
+    assert math.isfinite(lo) and math.isfinite(hi)
 
 
 def test_cluster_bootstrap_is_fast_enough() -> None:
@@ -301,3 +406,71 @@ def test_empty_prompts_are_skipped_and_no_tokens_is_refused() -> None:
         summarize([])
     with pytest.raises(ValueError):
         summarize([make_scores([])])
+
+
+def test_summary_refuses_nothing_to_summarize_by_name_and_takes_a_single_token() -> None:
+    with pytest.raises(ValueError, match=r"^summarize needs at least one prompt's scores$"):
+        summarize([])
+    with pytest.raises(ValueError, match=r"^summarize needs at least one scored token$"):
+        summarize([make_scores([]), make_scores([])])
+    one = summarize([make_scores([0.25])])
+    assert (one.n_tokens, one.mean, one.max) == (1, 0.25, 0.25)
+
+
+def test_summary_at_another_confidence_with_uneven_prompts() -> None:
+    """Prompts of different lengths and ratios, a trailing empty prompt: every interval at 80%, weighted
+    by tokens, from the per-prompt sums of the live prompts only."""
+    rng = np.random.default_rng(11)
+    lengths = [7, 3, 12, 5, 9]
+    scores = []
+    for i, n in enumerate(lengths):
+        ref_lp = -rng.random(n) * 3
+        scores.append(make_scores(list(rng.random(n) * (i + 1)), ref_lp=list(ref_lp),
+                                  cand_lp=list(ref_lp - rng.random(n) * (i + 1) * 0.1),
+                                  ref_top1=[1] * n, cand_top1=list(np.where(rng.random(n) < 0.3, 2, 1)),
+                                  near_tie=list(rng.random(n) < 0.4)))
+    scores.append(make_scores([]))
+    s = summarize(scores, confidence=0.8)
+    live = scores[:-1]
+    w = np.array(lengths, dtype=np.float64)
+    lo, hi = mean_interval(np.array([t.kl.mean() for t in live]), 0.8, weights=w)
+    assert s.mean_ci == (pytest.approx(max(0.0, lo), rel=1e-12), pytest.approx(hi, rel=1e-12))
+    qcis = cluster_bootstrap_quantiles([t.kl for t in live], list(QUANTILES.values()), confidence=0.8)
+    assert s.quantile_ci == dict(zip(QUANTILES, qcis))
+    ln = [np.asarray(t.ref_next_logprob, np.float64) - np.asarray(t.cand_next_logprob, np.float64) for t in live]
+    assert s.ln_ppl_ratio_ci == pytest.approx(mean_interval(np.array([x.mean() for x in ln]), 0.8, weights=w),
+                                              rel=1e-9)
+    same = [t.ref_top1 == t.cand_top1 for t in live]
+    agree = [sm | t.near_tie for sm, t in zip(same, live)]
+    sums = np.array([a.sum() for a in agree], dtype=np.float64)
+    assert s.top1_ci == proportion_interval(sums, w, 0.8)
+    assert s.same_top_ci == proportion_interval(np.array([a.sum() for a in same], dtype=np.float64), w, 0.8)
+    flips = sum(int(np.sum(~sm & ~t.near_tie)) for sm, t in zip(same, live))
+    near_tie_flips = sum(int(np.sum(~sm & t.near_tie)) for sm, t in zip(same, live))
+    assert (s.flips, s.near_tie_flips) == (flips, near_tie_flips) and flips != near_tie_flips
+    assert s.near_ties == sum(int(t.near_tie.sum()) for t in live)
+    assert len(s.worst_prompts) == 3 and all(p.prompt < 5 for p in s.worst_prompts)
+    dp = np.concatenate([np.exp(t.cand_next_logprob.astype(np.float64)) - np.exp(t.ref_next_logprob.astype(np.float64))
+                         for t in live])
+    q = np.quantile(dp, [0.01, 0.05, 0.5, 0.95, 0.99])
+    assert s.delta_p == pytest.approx({"mean": dp.mean(), "rms": math.sqrt(np.mean(dp * dp)), "p1": q[0],
+                                       "p5": q[1], "median": q[2], "p95": q[3], "p99": q[4]}, rel=1e-12)
+
+
+def test_ties_keep_prompt_order_among_the_worst() -> None:
+    # Many equal KLs (more than a sort does by insertion): among equals, the earlier ones are shown first.
+    levels = np.random.default_rng(0).choice([0.5, 0.25, 0.125], size=20)  # exact in binary: ties are exact
+    s = summarize([make_scores([float(level)] * 10, first_position=10 * i) for i, level in enumerate(levels)])
+    top = [i for i, level in enumerate(levels) if level == levels.max()]
+    assert [(w.prompt, w.position) for w in s.worst] == [(top[0], 10 * top[0] + j) for j in range(5)]
+    assert [p.prompt for p in s.worst_prompts] == top[:3]
+
+
+def test_summary_from_json_reads_none_as_nan() -> None:
+    j = summarize([make_scores([0.1, 0.2], cand_lp=[-1.0, -math.inf]), make_scores([0.3, 0.1])]).to_json()
+    assert math.isnan(KLStats.from_json(j).ln_ppl_ratio)
+
+
+def test_an_empty_prompt_is_never_among_the_worst() -> None:
+    s = summarize([make_scores([0.2, 0.3]), make_scores([]), make_scores([0.5])])
+    assert [(p.prompt, p.mean_kl) for p in s.worst_prompts] == [(2, 0.5), (0, pytest.approx(0.25))]

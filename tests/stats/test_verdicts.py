@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,3 +91,47 @@ def test_floor_bounds_and_n_needed() -> None:
     assert V.score_bounds(0.75 * (needed - 1), needed - 1, alpha=0.05)[0] < 0.6
     below = V.floor_n_needed(2, 8, floor=0.5, alpha=0.05)  # 25% observed: how many show it below 50%
     assert below is not None and V.score_bounds(0.25 * below, below, alpha=0.05)[1] < 0.5
+
+
+def test_n_needed_takes_the_direction_from_the_observed_drop() -> None:
+    # 1 loss in 100 against a 5-point margin: below it, so n_needed is where the upper bound clears it.
+    below = V.drop_n_needed_binary(1, 0, 100, max_drop=0.05, alpha=0.05)
+    assert below is not None and V.binary_drop_bounds(below / 100, 0, below, alpha=0.05)[1] <= 0.05
+    assert type(below) is int  # a count of items, found by bisecting whole numbers
+    # More wins than losses: a negative drop, on the passing side too (not the size of b + c).
+    wins = V.drop_n_needed_binary(0, 5, 100, max_drop=0.02, alpha=0.05)
+    assert wins is not None and V.binary_drop_bounds(0, 5 * wins / 100, wins, alpha=0.05)[1] <= 0.02
+
+
+def test_n_needed_on_the_regression_side_uses_the_fail_alpha() -> None:
+    plain = V.drop_n_needed_binary(4, 0, 20, max_drop=0.05, alpha=0.05)
+    strict = V.drop_n_needed_binary(4, 0, 20, max_drop=0.05, alpha=0.05, fail_alpha=0.05 / 3)
+    assert plain is not None and strict is not None and strict > plain
+    assert V.binary_drop_bounds(4 * strict / 20, 0, strict, alpha=0.05, fail_alpha=0.05 / 3)[0] > 0.05
+    assert V.drop_n_needed_binary(0, 0, 8, max_drop=0.10, alpha=0.05, fail_alpha=0.01) == 25  # pass side: alpha
+
+
+def test_graded_n_needed_picks_alpha_by_side_and_stops_at_the_cap() -> None:
+    z95 = V.normal_quantile(0.95)
+    # The passing side uses alpha, the failing side fail_alpha: (2.326 * 0.2 / 0.05)^2 = 86.6.
+    assert V.drop_n_needed_graded(0.0, 0.2, 10, max_drop=0.05, alpha=0.05, fail_alpha=0.01) == 44
+    assert V.drop_n_needed_graded(0.1, 0.2, 10, max_drop=0.05, alpha=0.05, fail_alpha=0.01) == 87
+    assert V.drop_n_needed_graded(0.1, 0.2, 10, max_drop=0.05, alpha=0.05) == 44
+    assert V.drop_n_needed_graded(0.0, 1.0, 10, max_drop=0.05, alpha=0.05) == math.ceil((z95 / 0.05) ** 2)
+    assert V.drop_n_needed_graded(0.0, 0.01, 10, max_drop=0.05, alpha=0.05) == 11  # already enough: n + 1
+    at_cap = 0.05 * math.sqrt(V.N_NEEDED_CAP - 0.5) / z95  # (z sd / gap)^2 just under the cap: m == cap
+    assert V.drop_n_needed_graded(0.0, at_cap, 10, max_drop=0.05, alpha=0.05) == V.N_NEEDED_CAP
+    assert V.drop_n_needed_graded(0.0, 1.0, 10, max_drop=0.001, alpha=0.05) is None  # 2.7 million: beyond
+
+
+def test_n_needed_beyond_the_cap_is_none() -> None:
+    # 50% against a floor of 50.01%: millions of items; the doubling stops at the cap and says so.
+    assert V.floor_n_needed(50, 100, floor=0.5001, alpha=0.05) is None
+    assert V.drop_n_needed_binary(50, 49, 100, max_drop=0.0101, alpha=0.05) is None
+
+
+def test_verdict_outcome_json_has_every_field() -> None:
+    out = V.VerdictOutcome(verdict="inconclusive", n=40, value=0.025, lower=-0.03, upper=0.08, limit=0.05,
+                           n_needed=180, method="tango")
+    assert out.to_json() == {"verdict": "inconclusive", "n": 40, "value": 0.025, "lower": -0.03, "upper": 0.08,
+                             "limit": 0.05, "n_needed": 180, "method": "tango"}
