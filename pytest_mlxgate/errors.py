@@ -17,6 +17,7 @@ __all__ = [
     "ModelNameError",
     "ModelUnavailableError",
     "LeverError",
+    "LeverNotApplicableError",
     "PromptsError",
     "GateRunError",
     "NonFiniteLogitsError",
@@ -42,6 +43,11 @@ class ModelUnavailableError(MlxgateError):
 
 class LeverError(MlxgateUsageError):
     """A lever (marker, --mlx-lever/--mlx-ref-value/--mlx-cand-value, KV config) cannot work as written."""
+
+
+class LeverNotApplicableError(MlxgateError):
+    """The lever cannot apply to this model (e.g. quantizing weights that already are): the gate
+    skips, saying why and what model it needs, rather than failing a model it does not concern."""
 
 
 class PromptsError(MlxgateUsageError):

@@ -130,16 +130,21 @@ def paired(request: pytest.FixtureRequest) -> Iterator[Paired]:
     changed. Sizes: `pytest.mark.mlx_kl(prompts=, tokens=, decode=)`, or --mlx-kl-prompts/-tokens/-decode.
     Under xdist every worker that runs a gate loads the model once.
     """
-    from .errors import MlxgateError
+    from .errors import LeverNotApplicableError, MlxgateError
 
+    skip = False
     try:
         value = _state(request).paired(request.node)
+    except LeverNotApplicableError as e:
+        message, skip = str(e), True
     except MlxgateError as e:
         message = str(e)
     else:
         yield value
         value.finish()
         return
+    if skip:
+        pytest.skip(message)
     pytest.fail(message, pytrace=False)
 
 

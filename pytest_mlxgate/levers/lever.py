@@ -33,6 +33,7 @@ from ..errors import LeverError
 from .kvcache import PLAIN, KVPlan, parse_kv_value
 from .naming import canonical, object_name
 from .patching import env_set, patched, resolve_object
+from .weights import WeightsSpec, parse_weights_value
 
 __all__ = [
     "ARMS",
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 Arm = Literal["reference", "candidate"]
-LeverKind = Literal["env", "patch", "kv", "model", "context"]
+LeverKind = Literal["env", "patch", "kv", "model", "context", "weights"]
 LeverPath = Literal["prefill", "serving"]
 
 ARMS: tuple[Arm, ...] = get_args(Arm)
@@ -96,6 +97,9 @@ class Lever:
             return f"{arm} model"
         if self.kind == "kv":
             return self.kv_plan(arm).describe()
+        if self.kind == "weights":
+            spec = self.weights_spec(arm)
+            return spec.describe() if spec is not None else "weights as loaded"
         if value is None:
             return {"env": "unset", "patch": "original"}.get(self.kind, "None")
         if isinstance(value, str):
@@ -134,6 +138,8 @@ class Lever:
             stable = f"sha256:{plan.digest}" if plan.digest else plan.source
         elif self.kind == "model":
             stable = arm
+        elif self.kind == "weights":
+            stable = self.describe_value(arm)
         else:
             stable = canonical(value)
         return json.dumps(
@@ -157,7 +163,7 @@ class Lever:
         elif self.kind == "context":
             with self._enter_context(value):
                 yield
-        else:  # kv (the plan is read by the caller), model (two models), patch to the original
+        else:  # kv (the plan is read by the caller), model/weights (two models), patch to the original
             yield
 
     def kv_plan(self, arm: Arm) -> KVPlan:
@@ -169,6 +175,20 @@ class Lever:
             return parse_kv_value(value)
         except LeverError as e:
             raise LeverError(f"lever {self.name!r}, {arm} value: {e}") from None
+
+    def weights_spec(self, arm: Arm) -> WeightsSpec | None:
+        """A weights lever's quantization for `arm` (None: the weights as loaded)."""
+        if self.kind != "weights":
+            return None
+        try:
+            return parse_weights_value(self.value(arm))
+        except LeverError as e:
+            raise LeverError(f"lever {self.name!r}, {arm} value: {e}") from None
+
+    @property
+    def two_models(self) -> bool:
+        """The arms run different model objects: two-model mode, or two weight quantizations."""
+        return self.kind in ("model", "weights")
 
     def _enter_context(self, value: object) -> AbstractContextManager[Any]:
         factory: object = self.factory

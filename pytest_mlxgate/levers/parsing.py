@@ -20,13 +20,13 @@ from .patching import OBJECT_NAME
 
 __all__ = ["lever_from_marker", "lever_from_options"]
 
-_KIND_KWARGS: tuple[LeverKind, ...] = ("env", "patch", "kv", "context")
+_KIND_KWARGS: tuple[LeverKind, ...] = ("env", "patch", "kv", "context", "weights")
 _MARKER_KWARGS = frozenset({*_KIND_KWARGS, "ref", "cand", "path"})
 _BARE_NAME = re.compile(IDENT)
 _ORIGINAL = frozenset({"original", "none"})
 _CLI_FORMS = (
     "give a declared lever's name, a bare environment variable NAME or 'env:NAME', "
-    "'patch:package.module.attr', 'context:package.module:factory', 'kv' or 'model'"
+    "'patch:package.module.attr', 'context:package.module:factory', 'kv', 'weights' or 'model'"
 )
 
 
@@ -59,7 +59,8 @@ def lever_from_marker(mark: pytest.Mark, *, base_dir: Path | None = None) -> Lev
     if len(kinds) != 1:
         got = f"{' and '.join(f'{k}=' for k in kinds)} together" if kinds else "none of them"
         raise LeverError(
-            f"{where}: give exactly one of env=, patch=, kv=True, context= (or name the lever 'model'); got {got}"
+            f"{where}: give exactly one of env=, patch=, kv=True, context=, weights=True (or name the lever 'model'); "
+            f"got {got}"
         )
     kind = kinds[0]
     missing = [k for k in ("ref", "cand") if k not in kwargs]
@@ -74,6 +75,9 @@ def lever_from_marker(mark: pytest.Mark, *, base_dir: Path | None = None) -> Lev
                 "reads a KV cache back; drop path= (KV levers run on 'serving')"
             )
         path = "serving"
+    if kind == "weights" and kwargs["weights"] is not True:
+        raise LeverError(f"{where}: weights={kwargs['weights']!r}; write weights=True and put the quantization "
+                         "in ref=/cand= (None: as loaded; {'bits': 4, 'group_size': 64})")
     return _build(where, name, kind, kwargs[kind], kwargs["ref"], kwargs["cand"], path or "prefill", base_dir)
 
 
@@ -117,8 +121,8 @@ def lever_from_options(
             cand=_convert_value(where, kind, cand, base_dir, from_cli=True),
         )
     target: str | None
-    if name in ("model", "kv"):
-        kind, target = ("model" if name == "model" else "kv"), None
+    if name in ("model", "kv", "weights"):
+        kind, target = cast(LeverKind, name), None
     elif name.startswith("env:"):
         kind, target = "env", name[4:]
     elif name.startswith("patch:"):
@@ -132,7 +136,8 @@ def lever_from_options(
     _check_cli_values(where, kind, ref, cand)
     path = "serving" if kind == "kv" else (declared.path if declared is not None else "prefill")
     lever_name = target or name
-    return _build(where, lever_name, kind, True if kind == "kv" else target, ref, cand, path, base_dir, from_cli=True)
+    return _build(where, lever_name, kind, True if kind in ("kv", "weights") else target, ref, cand, path, base_dir,
+                  from_cli=True)
 
 
 def _check_cli_values(where: str, kind: LeverKind, ref: str | None, cand: str | None) -> None:
@@ -238,6 +243,14 @@ def _convert_value(where: str, kind: LeverKind, value: object, base_dir: Path | 
         except LeverError as e:
             raise LeverError(f"{where}: {e}") from None
         return value
+    if kind == "weights":
+        from .weights import parse_weights_value
+
+        try:
+            parse_weights_value(value)  # fail at collection, not after loading a model
+        except LeverError as e:
+            raise LeverError(f"{where}: {e}") from None
+        return None if isinstance(value, str) and value.strip().lower() in ("none", "float") else value
     return value  # context: whatever the factory takes
 
 

@@ -157,6 +157,8 @@ def _n_parts(record: GateRecord) -> list[str]:
     n_tokens = integer(stats.get("n_tokens"))
     if n_tokens is not None:
         parts.append(f"{n_tokens} tokens")
+    if record.get("mode") == "gate" and real(stats.get("max")) == 0.0 and real(stats.get("same_top")) == 1.0:
+        parts.append("identical on this backend: every distribution equal, nothing to bound")
     if record.get("reference_source"):
         parts.append(f"ref: {record['reference_source']}")
     total = real(as_map(record.get("durations")).get("total_s"))
@@ -251,7 +253,10 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
         for i, detail in enumerate(_pack(n_parts, max(len(DASH), width - detail_start))):
             lines.append(line(("", "n" if i == 0 else "", detail)))
         for text in speed:  # under the block at full width: a speed line has too much for the n column
-            head, _, body = text.partition(": ")
+            head, sep, body = text.partition(": ")
+            if not sep:
+                lines.append(_SPEED_INDENT + _clip(text, width - len(_SPEED_INDENT)))
+                continue
             indent = " " * (len(_SPEED_INDENT) + len(head) + 2)
             for i, part in enumerate(_pack(body.split(" · "), max(len(DASH), width - len(indent)))):
                 lines.append((f"{_SPEED_INDENT}{head}: " if i == 0 else indent) + part)

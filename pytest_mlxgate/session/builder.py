@@ -97,6 +97,30 @@ def gate_speed_shape(item: pytest.Item, gate: GateSettings, device: str) -> Spee
         raise LeverError(f"mlx_speed on {item.nodeid}: {e}") from None
 
 
+def _weights_arms(ctx: RunContext, lever: Lever, loaded: LoadedModel) -> tuple[LoadedModel, LoadedModel]:
+    """(reference, candidate) of a weights lever: the loaded candidate for an arm that keeps its
+    weights, a quantized copy (loaded afresh, once per process and quantization) for one that does not."""
+    from ..levers.weights import quantized_copy
+
+    arms = []
+    for arm in ("reference", "candidate"):
+        spec = lever.weights_spec(arm)
+        if spec is None:
+            arms.append(loaded)
+            continue
+        key = f"{loaded.snapshot.pinned}|{spec}"
+        if key not in _QUANTIZED:
+            if ctx.progress is not None:
+                ctx.progress(f"quantizing a copy of {loaded.snapshot.pinned}: {spec.describe()} (mlx_lm's converter)")
+            _QUANTIZED[key] = quantized_copy(loaded, spec)
+        arms.append(_QUANTIZED[key])
+    return arms[0], arms[1]
+
+
+#: Quantized copies of the loaded model, per process: gate modules with the same quantization share one.
+_QUANTIZED: dict[str, LoadedModel] = {}
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What building a gate module's run needs from the session, and nothing more."""
@@ -130,6 +154,8 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         reference = ctx.load_model("reference")
         if reference is None:
             raise LeverError("the model lever compares two models: pass --mlx-reference NAME")
+    elif lever.kind == "weights":
+        reference, candidate = _weights_arms(ctx, lever, candidate)
 
     prompts = load_prompts_file(gate.prompts_file) if gate.prompts_file else default_prompts()
     sequences = build_sequences(prompts, candidate.tokenizer, n=n_prompts, tokens=shape.tokens)

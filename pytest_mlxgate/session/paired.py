@@ -160,7 +160,7 @@ class PairedRun:
         return self.speed() if self.speed_shape is not None else None
 
     def _reference_model(self) -> LoadedModel:
-        if self.lever.kind != "model":
+        if not self.lever.two_models:
             return self.candidate
         if self.reference is None:
             raise VocabularyMismatchError(
@@ -177,7 +177,7 @@ class PairedRun:
         return measure_kl(
             lever=self.lever, shape=self.shape, sequences=self.sequences, sequences_digest=self.sequences_digest,
             reference=self._reference_model(), candidate=self.candidate,
-            two_models=self.lever.kind == "model" and self.reference is not None,
+            two_models=self.lever.two_models and self.reference is not None,
             machine=self.machine, cache=self.cache, refresh_reference=self.refresh_reference, aa=self.aa,
             counters=self.counters, say=self._say,
         )
@@ -270,7 +270,7 @@ class Paired:
             nodeid=self.nodeid, mode="capability", verdict=verdict, checks=checks,
             bounds={k: v for k, v in bounds.items() if v is not None},
             candidate=run.candidate.describe(),
-            reference_model=run.reference.describe() if self.lever.kind == "model" and run.reference else None,
+            reference_model=run.reference.describe() if self.lever.two_models and run.reference else None,
             lever=self.lever.to_json(), path=self.shape.path,
             sizes={"prompts": n_items}, stats={"n_prompts": n_items},
             tasks=dict(tasks), skipped=dict(skipped),
@@ -304,7 +304,7 @@ class Paired:
         record = gate_record(
             nodeid=self.nodeid, mode="aa" if run.aa else "speed", verdict=verdict, checks=checks, bounds=goals,
             candidate=run.candidate.describe(),
-            reference_model=run.reference.describe() if self.lever.kind == "model" and run.reference else None,
+            reference_model=run.reference.describe() if self.lever.two_models and run.reference else None,
             lever=self.lever.to_json(), path="serving", speed=speed,
             durations={"total_s": float(speed.get("duration_s") or 0.0)}, rerun=self.rerun,
         )

@@ -22,6 +22,7 @@ _GOALS: dict[str, tuple[str, str]] = {
     "decode": ("decode tok/s", "min"),
     "memory": ("peak memory", "max"),
     "kv": ("KV bytes", "max"),
+    "weights": ("weight bytes", "max"),
 }
 
 
@@ -31,9 +32,20 @@ def speed_checks(speed: Mapping[str, Any], goals: Mapping[str, float], at: int |
 
     contexts = _contexts(speed, at)
     checks = []
+    if "weights" in goals:  # one figure for the run, not per context
+        w = speed.get("weights_bytes") or {}
+        ratio = w["candidate"] / w["reference"] if w.get("reference") else None
+        limit = float(goals["weights"])
+        verdict = "inconclusive" if ratio is None else "pass" if ratio <= limit else "fail"
+        checks.append({"metric": "weight bytes", "key": "speed.weights", "value": ratio, "bound": ratio,
+                       "other_bound": ratio, "limit": limit, "direction": "max", "n": 1, "n_needed": None,
+                       "method": "bytes counted over the parameters (exact)", "verdict": verdict,
+                       "passed": verdict == "pass"})
     for context in contexts:
         ctx = speed["contexts"][str(context)]
         for key, limit in goals.items():
+            if key == "weights":
+                continue
             label, direction = _GOALS[key]
             check: dict[str, Any] = {"metric": f"{label} @{context}", "key": f"speed.{key}", "limit": float(limit),
                                      "direction": direction, "context": context}
@@ -90,18 +102,19 @@ def assert_faster(
     prefill: float | None = None,
     memory: float | None = None,
     kv: float | None = None,
+    weights: float | None = None,
     at: int | str | None = None,
 ) -> dict[str, Any]:
     """Fail unless the candidate is shown as fast, or as small, as asked, at 95% confidence.
 
     `decode`/`prefill`: the least candidate/reference tokens/s ratio (1.05 = at least 5% faster);
     `memory`: the most candidate/reference peak memory growth per trial; `kv`: the most KV cache
-    bytes ratio. `at`: the context (tokens) the goals hold at, `'all'`, or the longest measured
+    bytes ratio; `weights`: the most parameter bytes ratio (two models, a weights lever). `at`: the context (tokens) the goals hold at, `'all'`, or the longest measured
     (default). `result` is the `paired` fixture (its module's speed is measured once, on first use)
     or a speed record. Returns the speed record.
     """
     __tracebackhide__ = True
-    given = {"decode": decode, "prefill": prefill, "memory": memory, "kv": kv}
+    given = {"decode": decode, "prefill": prefill, "memory": memory, "kv": kv, "weights": weights}
     goals = {k: float(v) for k, v in given.items() if v is not None}
     if not goals:
         raise TypeError("assert_faster needs a goal, e.g. assert_faster(paired, decode=1.05) or kv=0.6")
@@ -135,7 +148,7 @@ def speed_failure(speed: Mapping[str, Any], checks: Sequence[Mapping[str, Any]],
         mark = {"pass": "", "fail": "  ✗ fail", "inconclusive": "  ? inconclusive"}[c["verdict"]]
         value = "not measured" if c["value"] is None else f"×{c['value']:.3f}"
         interval = ""
-        if c["key"] != "speed.kv" and c.get("bound") is not None:
+        if c["key"] not in ("speed.kv", "speed.weights") and c.get("bound") is not None:
             lo, hi = sorted((c["bound"], c["other_bound"]))
             interval = f" (95% interval ×{lo:.3f}–×{hi:.3f} over {c['n']} pairs)"
         rel = "≥" if c["direction"] == "min" else "≤"

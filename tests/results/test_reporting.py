@@ -652,3 +652,11 @@ def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None
     i = next(i for i, line in enumerate(narrow) if line.startswith("  speed @512: prefill ×1.00"))
     assert narrow[i + 1].strip().startswith("decode ×1.30 [1.20, 1.40] (tok/s 10.0 → 13.0)")  # wrapped at its separators
     assert narrow[i + 1].index("decode") == narrow[i].index("prefill")
+
+
+def test_a_lever_identical_on_this_backend_says_so_instead_of_only_passing() -> None:
+    exact = make_record()
+    exact["stats"].update(max=0.0, same_top=1.0, mean=0.0)
+    text = "\n".join(summary_lines([exact], width=200))
+    assert "identical on this backend" in text
+    assert "identical" not in "\n".join(summary_lines([make_record()], width=200))  # a real drift: no such claim

@@ -16,11 +16,13 @@ REPO = "mlxgate-test/gemma-4-tiny-random"
 @pytest.fixture(scope="module")
 def deep_gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny gemma-4 at e2b's shape of sharing: 20 layers, the last 5 KV-shared, so the 15 cached
-    layers hold every layer the production KV plan names (3, 4, 9, 10, 11, 14); multimodal config
-    form, as google's gemma-4 repos ship."""
+    layers hold every layer the production KV plan names (3, 4, 9, 10, 11, 14); per-layer inputs of 16
+    (20 x 16 = 320 columns of the per-layer embedding: quantizable in groups of 64, as e4b's 42 x 256
+    are); multimodal config form, as google's gemma-4 repos ship."""
     from tinygemma import build_tiny_gemma4
 
-    return build_tiny_gemma4(tmp_path_factory.mktemp("deep-gemma4"), form="multimodal", layers=20, shared=5)
+    return build_tiny_gemma4(tmp_path_factory.mktemp("deep-gemma4"), form="multimodal", layers=20, shared=5,
+                             hidden_size_per_layer_input=16)
 
 
 @pytest.fixture
@@ -47,9 +49,9 @@ def test_gates_on_random_weights_skip_and_say_why(pytester: pytest.Pytester, gem
     result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
                                            "-rs")
     outcomes = result.parseoutcomes()
-    assert outcomes.get("skipped") == 6 and "failed" not in outcomes and "error" not in outcomes, outcomes
-    # the snapshot gate (hashes verified) and both KV gates' memory goals: bytes need no trained model
-    assert outcomes.get("passed") == 3
+    assert outcomes.get("skipped") == 7 and "failed" not in outcomes and "error" not in outcomes, outcomes
+    # the snapshot gate (hashes verified) and the KV and weights gates' memory goals: bytes need no trained model
+    assert outcomes.get("passed") == 4
     result.stdout.fnmatch_lines(["*the reference model looks untrained: its mean next-token NLL*"
                                  "--mlx-allow-untrained*"])
 
@@ -65,7 +67,7 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytest
     assert "Traceback" not in text and "mlx_lm/models" not in text, text[-3000:]
     outcomes = result.parseoutcomes()
     assert "error" not in outcomes, text[-3000:]
-    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 9
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 11
     for line in result.stdout.lines:  # any failure is a gate's own assertion, never an exception from inside
         if line.startswith("E   ") and "Error" in line:
             assert line[1:].lstrip().startswith("AssertionError"), line
@@ -73,8 +75,8 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytest
 
     records = json.loads(report.read_text())["gates"]
     kv = [r for r in records if "test_kv_cache" in r["nodeid"] and r["mode"] != "capability"]
-    gates = [r for r in records if r["mode"] in ("gate", "capability")]  # 3 KL + 2 capability gates
-    assert kv and len(gates) == 5 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), \
+    gates = [r for r in records if r["mode"] in ("gate", "capability")]  # 4 KL + 2 capability gates
+    assert kv and len(gates) == 6 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), \
         [(r["nodeid"], r["mode"], r["verdict"]) for r in records]
     # the uniform 8-bit plan and the production mixed plan both ran, each with its drift and its bytes
     drift = {r["nodeid"].split("::")[0]: r for r in records if r["nodeid"].endswith("::test_drift")}

@@ -104,3 +104,56 @@ def test_bad_speed_sizes_are_usage_errors(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--mlx-speed-contexts=600,600", "--co")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*repeats a length*"])
+
+
+WEIGHTS = '''
+import pytest
+from pytest_mlxgate import assert_faster, assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("weights", weights=True, ref=None, cand={"bits": 4, "group_size": 64}),
+    pytest.mark.mlx_kl(prompts=2, tokens=16),
+    pytest.mark.mlx_speed(contexts=(16,), decode=2, repetitions=3),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=100.0)
+
+
+def test_memory(paired):
+    assert_faster(paired, weights=0.35)
+'''
+
+
+@pytest.mark.slow  # a pytester session quantizing a model copy
+def test_a_weights_gate_quantizes_a_copy_and_counts_its_bytes(
+        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_w=WEIGHTS)
+    report = tmp_path / "r.json"
+    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly",
+                                           "--mlx-db=off", f"--mlx-report={report}")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert out.count("quantizing a copy of") == 1 and "4-bit g64 weights (mlx_lm's converter)" in out
+    records = {r["nodeid"].split("::")[1]: r for r in json.loads(report.read_text())["gates"]}
+    assert records["test_drift"]["lever"]["cand"] == "4-bit g64 weights" and records["test_drift"]["stats"]["mean"] > 0
+    (check,) = records["test_memory"]["checks"]
+    # 4-bit words plus a float32 scale and bias per 64 weights, over float32: (0.5 + 0.125) / 4 = 0.156
+    assert check["metric"] == "weight bytes" and check["value"] == pytest.approx(0.156, abs=0.01)
+    assert "\n  weights 12.6 MiB → 2.0 MiB\n" in out  # the speed lines show both arms' weights
+
+
+@pytest.mark.slow  # a pytester session
+def test_a_weights_gate_on_an_already_quantized_model_skips_and_says_what_it_needs(
+        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    from mlx_lm import convert
+
+    quantized = tmp_path / "q4"
+    convert(str(tiny_kv_model_dir), mlx_path=str(quantized), quantize=True, q_bits=4, q_group_size=64)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_w=WEIGHTS)
+    result = pytester.runpytest_subprocess(f"--mlx-candidate={quantized}", "-p", "no:randomly", "--mlx-db=off", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*is already quantized*run it on the float repo*"])

@@ -50,10 +50,12 @@ TEXT_CONFIG: dict[str, Any] = {
 }
 
 
-def tiny_gemma4_config(*, vocab: int = 49152, layers: int | None = None, shared: int | None = None) -> dict[str, Any]:
+def tiny_gemma4_config(*, vocab: int = 49152, layers: int | None = None, shared: int | None = None,
+                       **overrides: Any) -> dict[str, Any]:
     """The text config of the tiny gemma-4 at `vocab` entries; `layers` (a multiple of 4: three
-    sliding, one full) and `shared` (KV-shared layers at the end) make a deeper one."""
-    config = {**TEXT_CONFIG, "vocab_size": vocab, "vocab_size_per_layer_input": vocab}
+    sliding, one full) and `shared` (KV-shared layers at the end) make a deeper one; `overrides`
+    set any other key."""
+    config = {**TEXT_CONFIG, "vocab_size": vocab, "vocab_size_per_layer_input": vocab, **overrides}
     if layers is not None:
         if layers % 4:
             raise ValueError(f"layers must be a multiple of 4 (three sliding, one full), got {layers}")
@@ -65,7 +67,8 @@ def tiny_gemma4_config(*, vocab: int = 49152, layers: int | None = None, shared:
 
 
 def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text", vocab: int = 49152,
-                      seed: int = 0, scale: float = 4.0, layers: int | None = None, shared: int | None = None) -> Path:
+                      seed: int = 0, scale: float = 4.0, layers: int | None = None, shared: int | None = None,
+                      **overrides: Any) -> Path:
     """Write config, seeded random weights and the embedded tokenizer into `out`; returns `out`.
     `layers`/`shared`: see `tiny_gemma4_config` (default: 8 layers, 3 KV-shared).
 
@@ -75,7 +78,7 @@ def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text"
     from mlx.utils import tree_flatten
     from mlx_lm.models import gemma4_text
 
-    text = tiny_gemma4_config(vocab=vocab, layers=layers, shared=shared)
+    text = tiny_gemma4_config(vocab=vocab, layers=layers, shared=shared, **overrides)
     mx.random.seed(seed)
     model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(text))
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
