@@ -19,8 +19,8 @@ Speed and memory (`mlx_speed`: both arms on the serving path at 64 and 256 token
 decoded, 9 interleaved pairs): the 8-bit cache holds 72 bytes per 64 float32 values (packed words,
 a scale and a bias per group): 0.281 x the plain cache at every context, which `test_memory` asks
 for (at most 0.3). On this CPU, quantized attention is composed ops (dequantize, then matmul), so
-8-bit costs decode speed (measured x0.78 [0.65, 0.94] at 256 tokens, 7.3 -> 5.3 tok/s; prefill
-x0.87 [0.78, 0.97]); reported, not asserted. On Metal the quantized attention is one fused kernel
+8-bit costs decode speed (measured x0.86 [0.80, 0.92] at 256 tokens, 11.4 -> 9.6 tok/s, on an
+otherwise idle machine; prefill x0.96 [0.90, 1.04]); reported, not asserted. On Metal the quantized attention is one fused kernel
 and long contexts are where it should pay: there, assert it (`assert_faster(paired, decode=...)`).
 
 Long context: HashHop is where KV-cache approximations fail first; both arms generate in batches

@@ -19,7 +19,7 @@ How the limits were set (embedded model, 16 prompts x 128 tokens, the last 32 de
   6 of 15 with sliding windows: 0.235). The gate asks for at most 0.25 on any of them: below uniform
   8-bit (0.281), so a plan that quietly stopped using 4 bits fails.
 - Speed (CPU, 2 cores: quantized attention is composed ops here, so the plan costs decode speed:
-  decode x0.88 [0.82, 0.95] at 256 tokens of context, 11.5 -> 9.9 tok/s): reported, not asserted; on
+  decode x0.92 [0.86, 0.99] at 256 tokens of context, 9.2 -> 8.8 tok/s): reported, not asserted; on
   Metal the quantized kernels are fused and the long-context ratio is the figure to watch.
 """
 

@@ -158,7 +158,7 @@ def _n_parts(record: GateRecord) -> list[str]:
     if n_tokens is not None:
         parts.append(f"{n_tokens} tokens")
     if record.get("mode") == "gate" and real(stats.get("max")) == 0.0 and real(stats.get("same_top")) == 1.0:
-        parts.append("identical on this backend: every distribution equal, nothing to bound")
+        parts.append("identical on this backend")  # every distribution equal: nothing to bound
     if record.get("reference_source"):
         parts.append(f"ref: {record['reference_source']}")
     total = real(as_map(record.get("durations")).get("total_s"))
