@@ -11,6 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "mlxgate-test/gemma-4-tiny-random"
+#: The gates' speed at the least that still measures (these tests check what runs and what ends, not figures).
+CHEAP_SPEED = ("--mlx-speed-contexts=16,32", "--mlx-speed-decode=2", "--mlx-speed-reps=3")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def test_gates_on_random_weights_skip_and_say_why(pytester: pytest.Pytester, gem
     monkeypatch.delenv("MLXGATE_ALLOW_UNTRAINED")
     _gates(pytester)
     result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
-                                           "-rs")
+                                           "-rs", *CHEAP_SPEED)
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped") == 7 and "failed" not in outcomes and "error" not in outcomes, outcomes
     # the snapshot gate (hashes verified) and the KV and weights gates' memory goals: bytes need no trained model
@@ -62,7 +64,7 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytest
     _gates(pytester)
     report = tmp_path / "r.json"
     result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
-                                           "--mlx-inconclusive=warn", f"--mlx-report={report}")
+                                           "--mlx-inconclusive=warn", f"--mlx-report={report}", *CHEAP_SPEED)
     text = result.stdout.str() + result.stderr.str()
     assert "Traceback" not in text and "mlx_lm/models" not in text, text[-3000:]
     outcomes = result.parseoutcomes()
