@@ -140,6 +140,11 @@ def paired(request: pytest.FixtureRequest) -> Iterator[Paired]:
     except MlxgateError as e:
         message = str(e)
     else:
+        if value.run.calibrate:
+            try:
+                value.calibrate()  # skips: a calibration run measures and suggests, it gives no verdict
+            except MlxgateError as e:
+                pytest.fail(str(e), pytrace=False)
         yield value
         value.finish()
         return

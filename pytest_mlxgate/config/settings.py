@@ -92,6 +92,7 @@ class GateSettings:
     speed_contexts: tuple[int, ...] | None = None
     speed_decode: int | None = None
     speed_reps: int | None = None
+    calibrate: bool = False  # --mlx-calibrate: measure, suggest limits, no verdict
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -136,6 +137,11 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         raise MlxgateUsageError(
             f"--mlx-lever {lever} needs both values: pass --mlx-ref-value V and --mlx-cand-value V"
         )
+    aa = bool(cli["mlx_aa"] or config.getini("mlx_aa"))
+    calibrate = bool(cli["mlx_calibrate"] or config.getini("mlx_calibrate"))
+    if aa and calibrate:
+        raise MlxgateUsageError("--mlx-aa and --mlx-calibrate: choose one (--mlx-calibrate runs the A/A floor itself, "
+                                "beside the lever, and suggests limits; --mlx-aa checks limits you already have)")
     return GateSettings(
         lever=lever,
         ref_value=ref_value,
@@ -148,7 +154,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         kl_tokens_ini=_ini_count(config, "mlx_kl_tokens"),
         kl_decode_ini=_ini_count(config, "mlx_kl_decode"),
         refresh_reference=bool(cli["mlx_refresh_reference"] or config.getini("mlx_refresh_reference")),
-        aa=bool(cli["mlx_aa"] or config.getini("mlx_aa")),
+        aa=aa,
+        calibrate=calibrate,
         report=path("mlx_report"),
         db=db,
         invocation_dir=here,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
 from .fields import dumps, nodeid_of
@@ -18,17 +18,21 @@ __all__ = ["REPORT_VERSION", "write_json_report"]
 REPORT_VERSION = 1
 
 
-def write_json_report(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> None:
+def write_json_report(path: Path, run: RunInfo, records: Sequence[GateRecord],
+                      calibrations: Sequence[Mapping[str, Any]] = ()) -> None:
     """Write the run's report atomically: readers see the old file or the whole new one, never half.
 
     Strict JSON (NaN/inf become null) so that any JSON parser, not only Python's, can read it.
+    `calibrations` (--mlx-calibrate) go under their own key: they are measurements, not verdicts.
     """
     path = Path(path)
-    doc = {
+    doc: dict[str, Any] = {
         "mlxgate_report": REPORT_VERSION,
         "run": run.to_dict(),
         "gates": sorted(records, key=nodeid_of),
     }
+    if calibrations:
+        doc["calibrations"] = sorted(calibrations, key=lambda c: str(c.get("module")))
     data = (dumps(doc, indent=2) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, data, new_mode=0o644)  # a report is for everyone, not mkstemp's 0600

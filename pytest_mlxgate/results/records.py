@@ -18,6 +18,7 @@ __all__ = [
     "Check",
     "GateRecord",
     "ModelRef",
+    "CALIBRATION_PROPERTY",
     "RECORD_PROPERTY",
     "Mode",
     "RunInfo",
@@ -29,6 +30,8 @@ __all__ = [
 
 #: The `user_properties` name a record travels under.
 RECORD_PROPERTY = "mlxgate"
+#: The user property a --mlx-calibrate measurement rides on (not a gate record: it has no verdict).
+CALIBRATION_PROPERTY = "mlxgate_calibration"
 
 Mode = Literal["gate", "aa", "capability", "score", "speed"]
 

@@ -170,6 +170,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         cache=ReferenceCache(ctx.cache_dir) if ctx.cache_dir is not None else None,
         refresh_reference=gate.refresh_reference,
         aa=gate.aa,
+        calibrate=gate.calibrate,
         inconclusive=gate.inconclusive,
         allow_untrained=gate.allow_untrained,
         progress=ctx.progress,

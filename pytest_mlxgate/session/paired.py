@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import VocabularyMismatchError
 from ..kl.shape import ArmCounters, RunShape
-from ..results.records import RECORD_PROPERTY, gate_record
+from ..results.records import CALIBRATION_PROPERTY, RECORD_PROPERTY, gate_record
 
 if TYPE_CHECKING:
     from ..capability.base import Budget
@@ -42,6 +42,7 @@ class PairedRun:
     cache: ReferenceCache | None = None
     refresh_reference: bool = False
     aa: bool = False
+    calibrate: bool = False  # --mlx-calibrate: `calibration()` instead of verdicts
     inconclusive: str = "fail"  # --mlx-inconclusive: what a gate that could not tell does
     allow_untrained: bool = False  # --mlx-allow-untrained: gates run on a model that predicts nothing
     progress: Callable[[str], None] | None = None
@@ -55,6 +56,7 @@ class PairedRun:
     _untrained: str | None = None
     _untrained_checked: bool = False
     _speed: dict[str, Any] | None = None
+    _calibration: dict[str, Any] | None = None
 
     def skip_if_untrained(self) -> None:
         """Skip the gate (once checked, every gate of the module) when the reference model predicts
@@ -158,6 +160,31 @@ class PairedRun:
     def speed_if_asked(self) -> dict[str, Any] | None:
         """The module's speed when it asks for it (its records then carry it), else None."""
         return self.speed() if self.speed_shape is not None else None
+
+    def calibration(self, module: str) -> dict[str, Any]:
+        """--mlx-calibrate: the lever's drift, the A/A floor, speed and memory, and the limits they suggest.
+
+        The A/A floor is a second `measure_kl` with the reference against itself (the reference arm
+        comes from the cache the first one filled, when there is one). Speed is measured even when the
+        module does not ask for it: sizing its goals is what calibration is for."""
+        if self._calibration is None:
+            from dataclasses import replace
+
+            from ..authoring.calibrate import suggest_limits
+
+            lever_kl = self.kl()
+            self._say("calibration: the A/A floor (reference against itself, and with another prefill chunk)")
+            floor_kl = replace(self, aa=True, _result=None, _error=None, _speed=None, _calibration=None)._run()
+            assert floor_kl.aa is not None
+            speed = self.speed()
+            stats = lever_kl.stats.to_json()
+            self._calibration = {
+                "module": module, "lever": self.lever.describe(), "shape": {**self.shape.to_json(), "prompts": len(self.sequences)},
+                "candidate": self.candidate.describe(), "kl": stats, "floors": floor_kl.aa["floors"],
+                "aa_chunk": floor_kl.aa["chunk"], "speed": speed,
+                "suggested": suggest_limits(stats, floor_kl.aa["floors"], speed),
+            }
+        return self._calibration
 
     def _reference_model(self) -> LoadedModel:
         if not self.lever.two_models:
@@ -310,6 +337,19 @@ class Paired:
         )
         self.item.user_properties.append((RECORD_PROPERTY, record))
         self.published = True
+
+    def calibrate(self) -> None:
+        """--mlx-calibrate: measure (once per module), hand the first test the calibration, skip every test."""
+        import pytest
+
+        run = self.run
+        first = run._calibration is None
+        calibration = run.calibration(self.nodeid.split("::")[0])
+        if first:
+            self.item.user_properties.append((CALIBRATION_PROPERTY, calibration))
+            pytest.skip("--mlx-calibrate: measured, no verdict; the suggested limits are in the mlxgate "
+                        "calibration section")
+        pytest.skip("--mlx-calibrate: no verdict; this module was measured once, for its first test")
 
     def finish(self) -> None:
         """At teardown: a gate that measured but asserted nothing still reports what it measured."""

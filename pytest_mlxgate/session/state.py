@@ -22,7 +22,7 @@ from ..config.names import Aliases, CandidateSpec, Role, load_aliases, parse_nam
 from ..config.settings import Settings
 from ..errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
 from ..models.progress import LineProgress
-from ..results.records import records_in
+from ..results.records import CALIBRATION_PROPERTY, records_in
 from .relay import LIVE_KEY, RELAY_KEY, ProgressRelay, worker_progress
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class MlxgateSession:
         self._models: dict[Role, tuple[Any, Any]] = {}
         self._runs: dict[str, PairedRun] = {}
         self.records: list[GateRecord] = []  # gate records seen by this process's reports
+        self.calibrations: list[dict[str, Any]] = []  # --mlx-calibrate measurements, one per gate module
         self._relay: ProgressRelay | None = None  # controller under xdist: the workers' progress lines
 
     @property
@@ -117,10 +118,21 @@ class MlxgateSession:
         if self.is_worker or report.when != "teardown":
             return
         self.records.extend(records_in(report.user_properties))
+        self.calibrations.extend(value for name, value in report.user_properties
+                                 if name == CALIBRATION_PROPERTY and isinstance(value, dict))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One table for the whole run, printed by the controller only."""
-        if self.is_worker or not self.records:
+        if self.is_worker or not (self.records or self.calibrations):
+            return
+        if self.calibrations:
+            from ..authoring.calibrate import calibration_lines
+
+            terminalreporter.section("mlxgate calibration")
+            for calibration in self.calibrations:
+                for line in calibration_lines(calibration):
+                    terminalreporter.write_line(line)
+        if not self.records:
             return
         from ..results.summary import summary_lines
 
@@ -137,7 +149,7 @@ class MlxgateSession:
         if self._relay is not None:
             self._relay.close()
             self._relay = None
-        if self.is_worker or not self.records or self.settings.gate is None:
+        if self.is_worker or not (self.records or self.calibrations) or self.settings.gate is None:
             return
         from ..capability.base import TASK_NAMES
         from ..results.history import ResultsDB
@@ -151,14 +163,14 @@ class MlxgateSession:
         gate = self.settings.gate
         if gate.report is not None:
             try:
-                write_json_report(gate.report, run, self.records)
+                write_json_report(gate.report, run, self.records, self.calibrations)
             except OSError as e:  # the verdicts are already printed: warn with the fix, never crash
                 self.config.issue_config_time_warning(MlxgateWarning(
                     f"JSON report {gate.report} not written: {e.strerror or e}; fix: --mlx-report PATH in a "
                     "writable directory"), 2)
             else:
                 self._written.append(f"mlxgate: JSON report → {gate.report}")
-        if gate.db is not None:
+        if gate.db is not None and self.records:  # a calibration alone has no verdict to keep in the history
             try:
                 rows = ResultsDB(gate.db).append(run, self.records)
             except (OSError, MlxgateError, ValueError) as e:  # history is a by-product: warn, keep the verdict
