@@ -1,8 +1,11 @@
 """`mlxgate get NAME` puts a verified snapshot in the cache and prints its path; `mlxgate verify NAME`
-re-hashes one. NAME is anything `--mlx-candidate` accepts.
+re-hashes one. NAME is anything `--mlx-candidate` accepts. `mlxgate new-gate NAME --patch mod.attr`
+(or `--env VAR --ref V --cand V`) writes `gates/test_NAME.py`, a gate that fails until its limits are
+measured and pasted in (`pytest_mlxgate.authoring`).
 
 stdout carries only the result (so `$(mlxgate get e4b)` works); progress and errors go to stderr.
-Exit status: 0 ok, 1 the hub failed or verification found problems, 2 bad usage or name.
+Exit status: 0 ok, 1 the hub failed, verification found problems or a file could not be written,
+2 bad usage or name.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "new-gate":
+        return _new_gate(args)
     try:
         spec = _spec(args)
     except MlxgateUsageError as e:
@@ -37,9 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mlxgate", description="Verified model snapshots for pytest-mlxgate."
+        prog="mlxgate", description="Verified model snapshots, and new gates, for pytest-mlxgate."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{get,verify}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{get,verify,new-gate}")
     for name, help_ in (
         ("get", "download (or build) a snapshot and print its path"),
         ("verify", "re-hash a cached snapshot and report each problem"),
@@ -66,7 +71,44 @@ def _parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="move corrupt blobs aside (never deleted) so the next `get` fetches them again",
             )
+    _add_new_gate(sub)
     return parser
+
+
+def _add_new_gate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    help_ = "write a new gate module for a patch or environment-variable lever, failing until it has limits"
+    p = sub.add_parser("new-gate", help=help_, description=help_ + "; prints the file and what to run next")
+    p.add_argument("name", metavar="NAME", help="the lever's name (a Python identifier); the file is test_NAME.py")
+    p.add_argument("--patch", metavar="MOD.ATTR", help="the attribute the lever replaces, e.g. mlx.core.fast.rms_norm")
+    p.add_argument("--env", metavar="VAR", help="the environment variable the lever sets (needs --ref and --cand)")
+    p.add_argument(
+        "--ref", metavar="V",
+        help="reference arm: an object name (--patch; default: pytest_mlxgate.reference_ops' plain version of "
+        "an mlx fused op; 'original': the unpatched one) or the variable's value (--env; 'unset')",
+    )
+    p.add_argument("--cand", metavar="V", help="candidate arm, as --ref (--patch default: the original)")
+    p.add_argument(
+        "--path", choices=("prefill", "serving"), default="prefill",
+        help="where the drift is measured: prefill (one forward) or serving (the KV cache, then decode); "
+        "default: prefill",
+    )
+    p.add_argument("--dir", metavar="D", type=Path, default=Path("gates"), help="where the gate goes (default: gates)")
+
+
+def _new_gate(args: argparse.Namespace) -> int:
+    from .authoring.new_gate import new_gate, next_steps
+
+    try:
+        path = new_gate(args.name, patch=args.patch, env=args.env, ref=args.ref, cand=args.cand, path=args.path,
+                        directory=args.dir)
+    except MlxgateUsageError as e:
+        print(f"mlxgate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"mlxgate: cannot write the gate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    print(next_steps(path), end="")
+    return EXIT_OK
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:
