@@ -1,21 +1,29 @@
 """Plain-ops references for mlx's fused kernels, to patch in as a lever's reference arm.
 
-A fused kernel (Metal SDPA, fast RMSNorm) is the thing a perf lever changes, so the gate needs
-the same maths written in ordinary, obviously-correct mlx ops: matmul and softmax in float32,
-the result cast to the dtype the fused kernel returns (the inputs' promoted dtype). Use them with
-a patch lever, e.g.::
+A fused kernel (Metal SDPA, fast RMSNorm, LayerNorm, RoPE) is the thing a perf lever changes, so
+the gate needs the same maths written in ordinary, obviously-correct mlx ops, computed in float32
+and cast once to the dtype the fused kernel returns. Use one with a patch lever, or swap the norms
+and RoPE together with the `fast_ops` context factory (and `compiled` turns `mx.compile` off)::
 
     pytest.mark.mlx_lever("attention", patch="mlx.core.fast.scaled_dot_product_attention",
                           ref="pytest_mlxgate.reference_ops:scaled_dot_product_attention", cand=None)
+    pytest.mark.mlx_lever("fused_norms_rope", context="pytest_mlxgate.reference_ops:fast_ops",
+                          ref="plain", cand="fused", path="serving")
 
 mlx is imported inside each function: importing this module stays free.
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
-__all__ = ["rms_norm", "scaled_dot_product_attention"]
+from ..errors import LeverError
+from .patching import patched
+
+__all__ = ["FAST_OPS", "compiled", "fast_ops", "layer_norm", "rms_norm", "rope", "scaled_dot_product_attention"]
 
 
 def scaled_dot_product_attention(
@@ -99,3 +107,212 @@ def _rms_norm(mx: Any, x: Any, weight: Any, eps: float) -> Any:
     if weight is not None:
         y = y * weight.astype(mx.float32)
     return y.astype(out_dtype)
+
+
+def layer_norm(x: Any, weight: Any, bias: Any, eps: float, *, stream: Any = None) -> Any:
+    """`mx.fast.layer_norm` in plain ops: (x - mean) / sqrt(var + eps) * weight + bias, last axis, float32.
+
+    `weight` and `bias` may be None (no scaling, no shift). The result's dtype is mlx's: x's and the
+    weight's (and the bias's) promoted dtype; with no weight it is x's, even if a bias is given.
+    """
+    import mlx.core as mx
+
+    if stream is not None:
+        with mx.stream(stream):
+            return _layer_norm(mx, x, weight, bias, eps)
+    return _layer_norm(mx, x, weight, bias, eps)
+
+
+def _layer_norm(mx: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+    if x.ndim == 0:
+        raise ValueError("layer_norm: x must have at least 1 dimension (the normalized last axis); got a scalar")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and (param.ndim != 1 or param.shape[0] != x.shape[-1]):
+            raise ValueError(
+                f"layer_norm: {name} must be one-dimensional with x's last dimension ({x.shape[-1]}); "
+                f"got shape {param.shape}"
+            )
+    if weight is None:
+        out_dtype = x.dtype
+    else:
+        out_dtype = mx.result_type(x, weight) if bias is None else mx.result_type(x, weight, bias)
+    if not mx.issubdtype(out_dtype, mx.floating):
+        raise ValueError(f"layer_norm: the result dtype {out_dtype} is not a floating type; pass floating arrays")
+    f32 = mx.float32
+    x32 = x.astype(f32)
+    centred = x32 - mx.mean(x32, axis=-1, keepdims=True)
+    y = centred * mx.rsqrt(mx.mean(mx.square(centred), axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * weight.astype(f32)
+    if bias is not None:
+        y = y + bias.astype(f32)
+    return y.astype(out_dtype)
+
+
+def rope(
+    a: Any,
+    dims: int,
+    *,
+    traditional: bool,
+    base: float | None,
+    scale: float,
+    offset: Any,
+    freqs: Any = None,
+    stream: Any = None,
+) -> Any:
+    """`mx.fast.rope` in plain ops, with the same arguments and semantics.
+
+    `a` is (B, *, T, D); the first `dims` features of each position are rotated, the rest returned
+    untouched. Position t of row b is p = (offset_b + t) * scale; pair i turns by p * inv_freq[i],
+    inv_freq[i] = base ** (-i / (dims / 2)), or 1 / freqs[i] when `freqs` is given (exactly one of
+    `base` and `freqs` is None). `traditional` pairs features (2i, 2i + 1); otherwise (i, i + dims/2).
+    `offset` is an int, an integer scalar array, or an integer vector of B offsets, one per batch row.
+    Angles and rotation in float32; the result has the input's dtype.
+    """
+    import mlx.core as mx
+
+    if stream is not None:
+        with mx.stream(stream):
+            return _rope(mx, a, dims, traditional, base, scale, offset, freqs)
+    return _rope(mx, a, dims, traditional, base, scale, offset, freqs)
+
+
+def _rope(
+    mx: Any, a: Any, dims: int, traditional: bool, base: float | None, scale: float, offset: Any, freqs: Any
+) -> Any:
+    if (base is None) == (freqs is None):
+        given = "both were given" if base is not None else "both are None"
+        raise ValueError(f"rope: exactly one of base and freqs must be None; {given}")
+    if a.ndim < 3:
+        raise ValueError(f"rope: the input must be (B, *, T, D), at least 3 dimensions; got shape {a.shape}")
+    if not mx.issubdtype(a.dtype, mx.floating):
+        raise ValueError(f"rope: the input must be a floating type; got {a.dtype}")
+    if dims <= 0 or dims % 2:
+        raise ValueError(f"rope: dims must be positive and even (features are rotated in pairs); got {dims}")
+    if dims > a.shape[-1]:
+        raise ValueError(f"rope: dims ({dims}) must not exceed the input's last dimension ({a.shape[-1]})")
+    f32 = mx.float32
+    half = dims // 2
+    if freqs is not None:
+        if freqs.ndim != 1 or freqs.shape[0] != half:
+            raise ValueError(
+                f"rope: freqs must be one-dimensional with dims / 2 = {half} entries; got shape {freqs.shape}"
+            )
+        inv_freqs = 1.0 / freqs.astype(f32)
+    else:
+        assert base is not None
+        inv_freqs = mx.array([base ** (-i / half) for i in range(half)], dtype=f32)
+    batch, length = a.shape[0], a.shape[-2]
+    offsets = _rope_offsets(mx, offset, batch)
+    positions = (mx.arange(length, dtype=f32) + offsets[..., None]) * scale  # (T,) or (B, T)
+    if positions.ndim == 2:  # one row of positions per batch row, broadcast over the middle axes
+        positions = positions.reshape(batch, *([1] * (a.ndim - 3)), length)
+    theta = positions[..., None] * inv_freqs  # (..., T, dims / 2)
+    cos, sin = mx.cos(theta), mx.sin(theta)
+    x = a.astype(f32)
+    if traditional:
+        x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
+    else:
+        x1, x2 = x[..., :half], x[..., half:dims]
+    r1, r2 = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    if traditional:
+        rotated = mx.stack([r1, r2], axis=-1).reshape(*r1.shape[:-1], dims)
+    else:
+        rotated = mx.concatenate([r1, r2], axis=-1)
+    rotated = rotated.astype(a.dtype)
+    if dims == a.shape[-1]:
+        return rotated
+    return mx.concatenate([rotated, a[..., dims:]], axis=-1)
+
+
+def _rope_offsets(mx: Any, offset: Any, batch: int) -> Any:
+    """The offset as float32: a scalar, or a (B,) vector with one offset per batch row."""
+    if not isinstance(offset, mx.array):
+        if isinstance(offset, bool) or not hasattr(type(offset), "__index__"):  # an int, numpy's included
+            raise ValueError(f"rope: offset must be an int or an integer array; got {type(offset).__name__} {offset!r}")
+        return mx.array(operator.index(offset), dtype=mx.float32)
+    if offset.ndim > 1:
+        raise ValueError(f"rope: offset must be a scalar or a vector of B offsets; got shape {offset.shape}")
+    if offset.size not in (1, batch):
+        raise ValueError(f"rope: offset must be a scalar or a vector of B = {batch} offsets; got shape {offset.shape}")
+    if not mx.issubdtype(offset.dtype, mx.integer):
+        raise ValueError(f"rope: offset must be an integer; got dtype {offset.dtype}")
+    offsets = offset.astype(mx.float32)
+    return offsets.reshape(()) if offset.size == 1 else offsets
+
+
+# --- the fast_ops lever: mlx's fused norms and RoPE, or these references --------------------------
+
+#: The fused ops `fast_ops` can swap, each at `mlx.core.fast.<name>`.
+FAST_OPS = ("rms_norm", "layer_norm", "rope")
+
+
+def fast_ops(value: object) -> AbstractContextManager[None]:
+    """A lever context factory: "fused" (or None) runs mlx's fused kernels, "plain" patches
+    `mx.fast.rms_norm`, `layer_norm` and `rope` with the references here, and a comma-separated
+    subset ("rms_norm,rope") patches only those. Everything is restored on exit, raise or not::
+
+        pytest.mark.mlx_lever("fused_norms_rope", context="pytest_mlxgate.reference_ops:fast_ops",
+                              ref="plain", cand="fused", path="serving")
+    """
+    names = _fast_op_names(value)
+    return _plain_fast_ops(names) if names else nullcontext()
+
+
+def _fast_op_names(value: object) -> tuple[str, ...]:
+    """The ops to patch: () for mlx's kernels, all of FAST_OPS for "plain", or the subset named."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        if value in ("fused", "plain"):
+            return () if value == "fused" else FAST_OPS
+        names = [part.strip() for part in value.split(",")]
+        if all(name in FAST_OPS for name in names):
+            return tuple(dict.fromkeys(names))
+    raise LeverError(
+        f"fast_ops value {value!r} is not one of 'fused' (or None: mlx's kernels), 'plain' (all of "
+        f"{', '.join(FAST_OPS)} as plain ops) or a comma-separated subset of {', '.join(FAST_OPS)} "
+        "(e.g. 'rms_norm,rope')"
+    )
+
+
+@contextmanager
+def _plain_fast_ops(names: tuple[str, ...]) -> Iterator[None]:
+    references = {"rms_norm": rms_norm, "layer_norm": layer_norm, "rope": rope}
+    with ExitStack() as stack:
+        for name in names:
+            stack.enter_context(patched("fast_ops", f"mlx.core.fast.{name}", references[name]))
+        yield
+
+
+def compiled(value: object) -> AbstractContextManager[None]:
+    """A lever context factory for `mx.compile`: "on" (or None) runs compiled functions as they
+    ship (mlx_lm wraps its activations, gemma's softcaps, ... in `mx.compile`; mlx.nn some of its
+    own); "off" runs every one of them op by op, through `mx.disable_compile()` for the arm::
+
+        pytest.mark.mlx_lever("mx_compile", context="pytest_mlxgate.reference_ops:compiled",
+                              ref="off", cand="on", path="serving")
+
+    On exit compilation is on again unless MLX_DISABLE_COMPILE turned it off for the process
+    (mlx has no getter for the switch: the environment variable is the only other setter).
+    """
+    if value is None or value == "on":
+        return nullcontext()
+    if value == "off":
+        return _compile_disabled()
+    raise LeverError(f"compiled value {value!r} is not 'on' (or None: mx.compile as it ships) or 'off' "
+                     "(every compiled function run op by op)")
+
+
+@contextmanager
+def _compile_disabled() -> Iterator[None]:
+    import os
+
+    import mlx.core as mx
+
+    mx.disable_compile()
+    try:
+        yield
+    finally:
+        if not os.environ.get("MLX_DISABLE_COMPILE"):
+            mx.enable_compile()
