@@ -12,7 +12,8 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["as_map", "dumps", "jsonable", "integer", "interval_end", "model_name", "nodeid_of", "number", "real", "text"]
+__all__ = ["as_map", "check_interval", "dumps", "jsonable", "integer", "interval_end", "model_name", "nodeid_of",
+           "number", "real", "text"]
 
 
 def as_map(value: Any) -> Mapping[str, Any]:
@@ -46,6 +47,17 @@ def interval_end(value: Any, end: int) -> float | None:
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
         return real(value[end])
     return None
+
+
+def check_interval(check: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """A check's interval (lower, upper), whichever end its verdict compared: `bound` is the end on the
+    passing side (the upper end of a "must stay below" metric), `other_bound`, `lower` or `upper` the far one."""
+    bound = real(check.get("bound"))
+    if check.get("direction") == "min":
+        far = check.get("other_bound") if check.get("other_bound") is not None else check.get("upper")
+        return bound, real(far)
+    far = check.get("other_bound") if check.get("other_bound") is not None else check.get("lower")
+    return real(far), bound
 
 
 def model_name(value: Any) -> str | None:

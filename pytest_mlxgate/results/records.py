@@ -1,18 +1,22 @@
 """The gate record: one typed definition of what a gate hands the controller, built in one place.
 
-A record rides the teardown report's `user_properties` (so it crosses xdist as plain JSON) and is
-read by the JSON report, the sqlite history and the summary. Standard library only: the
-controller imports this and must not import numpy or mlx.
+A record crosses to the controller as strict JSON text on the teardown report (`session/transport.py`;
+under xdist reports cross processes), named `mlxgate.record`, the name of its JUnit property too, and
+is read by the JSON report, the sqlite history, the summary and the CI outputs. Standard library
+only: the controller imports this and must not import numpy or mlx.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Required, TypedDict
+
+from .fields import dumps
 
 __all__ = [
     "Check",
@@ -22,16 +26,18 @@ __all__ = [
     "RECORD_PROPERTY",
     "Mode",
     "RunInfo",
+    "calibrations_in",
+    "carried",
     "gate_name",
     "gate_record",
     "records_in",
     "utc_now",
 ]
 
-#: The `user_properties` name a record travels under.
-RECORD_PROPERTY = "mlxgate"
-#: The user property a --mlx-calibrate measurement rides on (not a gate record: it has no verdict).
-CALIBRATION_PROPERTY = "mlxgate_calibration"
+#: The name a record travels under, as JSON text: on the report, and as its JUnit property.
+RECORD_PROPERTY = "mlxgate.record"
+#: The name a --mlx-calibrate measurement travels under (not a gate record: it has no verdict), as JSON text.
+CALIBRATION_PROPERTY = "mlxgate.calibration"
 
 Mode = Literal["gate", "aa", "capability", "score", "speed"]
 
@@ -136,10 +142,33 @@ def gate_record(
     return record  # type: ignore[return-value]  # keys checked against GateRecord above
 
 
-def records_in(user_properties: Sequence[tuple[str, object]]) -> list[GateRecord]:
-    """The records among a test report's user properties."""
-    return [value for name, value in user_properties  # type: ignore[misc]
-            if name == RECORD_PROPERTY and isinstance(value, dict)]
+def carried(name: str, payload: Mapping[str, Any]) -> tuple[str, str]:
+    """`(name, strict JSON text)`: what a report carries; NaN and inf become null, as in the JSON report."""
+    return name, dumps(payload)
+
+
+def _payloads(entries: Sequence[Sequence[object]], wanted: str) -> list[dict[str, Any]]:
+    out = []
+    for entry in entries:
+        if len(entry) != 2 or entry[0] != wanted or not isinstance(entry[1], str):
+            continue
+        try:
+            value = json.loads(entry[1])
+        except ValueError:
+            continue  # not ours, or cut short: a reader never crashes on it
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+def records_in(entries: Sequence[Sequence[object]]) -> list[GateRecord]:
+    """The gate records among a report's carried `(name, JSON text)` entries, parsed."""
+    return _payloads(entries, RECORD_PROPERTY)  # type: ignore[return-value]  # built by gate_record
+
+
+def calibrations_in(entries: Sequence[Sequence[object]]) -> list[dict[str, Any]]:
+    """The --mlx-calibrate measurements among a report's carried entries, parsed."""
+    return _payloads(entries, CALIBRATION_PROPERTY)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from .fields import as_map, integer, interval_end, nodeid_of, number, real
 from .records import GateRecord
 from .verdicts import check_verdict
 
-__all__ = ["format_value", "summary_lines"]
+__all__ = ["format_limit", "format_value", "n_parts", "summary_lines"]
 
 _PERCENT_KEYS = frozenset({"top1", "same_top", "top1_lo", "same_top_lo"})
 _KL_KEYS = frozenset({"mean", "median", "p90", "p95", "p99", "p999", "max"})
@@ -45,7 +45,7 @@ def format_value(metric_key: str, value: Any) -> str:
     return f"{v:.3g}"
 
 
-def _format_limit(key: str, value: Any) -> str:
+def format_limit(key: str, value: Any) -> str:
     """A limit is a number somebody typed: `1e-03`, not `1.0e-03` (which claims a measured digit)."""
     text = format_value(key, value)
     v = number(value)
@@ -78,7 +78,7 @@ def _check_rows(checks: Sequence[Any]) -> list[_Row]:
         if verdict == "INCONCLUSIVE" and integer(c.get("n_needed")) is not None:
             verdict += f" (n≈{integer(c.get('n_needed'))})"
         rows.append((metric, format_value(key, c.get("value")), _bound(c.get("direction"), key, c.get("bound")),
-                     _format_limit(key, c.get("limit")), verdict))
+                     format_limit(key, c.get("limit")), verdict))
     return rows
 
 
@@ -143,7 +143,7 @@ def _gate_rows(record: GateRecord) -> list[_Row]:
     return rows
 
 
-def _n_parts(record: GateRecord) -> list[str]:
+def n_parts(record: GateRecord) -> list[str]:
     stats = as_map(record.get("stats"))
     sizes = as_map(record.get("sizes"))
     parts: list[str] = []
@@ -232,7 +232,7 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
     speeds_shown: set[str] = set()
     for record in sorted(records, key=nodeid_of):
         name = str(record.get("gate") or record.get("nodeid") or DASH)
-        blocks.append((name, _gate_rows(record), _n_parts(record), _speed_parts(record, speeds_shown)))
+        blocks.append((name, _gate_rows(record), n_parts(record), _speed_parts(record, speeds_shown)))
 
     cols = [[row[i] for _, rows, _, _ in blocks for row in rows] for i in range(5)]
     widths = [max([len(header[i + 1])] + [len(v) for v in cols[i]]) for i in range(5)]
@@ -247,10 +247,10 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
 
     lines = [line(header)]
     detail_start = gate_width + len(_GAP) + widths[0] + len(_GAP)
-    for name, rows, n_parts, speed in blocks:
+    for name, rows, details, speed in blocks:
         for i, row in enumerate(rows):
             lines.append(line((_truncate(name, gate_width) if i == 0 else "", *row)))
-        for i, detail in enumerate(_pack(n_parts, max(len(DASH), width - detail_start))):
+        for i, detail in enumerate(_pack(details, max(len(DASH), width - detail_start))):
             lines.append(line(("", "n" if i == 0 else "", detail)))
         for text in speed:  # under the block at full width: a speed line has too much for the n column
             head, sep, body = text.partition(": ")

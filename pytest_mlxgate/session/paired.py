@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import VocabularyMismatchError
 from ..kl.shape import ArmCounters, RunShape
 from ..results.records import CALIBRATION_PROPERTY, RECORD_PROPERTY, gate_record
+from .transport import stage
 
 if TYPE_CHECKING:
     from ..capability.base import Budget
@@ -305,7 +306,7 @@ class Paired:
             durations={"total_s": round(sum(sum(t["durations"].values()) for t in tasks.values()), 3)},
             rerun=self.rerun,
         )
-        self.item.user_properties.append((RECORD_PROPERTY, record))
+        stage(self.item, RECORD_PROPERTY, record)
         self.published = True
 
     def speed(self) -> dict[str, Any]:
@@ -321,7 +322,7 @@ class Paired:
         speed = self.run.speed_if_asked()
         if speed is not None:
             record["speed"] = speed
-        self.item.user_properties.append((RECORD_PROPERTY, record))
+        stage(self.item, RECORD_PROPERTY, record)
         self.published = True
 
     def publish_speed(self, *, goals: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
@@ -335,7 +336,7 @@ class Paired:
             lever=self.lever.to_json(), path="serving", speed=speed,
             durations={"total_s": float(speed.get("duration_s") or 0.0)}, rerun=self.rerun,
         )
-        self.item.user_properties.append((RECORD_PROPERTY, record))
+        stage(self.item, RECORD_PROPERTY, record)
         self.published = True
 
     def calibrate(self) -> None:
@@ -346,7 +347,7 @@ class Paired:
         first = run._calibration is None
         calibration = run.calibration(self.nodeid.split("::")[0])
         if first:
-            self.item.user_properties.append((CALIBRATION_PROPERTY, calibration))
+            stage(self.item, CALIBRATION_PROPERTY, calibration)
             pytest.skip("--mlx-calibrate: measured, no verdict; the suggested limits are in the mlxgate "
                         "calibration section")
         pytest.skip("--mlx-calibrate: no verdict; this module was measured once, for its first test")

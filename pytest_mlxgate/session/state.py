@@ -22,8 +22,9 @@ from ..config.names import Aliases, CandidateSpec, Role, load_aliases, parse_nam
 from ..config.settings import Settings
 from ..errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnavailableError
 from ..models.progress import LineProgress
-from ..results.records import CALIBRATION_PROPERTY, records_in
+from ..results.records import calibrations_in, records_in
 from .relay import LIVE_KEY, RELAY_KEY, ProgressRelay, worker_progress
+from .transport import attach, carried_by
 
 if TYPE_CHECKING:
     from ..models.loaded import LoadedModel
@@ -75,6 +76,8 @@ class MlxgateSession:
         self._runs: dict[str, PairedRun] = {}
         self.records: list[GateRecord] = []  # gate records seen by this process's reports
         self.calibrations: list[dict[str, Any]] = []  # --mlx-calibrate measurements, one per gate module
+        self._locations: dict[str, tuple[str, int]] = {}  # nodeid -> its test function's (path, line): annotations
+        self._json_report: Path | None = None  # where this run's JSON report was written
         self._relay: ProgressRelay | None = None  # controller under xdist: the workers' progress lines
 
     @property
@@ -113,13 +116,41 @@ class MlxgateSession:
         self._header_shown = True
         return lines
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        """What the item's gates published rides its teardown report (so it crosses xdist too)."""
+        report = yield
+        attach(item, report)
+        return report
+
+    @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's user_properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Gate records ride the teardown report's user_properties (so they cross xdist too)."""
+        """The controller collects the records of each teardown report and hands JUnit its properties."""
         if self.is_worker or report.when != "teardown":
             return
-        self.records.extend(records_in(report.user_properties))
-        self.calibrations.extend(value for name, value in report.user_properties
-                                 if name == CALIBRATION_PROPERTY and isinstance(value, dict))
+        entries = carried_by(report)
+        if not entries:
+            return
+        records = records_in(entries)
+        self.records.extend(records)
+        self.calibrations.extend(calibrations_in(entries))
+        if records and os.environ.get("GITHUB_ACTIONS") == "true":
+            from ..results.github import gate_location
+
+            workspace = os.environ.get("GITHUB_WORKSPACE")
+            self._locations[report.nodeid] = gate_location(self.config.rootpath, report.location,
+                                                           Path(workspace) if workspace else None)
+        xml = _junit_xml(self.config)
+        if xml is None or not records:
+            return
+        from ..results.junit import junit_properties, suite_properties
+
+        for record in records:
+            if getattr(xml, "family", "xunit1") == "xunit1":  # "legacy" is xunit1 by now
+                report.user_properties.extend(junit_properties(record))  # in its own <testcase>
+            else:  # xunit2: a <testcase> has no <properties>; the <testsuite> does
+                for name, value in suite_properties(record):
+                    xml.add_global_property(name, value)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """One table for the whole run, printed by the controller only."""
@@ -141,6 +172,11 @@ class MlxgateSession:
             terminalreporter.write_line(line)
         for line in self._written:
             terminalreporter.write_line(line)
+        if os.environ.get("GITHUB_ACTIONS") == "true":  # workflow commands: annotations at the gates
+            from ..results.github import annotation_lines
+
+            for line in annotation_lines(self.records, self._locations):
+                terminalreporter.write_line(line)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -170,6 +206,7 @@ class MlxgateSession:
                     "writable directory"), 2)
             else:
                 self._written.append(f"mlxgate: JSON report → {gate.report}")
+                self._json_report = gate.report
         if gate.db is not None and self.records:  # a calibration alone has no verdict to keep in the history
             try:
                 rows = ResultsDB(gate.db).append(run, self.records)
@@ -179,6 +216,30 @@ class MlxgateSession:
                     "--mlx-db off"), 2)
             else:
                 self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
+        summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary_path and self.records:
+            self._write_step_summary(Path(summary_path))
+
+    def _write_step_summary(self, path: Path) -> None:
+        """Append the run's job summary to GitHub's file, within what is left of its 1 MiB."""
+        from ..results.github import STEP_SUMMARY_LIMIT, step_summary
+
+        reports = [("JSON report", str(self._json_report))] if self._json_report is not None else []
+        xml = _junit_xml(self.config)
+        if xml is not None and getattr(xml, "logfile", None):
+            reports.append(("JUnit XML", str(xml.logfile)))
+        try:
+            used = path.stat().st_size if path.exists() else 0  # earlier writers in this step count too
+            text = step_summary(self.records, reports=reports, limit=STEP_SUMMARY_LIMIT - used - 1)
+            if text:
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(("\n" if used else "") + text)
+        except OSError as e:
+            self.config.issue_config_time_warning(MlxgateWarning(
+                f"job summary not written to $GITHUB_STEP_SUMMARY ({path}): {e.strerror or e}"), 2)
+        else:
+            if text:
+                self._written.append("mlxgate: job summary → $GITHUB_STEP_SUMMARY")
 
     def _run_info(self) -> RunInfo:
         import platform
@@ -462,3 +523,12 @@ class MlxgateSession:
         same = spec.kind == "hub" and spec.name.split("@")[0] == snap.repo_id
         named = snap.pinned if same else f"{spec.name} → {snap.pinned}"
         return f"{prefix} {named} ({status})"
+
+
+def _junit_xml(config: pytest.Config) -> Any:
+    """pytest's JUnit writer when --junit-xml is on in this process (never on an xdist worker), else None."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover - pytest moved it: JUnit gets no mlxgate properties
+        return None
+    return config.stash.get(xml_key, None)

@@ -108,6 +108,7 @@ def test_module_imports_only_the_standard_library() -> None:
         import pytest_mlxgate.results.fields, pytest_mlxgate.results.git, pytest_mlxgate.results.history
         import pytest_mlxgate.results.json_report, pytest_mlxgate.results.records, pytest_mlxgate.results.score
         import pytest_mlxgate.results.summary, pytest_mlxgate.common.atomic, pytest_mlxgate.common.format
+        import pytest_mlxgate.results.junit, pytest_mlxgate.results.github, pytest_mlxgate.speed.text
         new = {m.partition(".")[0] for m in set(sys.modules) - before}
         print(sorted(m for m in new if m not in sys.stdlib_module_names and m != "pytest_mlxgate"))
     """)

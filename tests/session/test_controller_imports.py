@@ -42,11 +42,14 @@ KL = {
                 "direction": "max", "passed": True}],
 }
 
+from pytest_mlxgate.results.records import RECORD_PROPERTY
+from pytest_mlxgate.session.transport import stage
+
 def test_capability(request):
-    request.node.user_properties.append(("mlxgate", CAPABILITY))
+    stage(request.node, RECORD_PROPERTY, CAPABILITY)
 
 def test_drift(request):
-    request.node.user_properties.append(("mlxgate", KL))
+    stage(request.node, RECORD_PROPERTY, KL)
 '''
 
 
