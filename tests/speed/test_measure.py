@@ -146,8 +146,13 @@ def test_an_aa_run_reads_as_no_difference(tiny: Any) -> None:
     ctx = speed["contexts"]["48"]
     assert speed["arms"] == {"reference": "reference", "candidate": "reference"}
     assert ctx["kv"]["ratio"] == 1.0 and ctx["reference"]["kv_bytes"] == ctx["candidate"]["kv_bytes"]
-    # timing noise only: the interval is centred near 1 (its coverage is the simulation's to show)
-    assert 0.8 < ctx["decode"]["ratio"] < 1.25 and 0.8 < ctx["prefill"]["ratio"] < 1.25
+    # timing noise only: each interval reaches into [0.8, 1.25] (a bias between the sides, e.g. the
+    # candidate side always warmer, would sit outside it with a narrow interval); its coverage of 1 is
+    # the simulation's to show. Not the point estimate: trials of a few ms beside other processes (the
+    # suite runs under xdist) move it by 25% while the interval widens with them.
+    for key in ("decode", "prefill"):
+        lo, hi = ctx[key]["ratio_ci"]
+        assert lo < 1.25 and hi > 0.8, (key, ctx[key])
     assert all(math.isfinite(x) for x in ctx["decode"]["ratio_ci"])
 
 
