@@ -1,7 +1,8 @@
 """`mlxgate get NAME` puts a verified snapshot in the cache and prints its path; `mlxgate verify NAME`
 re-hashes one. NAME is anything `--mlx-candidate` accepts. `mlxgate new-gate NAME --patch mod.attr`
 (or `--env VAR --ref V --cand V`) writes `gates/test_NAME.py`, a gate that fails until its limits are
-measured and pasted in (`pytest_mlxgate.authoring`).
+measured and pasted in (`pytest_mlxgate.authoring`). `mlxgate history|compare|report|merge` read the
+results history and JSON reports (`pytest_mlxgate.results.history_cli`, which documents their exit codes).
 
 stdout carries only the result (so `$(mlxgate get e4b)` works); progress and errors go to stderr.
 Exit status: 0 ok, 1 the hub failed, verification found problems or a file could not be written,
@@ -22,10 +23,15 @@ from .errors import MlxgateUsageError
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_HISTORY_COMMANDS = ("history", "compare", "report", "merge")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in _HISTORY_COMMANDS:
+        from .results.history_cli import main as history_main
+
+        return history_main(args)
     if args.command == "new-gate":
         return _new_gate(args)
     try:
@@ -42,9 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mlxgate", description="Verified model snapshots, and new gates, for pytest-mlxgate."
+        prog="mlxgate",
+        description="Verified model snapshots, new gates, and the results history, for pytest-mlxgate.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{get,verify,new-gate}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{get,verify,new-gate,history,compare,report,merge}")
     for name, help_ in (
         ("get", "download (or build) a snapshot and print its path"),
         ("verify", "re-hash a cached snapshot and report each problem"),
@@ -72,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                 help="move corrupt blobs aside (never deleted) so the next `get` fetches them again",
             )
     _add_new_gate(sub)
+    from .results.history_cli import add_parsers
+
+    add_parsers(sub)
     return parser
 
 

@@ -66,6 +66,12 @@ class XdistHooks:
         """Ship the controller's pinned snapshots (JSON) so workers never resolve or download."""
         node.workerinput.update(self.state.worker_payload())
 
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """What a worker sends back (the --mlx-shard plan it applied)."""
+        output = getattr(node, "workeroutput", None)
+        if isinstance(output, dict):
+            self.state.worker_done(output)
+
 
 def _state(request: pytest.FixtureRequest) -> MlxgateSession:
     return request.config.stash[SESSION_KEY]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .base import Budget
     from .result import CapabilityRun
 
-__all__ = ["assert_capability_at_least", "capability_checks"]
+__all__ = ["assert_capability_at_least", "capability_checks", "flipped_items"]
 
 
 def assert_capability_at_least(
@@ -112,7 +112,7 @@ def capability_checks(
         info: dict[str, Any] = {"n": run.n, "tier": run.tier, "graded": run.graded,
                                 "ref_score": sum(ref) / run.n, "cand_score": sum(cand) / run.n,
                                 "durations": run.durations, "reference_source": run.reference_source,
-                                "items": run.paired_items()}
+                                "items": run.paired_items(), "flipped": flipped_items(run)}
         if run.graded:
             info["ref_ci"] = list(S.mean_interval_bootstrap(ref))
             info["cand_ci"] = list(S.mean_interval_bootstrap(cand))
@@ -154,6 +154,29 @@ def capability_checks(
                            "n": run.n, "n_needed": fl["n_needed"], "method": fl["method"], "verdict": fl["verdict"],
                            "passed": fl["verdict"] == "pass"})
     return checks, per_task
+
+
+#: The flipped items a record shows with their prompt (the HTML report's), and how much of each text.
+_FLIPPED_SHOWN, _PROMPT_CHARS, _OUTPUT_CHARS = 20, 600, 400
+
+
+def flipped_items(run: CapabilityRun) -> dict[str, Any]:
+    """The items whose score changed between the arms (losses first): how many, and the first few with
+    the tail of their exact input (where the question is) and both arms' outputs, clipped."""
+    flipped = run.flipped()
+    items = []
+    for item, ref, cand in flipped[:_FLIPPED_SHOWN]:
+        prompt = run.rendered.get(item.id) or item.text or ""
+        if len(prompt) > _PROMPT_CHARS:
+            prompt = "…" + prompt[-_PROMPT_CHARS:]
+        items.append({"id": item.id, "prompt": prompt,
+                      **{arm: {"output": _clip(r.output, _OUTPUT_CHARS), "score": r.score, "verdict": r.verdict}
+                         for arm, r in (("reference", ref), ("candidate", cand))}})
+    return {"total": len(flipped), "items": items}
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n] + "…"
 
 
 def _fixed_drop(run: CapabilityRun, info: dict[str, Any], *, max_drop: float, alpha: float, fail_alpha: float,

@@ -29,6 +29,7 @@ __all__ = [
     "file_arg",
     "name_arg",
     "option",
+    "shard_arg",
 ]
 
 
@@ -91,6 +92,16 @@ def contexts_arg(value: str) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"'{value}' repeats a length")
     return out
+
+
+def shard_arg(value: str) -> str:
+    """`I/N`: checked now, kept as text (settings parse it, the ini twin too)."""
+    from ..session.shards import parse_shard
+
+    try:
+        return str(parse_shard(value))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def file_arg(value: str) -> str:
@@ -175,8 +186,14 @@ OPTIONS: tuple[Option, ...] = (
     # Not carried by a re-run of one gate: an investigation must not overwrite the run's report with
     # a report of one gate, nor add rows to a history file chosen for the whole run.
     Option("--mlx-report", "write a JSON report, one record per gate", "gate", metavar="PATH", in_rerun=False),
+    Option("--mlx-html", "write an HTML report: one self-contained file (plots as inline SVG, nothing loaded "
+           "from the network), a section per gate", "gate", metavar="PATH", in_rerun=False),
     Option("--mlx-db", "sqlite results history (table quality_runs); 'off' disables. "
            "Default: .mlxgate/results.sqlite under the rootdir", "gate", metavar="PATH", in_rerun=False),
+    # Not carried by a re-run either: the gate being re-run may well sit in another shard.
+    Option("--mlx-shard", "run shard I of N (1-based): whole gate modules, the same split in every process, "
+           "balanced by the modules' recorded durations when the results DB has them; `mlxgate merge` joins "
+           "the shards' reports", "gate", metavar="I/N", type=shard_arg, in_rerun=False),
     Option("--mlx-tier", "capability tier: smoke (small subsets, minutes on CPU) or full (default: the module's "
            "mlx_tier marker, else smoke)", "gate", choices=("smoke", "full")),
     Option("--mlx-max-new-tokens", "cap on generated tokens per capability item (default: each task's own)",

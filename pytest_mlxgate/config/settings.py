@@ -11,10 +11,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ..errors import MlxgateUsageError
+from ..session.shards import Shard, parse_shard
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
 from .options import OPTIONS, check_endpoint, contexts_arg, count_arg
 
@@ -27,6 +29,8 @@ __all__ = [
     "GateSettings",
     "OPTION_NAMES",
     "Settings",
+    "default_db",
+    "find_rootdir",
     "read_gate_settings",
     "read_settings",
 ]
@@ -43,6 +47,29 @@ DEFAULT_KL_TOKENS = 256
 DEFAULT_KL_DECODE = 32
 #: Where the results history goes unless --mlx-db/mlx_db says otherwise ("off" turns it off).
 DEFAULT_DB = ".mlxgate/results.sqlite"
+
+
+def default_db(rootdir: Path) -> Path:
+    """The results history of a run whose rootdir is `rootdir`: the plugin's default, and the CLI's."""
+    return Path(rootdir) / DEFAULT_DB
+
+
+def find_rootdir(cwd: Path) -> Path:
+    """The rootdir pytest would pick when run here with no arguments (for the CLI's default DB)."""
+    from _pytest.config.findpaths import determine_setup  # pytest's own rule, not a copy of it
+
+    try:
+        rootdir, *_ = determine_setup(inifile=None, args=[str(cwd)], rootdir_cmd_arg=None,
+                                      invocation_dir=cwd, **_override_ini(determine_setup))
+    except (pytest.UsageError, TypeError, ValueError, OSError):
+        return cwd
+    return Path(rootdir)
+
+
+def _override_ini(func: Callable[..., object]) -> dict[str, Any]:
+    import inspect
+
+    return {"override_ini": None} if "override_ini" in inspect.signature(func).parameters else {}
 
 
 @dataclass(frozen=True)
@@ -93,6 +120,8 @@ class GateSettings:
     speed_decode: int | None = None
     speed_reps: int | None = None
     calibrate: bool = False  # --mlx-calibrate: measure, suggest limits, no verdict
+    html: Path | None = None  # --mlx-html PATH: the self-contained HTML report
+    shard: Shard | None = None  # --mlx-shard I/N: this run keeps the gate modules of shard I
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -122,7 +151,7 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         raise MlxgateUsageError(f"mlx_prompts_file: '{prompts_file}' is not a file")
     db_raw = cli["mlx_db"] or config.getini("mlx_db") or None
     db = (None if str(db_raw).lower() in ("off", "none", "0", "false") else path("mlx_db")) if db_raw else (
-        config.rootpath / DEFAULT_DB)
+        default_db(config.rootpath))
     ref_cache_raw = cli["mlx_reference_cache"] or config.getini("mlx_reference_cache") or None
     ref_cache_off = str(ref_cache_raw).lower() in ("off", "none", "0", "false") if ref_cache_raw else False
     lever = cli["mlx_lever"] or config.getini("mlx_lever") or None
@@ -157,6 +186,7 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         aa=aa,
         calibrate=calibrate,
         report=path("mlx_report"),
+        html=path("mlx_html"),
         db=db,
         invocation_dir=here,
         tier=cli["mlx_tier"] or config.getini("mlx_tier") or None,
@@ -172,7 +202,17 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         speed_contexts=cli["mlx_speed_contexts"] or _ini_contexts(config),
         speed_decode=cli["mlx_speed_decode"] or _ini_count(config, "mlx_speed_decode"),
         speed_reps=cli["mlx_speed_reps"] or _ini_count(config, "mlx_speed_reps"),
+        shard=_shard(cli["mlx_shard"] or config.getini("mlx_shard") or None, config),
     )
+
+
+def _shard(value: str | None, config: pytest.Config) -> Shard | None:
+    if value is None:
+        return None
+    try:
+        return parse_shard(str(value))
+    except ValueError as e:  # the command line's was checked by argparse: this is the ini's
+        raise MlxgateUsageError(f"mlx_shard in {config.inipath or 'the ini file'}: {e}") from None
 
 
 def _speed_switch(value: str | None, config: pytest.Config) -> str | None:

@@ -46,6 +46,7 @@ def measure_kl(
     say: Callable[[str], None],
 ) -> KLResult:
     """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize."""
+    from ..stats.kl_profile import kl_profile
     from ..stats.kl_stats import summarize
 
     started = time.perf_counter()
@@ -70,6 +71,7 @@ def measure_kl(
         say(f"candidate arm ({lever.name}={lever.describe_value('candidate')})")
         scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters)
     stats = summarize(scores)
+    profile = {**kl_profile(scores), "worst_context": _worst_contexts(candidate.tokenizer, sequences, stats)}
     total_s = time.perf_counter() - started
     return KLResult(
         stats=stats,
@@ -85,6 +87,7 @@ def measure_kl(
         token_text=_token_text(candidate.tokenizer, stats),
         scores=scores,
         aa=aa_info,
+        profile=profile,
     )
 
 
@@ -177,3 +180,34 @@ def _token_text(tokenizer: Any, stats: KLStats) -> dict[int, str]:
         except Exception:  # a tokenizer that cannot decode one id still gets a report
             out[i] = f"<{i}>"
     return out
+
+
+#: The worst tokens' context in the record: this many tokens before the one scored, and after it...
+_CONTEXT_BEFORE, _CONTEXT_AFTER = 16, 4
+#: ...each side clipped to this many characters (the far end cut: the text next to the token stays).
+_CONTEXT_CHARS = 200
+
+
+def _worst_contexts(tokenizer: Any, sequences: Sequence[TokenSequence], stats: KLStats) -> list[dict[str, Any]]:
+    """Each of the worst tokens in its text: the tokens before it, the text's token there, a few after.
+
+    The distribution at position p predicts id p + 1 of the sequence, so "token" is ids[p + 1]."""
+    out = []
+    for w in stats.worst:
+        if not 0 <= w.prompt < len(sequences):
+            continue
+        ids = sequences[w.prompt].ids
+        at = w.position + 1
+        before = _decode(tokenizer, ids[max(0, at - _CONTEXT_BEFORE):at])
+        after = _decode(tokenizer, ids[at + 1:at + 1 + _CONTEXT_AFTER])
+        out.append({"prompt": w.prompt, "position": w.position,
+                    "before": before[-_CONTEXT_CHARS:], "token": _decode(tokenizer, ids[at:at + 1]),
+                    "after": after[:_CONTEXT_CHARS]})
+    return out
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    try:
+        return str(tokenizer.decode(list(ids)))
+    except Exception:  # a tokenizer that cannot decode still gets a report
+        return " ".join(f"<{i}>" for i in ids)

@@ -33,6 +33,7 @@ class KLResult:
     token_text: dict[int, str]  # ids named in the report -> their text
     scores: list[TokenScores] = field(repr=False)
     aa: dict[str, Any] | None = None  # --mlx-aa: {"chunk": c, "repeat": stats, "chunked": stats, "floors": {...}}
+    profile: dict[str, Any] | None = None  # the record's kl_profile: what the HTML report plots (stats.kl_profile)
 
     @property
     def mode(self) -> str:
@@ -51,6 +52,7 @@ class KLResult:
         rerun: str,
     ) -> GateRecord:
         """The plain-JSON record that rides the test report to the controller (report, DB, summary)."""
+        plots: dict[str, Any] = {"kl_profile": self.profile} if self.profile is not None else {}
         return gate_record(
             nodeid=nodeid,
             mode="aa" if self.aa is not None else "gate",
@@ -72,6 +74,7 @@ class KLResult:
             aa=self.aa,
             tokens={str(k): v for k, v in self.token_text.items()},
             rerun=rerun,
+            **plots,
         )
 
 

@@ -1,10 +1,15 @@
-"""The results history: an append-only sqlite table (quality_runs), one row per gate per run."""
+"""The results history: an append-only sqlite table (quality_runs), one row per gate per run.
+
+A row keeps its whole record (record_json) and its whole run (the run columns and config_json), so a
+run's JSON report, summary or HTML can be made again from the history alone (`mlxgate report`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +18,7 @@ from .fields import as_map, dumps, integer, interval_end, model_name, nodeid_of,
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
 
-__all__ = ["SCHEMA_VERSION", "ResultsDB", "ResultsDBError"]
+__all__ = ["SCHEMA_VERSION", "ResultsDB", "ResultsDBError", "record_of", "run_of"]
 
 #: `PRAGMA user_version` of the results database this code writes. Version 2 added the speed
 #: columns; a version-1 file gains them (ALTER TABLE ADD COLUMN: existing rows keep every value).
@@ -245,19 +250,63 @@ class ResultsDB:
                 raise
         return len(rows)
 
-    def rows(self, *, nodeid: str | None = None) -> list[dict[str, Any]]:
-        """Stored rows, oldest first (by the record's time, then insertion); one gate's with `nodeid`."""
-        sql = f"SELECT id, {', '.join(_COLUMN_NAMES)} FROM quality_runs"
-        params: tuple[str, ...] = ()
-        if nodeid is not None:
-            sql += " WHERE nodeid = ?"
-            params = (nodeid,)
+    def rows(self, *, nodeid: str | None = None, run_id: str | None = None,
+             columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Stored rows, oldest first (by the record's time, then insertion); one gate's with `nodeid`,
+        one run's with `run_id`; only `columns` (and `id`) when given."""
+        wanted = _COLUMN_NAMES if columns is None else tuple(columns)
+        unknown = set(wanted) - set(_COLUMN_NAMES)
+        if unknown:
+            raise ValueError(f"not quality_runs columns: {sorted(unknown)}")
+        sql = f"SELECT id, {', '.join(wanted)} FROM quality_runs"
+        where = [(name, value) for name, value in (("nodeid", nodeid), ("run_id", run_id)) if value is not None]
+        if where:
+            sql += " WHERE " + " AND ".join(f"{name} = ?" for name, _ in where)
         sql += " ORDER BY time, id"
         with self._connect() as conn:
             self._require_current(conn)
             conn.row_factory = sqlite3.Row
-            out = [dict(row) for row in conn.execute(sql, params)]
+            out = [dict(row) for row in conn.execute(sql, tuple(value for _, value in where))]
         for row in out:
-            if row["code_dirty"] is not None:
+            if row.get("code_dirty") is not None:
                 row["code_dirty"] = bool(row["code_dirty"])
         return out
+
+    def runs(self) -> list[dict[str, Any]]:
+        """One entry per run, oldest first (by its start, then its first row): `run_id`, `started`,
+        `code_commit`, `code_dirty`, `gates` (its row count)."""
+        sql = ("SELECT run_id, MIN(started) AS started, MIN(code_commit) AS code_commit, MAX(code_dirty) AS "
+               "code_dirty, COUNT(*) AS gates, MIN(id) AS first FROM quality_runs GROUP BY run_id "
+               "ORDER BY started, first")
+        with self._connect() as conn:
+            self._require_current(conn)
+            conn.row_factory = sqlite3.Row
+            out = [dict(row) for row in conn.execute(sql)]
+        for row in out:
+            row["code_dirty"] = None if row["code_dirty"] is None else bool(row["code_dirty"])
+            del row["first"]
+        return out
+
+
+def run_of(row: Mapping[str, Any]) -> RunInfo:
+    """The run a stored row belongs to, whole: every field of RunInfo is kept (columns and config_json)."""
+    from .records import RunInfo
+
+    try:
+        extra = json.loads(row.get("config_json") or "{}")
+    except ValueError:
+        extra = {}
+    extra = extra if isinstance(extra, dict) else {}
+    dirty = row.get("code_dirty")
+    return RunInfo(run_id=str(row["run_id"]), started=str(row["started"]), code_commit=row.get("code_commit"),
+                   code_dirty=None if dirty is None else bool(dirty), argv=list(extra.get("argv") or []),
+                   config=dict(as_map(extra.get("config"))), machine=dict(as_map(extra.get("machine"))))
+
+
+def record_of(row: Mapping[str, Any]) -> GateRecord | None:
+    """The record a row stores whole (record_json), None where it cannot be read."""
+    try:
+        record = json.loads(row.get("record_json") or "")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None  # type: ignore[return-value]  # stored from a GateRecord

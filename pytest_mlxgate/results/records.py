@@ -95,7 +95,22 @@ class GateRecord(TypedDict, total=False):
     forwards: dict[str, int]
     aa: dict[str, Any] | None
     tokens: dict[str, str]
-    # capability gates
+    # What the HTML report plots (`stats/kl_profile.py`; records from before it lack it, and the plots
+    # say "not recorded"). Capped whatever the gate's size, floats to 4 significant digits (under 16 KB):
+    #   version: 1
+    #   histogram: {decades: [-8, 2], per_decade: 4, counts: [40 ints] (bin i: [10**(lo+i/4), 10**(lo+(i+1)/4))),
+    #               zero, under, over: tokens with KL exactly 0, below 10**lo, at or above 10**hi}
+    #   by_position: per bucket of neighbouring positions (at most 128): first, last (positions), n (tokens),
+    #                median, p90 (KL over prompts), flips, near_tie_flips (top-1 changes outside / at near ties)
+    #   prompts: per prompt (at most 128; beyond that the largest means): index, mean, ci ([lo, hi], t over
+    #            floor(sqrt(T)) block means; null ends: no interval), n_tokens; total (prompts with tokens),
+    #            confidence, method
+    #   worst_context: per stats.worst entry: prompt, position, before (<= 16 tokens, <= 200 chars),
+    #                  token (the text's token there), after (<= 4 tokens, <= 200 chars)
+    kl_profile: dict[str, Any]
+    # capability gates; each task's entry also holds `flipped`: {total, items: the first 20 items whose
+    # score changed, losses first, each {id, prompt (its tail, <= 600 chars), reference, candidate:
+    # {output (<= 400 chars), score, verdict}}}
     tasks: dict[str, Any]
     skipped: dict[str, str]
     # the run's Capability Score

@@ -33,13 +33,18 @@ if TYPE_CHECKING:
     from .builder import RunContext
     from .paired import Paired, PairedRun
 
-__all__ = ["MlxgateSession", "Role", "WORKERINPUT_KEYS"]
+__all__ = ["MlxgateSession", "Role", "SHARD_DURATIONS_KEY", "SHARD_PLAN_KEY", "WORKERINPUT_KEYS"]
 
 #: workerinput keys carrying each role's ResolvedSnapshot as JSON, controller -> workers.
 WORKERINPUT_KEYS: dict[Role, str] = {
     "candidate": "mlxgate_snapshot",
     "reference": "mlxgate_reference_snapshot",
 }
+#: workerinput: the modules' recorded durations, read once by the controller (--mlx-shard), so every
+#: worker plans from the same history even when a run appends to it meanwhile.
+SHARD_DURATIONS_KEY = "mlxgate_shard_durations"
+#: workeroutput: the shard plan a worker applied, for the controller's report and summary.
+SHARD_PLAN_KEY = "mlxgate_shard_plan"
 
 
 class MlxgateSession:
@@ -78,7 +83,11 @@ class MlxgateSession:
         self.calibrations: list[dict[str, Any]] = []  # --mlx-calibrate measurements, one per gate module
         self._locations: dict[str, tuple[str, int]] = {}  # nodeid -> its test function's (path, line): annotations
         self._json_report: Path | None = None  # where this run's JSON report was written
+        self._html_report: Path | None = None  # ...and its HTML report
         self._relay: ProgressRelay | None = None  # controller under xdist: the workers' progress lines
+        self._shard_durations: dict[str, float] | None = None  # --mlx-shard: read from the history once
+        self.shard_plan: dict[str, Any] | None = None  # --mlx-shard: the plan applied (from a worker under xdist)
+        self._shard_text: str | None = None
 
     @property
     def is_worker(self) -> bool:
@@ -98,6 +107,58 @@ class MlxgateSession:
                 self.snapshot(role)
             except ModelUnavailableError as e:
                 raise pytest.UsageError(str(e)) from None
+
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """--mlx-shard I/N: keep the whole modules of shard I; the others are reported deselected."""
+        gate = self.settings.gate
+        if gate is None or gate.shard is None:
+            return
+        from .shards import module_of, plan_shards
+
+        plan = plan_shards({module_of(item.nodeid) for item in items}, self.shard_durations(), gate.shard.count)
+        keep = set(plan.modules(gate.shard))
+        selected = [item for item in items if module_of(item.nodeid) in keep]
+        deselected = [item for item in items if module_of(item.nodeid) not in keep]
+        self.shard_plan = plan.to_json(gate.shard)
+        self._shard_text = plan.describe(gate.shard)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = selected
+        if self.workerinput is not None:
+            output = getattr(config, "workeroutput", None)
+            if isinstance(output, dict):
+                output[SHARD_PLAN_KEY] = self.shard_plan
+
+    def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+        return [f"mlxgate: {self._shard_text}"] if self._shard_text and not self.is_worker else []
+
+    def shard_durations(self) -> dict[str, float]:
+        """Each module's recorded seconds (--mlx-shard balancing): shipped by the controller under xdist,
+        else read from the results DB once; none without a DB (the plan then splits by node id)."""
+        if self._shard_durations is None:
+            shipped = (self.workerinput or {}).get(SHARD_DURATIONS_KEY)
+            if isinstance(shipped, dict):
+                self._shard_durations = {str(k): float(v) for k, v in shipped.items()}
+            else:
+                self._shard_durations = self._read_shard_durations()
+        return self._shard_durations
+
+    def _read_shard_durations(self) -> dict[str, float]:
+        gate = self.settings.gate
+        if gate is None or gate.db is None or not gate.db.is_file():
+            return {}  # never create a DB just to find it empty
+        from ..results.history import ResultsDB, ResultsDBError
+        from .shards import module_durations
+
+        try:
+            rows = ResultsDB(gate.db).rows(columns=("run_id", "started", "nodeid", "total_s", "config_json"))
+        except (OSError, ResultsDBError) as e:
+            self.config.issue_config_time_warning(MlxgateWarning(
+                f"--mlx-shard: the results DB {gate.db} cannot be read ({e}); the shards split by node id, "
+                "unbalanced. Fix: --mlx-db PATH to a readable history (every shard the same file)"), 2)
+            return {}
+        return module_durations(rows)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         """`mlxgate: name → repo@commit (verified, cached) · device · BLAS`, only when in use."""
@@ -185,10 +246,15 @@ class MlxgateSession:
         if self._relay is not None:
             self._relay.close()
             self._relay = None
-        if self.is_worker or not (self.records or self.calibrations) or self.settings.gate is None:
+        if (self.shard_plan is not None and not self.shard_plan.get("modules") and not self.is_worker
+                and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.OK  # more shards than modules: an empty shard is the plan, no error
+        gate = self.settings.gate
+        sharded = gate is not None and gate.shard is not None  # a shard writes its report even when empty:
+        if self.is_worker or not (self.records or self.calibrations or sharded) or gate is None:  # merge counts it
             return
         from ..capability.base import TASK_NAMES
-        from ..results.history import ResultsDB
+        from ..results.history import ResultsDB, ResultsDBError
         from ..results.json_report import write_json_report
         from ..results.score import score_record
 
@@ -196,7 +262,6 @@ class MlxgateSession:
         if score is not None:
             self.records.append(score)
         run = self._run_info()
-        gate = self.settings.gate
         if gate.report is not None:
             try:
                 write_json_report(gate.report, run, self.records, self.calibrations)
@@ -210,21 +275,47 @@ class MlxgateSession:
         if gate.db is not None and self.records:  # a calibration alone has no verdict to keep in the history
             try:
                 rows = ResultsDB(gate.db).append(run, self.records)
-            except (OSError, MlxgateError, ValueError) as e:  # history is a by-product: warn, keep the verdict
+            except (OSError, MlxgateError, ValueError, ResultsDBError) as e:  # history is a by-product: warn
                 self.config.issue_config_time_warning(MlxgateWarning(
                     f"results DB {gate.db} not written: {e}; fix: --mlx-db PATH in a writable directory, or "
                     "--mlx-db off"), 2)
             else:
                 self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
+        if gate.html is not None and self.records:
+            self._write_html(gate.html, run, gate.db)
         summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary_path and self.records:
             self._write_step_summary(Path(summary_path))
+
+    def _write_html(self, path: Path, run: RunInfo, db: Path | None) -> None:
+        """The HTML report, with each gate's history from the results DB (this run's rows included)."""
+        from ..results.fields import nodeid_of
+        from ..results.history import ResultsDBError
+        from ..results.html_report import history_rows, write_html_report
+
+        history = None
+        if db is not None:
+            try:
+                history = history_rows(db, (nodeid_of(r) for r in self.records))
+            except (OSError, ResultsDBError, ValueError):
+                history = {}  # the DB already warned, or is unreadable: the report shows no sparklines
+        try:
+            write_html_report(path, self.records, history=history, run=run)
+        except OSError as e:
+            self.config.issue_config_time_warning(MlxgateWarning(
+                f"HTML report {path} not written: {e.strerror or e}; fix: --mlx-html PATH in a writable "
+                "directory"), 2)
+        else:
+            self._written.append(f"mlxgate: HTML report → {path}")
+            self._html_report = path
 
     def _write_step_summary(self, path: Path) -> None:
         """Append the run's job summary to GitHub's file, within what is left of its 1 MiB."""
         from ..results.github import STEP_SUMMARY_LIMIT, step_summary
 
         reports = [("JSON report", str(self._json_report))] if self._json_report is not None else []
+        if self._html_report is not None:
+            reports.append(("HTML report", str(self._html_report)))
         xml = _junit_xml(self.config)
         if xml is not None and getattr(xml, "logfile", None):
             reports.append(("JUnit XML", str(xml.logfile)))
@@ -256,6 +347,8 @@ class MlxgateSession:
             "offline": self.settings.offline,
             "gate": {k: (str(v) if v is not None else None) for k, v in vars(gate).items()} if gate else None,
         }
+        if self.shard_plan is not None:
+            config["shard"] = self.shard_plan
         versions = installed_versions(("mlx", "mlx-lm"))
         machine = {"device": device, "blas": blas, "mlx": versions["mlx"], "mlx_lm": versions["mlx-lm"],
                    "python": sys.version.split()[0], "platform": platform.platform()}
@@ -453,10 +546,18 @@ class MlxgateSession:
         if self._relay is None and self.settings.in_use:
             self._relay = ProgressRelay(self._say_from_thread)
         payload: dict[str, Any] = {WORKERINPUT_KEYS[r]: s.to_json() for r, s in self._resolved.items()}
+        if self.settings.gate is not None and self.settings.gate.shard is not None:
+            payload[SHARD_DURATIONS_KEY] = self.shard_durations()
         if self._relay is not None:
             payload[RELAY_KEY] = str(self._relay.directory)
             payload[LIVE_KEY] = self._live()
         return payload
+
+    def worker_done(self, output: dict[str, Any]) -> None:
+        """A worker's workeroutput (xdist's testnodedown): the shard plan it applied, for the report."""
+        plan = output.get(SHARD_PLAN_KEY)
+        if self.shard_plan is None and isinstance(plan, dict):
+            self.shard_plan = plan
 
     def _say_from_thread(self, text: str) -> None:
         """The relay's writer: the reporter directly (capture belongs to the main thread)."""

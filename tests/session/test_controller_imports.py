@@ -2,7 +2,7 @@
 
 A real `-n 2` run through pytester whose gates publish a KL record and a capability record, so the
 controller goes through every path it has (header, records, Capability Score, summary, JSON
-report, sqlite history); a plugin in the run records what the controller had imported at the end.
+report, sqlite history, HTML report); a plugin in the run records what the controller had imported at the end.
 """
 
 from __future__ import annotations
@@ -62,14 +62,29 @@ def test_the_xdist_controller_imports_neither_numpy_nor_mlx(pytester: pytest.Pyt
     pytester.makeconftest(_CONFTEST)
     pytester.makepyfile(test_gates=_GATES)
     report, db = tmp_path / "report.json", tmp_path / "results.sqlite"
+    from pytest_mlxgate.results.history import ResultsDB
+    from pytest_mlxgate.results.records import RunInfo
+
+    earlier = RunInfo(run_id="e" * 32, started="2026-11-30T00:00:00Z", code_commit=None, code_dirty=None, argv=[],
+                      config={}, machine={})
+    row = {"nodeid": "test_gates.py::test_drift", "gate": "g", "mode": "gate", "verdict": "pass",
+           "time": "2026-11-30T00:00:00Z", "durations": {"total_s": 3.0}}
+    ResultsDB(db).append(earlier, [row])  # type: ignore[list-item]
+    # --mlx-shard 1/1: the controller reads the history's durations and ships them to the workers
     result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", f"--mlx-candidate={model}",
-                                           f"--mlx-report={report}", f"--mlx-db={db}")
+                                           f"--mlx-report={report}", f"--mlx-db={db}", "--mlx-shard=1/1",
+                                           f"--mlx-html={tmp_path / 'report.html'}")
     result.assert_outcomes(passed=2)
     assert json.loads(out.read_text()) == []  # what the controller imported
     # ...while it did all of its work: the summary, the Capability Score, the report and the history
     result.stdout.fnmatch_lines(["*mlxgate: *model*", "Capability Score*mmlu*50.0% → 50.0%*",
                                  "*test_gates::test_capability*"])
-    gates = {g["nodeid"]: g for g in json.loads(report.read_text())["gates"]}
+    doc = json.loads(report.read_text())
+    shard = doc["run"]["config"]["shard"]  # the plan a worker applied, back through workeroutput
+    assert (shard["index"], shard["count"], shard["modules"], shard["timed"]) == (1, 1, ["test_gates.py"], 1)
+    gates = {g["nodeid"]: g for g in doc["gates"]}
     assert gates["mlxgate::capability_score"]["capability_score"]["candidate"] == 0.5
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM quality_runs").fetchone()[0] == 3
+        assert conn.execute("SELECT COUNT(*) FROM quality_runs").fetchone()[0] == 1 + 3
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")  # the HTML report, its SVG and the history
+    assert 'data-plot="capability-scores"><svg' in page and '<svg class="plot spark"' in page

@@ -1,0 +1,550 @@
+"""`mlxgate history | compare | report | merge`: the results history and JSON reports, read from the shell.
+
+A RUN is a run id (or a unique prefix of one), `latest`, `latest~N` (N runs before it) from the results
+DB, or the path of a JSON report (--mlx-report). A GATE is a node id, or the end of one after a `/` or
+`::` (`test_kv.py::test_drift`, `test_drift`, `test_kv.py`), or a gate's name as the summary shows it.
+The DB is the plugin's default (.mlxgate/results.sqlite under the rootdir pytest would use here)
+unless --db says otherwise.
+
+Exit status, for scripts: 0 ok; 1 the answer is a failure where that is the question (compare: a
+gate went from pass to fail; merge: the merged run has a failing gate); 2 bad usage, or nothing to
+read (no DB, no such run or gate, reports that cannot be merged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..common.format import DASH, percent_distinct
+from .fields import as_map, integer, interval_end, nodeid_of, real
+from .records import GateRecord, RunInfo
+
+__all__ = ["COMMANDS", "CliError", "EXIT_FOUND", "EXIT_OK", "EXIT_USAGE", "Source", "add_parsers", "compare_lines",
+           "history_lines", "key_figures", "main", "match_gates", "resolve_run"]
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+#: Runs per gate `mlxgate history` shows unless --last says otherwise.
+DEFAULT_LAST = 20
+
+
+class CliError(Exception):
+    """What to tell the user (exit 2): what was wrong and what to type instead."""
+
+
+# --- where results come from -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """One run's results: from the DB or from a JSON report."""
+
+    label: str  # the report's path, or "results DB"
+    run: RunInfo
+    records: list[GateRecord]
+    calibrations: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _db_path(given: Path | None) -> Path:
+    if given is not None:
+        return given
+    from ..config.settings import default_db, find_rootdir
+
+    return default_db(find_rootdir(Path.cwd()))
+
+
+def _open_db(given: Path | None) -> Any:
+    from .history import ResultsDB, ResultsDBError
+
+    path = _db_path(given)
+    if not path.is_file():
+        where = "--db" if given is not None else "the default: .mlxgate/results.sqlite under pytest's rootdir here"
+        raise CliError(f"no results history at {path} ({where}); run the gates first (pytest gates/), or pass "
+                       "--db PATH (the file --mlx-db wrote)")
+    try:
+        return ResultsDB(path)
+    except ResultsDBError as e:
+        raise CliError(str(e)) from None
+
+
+def _short(run_id: str) -> str:
+    return run_id[:8]
+
+
+def resolve_run(runs: Sequence[Mapping[str, Any]], spec: str) -> Mapping[str, Any]:
+    """The run `spec` names among `runs` (oldest first): `latest`, `latest~N`, or a run id prefix."""
+    if not runs:
+        raise CliError("the results history has no runs yet: run the gates first (pytest gates/)")
+    text = spec.strip().lower()
+    if text == "latest" or text.startswith("latest~"):
+        back_text = text.removeprefix("latest").removeprefix("~") or "0"
+        if not back_text.isdigit():
+            raise CliError(f"'{spec}' is not a run: write latest, latest~1 (the run before), ... or a run id")
+        back = int(back_text)
+        if back >= len(runs):
+            raise CliError(f"'{spec}': the history holds {len(runs)} run(s), so latest~{len(runs) - 1} is the oldest")
+        return runs[len(runs) - 1 - back]
+    found = [r for r in runs if str(r["run_id"]).lower().startswith(text)] if text else []
+    if len(found) == 1:
+        return found[0]
+    recent = ", ".join(f"{_short(str(r['run_id']))} ({r['started']})" for r in list(runs)[-5:][::-1])
+    if not found:
+        raise CliError(f"no run '{spec}' in the results history; the latest: {recent} (mlxgate history lists them)")
+    raise CliError(f"'{spec}' starts {len(found)} run ids: "
+                   + ", ".join(_short(str(r["run_id"])) for r in found) + "; give more of it")
+
+
+def _looks_like_report(spec: str) -> bool:
+    return spec.endswith(".json") or Path(spec).is_file()
+
+
+def load_source(spec: str, db: Path | None) -> Source:
+    """A run from the DB (id, prefix, latest, latest~N) or from a JSON report's path."""
+    if _looks_like_report(spec):
+        from .merge import MergeError, read_report
+
+        try:
+            report = read_report(Path(spec))
+        except MergeError as e:
+            raise CliError(str(e)) from None
+        return Source(spec, report.run, report.gates, report.calibrations)
+    from .history import record_of, run_of
+
+    results = _open_db(db)
+    entry = resolve_run(results.runs(), spec)
+    rows = sorted(results.rows(run_id=str(entry["run_id"])), key=lambda r: int(r["id"]))  # in the order written
+    records = [r for r in (record_of(row) for row in rows) if r is not None]
+    return Source("results DB", run_of(rows[0]), records)
+
+
+# --- the figures a line shows ----------------------------------------------------------------------
+
+
+def _longest_context(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    contexts = as_map(as_map(record.get("speed")).get("contexts"))
+    lengths = {c: int(c) for c in contexts if str(c).isdigit()}
+    return as_map(contexts[max(lengths, key=lengths.__getitem__)]) if lengths else {}
+
+
+def key_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What history and compare show of a record: verdict, mean KL with its interval, top-1 with its lower
+    bound, capability per task (reference and candidate), decode/prefill/KV ratios at the longest context."""
+    stats = as_map(record.get("stats"))
+    ctx = _longest_context(record)
+    tasks: dict[str, tuple[float | None, float | None]] = {}
+    for task, info in sorted(as_map(record.get("tasks")).items()):
+        tasks[str(task)] = (real(as_map(info).get("ref_score")), real(as_map(info).get("cand_score")))
+    score = as_map(record.get("capability_score"))
+    if score:
+        tasks["score"] = (real(score.get("reference")), real(score.get("candidate")))
+    kv = real(as_map(ctx.get("kv")).get("ratio"))
+    ref_kv, cand_kv = integer(as_map(ctx.get("reference")).get("kv_bytes")), integer(
+        as_map(ctx.get("candidate")).get("kv_bytes"))
+    if kv is None and ref_kv and cand_kv is not None:
+        kv = cand_kv / ref_kv
+    top1_key = "top1" if "top1" in stats else "same_top"
+    return {
+        "verdict": str(record.get("verdict") or DASH),
+        "kl": (real(stats.get("mean")), interval_end(stats.get("mean_ci"), 0), interval_end(stats.get("mean_ci"), 1)),
+        "top1": (real(stats.get(top1_key)), interval_end(stats.get(f"{top1_key}_ci"), 0)),
+        "tasks": tasks,
+        "decode": _ratio(ctx.get("decode")),
+        "prefill": _ratio(ctx.get("prefill")),
+        "kv": kv,
+        "context": integer(ctx.get("context")),
+    }
+
+
+def _ratio(estimate: Any) -> tuple[float | None, float | None, float | None]:
+    e = as_map(estimate)
+    return real(e.get("ratio")), interval_end(e.get("ratio_ci"), 0), interval_end(e.get("ratio_ci"), 1)
+
+
+def _kl(x: float | None) -> str:
+    return DASH if x is None else "0" if x == 0 else f"{x:.1e}"
+
+
+def _pct(x: float | None) -> str:
+    return DASH if x is None else percent_distinct(x)
+
+
+def _times(x: float | None, digits: int = 2) -> str:
+    return DASH if x is None else f"×{x:.{digits}f}"
+
+
+def _kl_interval(kl: tuple[float | None, float | None, float | None]) -> str:
+    mean, lo, hi = kl
+    if mean is None:
+        return DASH
+    return f"{_kl(mean)} [{_kl(lo)}, {_kl(hi)}]" if lo is not None or hi is not None else _kl(mean)
+
+
+def _ratio_interval(r: tuple[float | None, float | None, float | None]) -> str:
+    value, lo, hi = r
+    if value is None:
+        return DASH
+    return f"×{value:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else f"×{value:.2f}"
+
+
+def _task_pair(pair: tuple[float | None, float | None]) -> str:
+    return f"{_pct(pair[0])} → {_pct(pair[1])}"
+
+
+def _commit(run: Mapping[str, Any] | RunInfo) -> str:
+    commit = run.code_commit if isinstance(run, RunInfo) else run.get("code_commit")
+    dirty = run.code_dirty if isinstance(run, RunInfo) else run.get("code_dirty")
+    return (str(commit)[:7] if commit else "no git") + ("+" if dirty else "")
+
+
+def _when(iso: Any) -> str:
+    text = str(iso or "")
+    return text.replace("T", " ").removesuffix("Z")[:16] if text else DASH
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Aligned columns; a column no row fills is left out."""
+    keep = [i for i in range(len(header)) if i < 4 or any(row[i] != DASH for row in rows)]
+    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in keep]
+    return [(indent + "  ".join(cells[i].ljust(w) for i, w in zip(keep, widths))).rstrip()
+            for cells in [header, *rows]]
+
+
+# --- history ---------------------------------------------------------------------------------------
+
+
+def match_gates(nodeids: Sequence[str], pattern: str, names: Mapping[str, str] | None = None) -> list[str]:
+    """The node ids `pattern` names: the whole id, its end after `/` or `::`, its module, or its gate name."""
+    p = pattern.strip()
+    out = []
+    for nodeid in nodeids:
+        module = nodeid.split("::", 1)[0]
+        if (nodeid == p or nodeid.endswith(("/" + p, "::" + p)) or module == p or module.endswith("/" + p)
+                or (names or {}).get(nodeid) == p):
+            out.append(nodeid)
+    return out
+
+
+def history_lines(rows: Sequence[Mapping[str, Any]], *, last: int | None) -> list[str]:
+    """Per gate (node id order), its last `last` runs oldest first: when, run, commit and its key figures."""
+    from .history import record_of
+
+    by_gate: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_gate.setdefault(str(row["nodeid"]), []).append(row)
+    lines: list[str] = []
+    header = ("when (UTC)", "run", "commit", "verdict", "mean KL [95% interval]", "top-1 (lower)",
+              "capability ref → cand", "decode", "KV")
+    for nodeid in sorted(by_gate):
+        entries = by_gate[nodeid][-last:] if last else by_gate[nodeid]
+        table = []
+        for row in entries:
+            f = key_figures(record_of(row) or {})
+            top1, top1_lo = f["top1"]
+            table.append((
+                _when(row.get("time")), _short(str(row["run_id"])), _commit(row), f["verdict"],
+                _kl_interval(f["kl"]),
+                DASH if top1 is None else f"{_pct(top1)} ({_pct(top1_lo)})",
+                ", ".join(f"{t} {_task_pair(p)}" for t, p in f["tasks"].items()) or DASH,
+                _ratio_interval(f["decode"]), _times(f["kv"], 3),
+            ))
+        shown = f"last {len(entries)} of {len(by_gate[nodeid])} runs" if len(entries) < len(by_gate[nodeid]) else (
+            f"{len(entries)} run{'s' if len(entries) != 1 else ''}")
+        lines.append(f"{nodeid}  ({shown})")
+        lines.extend(_table(header, table))
+    return lines
+
+
+def _history(args: argparse.Namespace) -> int:
+    results = _open_db(args.db)
+    columns = ("run_id", "time", "started", "nodeid", "gate", "verdict", "code_commit", "code_dirty", "record_json")
+    if args.gate is None:
+        rows = results.rows(columns=columns)
+    else:
+        nodeids: dict[str, str] = {}
+        for row in results.rows(columns=("nodeid", "gate")):
+            nodeids[str(row["nodeid"])] = str(row["gate"] or "")
+        wanted = match_gates(sorted(nodeids), args.gate, nodeids)
+        if not wanted:
+            known = ", ".join(sorted(nodeids)[:12]) + (" ..." if len(nodeids) > 12 else "")
+            raise CliError(f"no gate '{args.gate}' in the results history ({_db_path(args.db)}); its gates: "
+                           f"{known or 'none'}. Give a node id or its end, e.g. test_kv.py::test_drift")
+        rows = [row for nodeid in wanted for row in results.rows(nodeid=nodeid, columns=columns)]
+    if not rows:
+        raise CliError(f"the results history {_db_path(args.db)} has no rows yet: run the gates first")
+    for line in history_lines(rows, last=args.last or None):
+        print(line)
+    return EXIT_OK
+
+
+# --- compare ---------------------------------------------------------------------------------------
+
+
+def _delta(a: float | None, b: float | None, fmt: Callable[[float], str]) -> str:
+    return "" if a is None or b is None else f"   Δ {fmt(b - a)}"
+
+
+def _gate_change(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    fa, fb = key_figures(a), key_figures(b)
+    out: list[tuple[str, str]] = []
+    ka, kb = fa["kl"][0], fb["kl"][0]
+    if ka is not None or kb is not None:
+        times = f" (×{kb / ka:.3g})" if ka and kb is not None else ""
+        out.append(("mean KL", f"{_kl_interval(fa['kl'])} → {_kl_interval(fb['kl'])}"
+                               + _delta(ka, kb, lambda d: "0" if d == 0 else f"{d:+.1e}") + times))
+    if fa["top1"][0] is not None or fb["top1"][0] is not None:
+        out.append(("top-1", f"{_pct(fa['top1'][0])} → {_pct(fb['top1'][0])}"
+                             + _delta(fa["top1"][0], fb["top1"][0], lambda d: f"{100 * d:+.1f} points")))
+    for task in sorted(set(fa["tasks"]) | set(fb["tasks"])):
+        pa, pb = fa["tasks"].get(task, (None, None)), fb["tasks"].get(task, (None, None))
+        da = pa[1] - pa[0] if pa[0] is not None and pa[1] is not None else None
+        db = pb[1] - pb[0] if pb[0] is not None and pb[1] is not None else None
+        out.append((task, f"ref → cand {_task_pair(pa)} vs {_task_pair(pb)}"
+                          + _delta(da, db, lambda d: f"cand − ref {100 * d:+.1f} points")))
+    for name in ("decode", "prefill"):
+        ra, rb = fa[name], fb[name]
+        if ra[0] is not None or rb[0] is not None:
+            out.append((name, f"{_ratio_interval(ra)} → {_ratio_interval(rb)}"
+                        + _delta(ra[0], rb[0], "{:+.2f}".format)))
+    if fa["kv"] is not None or fb["kv"] is not None:
+        out.append(("KV", f"{_times(fa['kv'], 3)} → {_times(fb['kv'], 3)}"
+                    + _delta(fa["kv"], fb["kv"], "{:+.3f}".format)))
+    width = max((len(name) for name, _ in out), default=0)
+    return [f"  {name.ljust(width)}  {text}" for name, text in out]
+
+
+def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
+    """The change from run A to run B per gate; and the regressions (gates that went from pass to fail)."""
+    ra = {nodeid_of(r): r for r in a.records}
+    rb = {nodeid_of(r): r for r in b.records}
+    lines = [f"{side}: run {_short(s.run.run_id)}  started {_when(s.run.started)}  commit {_commit(s.run)}  "
+             f"{len(s.records)} gates  ({s.label})" for side, s in (("A", a), ("B", b))]
+    regressions: list[str] = []
+    changed = 0
+    for nodeid in sorted(set(ra) & set(rb)):
+        va, vb = str(ra[nodeid].get("verdict")), str(rb[nodeid].get("verdict"))
+        verdict = va if va == vb else f"{va} → {vb}"
+        if va != vb:
+            changed += 1
+        if va == "pass" and vb == "fail":
+            regressions.append(nodeid)
+            verdict += "  REGRESSION"
+        lines.append(f"{nodeid}  {verdict}")
+        lines.extend(_gate_change(ra[nodeid], rb[nodeid]))
+    for side, only in (("A", sorted(set(ra) - set(rb))), ("B", sorted(set(rb) - set(ra)))):
+        if only:
+            lines.append(f"only in {side}: " + ", ".join(f"{n} ({(ra if side == 'A' else rb)[n].get('verdict')})"
+                                                       for n in only))
+    both = len(set(ra) & set(rb))
+    lines.append(f"{both} gate(s) in both runs, {changed} changed verdict; "
+                 + (f"{len(regressions)} regression(s) (pass → fail): {', '.join(regressions)}" if regressions
+                    else "no regression (pass → fail)"))
+    return lines, regressions
+
+
+def _compare(args: argparse.Namespace) -> int:
+    a, b = load_source(args.run_a, args.db), load_source(args.run_b, args.db)
+    lines, regressions = compare_lines(a, b)
+    for line in lines:
+        print(line)
+    return EXIT_FOUND if regressions else EXIT_OK
+
+
+# --- report and merge ------------------------------------------------------------------------------
+
+
+def _width() -> int:
+    return shutil.get_terminal_size((120, 24)).columns
+
+
+def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord]) -> list[str]:
+    from .summary import summary_lines
+
+    shard = as_map(run.config.get("shard"))
+    head = (f"mlxgate run {_short(run.run_id)} · started {_when(run.started)} · commit {_commit(run)} · "
+            f"{len(records)} gate record(s)" + (f" · shard {shard.get('index')}/{shard.get('count')}" if shard else "")
+            + (f" · merged from {len(run.config['merged'])} reports" if isinstance(run.config.get("merged"), list)
+               else "")
+            + (f" · from {source.label}" if source is not None else ""))
+    return [head, *summary_lines(records, width=_width())] if records else [head, "(no gate records)"]
+
+
+def _write_outputs(args: argparse.Namespace, run: RunInfo, records: Sequence[GateRecord],
+                   calibrations: Sequence[Mapping[str, Any]],
+                   history: Callable[[], Mapping[str, Sequence[Mapping[str, Any]]] | None]) -> list[str]:
+    """--json, --html: written atomically; returns the lines saying where. `history` gives the HTML
+    report's sparklines (called only for it)."""
+    from .json_report import write_json_report
+
+    said = []
+    if args.json is not None:
+        try:
+            write_json_report(args.json, run, records, calibrations)
+        except OSError as e:
+            raise _Failed(f"JSON report {args.json} not written: {e.strerror or e}") from None
+        said.append(f"mlxgate: JSON report → {args.json}")
+    if args.html is not None:
+        try:
+            from .html_report import write_html_report
+        except ImportError:  # pragma: no cover - a build without the renderer
+            raise CliError("this pytest-mlxgate has no HTML report renderer: leave out --html; --json writes the "
+                           "JSON report") from None
+        try:
+            write_html_report(args.html, records, history=history(), run=run)
+        except OSError as e:
+            raise _Failed(f"HTML report {args.html} not written: {e.strerror or e}") from None
+        said.append(f"mlxgate: HTML report → {args.html}")
+    return said
+
+
+class _Failed(Exception):
+    """An output could not be written (exit 1, as for `mlxgate get`); the message says which and why."""
+
+
+def _history_until(db: Path | None, records: Sequence[GateRecord], until: str | None
+                   ) -> dict[str, list[dict[str, Any]]] | None:
+    """Each gate's rows in the DB (--db, else the default) for the HTML report's sparklines: up to run
+    `until` and including it where the DB has it (a report rendered again shows the history as it stood
+    then), else the latest rows; None without a DB."""
+    from .history import ResultsDB, ResultsDBError
+    from .html_report import HISTORY_RUNS
+
+    path = _db_path(db)
+    if not path.is_file():
+        return None
+    try:
+        results = ResultsDB(path)
+        out = {}
+        for nodeid in sorted({nodeid_of(r) for r in records}):
+            rows = results.rows(nodeid=nodeid)
+            if until is not None:
+                ends = [i for i, row in enumerate(rows) if row["run_id"] == until]
+                rows = rows[: ends[-1] + 1] if ends else rows
+            out[nodeid] = rows[-HISTORY_RUNS:]
+    except (OSError, ResultsDBError):
+        return None  # sparklines are a by-product: the report goes on without them
+    return out
+
+
+def _report(args: argparse.Namespace) -> int:
+    source = load_source(args.run, args.db)
+    for line in _summary(source, source.run, source.records):
+        print(line)
+
+    def history() -> dict[str, list[dict[str, Any]]] | None:
+        return _history_until(args.db, source.records, source.run.run_id)
+
+    for line in _write_outputs(args, source.run, source.records, source.calibrations, history):
+        print(line)
+    return EXIT_OK
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .merge import MergeError, merge_reports, read_report
+
+    try:
+        merged = merge_reports([read_report(p) for p in args.reports])
+    except MergeError as e:
+        raise CliError(str(e)) from None
+    for note in merged.notes:
+        print(f"mlxgate merge: {note}", file=sys.stderr)
+    for line in _summary(None, merged.run, merged.records):
+        print(line)
+    if args.db is not None:  # first: the HTML report's sparklines then end at the merged run
+        print(_append(args.db, merged.run, merged.records))
+
+    def history() -> dict[str, list[dict[str, Any]]] | None:
+        return _history_until(args.db, merged.records, merged.run.run_id)
+
+    for line in _write_outputs(args, merged.run, merged.records, merged.calibrations, history):
+        print(line)
+    policy = str(as_map(merged.run.config.get("gate")).get("inconclusive") or "fail")
+    failing = {"fail", "error"} | ({"inconclusive"} if policy == "fail" else set())
+    failed = [nodeid_of(r) for r in merged.records if r.get("verdict") in failing]
+    if failed:
+        print(f"mlxgate merge: {len(failed)} gate(s) failing: {', '.join(failed)}", file=sys.stderr)
+    return EXIT_FOUND if failed else EXIT_OK
+
+
+def _append(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> str:
+    from .history import ResultsDB, ResultsDBError
+
+    try:
+        results = ResultsDB(path)
+        if any(r["run_id"] == run.run_id for r in results.runs()):
+            return f"mlxgate: run {_short(run.run_id)} is already in {path} (these reports were merged before)"
+        rows = results.append(run, records)
+    except (OSError, ResultsDBError) as e:
+        raise _Failed(f"results DB {path} not written: {e}") from None
+    return f"mlxgate: {rows} row(s) → {path} (quality_runs), run {_short(run.run_id)}"
+
+
+# --- the parsers -----------------------------------------------------------------------------------
+
+
+def _last_arg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (every run) or more, got {n}")
+    return n
+
+
+_RUN_HELP = "a run id or its prefix, latest, latest~N, or a JSON report's path"
+_DB_HELP = "the results DB (default: .mlxgate/results.sqlite under the rootdir, as pytest's mlxgate writes it)"
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The four commands' parsers, on `mlxgate`'s subcommands."""
+    help_ = "each gate's key figures run by run: verdict, mean KL, top-1, capability, decode and KV ratios"
+    p = sub.add_parser("history", help=help_, description=help_)
+    p.add_argument("gate", metavar="GATE", nargs="?", help="a node id or its end (test_kv.py::test_drift, "
+                   "test_kv.py); default: every gate")
+    p.add_argument("--last", metavar="N", type=_last_arg, default=DEFAULT_LAST,
+                   help=f"the last N runs of each gate (default {DEFAULT_LAST}; 0: all)")
+    p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
+
+    help_ = "what changed per gate from run A to run B; exit 1 when a gate went from pass to fail"
+    p = sub.add_parser("compare", help=help_, description=help_)
+    p.add_argument("run_a", metavar="RUN_A", help=_RUN_HELP)
+    p.add_argument("run_b", metavar="RUN_B", help=_RUN_HELP)
+    p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
+
+    help_ = "a stored run again: its summary table, its JSON report, its HTML report"
+    p = sub.add_parser("report", help=help_, description=help_)
+    p.add_argument("run", metavar="RUN", help=_RUN_HELP)
+    p.add_argument("--json", metavar="PATH", type=Path, help="write the run's JSON report here")
+    p.add_argument("--html", metavar="PATH", type=Path, help="write the run's HTML report here (with each gate's "
+                   "history up to that run, from the DB)")
+    p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
+
+    help_ = ("join shard reports (--mlx-shard I/N) into one run: its summary, JSON, HTML, DB rows; the worst "
+             "verdict of a gate wins; exit 1 when a gate fails")
+    p = sub.add_parser("merge", help=help_, description=help_)
+    p.add_argument("reports", metavar="REPORT", nargs="+", type=Path, help="the shards' JSON reports (--mlx-report)")
+    p.add_argument("--json", metavar="OUT", type=Path, help="write the merged JSON report here")
+    p.add_argument("--html", metavar="OUT", type=Path, help="write the merged HTML report here")
+    p.add_argument("--db", metavar="PATH", type=Path, help="append the merged run to this results DB (default: none; "
+                   "the shards may have written their own rows already)")
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "history": _history, "compare": _compare, "report": _report, "merge": _merge}
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run one of COMMANDS; errors the user can fix are one line on stderr."""
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as e:
+        print(f"mlxgate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except _Failed as e:
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FOUND

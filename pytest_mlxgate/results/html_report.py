@@ -1,0 +1,900 @@
+"""The HTML report (`--mlx-html PATH`): one self-contained file, a section per gate, plots as inline SVG.
+
+`html_report(records, history=, run=)` is a pure function of stored data (the records, the results
+history's rows), so a report can be rendered again from a JSON report or the DB. Per gate: the verdict
+table; for KL gates the histogram (log x), KL by position (median and p90 over prompts), top-1 flips
+against near ties, each prompt's mean KL with its interval, the worst tokens in their context; for
+capability gates each task's scores and drop with intervals and the flipped items (prompt, both
+outputs); speed and memory with intervals; the gate's history over commits as a sparkline. A plot
+whose data an older record lacks says "not recorded".
+
+No network: no script, no external stylesheet, font or image, and a Content-Security-Policy that
+forbids loading anything (`default-src 'none'`), so a browser opening the file fetches nothing. Every
+text from a record is escaped. Standard library only (the xdist controller renders it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..common.atomic import atomic_write_bytes
+from ..common.format import DASH, format_bytes, format_duration, percent
+from .fields import as_map, check_interval, integer, model_name, nodeid_of, real
+from .summary import format_limit, format_value, n_parts
+from .svg import Figure, esc, message, sparkline
+from .verdicts import check_verdict
+
+if TYPE_CHECKING:
+    from .records import GateRecord, RunInfo
+
+__all__ = ["HISTORY_RUNS", "MAX_FLIPPED_SHOWN", "MAX_POINTS", "PLOTS", "history_rows", "html_report",
+           "write_html_report"]
+
+#: The runs of a gate a sparkline shows: the latest, oldest first.
+HISTORY_RUNS = 30
+#: A plot draws at most this many points per series, whatever a record holds (records cap theirs too).
+MAX_POINTS = 256
+#: Flipped capability items shown per task.
+MAX_FLIPPED_SHOWN = 20
+_TEXT_CHARS = 1200  # a prompt or an output shown: clipped beyond this
+
+#: The plots (`data-plot` of each `<figure>`) a gate's section holds, by what the record carries.
+PLOTS = {
+    "kl": ("kl-histogram", "kl-by-position", "top1-flips", "kl-per-prompt"),
+    "capability": ("capability-scores", "capability-drop"),
+    "speed": ("speed-ratios", "memory"),
+    "history": ("history",),
+}
+
+_NOT_RECORDED = "not recorded (a record from before this plot's data was kept)"
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+# -- the page ------------------------------------------------------------------------------------
+
+
+def html_report(records: Sequence[GateRecord], *, history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                run: RunInfo | Mapping[str, Any] | None = None, title: str = "mlxgate report") -> str:
+    """The report as one HTML document. `history`: per node id, the results DB's rows of that gate, oldest
+    first (`history_rows`); None when the DB is off. `run`: the run's `RunInfo` (or its dict)."""
+    run_info = run.to_dict() if hasattr(run, "to_dict") else dict(run or {})  # type: ignore[union-attr]
+    ordered = sorted(records, key=lambda r: (r.get("mode") == "score", _SEVERITY.get(str(r.get("verdict")), 3),
+                                             nodeid_of(r)))
+    gates = [r for r in ordered if r.get("mode") != "score"]
+    body = [f"<header><h1>{esc(title)}</h1>{_run_line(run_info)}{_tally(gates)}</header>"]
+    if ordered:
+        body.append(_contents(ordered))
+    speeds_shown: dict[str, str] = {}
+    for i, record in enumerate(ordered):
+        body.append(_gate_section(record, f"g{i}", history, run_info, speeds_shown))
+    if not ordered:
+        body.append("<p class=\"note\">No gate records in this run.</p>")
+    body.append("<footer>Written by pytest-mlxgate. Intervals are 95% unless a table says otherwise; hover a "
+                "point or bar for its figures.</footer>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_html_report(path: Path, records: Sequence[GateRecord], *,
+                      history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                      run: RunInfo | Mapping[str, Any] | None = None) -> None:
+    """Write the report atomically (readers see the old file or the whole new one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = html_report(records, history=history, run=run).encode("utf-8")
+    atomic_write_bytes(path, data, new_mode=0o644)  # a report is for everyone, not mkstemp's 0600
+
+
+def history_rows(db: Path, nodeids: Iterable[str], *, last: int = HISTORY_RUNS) -> dict[str, list[dict[str, Any]]]:
+    """Per node id, its latest `last` rows of the results DB (oldest first); {} when there is no DB file."""
+    from .history import ResultsDB
+
+    if not Path(db).is_file():
+        return {}
+    results = ResultsDB(db)
+    return {nodeid: results.rows(nodeid=nodeid)[-last:] for nodeid in sorted(set(nodeids))}
+
+
+_SEVERITY = {"fail": 0, "error": 0, "inconclusive": 1, "pass": 2}
+_LABEL = {"fail": "FAIL", "error": "ERROR", "inconclusive": "INCONCLUSIVE", "pass": "pass", "skipped": "skipped"}
+
+
+def _verdict_badge(verdict: Any) -> str:
+    v = str(verdict or "measured")
+    return f'<span class="badge v-{esc(v)}">{esc(_LABEL.get(v, v))}</span>'
+
+
+def _run_line(run: Mapping[str, Any]) -> str:
+    if not run:
+        return ""
+    machine = as_map(run.get("machine"))
+    commit = run.get("code_commit")
+    parts = [f"run {esc(str(run.get('run_id') or DASH)[:12])}", f"started {esc(run.get('started') or DASH)}",
+             "code " + (f"<code>{esc(str(commit)[:12])}</code>" + (" (dirty)" if run.get("code_dirty") else "")
+                        if commit else "not in git")]
+    parts += [f"{esc(k)} {esc(machine[k])}" for k in ("device", "blas", "mlx", "mlx_lm", "python") if machine.get(k)]
+    return f'<p class="run">{" · ".join(parts)}</p>'
+
+
+def _tally(gates: Sequence[GateRecord]) -> str:
+    counts: dict[str, int] = {}
+    for r in gates:
+        counts[str(r.get("verdict"))] = counts.get(str(r.get("verdict")), 0) + 1
+    items = " ".join(f"{_verdict_badge(v)} {n}" for v, n in sorted(counts.items(),
+                                                                  key=lambda kv: (_SEVERITY.get(kv[0], 3), kv[0])))
+    return f'<p class="tally">{len(gates)} gate{"s" if len(gates) != 1 else ""}: {items or "none"}</p>'
+
+
+def _contents(records: Sequence[GateRecord]) -> str:
+    rows = "".join(
+        f'<tr><td><a href="#g{i}">{esc(r.get("gate") or nodeid_of(r))}</a></td><td>{esc(r.get("mode") or DASH)}</td>'
+        f'<td>{_verdict_badge(r.get("verdict"))}</td><td>{esc(" · ".join(n_parts(r)) or DASH)}</td></tr>'
+        for i, r in enumerate(records))
+    return ('<nav><table class="contents"><thead><tr><th>gate</th><th>mode</th><th>verdict</th><th>n</th></tr>'
+            f"</thead><tbody>{rows}</tbody></table></nav>")
+
+
+def _figure(name: str, caption: str, svg: str) -> str:
+    return f'<figure class="plot" data-plot="{esc(name)}">{svg}<figcaption>{caption}</figcaption></figure>'
+
+
+# -- one gate ------------------------------------------------------------------------------------
+
+
+def _gate_section(record: GateRecord, anchor: str, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+                  run: Mapping[str, Any], speeds_shown: dict[str, str]) -> str:
+    mode = str(record.get("mode") or "")
+    verdict = str(record.get("verdict") or "measured")
+    name = str(record.get("gate") or nodeid_of(record))
+    out = [f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
+           f"<h2>{esc(name)} {_verdict_badge(verdict)}</h2>", _meta(record), "<h3>Verdict</h3>", _verdict_table(record)]
+    if mode == "score":
+        out.append(_score_table(record))
+    if mode in ("gate", "aa") and as_map(record.get("stats")):
+        out.append(_kl_sections(record))
+    if mode == "capability":
+        out.append(_capability_sections(record))
+    speed = as_map(record.get("speed"))
+    if speed:
+        ident = str(speed.get("id") or "")
+        if ident and ident in speeds_shown:
+            out.append(f'<h3>Speed and memory</h3><p class="note">The same measurement as '
+                       f'<a href="#{speeds_shown[ident]}">its module\'s first gate</a> (one per module).</p>')
+        else:
+            if ident:
+                speeds_shown[ident] = anchor
+            out.append(_speed_sections(record, speed))
+    if mode != "score":
+        out.append(_history_section(record, history, run))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _meta(record: GateRecord) -> str:
+    lever = as_map(record.get("lever"))
+    parts = [f"<code>{esc(nodeid_of(record))}</code>"]
+    model = model_name(record.get("candidate"))
+    if model:
+        ref = model_name(record.get("reference_model"))
+        parts.append(f"model <code>{esc(model)}</code>" + (f" vs reference <code>{esc(ref)}</code>" if ref else ""))
+    if lever.get("name"):
+        parts.append(f"lever {esc(lever['name'])}: {esc(_short(lever.get('ref')))} → {esc(_short(lever.get('cand')))}")
+    if record.get("path"):
+        parts.append(f"path {esc(record['path'])}")
+    parts += [esc(p) for p in n_parts(record)]
+    rerun = f'<p class="rerun">re-run: <code>{esc(record["rerun"])}</code></p>' if record.get("rerun") else ""
+    return f'<p class="meta">{" · ".join(parts)}</p>{rerun}'
+
+
+def _short(value: Any, n: int = 80) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# -- the verdict table ---------------------------------------------------------------------------
+
+
+def _interval_text(key: str, lo: float | None, hi: float | None) -> str:
+    if lo is None and hi is None:
+        return DASH
+    return f"[{format_value(key, lo) if lo is not None else '−∞'}, {format_value(key, hi) if hi is not None else '∞'}]"
+
+
+def _verdict_table(record: GateRecord) -> str:
+    stats = as_map(record.get("stats"))
+    conf = real(stats.get("confidence"))
+    head = f"{conf * 100:g}% interval" if conf is not None else "95% interval"
+    n_default = integer(stats.get("n_prompts", as_map(record.get("sizes")).get("prompts")))
+    rows = []
+    checks = [as_map(c) for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    for c in checks:
+        key = str(c.get("key") or "")
+        lo, hi = check_interval(c)
+        limit = c.get("limit")
+        rel = "≥ " if c.get("direction") == "min" else "≤ "
+        verdict = check_verdict(c) if ("verdict" in c or "passed" in c) else "measured"
+        needed = integer(c.get("n_needed"))
+        note = f" (n≈{needed})" if verdict == "inconclusive" and needed else ""
+        n = integer(c.get("n")) if integer(c.get("n")) is not None else n_default
+        rows.append((str(c.get("metric") or key or DASH), format_value(key, c.get("value")),
+                     _interval_text(key, lo, hi), rel + format_limit(key, limit) if limit is not None else DASH,
+                     _verdict_badge(verdict) + esc(note), str(n) if n is not None else DASH))
+    if not checks and stats:
+        qci = as_map(stats.get("quantile_ci"))
+        for metric, key, ci in (("mean KL", "mean", stats.get("mean_ci")), ("p99 KL", "p99", qci.get("p99")),
+                                ("max KL", "max", None), ("top-1", "top1", stats.get("top1_ci"))):
+            if key in stats:
+                lo, hi = (real(ci[0]), real(ci[1])) if isinstance(ci, Sequence) and len(ci) == 2 else (None, None)
+                rows.append((metric, format_value(key, stats.get(key)), _interval_text(key, lo, hi), DASH,
+                             _verdict_badge(record.get("verdict") or "measured"), str(n_default or DASH)))
+    floors = as_map(as_map(record.get("aa")).get("floors"))
+    for key, floor in floors.items():
+        rows.append((f"A/A floor {key}", format_value(str(key), floor), DASH, DASH, "floor", str(n_default or DASH)))
+    if not rows:
+        rows.append((DASH, DASH, DASH, DASH, _verdict_badge(record.get("verdict")), DASH))
+    cells = "".join("<tr>" + "".join(f"<td>{c if i == 4 else esc(c)}</td>" for i, c in enumerate(row)) + "</tr>"
+                    for row in rows)
+    return ('<table class="verdicts"><thead><tr><th>metric</th><th>value</th>'
+            f"<th>{esc(head)}</th><th>limit</th><th>verdict</th><th>n</th></tr></thead><tbody>{cells}</tbody></table>")
+
+
+def _score_table(record: GateRecord) -> str:
+    score = as_map(record.get("capability_score"))
+    rows = "".join(f"<tr><td>{esc(t)}</td><td>{percent(real(as_map(v).get('reference')), missing=DASH)}</td>"
+                   f"<td>{percent(real(as_map(v).get('candidate')), missing=DASH)}</td></tr>"
+                   for t, v in as_map(score.get("tasks")).items())
+    total = (f"<tr><th>score</th><th>{percent(real(score.get('reference')), missing=DASH)}</th>"
+             f"<th>{percent(real(score.get('candidate')), missing=DASH)}</th></tr>")
+    return ('<table class="verdicts"><thead><tr><th>task</th><th>reference</th><th>candidate</th></tr></thead>'
+            f"<tbody>{rows}{total}</tbody></table>"
+            + ('<p class="note">Partial: not every task ran.</p>' if score.get("partial") else ""))
+
+
+def _limits(record: GateRecord, *keys: str) -> list[tuple[str, float]]:
+    """(metric, limit) of the record's checks on these keys."""
+    out = []
+    for check in record.get("checks") or []:
+        c = as_map(check)
+        limit = real(c.get("limit"))
+        if str(c.get("key")) in keys and limit is not None:
+            out.append((str(c.get("metric") or c.get("key")), limit))
+    return out
+
+
+# -- KL ------------------------------------------------------------------------------------------
+
+
+def _kl_sections(record: GateRecord) -> str:
+    stats = as_map(record.get("stats"))
+    profile = as_map(record.get("kl_profile"))
+    return "\n".join([
+        "<h3>KL distribution</h3>", _kl_histogram(record, stats, as_map(profile.get("histogram"))),
+        "<h3>KL by position</h3>", _kl_by_position(as_map(profile.get("by_position"))),
+        "<h3>Top-1 flips and near ties</h3>", _flips(stats, as_map(profile.get("by_position"))),
+        "<h3>Per-prompt mean KL</h3>", _per_prompt(record, stats, as_map(profile.get("prompts"))),
+        "<h3>Worst tokens in their context</h3>", _worst_tokens(record, stats, profile.get("worst_context")),
+    ])
+
+
+def _sci(x: Any) -> str:
+    v = real(x)
+    return DASH if v is None else "0" if v == 0 else f"{v:.2e}"
+
+
+def _kl_histogram(record: GateRecord, stats: Mapping[str, Any], hist: Mapping[str, Any]) -> str:
+    counts = [integer(c) or 0 for c in hist.get("counts") or []][:MAX_POINTS]
+    decades = hist.get("decades") or []
+    per = integer(hist.get("per_decade")) or 0
+    if not counts or len(decades) != 2 or per <= 0:
+        return _figure("kl-histogram", "Per-token KL, log scale.", message(_NOT_RECORDED, label="KL histogram"))
+    lo_e = integer(decades[0]) or 0
+    zero, under, over = (integer(hist.get(k)) or 0 for k in ("zero", "under", "over"))
+    extra = f"{zero} tokens with KL exactly 0 · {under} below 1e{lo_e} · {over} at or above the last edge"
+    used = [i for i, c in enumerate(counts) if c]
+    if not used:
+        return _figure("kl-histogram", esc(extra), message(
+            "every token's KL is 0 (or outside the edges): nothing to draw", label="KL histogram"))
+    first, last = max(0, used[0] - 1), min(len(counts), used[-1] + 2)
+
+    def edge(i: int) -> float:
+        return float(10.0 ** (lo_e + i / per))
+
+    marks = [v for v in (real(stats.get("mean")), real(stats.get("p99"))) if v is not None and v > 0]
+    limits = [(m, v) for m, v in _limits(record, "mean", "p99", "max", "p90", "p95", "median", "p999") if v > 0]
+    x_lo = min([edge(first)] + [v / 1.5 for v in marks] + [v / 1.5 for _, v in limits])
+    x_hi = max([edge(last)] + [v * 1.5 for v in marks] + [v * 1.5 for _, v in limits])
+    if math.log10(x_hi / x_lo) < 2:  # at least two decades, so the axis has ticks to read
+        x_lo, x_hi = x_lo / 10, x_hi * 10
+    top = max(counts)
+    fig = Figure(x=(x_lo, x_hi), y=(0, top * 1.12), xlog=True, label="KL histogram")
+    fig.axes(xlabel="per-token KL (nats, log scale)", ylabel="tokens")
+    fig.bars([(edge(i), edge(i + 1), c, f"KL in [{edge(i):.2e}, {edge(i + 1):.2e}): {c} tokens")
+              for i, c in enumerate(counts) if c])
+    for key in ("mean", "p99"):
+        v = real(stats.get(key))
+        if v is not None and v > 0:
+            fig.vline(v, cls="stat", label=key)
+    for metric, limit in limits:
+        fig.vline(limit, cls="limit", label=f"{metric} limit")
+    return _figure("kl-histogram", f"Per-token KL over every scored token, bins of a quarter decade. {esc(extra)}.",
+                   fig.svg())
+
+
+def _positive_range(values: Iterable[float | None]) -> tuple[float, float] | None:
+    known = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not known:
+        return None
+    lo, hi = min(known), max(known)
+    return (lo / 2, hi * 2) if lo < hi else (lo / 10, hi * 10)
+
+
+def _series(bp: Mapping[str, Any], key: str) -> list[Any]:
+    values = bp.get(key)
+    return list(values)[:MAX_POINTS] if isinstance(values, Sequence) and not isinstance(values, str) else []
+
+
+def _kl_by_position(bp: Mapping[str, Any]) -> str:
+    first, last = _series(bp, "first"), _series(bp, "last")
+    median, p90 = [real(v) for v in _series(bp, "median")], [real(v) for v in _series(bp, "p90")]
+    if not first or len(median) != len(first) or len(p90) != len(first):
+        return _figure("kl-by-position", "Median and p90 of KL over prompts at each position.",
+                       message(_NOT_RECORDED, label="KL by position"))
+    span = _positive_range(median + p90)
+    if span is None:
+        return _figure("kl-by-position", "Median and p90 of KL over prompts at each position.",
+                       message("KL is 0 at every position", label="KL by position"))
+    ends = last if len(last) == len(first) else first
+    xs = [((integer(a) or 0) + (integer(b) or 0)) / 2 for a, b in zip(first, ends)]
+    x_lo, x_hi = (xs[0] - 0.5, xs[-1] + 0.5)
+    fig = Figure(x=(x_lo, x_hi), y=span, ylog=True, label="KL by position")
+    fig.axes(xlabel="position in the sequence", ylabel="KL (log)")
+    fig.line(list(zip(xs, p90)), cls="line p90", tip="p90 over prompts")
+    fig.line(list(zip(xs, median)), cls="line median", tip="median over prompts")
+    fig.legend([("line median", "median"), ("line p90", "p90")])
+    pooled = any(integer(a) != integer(b) for a, b in zip(first, ends))
+    caption = ("Median and p90 of per-token KL over prompts at each position"
+               + (" (neighbouring positions pooled into buckets)" if pooled else "")
+               + "; a zero shows on the bottom edge.")
+    return _figure("kl-by-position", caption, fig.svg())
+
+
+def _flips(stats: Mapping[str, Any], bp: Mapping[str, Any]) -> str:
+    flips, ties, near = (integer(stats.get(k)) for k in ("flips", "near_tie_flips", "near_ties"))
+    n = integer(stats.get("n_tokens"))
+    totals = (f"{flips if flips is not None else DASH} top-1 flips outside near ties · "
+              f"{ties if ties is not None else DASH} at near ties (of {near if near is not None else DASH} near ties: "
+              f"the reference's top-2 gap below the logits' resolution) · {n if n is not None else DASH} tokens · "
+              f"top-1 agreement {format_value('top1', stats.get('top1'))}, "
+              f"same top {format_value('same_top', stats.get('same_top'))}")
+    first, last = _series(bp, "first"), _series(bp, "last")
+    f_by = [integer(v) or 0 for v in _series(bp, "flips")]
+    t_by = [integer(v) or 0 for v in _series(bp, "near_tie_flips")]
+    if not first or len(f_by) != len(first) or len(t_by) != len(first):
+        return _figure("top1-flips", esc(totals) + ".", message("flips by position " + _NOT_RECORDED,
+                                                                label="top-1 flips by position"))
+    ends = last if len(last) == len(first) else first
+    top = max([a + b for a, b in zip(f_by, t_by)] + [1])
+    x_lo, x_hi = (integer(first[0]) or 0) - 0.5, (integer(ends[-1]) or 0) + 0.5
+    fig = Figure(x=(x_lo, x_hi), y=(0, top * 1.15), label="top-1 flips by position", height=180)
+    fig.axes(xlabel="position in the sequence", ylabel="tokens",
+             yticks=[(v, f"{v:g}") for v in _int_ticks(top)])
+    bars_f, bars_t = [], []
+    for a, b, f, t in zip(first, ends, f_by, t_by):
+        x0, x1 = (integer(a) or 0) - 0.4, (integer(b) or 0) + 0.4
+        if f:
+            bars_f.append((x0, x1, f, f"positions {a}–{b}: {f} flips"))
+        if t:
+            bars_t.append((x0, x1, f + t, f"positions {a}–{b}: {t} near-tie flips"))
+    fig.bars(bars_t, cls="bar tie")
+    fig.bars(bars_f, cls="bar flip")
+    fig.legend([("bar flip", "flip"), ("bar tie", "near-tie flip")])
+    if not bars_f and not bars_t:
+        fig.text((fig.left + fig.right) / 2, (fig.top + fig.bottom) / 2, "no top-1 changes", anchor="middle")
+    return _figure("top1-flips", esc(totals) + ".", fig.svg())
+
+
+def _int_ticks(top: int) -> list[int]:
+    step = max(1, math.ceil(top / 4))
+    return list(range(0, top + 1, step))
+
+
+def _per_prompt(record: GateRecord, stats: Mapping[str, Any], prompts: Mapping[str, Any]) -> str:
+    index, means, cis = _series(prompts, "index"), [real(v) for v in _series(prompts, "mean")], _series(prompts, "ci")
+    ntok = _series(prompts, "n_tokens")
+    if not index or len(means) != len(index):
+        return _figure("kl-per-prompt", "Each prompt's mean KL with its interval.",
+                       message(_NOT_RECORDED, label="per-prompt mean KL"))
+    ends = [(real(c[0]), real(c[1])) if isinstance(c, Sequence) and len(c) == 2 else (None, None)
+            for c in cis] + [(None, None)] * (len(index) - len(cis))
+    span = _positive_range(means + [e for pair in ends for e in pair] + [real(stats.get("mean"))]
+                           + [limit for _, limit in _limits(record, "mean")])
+    if span is None:
+        return _figure("kl-per-prompt", "Each prompt's mean KL with its interval.",
+                       message("every prompt's mean KL is 0", label="per-prompt mean KL"))
+    k = len(index)
+    fig = Figure(x=(-0.5, k - 0.5), y=span, ylog=True, label="per-prompt mean KL")
+    every = max(1, math.ceil(k / 12))
+    fig.axes(xlabel="prompt", ylabel="mean KL (log)", xticks=[(i, str(index[i])) for i in range(0, k, every)])
+    mean = real(stats.get("mean"))
+    if mean is not None and mean > 0:
+        fig.hline(mean, cls="stat", label="gate mean")
+    for metric, limit in _limits(record, "mean"):
+        if limit > 0:
+            fig.hline(limit, cls="limit", label=f"{metric} limit")
+    pts = []
+    for i, (p, m, (lo, hi)) in enumerate(zip(index, means, ends)):
+        tokens = f", {ntok[i]} tokens" if i < len(ntok) else ""
+        pts.append((i, m, lo, hi, f"prompt {p}: mean KL {_sci(m)} [{_sci(lo)}, {_sci(hi) if hi is not None else '∞'}]"
+                                  f"{tokens}"))
+    fig.points(pts, unbounded=(False, True))
+    total = integer(prompts.get("total"))
+    shown = f" The {k} prompts with the largest means, of {total}." if total is not None and total > k else ""
+    method = esc(prompts.get("method") or "")
+    return _figure("kl-per-prompt", f"Each prompt's mean per-token KL; the bar is its 95% interval ({method}; "
+                   f"dashed: unbounded, too few tokens).{esc(shown)}", fig.svg())
+
+
+def _token(record: GateRecord, token_id: Any) -> str:
+    text = as_map(record.get("tokens")).get(str(token_id))
+    return f"<code>{esc(text)}</code>" if isinstance(text, str) else f"<code>&lt;{esc(token_id)}&gt;</code>"
+
+
+def _worst_tokens(record: GateRecord, stats: Mapping[str, Any], contexts: Any) -> str:
+    worst = [as_map(w) for w in stats.get("worst") or [] if isinstance(w, Mapping)][:MAX_POINTS]
+    if not worst:
+        return '<p class="note">No worst tokens in this record.</p>'
+    by_place = {(integer(c.get("prompt")), integer(c.get("position"))): c for c in
+                (as_map(c) for c in (contexts if isinstance(contexts, Sequence) else []))}
+    rows = []
+    for rank, w in enumerate(worst, 1):
+        ctx = by_place.get((integer(w.get("prompt")), integer(w.get("position"))))
+        if ctx is not None:
+            context = (f'<span class="ctx">{esc(_clip_left(str(ctx.get("before") or "")))}<mark>'
+                       f'{esc(ctx.get("token") or "")}</mark>{esc(_clip(str(ctx.get("after") or "")))}</span>')
+        else:
+            context = f'<span class="note">context {esc(_NOT_RECORDED)}</span>'
+        rows.append(f"<tr><td>{rank}</td><td>{esc(w.get('prompt'))}</td><td>{esc(w.get('position'))}</td>"
+                    f"<td>{_sci(w.get('kl'))}</td><td>{_token(record, w.get('token_id'))}</td>"
+                    f"<td>{_prob(w.get('p_ref'))} → {_prob(w.get('p_cand'))}</td>"
+                    f"<td>{_token(record, w.get('ref_top1'))} → {_token(record, w.get('cand_top1'))}</td>"
+                    f"<td>{context}</td></tr>")
+    return ('<table class="worst"><thead><tr><th>#</th><th>prompt</th><th>position</th><th>KL</th>'
+            "<th>next token</th><th>p(next) ref → cand</th><th>top-1 ref → cand</th><th>context (the token marked)</th>"
+            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _prob(x: Any) -> str:
+    v = real(x)
+    return DASH if v is None else f"{v:.3g}"
+
+
+def _clip(text: str, n: int = _TEXT_CHARS) -> str:
+    return text if len(text) <= n else text[:n] + "…"
+
+
+def _clip_left(text: str, n: int = _TEXT_CHARS) -> str:
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+# -- capability ----------------------------------------------------------------------------------
+
+
+def _capability_sections(record: GateRecord) -> str:
+    tasks = {str(t): as_map(v) for t, v in as_map(record.get("tasks")).items()}
+    bounds = as_map(record.get("bounds"))
+    out = ["<h3>Capability per task</h3>", _capability_table(tasks), _capability_scores(tasks, bounds),
+           _capability_drop(tasks, bounds)]
+    skipped = as_map(record.get("skipped"))
+    if skipped:
+        out.append("<p class=\"note\">Skipped: " + "; ".join(f"{esc(t)} ({esc(why)})" for t, why in skipped.items())
+                   + "</p>")
+    out.append("<h3>Flipped items</h3>")
+    out.extend(_flipped(task, info) for task, info in tasks.items())
+    return "\n".join(out)
+
+
+def _pair(value: Any) -> tuple[float | None, float | None]:
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        return real(value[0]), real(value[1])
+    return None, None
+
+
+def _pct_interval(value: Any, ci: Any) -> str:
+    lo, hi = _pair(ci)
+    interval = f" [{percent(lo)}, {percent(hi)}]" if lo is not None and hi is not None else ""
+    return percent(real(value), missing=DASH) + interval
+
+
+def _capability_table(tasks: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = []
+    for task, t in tasks.items():
+        drop = as_map(t.get("drop_verdict"))
+        floor = as_map(t.get("floor_verdict"))
+        drop_text = DASH
+        if drop:
+            drop_text = (f"{_points(drop.get('value'))} [{_points(drop.get('lower'))}, {_points(drop.get('upper'))}]"
+                         f" ≤ {_points(drop.get('limit'))}")
+        verdicts = " ".join(_verdict_badge(v.get("verdict")) for v in (drop, floor) if v) or DASH
+        rows.append(f"<tr><td>{esc(task)}</td><td>{esc(t.get('n', DASH))}</td>"
+                    f"<td>{_pct_interval(t.get('ref_score'), t.get('ref_ci'))}</td>"
+                    f"<td>{_pct_interval(t.get('cand_score'), t.get('cand_ci'))}</td><td>{drop_text}</td>"
+                    f"<td>{esc(drop.get('method') or floor.get('method') or DASH)}</td><td>{verdicts}</td></tr>")
+    return ('<table class="verdicts"><thead><tr><th>task</th><th>n</th><th>reference [95%]</th>'
+            "<th>candidate [95%]</th><th>drop [bounds] vs limit</th><th>method</th><th>verdict</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def _points(x: Any) -> str:
+    v = real(x)
+    return DASH if v is None else f"{100 * v:+.1f} pt"
+
+
+def _capability_scores(tasks: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Any]) -> str:
+    names = list(tasks)[:MAX_POINTS]
+    if not names:
+        return _figure("capability-scores", "Both arms' score per task.", message("no task ran", label="scores"))
+    fig = Figure(x=(-0.5, len(names) - 0.5), y=(0, 1), label="capability scores per task")
+    fig.axes(ylabel="score", xticks=[(i, n) for i, n in enumerate(names)],
+             yticks=[(v / 4, f"{25 * v:g}%") for v in range(5)])
+    floor = real(bounds.get("floor"))
+    if floor is not None:
+        fig.hline(floor, cls="limit", label="floor")
+    for arm, dx, cls in (("ref", -0.12, "point ref"), ("cand", 0.12, "point cand")):
+        pts = []
+        for i, task in enumerate(names):
+            t = tasks[task]
+            lo, hi = _pair(t.get(f"{arm}_ci"))
+            score = real(t.get(f"{arm}_score"))
+            who = "reference" if arm == "ref" else "candidate"
+            pts.append((i + dx, score, lo, hi, f"{task} {who}: {percent(score)} [{percent(lo)}, {percent(hi)}]"))
+        fig.points(pts, cls=cls, unbounded=(False, False))
+    fig.legend([("point ref", "reference"), ("point cand", "candidate")])
+    return _figure("capability-scores", "Each arm's score per task with its 95% interval (Wilson for pass/fail "
+                   "tasks, bootstrap for graded ones), over the very same items.", fig.svg())
+
+
+def _capability_drop(tasks: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Any]) -> str:
+    names = [t for t in list(tasks)[:MAX_POINTS] if as_map(tasks[t].get("drop_verdict"))]
+    if not names:
+        return _figure("capability-drop", "The paired drop per task.",
+                       message("no drop limit asserted (max_drop=)", label="capability drop"))
+    drops = {t: as_map(tasks[t].get("drop_verdict")) for t in names}
+    limit = real(bounds.get("max_drop"))
+    values = [real(d.get(k)) for d in drops.values() for k in ("value", "lower", "upper")] + [0.0, limit]
+    known = [v for v in values if v is not None]
+    lo, hi = min(known), max(known)
+    pad = (hi - lo) * 0.1 or 0.05
+    fig = Figure(x=(-0.5, len(names) - 0.5), y=(lo - pad, hi + pad), label="capability drop per task")
+    fig.axes(ylabel="drop (ref − cand)", xticks=[(i, n) for i, n in enumerate(names)], yfmt=lambda v: f"{100 * v:g} pt")
+    fig.hline(0.0, cls="stat")
+    if limit is not None:
+        fig.hline(limit, cls="limit", label="max_drop")
+    fig.points([(i, real(d.get("value")), real(d.get("lower")), real(d.get("upper")),
+                 f"{t}: drop {_points(d.get('value'))} [{_points(d.get('lower'))}, {_points(d.get('upper'))}], "
+                 f"{d.get('verdict')}") for i, (t, d) in enumerate(drops.items())],
+               cls="point cand", unbounded=(False, False))
+    return _figure("capability-drop", "The paired drop (reference score − candidate score) with the bounds its "
+                   "verdict used, against the max_drop limit.", fig.svg())
+
+
+def _flipped(task: str, info: Mapping[str, Any]) -> str:
+    recorded = as_map(info.get("flipped"))
+    items: list[Mapping[str, Any]]
+    if recorded:
+        items = [as_map(i) for i in recorded.get("items") or []][:MAX_FLIPPED_SHOWN]
+        total = integer(recorded.get("total")) or len(items)
+    else:  # an older record: the flips from its items, without their prompts
+        pairs = [as_map(i) for i in info.get("items") or [] if isinstance(i, Mapping)]
+        changed = [i for i in pairs if real(as_map(i.get("reference")).get("score"))
+                   != real(as_map(i.get("candidate")).get("score"))]
+        changed.sort(key=lambda i: (real(as_map(i.get("candidate")).get("score")) or 0)
+                     - (real(as_map(i.get("reference")).get("score")) or 0))
+        items, total = changed[:MAX_FLIPPED_SHOWN], len(changed)
+        if not pairs:
+            return f"<p class=\"note\">{esc(task)}: flipped items {esc(_NOT_RECORDED)}</p>"
+    if not total:
+        return f"<p class=\"note\">{esc(task)}: no item changed its score between the arms.</p>"
+    losses = sum(1 for i in items if (real(as_map(i.get("candidate")).get("score")) or 0)
+                 < (real(as_map(i.get("reference")).get("score")) or 0))
+    shown = f", the first {len(items)} shown" if len(items) < total else ""
+    entries = []
+    for i in items:
+        ref, cand = as_map(i.get("reference")), as_map(i.get("candidate"))
+        prompt = i.get("prompt")
+        prompt_html = (f'<pre class="prompt">{esc(_clip_left(str(prompt)))}</pre>' if isinstance(prompt, str)
+                       else f'<p class="note">prompt {esc(_NOT_RECORDED)}</p>')
+        entries.append(
+            f'<div class="item"><p><code>{esc(i.get("id"))}</code>: reference {esc(ref.get("verdict"))} '
+            f'({esc(ref.get("score"))}) → candidate {esc(cand.get("verdict"))} ({esc(cand.get("score"))})</p>'
+            f'{prompt_html}<div class="outs"><div><h4>reference</h4><pre>{esc(_clip(str(ref.get("output") or "")))}'
+            f'</pre></div><div><h4>candidate</h4><pre>{esc(_clip(str(cand.get("output") or "")))}</pre></div></div>'
+            "</div>")
+    return (f"<details open><summary>{esc(task)}: {total} item{'s' if total != 1 else ''} flipped ({losses} of those "
+            f"shown lost by the candidate{shown})</summary>{''.join(entries)}</details>")
+
+
+# -- speed and memory ----------------------------------------------------------------------------
+
+
+def _context_order(contexts: Mapping[str, Any]) -> list[str]:
+    """A speed record's contexts (JSON keys: the length as text), shortest first."""
+    return sorted((c for c in contexts if str(c).isdigit()), key=int)[:MAX_POINTS]
+
+
+def _speed_sections(record: GateRecord, speed: Mapping[str, Any]) -> str:
+    contexts = as_map(speed.get("contexts"))
+    ordered = _context_order(contexts)
+    out = ["<h3>Speed and memory</h3>", _speed_table(contexts, ordered, speed),
+           _speed_ratios(record, contexts, ordered), _memory(contexts, ordered)]
+    return "\n".join(out)
+
+
+def _ratio_text(est: Any) -> str:
+    e = as_map(est)
+    ratio = real(e.get("ratio"))
+    if ratio is None:
+        return DASH
+    lo, hi = _pair(e.get("ratio_ci"))
+    return f"×{ratio:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+
+
+def _tps(x: Any) -> str:
+    v = real(x)
+    return DASH if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _bytes(x: Any) -> str:
+    v = real(x)
+    return DASH if v is None else format_bytes(v)
+
+
+def _speed_table(contexts: Mapping[str, Any], ordered: Sequence[str], speed: Mapping[str, Any]) -> str:
+    rows = []
+    for c in ordered:
+        ctx = as_map(contexts[c])
+        ref, cand = as_map(ctx.get("reference")), as_map(ctx.get("candidate"))
+        rows.append(f"<tr><td>{esc(c)}</td><td>{_tps(ref.get('prefill_tps'))} → {_tps(cand.get('prefill_tps'))}</td>"
+                    f"<td>{_ratio_text(ctx.get('prefill'))}</td>"
+                    f"<td>{_tps(ref.get('decode_tps'))} → {_tps(cand.get('decode_tps'))}</td>"
+                    f"<td>{_ratio_text(ctx.get('decode'))}</td>"
+                    f"<td>{_bytes(ref.get('peak_bytes'))} → {_bytes(cand.get('peak_bytes'))}</td>"
+                    f"<td>{_ratio_text(ctx.get('peak'))}</td>"
+                    f"<td>{_bytes(ref.get('kv_bytes'))} → {_bytes(cand.get('kv_bytes'))}</td></tr>")
+    shape = as_map(speed.get("shape"))
+    weights = as_map(speed.get("weights_bytes"))
+    notes = []
+    if integer(shape.get("repetitions")) is not None:
+        notes.append(f"{shape['repetitions']} ABBA pairs per context, {esc(shape.get('decode'))} tokens decoded")
+    if speed.get("memory_method"):
+        notes.append(f"peak memory: {esc(speed['memory_method'])}")
+    if weights.get("reference") is not None and weights.get("reference") != weights.get("candidate"):
+        notes.append(f"weights {_bytes(weights.get('reference'))} → {_bytes(weights.get('candidate'))}")
+    if real(speed.get("duration_s")) is not None:
+        notes.append(f"measured in {format_duration(float(speed['duration_s']))}")
+    return ('<table class="verdicts"><thead><tr><th>context</th><th>prefill tok/s ref → cand</th><th>ratio [95%]</th>'
+            "<th>decode tok/s ref → cand</th><th>ratio [95%]</th><th>peak growth ref → cand</th><th>ratio [95%]</th>"
+            f"<th>KV cache ref → cand</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            + (f'<p class="note">{" · ".join(notes)}</p>' if notes else ""))
+
+
+def _speed_ratios(record: GateRecord, contexts: Mapping[str, Any], ordered: Sequence[str]) -> str:
+    entries = []  # (label, estimate, goal key)
+    for c in ordered:
+        ctx = as_map(contexts[c])
+        for key, goal in (("prefill", "speed.prefill"), ("decode", "speed.decode"), ("peak", "speed.memory"),
+                          ("kv", "speed.kv")):
+            est = as_map(ctx.get(key))
+            if real(est.get("ratio")) is not None:
+                entries.append((f"{key} @{c}", est, goal, c))
+    if not entries:
+        return _figure("speed-ratios", "Candidate / reference ratios.", message("no ratio measured", label="speed"))
+    values = [1.0]
+    for _, est, _, _ in entries:
+        values += [v for v in (real(est.get("ratio")), *_pair(est.get("ratio_ci"))) if v is not None and v > 0]
+    limits: dict[tuple[str, str], float] = {}
+    for check in record.get("checks") or []:
+        asserted = as_map(check)
+        limit = real(asserted.get("limit"))
+        if limit is not None and limit > 0 and str(asserted.get("key", "")).startswith("speed."):
+            limits[(str(asserted.get("key")), str(asserted.get("context")))] = limit
+            values.append(limit)
+    lo, hi = min(values) / 1.15, max(values) * 1.15
+    fig = Figure(x=(-0.5, len(entries) - 0.5), y=(lo, hi), ylog=True, label="speed and memory ratios",
+                 width=min(1040, max(640, 90 * len(entries) + 70)), margin=(56, 12, 14, 48))
+    ticks = [t for t in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if lo <= t <= hi]
+    fig.axes(ylabel="candidate / reference", xticks=[(i, e[0]) for i, e in enumerate(entries)],
+             yticks=[(t, f"×{t:g}") for t in ticks] or None)
+    fig.hline(1.0, cls="stat", label="×1 (same)")
+    pts = []
+    for i, (label, est, goal, c) in enumerate(entries):
+        lo_ci, hi_ci = _pair(est.get("ratio_ci"))
+        pairs = f", {est.get('n')} pairs" if est.get("n") is not None else " (bytes counted: exact)"
+        pts.append((i, real(est.get("ratio")), lo_ci, hi_ci, f"{label}: {_ratio_text(est)}{pairs}"))
+        limit = limits.get((goal, str(c)))
+        if limit is not None:
+            fig.points([(i, limit, None, None, f"{label} limit ×{limit:g}")], cls="limit-mark", r=4,
+                       unbounded=(False, False))
+    fig.points(pts, cls="point cand", unbounded=(False, False))
+    return _figure("speed-ratios", "Candidate / reference per context: prefill and decode tokens/s (higher is "
+                   "faster), peak memory growth and KV cache bytes (lower is smaller); the geometric mean of the "
+                   "paired ratios with its 95% Student-t interval (KV bytes are counted: exact); an open circle marks "
+                   "an asserted limit.", fig.svg())
+
+
+def _memory(contexts: Mapping[str, Any], ordered: Sequence[str]) -> str:
+    """KV cache bytes and peak growth per arm: a panel each (their sizes differ by orders of magnitude)."""
+    panels = []
+    for key, title in (("kv_bytes", "KV cache"), ("peak_bytes", "peak memory growth")):
+        groups = []
+        for c in ordered:
+            ctx = as_map(contexts[c])
+            r, k = real(as_map(ctx.get("reference")).get(key)), real(as_map(ctx.get("candidate")).get(key))
+            if r is not None or k is not None:
+                groups.append((f"@{c}", r, k))
+        if groups:
+            panels.append(_memory_panel(title, groups))
+    if not panels:
+        return _figure("memory", "Memory per arm.", message("no memory figures recorded", label="memory"))
+    return _figure("memory", "KV cache bytes (counted over the cache arrays: exact) and peak memory growth per trial "
+                   "(median), each arm, per context.", "".join(panels))
+
+
+def _memory_panel(title: str, groups: Sequence[tuple[str, float | None, float | None]]) -> str:
+    top = max([v for _, r, k in groups for v in (r, k) if v is not None] + [1.0])
+    unit, scale = ("GiB", 1 << 30) if top >= 1 << 30 else ("MiB", 1 << 20) if top >= 1 << 20 else ("KiB", 1 << 10)
+    fig = Figure(x=(-0.5, len(groups) - 0.5), y=(0, top / scale * 1.2), width=330, height=200,
+                 label=f"{title} per arm", margin=(56, 16, 8, 40))
+    fig.axes(xlabel=title, ylabel=unit, xticks=[(i, g[0]) for i, g in enumerate(groups)])
+    fig.bars([(i - 0.35, i - 0.02, r / scale, f"{title} {g}: reference {_bytes(r)}")
+              for i, (g, r, _) in enumerate(groups) if r is not None], cls="bar ref")
+    fig.bars([(i + 0.02, i + 0.35, k / scale, f"{title} {g}: candidate {_bytes(k)}")
+              for i, (g, _, k) in enumerate(groups) if k is not None], cls="bar cand")
+    fig.legend([("bar ref", "ref"), ("bar cand", "cand")])
+    return fig.svg()
+
+
+# -- history -------------------------------------------------------------------------------------
+
+
+def _history_values(record: GateRecord, row: Mapping[str, Any]) -> list[tuple[str, float | None, bool]]:
+    """(series, value, log scale) of one stored row: what the gate's sparkline follows."""
+    mode = record.get("mode")
+    if mode in ("gate", "aa"):
+        return [("mean KL", real(row.get("mean_kl")), True)]
+    if mode == "speed":
+        return [("decode ×", real(row.get("decode_ratio")), False)]
+    if mode == "capability":
+        try:
+            stored = json.loads(str(row.get("record_json") or "{}"))
+        except ValueError:
+            stored = {}
+        tasks = as_map(as_map(stored).get("tasks"))
+        return [(f"{t} candidate score", real(as_map(tasks.get(t)).get("cand_score")), False)
+                for t in as_map(record.get("tasks"))]
+    return []
+
+
+def _history_section(record: GateRecord, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+                     run: Mapping[str, Any]) -> str:
+    head = "<h3>History</h3>"
+    if history is None:
+        return head + _figure("history", "This gate over commits.", message(
+            "no history: the results DB is off (--mlx-db off)", label="history"))
+    rows = [as_map(r) for r in history.get(nodeid_of(record), [])][-HISTORY_RUNS:]
+    current = {"run_id": run.get("run_id"), "time": record.get("time"), "verdict": record.get("verdict"),
+               "code_commit": run.get("code_commit"), "code_dirty": run.get("code_dirty"),
+               **_current_row(record)}
+    if not any(r.get("run_id") == run.get("run_id") for r in rows) or not run.get("run_id"):
+        rows = (rows + [current])[-HISTORY_RUNS:]
+    if len(rows) < 2:
+        return head + _figure("history", "This gate over commits.", message(
+            "no earlier runs of this gate in the results DB yet", label="history"))
+    series: dict[str, list[float | None]] = {}
+    log = True
+    for r in rows:
+        for name, value, is_log in _history_values(record, r):
+            series.setdefault(name, []).append(value)
+            log = log and is_log
+    tips, classes = [], []
+    for r in rows:
+        commit = str(r.get("code_commit") or "no commit")[:10] + (" (dirty)" if r.get("code_dirty") else "")
+        this = " · this run" if r.get("run_id") == run.get("run_id") and run.get("run_id") else ""
+        tips.append(f"{commit} · {r.get('time') or DASH} · {r.get('verdict') or DASH}{this}")
+        classes.append(f"v-{r.get('verdict') or 'none'}")
+    parts = []
+    limits = dict(_limits(record, "mean")) if record.get("mode") in ("gate", "aa") else {}
+    for name, values in list(series.items())[:8]:
+        reference = next(iter(limits.values()), None) if name == "mean KL" else None
+        tip_values = [f"{t} · {name} {_history_value(v, log)}" for t, v in zip(tips, values)]
+        parts.append(f'<div class="spark-row"><span class="spark-name">{esc(name)}</span>'
+                     + sparkline(values, tips=tip_values, classes=classes, log=log, label=f"{name} over runs",
+                                 reference=reference)
+                     + f'<span class="spark-last">{esc(_history_value(values[-1], log))}</span></div>')
+    if not parts:
+        return head + _figure("history", "This gate over commits.", message("no figure to follow", label="history"))
+    first, last = rows[0], rows[-1]
+    caption = (f"The last {len(rows)} runs of this gate in the results DB, oldest first: "
+               f"{esc(str(first.get('code_commit') or DASH)[:10])} ({esc(first.get('time') or DASH)}) → "
+               f"{esc(str(last.get('code_commit') or DASH)[:10])} ({esc(last.get('time') or DASH)}); a dot's colour "
+               "is that run's verdict, the last (largest) is the latest; dashed: the limit.")
+    return head + _figure("history", caption, "".join(parts))
+
+
+def _history_value(v: float | None, log: bool) -> str:
+    return DASH if v is None else f"{v:.2e}" if log and v < 0.01 else f"{v:.3g}"
+
+
+def _current_row(record: GateRecord) -> dict[str, Any]:
+    """The columns a sparkline reads, from this run's record (when the DB rows do not hold it yet)."""
+    stats = as_map(record.get("stats"))
+    row: dict[str, Any] = {"mean_kl": real(stats.get("mean")), "record_json": json.dumps(
+        {"tasks": {t: {"cand_score": as_map(v).get("cand_score")} for t, v in as_map(record.get("tasks")).items()}})}
+    contexts = as_map(as_map(record.get("speed")).get("contexts"))
+    measured = _context_order(contexts)
+    if measured:
+        row["decode_ratio"] = real(as_map(as_map(contexts[measured[-1]]).get("decode")).get("ratio"))
+    return row
+
+
+# -- style ---------------------------------------------------------------------------------------
+
+_CSS = """
+:root{--fg:#1d2430;--muted:#5b6472;--line:#d5dae1;--pass:#1a7f37;--fail:#cf222e;--unsure:#b35900;
+--ref:#4565a8;--cand:#d9480f;--bg:#fff;--soft:#f5f7fa}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg);
+margin:0 auto;max-width:1100px;padding:16px 20px}
+h1{font-size:22px;margin:4px 0}h2{font-size:18px;margin:0 0 4px}h3{font-size:15px;margin:18px 0 6px}
+h4{font-size:12px;margin:0 0 2px;color:var(--muted)}
+code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+pre{white-space:pre-wrap;word-break:break-word;background:var(--soft);padding:6px 8px;margin:4px 0;border-radius:4px;
+max-height:18em;overflow:auto}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}
+th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top}
+th{background:var(--soft)}
+.run,.meta,.note,.rerun,figcaption,footer{color:var(--muted)}
+.note{font-style:italic}
+section.gate{border:1px solid var(--line);border-left:5px solid var(--line);border-radius:6px;padding:12px 16px;
+margin:18px 0}
+section.v-pass{border-left-color:var(--pass)}section.v-fail,section.v-error{border-left-color:var(--fail)}
+section.v-inconclusive{border-left-color:var(--unsure)}
+.badge{display:inline-block;font-size:11px;font-weight:600;padding:1px 7px;border-radius:9px;background:var(--soft);
+border:1px solid var(--line);vertical-align:middle}
+.badge.v-pass{color:var(--pass);border-color:var(--pass)}
+.badge.v-fail,.badge.v-error{color:#fff;background:var(--fail);border-color:var(--fail)}
+.badge.v-inconclusive{color:#fff;background:var(--unsure);border-color:var(--unsure)}
+figure{margin:6px 0 12px}figcaption{font-size:12px;max-width:760px}
+svg.plot{display:block;max-width:100%;height:auto;background:var(--bg)}
+svg .axis line{stroke:#8a929e;stroke-width:1}svg .axis line.grid{stroke:#e9ecf0}
+svg text{font-size:11px;fill:var(--muted)}svg text.label{fill:var(--fg)}
+svg .bar{fill:#7d97c9}svg .bar.flip{fill:var(--fail)}svg .bar.tie{fill:#b8bfc9}
+svg .bar.ref,svg .ref.swatch{fill:var(--ref)}svg .bar.cand,svg .cand.swatch{fill:var(--cand)}
+svg .line{fill:none;stroke-width:1.6}svg .line.median{stroke:var(--ref)}svg .line.p90{stroke:var(--cand)}
+svg .median.swatch{fill:var(--ref)}svg .p90.swatch{fill:var(--cand)}svg .flip.swatch{fill:var(--fail)}
+svg .tie.swatch{fill:#b8bfc9}
+svg .point{fill:var(--cand)}svg .point.ref{fill:var(--ref)}
+svg .err{stroke:#59616d;stroke-width:1.2}svg .err.open{stroke-dasharray:3 2}
+svg .limit{stroke:var(--fail);stroke-width:1.3;stroke-dasharray:5 3}svg .limit-label{fill:var(--fail)}
+svg .limit-mark{fill:none;stroke:var(--fail);stroke-width:1.5}
+svg .stat{stroke:#59616d;stroke-width:1;stroke-dasharray:2 2}svg .stat-label{fill:#59616d}
+svg rect.empty{fill:var(--soft);stroke:var(--line)}svg text.note{font-style:italic;font-size:12px}
+svg .spark{fill:none;stroke:#8a929e;stroke-width:1.3}svg .spot{fill:#8a929e}
+svg .spot.v-pass{fill:var(--pass)}svg .spot.v-fail,svg .spot.v-error{fill:var(--fail)}
+svg .spot.v-inconclusive{fill:var(--unsure)}
+.spark-row{display:flex;align-items:center;gap:10px}.spark-name{min-width:150px;color:var(--muted)}
+.spark-row svg.plot,figure[data-plot=memory] svg.plot{display:inline-block;margin-right:12px}
+table.worst td:nth-child(-n+7),table.verdicts td{white-space:nowrap}
+.ctx{white-space:pre-wrap;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
+mark{background:#ffd8a8;padding:0 1px;border-radius:2px}
+.outs{display:grid;grid-template-columns:1fr 1fr;gap:8px}
+.item{border-top:1px dashed var(--line);padding:6px 0}
+details summary{cursor:pointer;margin:4px 0}
+nav table.contents td:first-child{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+"""

@@ -1,0 +1,196 @@
+"""Joining the JSON reports of shards (`--mlx-shard I/N`) into one run: `mlxgate merge`.
+
+One commit for all of them, or no merge: a report that mixes code is no verdict on either. A gate
+found in two reports keeps its worst verdict (fail > inconclusive > pass). Shards that say which of
+how many they were must all be there, planned alike. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fields import as_map, nodeid_of
+from .records import GateRecord, RunInfo
+
+__all__ = ["MergeError", "Merged", "Report", "merge_reports", "read_report", "verdict_rank", "worst"]
+
+#: Worse verdicts rank higher. A word this list lacks ranks between pass and inconclusive: it never
+#: beats a failure, and never hides behind a pass.
+_RANK = {"error": 5, "fail": 4, "inconclusive": 3, "pass": 0}
+_UNKNOWN_RANK = 1
+_SCORE_NODEID = "mlxgate::capability_score"
+
+
+class MergeError(Exception):
+    """The reports cannot be merged as they are; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """One JSON report as read: where from, its run, its records and calibrations."""
+
+    path: str
+    run: RunInfo
+    gates: list[GateRecord]
+    calibrations: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def shard(self) -> Mapping[str, Any]:
+        return as_map(self.run.config.get("shard"))
+
+
+def read_report(path: Path) -> Report:
+    """A JSON report (`--mlx-report`) of this version; MergeError saying why not."""
+    from .json_report import REPORT_VERSION
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise MergeError(f"cannot read the report {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise MergeError(f"{path} is not JSON ({e}): pass the files --mlx-report wrote") from None
+    if not isinstance(doc, dict) or "mlxgate_report" not in doc:
+        raise MergeError(f"{path} is not an mlxgate JSON report (no 'mlxgate_report' key): pass the files "
+                         "--mlx-report wrote")
+    if doc["mlxgate_report"] != REPORT_VERSION:
+        raise MergeError(f"{path} is an mlxgate report of version {doc['mlxgate_report']}, this mlxgate reads "
+                         f"version {REPORT_VERSION}: run the same pytest-mlxgate that wrote it")
+    run = as_map(doc.get("run"))
+    try:
+        info = RunInfo(run_id=str(run["run_id"]), started=str(run["started"]), code_commit=run.get("code_commit"),
+                       code_dirty=run.get("code_dirty"), argv=list(run.get("argv") or []),
+                       config=dict(as_map(run.get("config"))), machine=dict(as_map(run.get("machine"))))
+    except KeyError as e:
+        raise MergeError(f"{path}: its run lacks {e}; is it cut short?") from None
+    gates = [g for g in doc.get("gates") or [] if isinstance(g, dict)]
+    calibrations = [c for c in doc.get("calibrations") or [] if isinstance(c, dict)]
+    return Report(str(path), info, gates, calibrations)  # type: ignore[arg-type]  # records as written
+
+
+def verdict_rank(verdict: Any) -> int:
+    return _RANK.get(str(verdict), _UNKNOWN_RANK)
+
+
+def worst(records: Sequence[GateRecord]) -> GateRecord:
+    """The record with the worst verdict; the first of equals."""
+    best = records[0]
+    for record in records[1:]:
+        if verdict_rank(record.get("verdict")) > verdict_rank(best.get("verdict")):
+            best = record
+    return best
+
+
+@dataclass(frozen=True)
+class Merged:
+    run: RunInfo
+    records: list[GateRecord]
+    calibrations: list[dict[str, Any]]
+    notes: list[str]  # what the merge decided that a reader should know
+
+
+def merge_reports(reports: Sequence[Report]) -> Merged:
+    """One run from shard reports: the same commit (else MergeError), every gate once (its worst verdict),
+    the Capability Score made again over all the capability records."""
+    if not reports:
+        raise MergeError("no reports to merge")
+    commits = {r.run.code_commit for r in reports}
+    if len(commits) > 1:
+        which = "; ".join(f"{r.path} at {(r.run.code_commit or 'no git commit')[:12]}" for r in reports)
+        raise MergeError(f"the reports ran different code ({which}): one merged verdict cannot speak for two "
+                         "commits. Re-run the shards on one commit, or compare the runs: mlxgate compare A B")
+    _check_shards(reports)
+    notes: list[str] = []
+    by_nodeid: dict[str, list[tuple[GateRecord, str]]] = {}
+    for report in reports:
+        for record in report.gates:
+            if nodeid_of(record) != _SCORE_NODEID:  # a shard's score covers its own tasks only: made again
+                by_nodeid.setdefault(nodeid_of(record), []).append((record, report.path))
+    records: list[GateRecord] = []
+    for nodeid in sorted(by_nodeid):
+        found = by_nodeid[nodeid]
+        kept = worst([record for record, _ in found])
+        records.append(kept)
+        if len(found) > 1:
+            where = ", ".join(f"{record.get('verdict')} in {path}" for record, path in found)
+            notes.append(f"{nodeid} is in {len(found)} reports ({where}): kept the worst, {kept.get('verdict')}")
+    score = _score(records)
+    if score is not None:
+        records.append(score)
+    calibrations = [c for report in reports for c in report.calibrations]
+    return Merged(_merged_run(reports), records, calibrations, notes)
+
+
+def _check_shards(reports: Sequence[Report]) -> None:
+    shards = [(r, r.shard) for r in reports if r.shard]
+    if not shards:
+        return
+    counts = {s.get("count") for _, s in shards}
+    plans = {s.get("plan") for _, s in shards}
+    named = "; ".join(f"{r.path} is shard {s.get('index')}/{s.get('count')} (plan {s.get('plan')})" for r, s in shards)
+    if len(counts) > 1:
+        raise MergeError(f"the shards were cut in different numbers of pieces: {named}")
+    if len(plans) > 1:
+        raise MergeError(f"the shards were planned from different histories, so they need not cover every module "
+                         f"exactly once: {named}. Give every shard the same --mlx-db file (or none) and re-run")
+    indices = [s.get("index") for _, s in shards]
+    (count,) = counts
+    repeated = sorted({i for i in indices if indices.count(i) > 1}, key=str)
+    if repeated:
+        raise MergeError(f"shard {', '.join(f'{i}/{count}' for i in repeated)} given twice: {named}")
+    missing = [i for i in range(1, int(count) + 1) if i not in indices] if isinstance(count, int) else []
+    if missing:
+        raise MergeError(f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: a merged run without it "
+                         f"would pass gates that never ran. Given: {named}")
+
+
+def _score(records: Sequence[GateRecord]) -> GateRecord | None:
+    from ..capability.base import TASK_NAMES  # standard library only: the controller imports it too
+    from .score import score_record
+
+    capability = sorted((r for r in records if r.get("mode") == "capability"),
+                        key=lambda r: (str(r.get("time") or ""), nodeid_of(r)))
+    score = score_record(capability, TASK_NAMES)
+    if score is not None and capability:
+        score["time"] = max(str(r.get("time") or "") for r in capability)  # the merge, made again, is the same
+    return score
+
+
+def _merged_run(reports: Sequence[Report]) -> RunInfo:
+    first = reports[0].run
+    ids = sorted(r.run.run_id for r in reports)
+    run_id = hashlib.sha256(("merge:" + ",".join(ids)).encode()).hexdigest()[:32]  # the same shards, the same id
+    dirty = [r.run.code_dirty for r in reports]
+    code_dirty = True if True in dirty else None if None in dirty else False
+    config = {k: v for k, v in first.config.items() if k != "shard"}
+    if isinstance(config.get("gate"), dict):
+        config["gate"] = {**config["gate"], "shard": None, "report": None}
+    config["merged"] = [{"run_id": r.run.run_id, "started": r.run.started, "report": r.path,
+                         "shard": f"{r.shard['index']}/{r.shard['count']}" if r.shard else None,
+                         "argv": list(r.run.argv)} for r in reports]
+    machine: dict[str, str] = {}
+    for key in first.machine:
+        values = list(dict.fromkeys(str(r.run.machine.get(key)) for r in reports if r.run.machine.get(key)))
+        machine[key] = " | ".join(values)
+    return RunInfo(run_id=run_id, started=min(r.run.started for r in reports), code_commit=first.code_commit,
+                   code_dirty=code_dirty, argv=_without_shard(first.argv), config=config, machine=machine)
+
+
+def _without_shard(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--mlx-shard":
+            skip = True
+            continue
+        if arg.startswith("--mlx-shard="):
+            continue
+        out.append(arg)
+    return out

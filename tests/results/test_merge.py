@@ -1,0 +1,145 @@
+"""`mlxgate merge`: the worst verdict of a gate wins (fail > inconclusive > pass), one commit or no merge,
+every shard of a plan or no merge, the Capability Score made again over all shards, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate.cli import main
+from pytest_mlxgate.results.json_report import write_json_report
+from pytest_mlxgate.results.merge import MergeError, merge_reports, read_report, worst
+from pytest_mlxgate.results.records import RunInfo
+
+COMMIT = "a" * 40
+
+
+def run_info(run_id: str, *, commit: str | None = COMMIT, shard: tuple[int, int] | None = None,
+             plan: str = "p1", started: str = "2026-12-01T10:00:00Z", inconclusive: str = "fail") -> RunInfo:
+    config: dict[str, Any] = {"candidate": "smollm2-135m", "gate": {"shard": None, "inconclusive": inconclusive}}
+    argv = ["gates"]
+    if shard is not None:
+        config["shard"] = {"index": shard[0], "count": shard[1], "plan": plan, "modules": []}
+        config["gate"]["shard"] = f"{shard[0]}/{shard[1]}"
+        argv += ["--mlx-shard", f"{shard[0]}/{shard[1]}", f"--mlx-shard={shard[0]}/{shard[1]}"]
+    return RunInfo(run_id=run_id, started=started, code_commit=commit, code_dirty=False, argv=argv, config=config,
+                   machine={"device": "cpu", "mlx": "0.32"})
+
+
+def record(nodeid: str, verdict: str = "pass", **more: Any) -> dict[str, Any]:
+    return {"nodeid": nodeid, "gate": nodeid.replace(".py", ""), "mode": "gate", "verdict": verdict,
+            "time": "2026-12-01T10:01:00Z", "stats": {"mean": 1e-4, "mean_ci": [5e-5, 2e-4]}, "checks": [], **more}
+
+
+def capability(nodeid: str, task: str, ref: float, cand: float) -> dict[str, Any]:
+    return record(nodeid, mode="capability", tasks={task: {"ref_score": ref, "cand_score": cand, "n": 10}})
+
+
+def write(path: Path, run: RunInfo, records: list[dict[str, Any]]) -> Path:
+    write_json_report(path, run, records)  # type: ignore[arg-type]
+    return path
+
+
+def test_worst_verdict_wins_fail_over_inconclusive_over_pass() -> None:
+    for verdicts, expected in ((["pass", "fail"], "fail"), (["inconclusive", "pass"], "inconclusive"),
+                               (["inconclusive", "fail"], "fail"), (["fail", "inconclusive", "pass"], "fail"),
+                               (["pass", "pass"], "pass"), (["pass", "measured"], "measured"),
+                               (["error", "fail"], "error")):
+        records = [record("t.py::g", v) for v in verdicts]
+        assert worst(records)["verdict"] == expected  # type: ignore[arg-type]
+        assert worst(records[::-1])["verdict"] == expected  # type: ignore[arg-type]
+
+
+def test_a_gate_in_two_shards_keeps_its_worst_record_and_says_so(tmp_path: Path) -> None:
+    a = write(tmp_path / "a.json", run_info("1" * 32), [record("t.py::g", "pass"), record("a.py::x")])
+    b = write(tmp_path / "b.json", run_info("2" * 32), [record("t.py::g", "inconclusive", marker="b")])
+    merged = merge_reports([read_report(a), read_report(b)])
+    kept = {r["nodeid"]: r for r in merged.records}
+    assert sorted(kept) == ["a.py::x", "t.py::g"]
+    assert kept["t.py::g"]["verdict"] == "inconclusive" and kept["t.py::g"].get("marker") == "b"
+    (note,) = merged.notes
+    assert note.startswith("t.py::g is in 2 reports (pass in ") and note.endswith("kept the worst, inconclusive")
+
+
+def test_reports_of_different_commits_do_not_merge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path / "a.json", run_info("1" * 32), [record("a.py::x")])
+    b = write(tmp_path / "b.json", run_info("2" * 32, commit="b" * 40), [record("b.py::x")])
+    assert main(["merge", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"mlxgate: error: the reports ran different code ({a} at aaaaaaaaaaaa; {b} at bbbbbbbbbbbb)")
+    assert "Re-run the shards on one commit" in err
+
+
+def test_shards_must_all_be_there_once_and_planned_alike(tmp_path: Path) -> None:
+    s1 = read_report(write(tmp_path / "1.json", run_info("1" * 32, shard=(1, 3)), [record("a.py::x")]))
+    s2 = read_report(write(tmp_path / "2.json", run_info("2" * 32, shard=(2, 3)), [record("b.py::x")]))
+    s3 = read_report(write(tmp_path / "3.json", run_info("3" * 32, shard=(3, 3)), []))  # an empty shard counts
+    other = read_report(write(tmp_path / "o.json", run_info("4" * 32, shard=(3, 3), plan="p2"), []))
+    two = read_report(write(tmp_path / "t.json", run_info("5" * 32, shard=(2, 2)), []))
+    assert [r["nodeid"] for r in merge_reports([s3, s1, s2]).records] == ["a.py::x", "b.py::x"]
+    with pytest.raises(MergeError, match=r"shard 3/3 missing: a merged run without it would pass gates that never"):
+        merge_reports([s1, s2])
+    with pytest.raises(MergeError, match=r"shard 2/3 given twice"):
+        merge_reports([s1, s2, s2, s3])
+    with pytest.raises(MergeError, match=r"planned from different histories.*same --mlx-db file"):
+        merge_reports([s1, s2, other])
+    with pytest.raises(MergeError, match=r"cut in different numbers of pieces"):
+        merge_reports([s1, s2, s3, two])
+
+
+def test_the_merged_run_one_id_the_first_start_no_shard_and_the_score_made_again(tmp_path: Path) -> None:
+    score = {"nodeid": "mlxgate::capability_score", "gate": "Capability Score", "mode": "score",
+             "verdict": "partial", "time": "2026-12-01T10:02:00Z", "capability_score": {"candidate": 0.0}}
+    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2), started="2026-12-01T10:05:00Z"),
+              [capability("cap_a.py::t", "mmlu", 0.5, 0.4), score])
+    b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [capability("cap_b.py::t", "gsm8k", 0.3, 0.3),
+                                                                      score])
+    first = merge_reports([read_report(a), read_report(b)])
+    again = merge_reports([read_report(b), read_report(a)])
+    assert first.run.run_id == again.run.run_id and len(first.run.run_id) == 32  # the same shards, the same run
+    assert first.run.started == "2026-12-01T10:00:00Z" and first.run.code_commit == COMMIT
+    assert "shard" not in first.run.config and first.run.config["gate"]["shard"] is None
+    assert first.run.argv == ["gates"]  # --mlx-shard I/N and --mlx-shard=I/N dropped
+    assert [m["shard"] for m in first.run.config["merged"]] == ["1/2", "2/2"]
+    scores = [r for r in first.records if r["nodeid"] == "mlxgate::capability_score"]
+    (s,) = scores
+    assert s["capability_score"]["tasks"] == {"mmlu": {"reference": 0.5, "candidate": 0.4, "n": 10},
+                                              "gsm8k": {"reference": 0.3, "candidate": 0.3, "n": 10}}
+    assert s["capability_score"]["partial"] is True and s["time"] == "2026-12-01T10:01:00Z"
+
+
+def test_merge_exits_1_when_a_gate_fails_and_writes_the_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2)), [record("a.py::x", "pass")])
+    b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [record("b.py::x", "fail")])
+    out = tmp_path / "m.json"
+    assert main(["merge", str(a), str(b), f"--json={out}"]) == 1
+    captured = capsys.readouterr()
+    assert "mlxgate merge: 1 gate(s) failing: b.py::x" in captured.err
+    assert captured.out.startswith("mlxgate run ") and "merged from 2 reports" in captured.out.splitlines()[0]
+    doc = json.loads(out.read_text())
+    assert [(g["nodeid"], g["verdict"]) for g in doc["gates"]] == [("a.py::x", "pass"), ("b.py::x", "fail")]
+
+
+def test_an_inconclusive_gate_fails_the_merge_only_where_the_run_failed_it(tmp_path: Path) -> None:
+    for policy, code in (("fail", 1), ("warn", 0)):
+        a = write(tmp_path / f"{policy}.json", run_info("1" * 32, inconclusive=policy),
+                  [record("a.py::x", "inconclusive")])
+        assert main(["merge", str(a)]) == code
+
+
+def test_merge_refuses_what_is_not_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "junk.json").write_text("{")
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    good = write(tmp_path / "good.json", run_info("1" * 32), [])
+    newer = json.loads(good.read_text())
+    newer["mlxgate_report"] = 99
+    (tmp_path / "newer.json").write_text(json.dumps(newer))
+    for name, message in (("junk.json", "is not JSON"), ("other.json", "is not an mlxgate JSON report"),
+                          ("newer.json", "report of version 99, this mlxgate reads version 1"),
+                          ("missing.json", "cannot read the report")):
+        assert main(["merge", str(tmp_path / name)]) == 2
+        assert message in capsys.readouterr().err
