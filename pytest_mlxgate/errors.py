@@ -22,6 +22,7 @@ __all__ = [
     "GateRunError",
     "NonFiniteLogitsError",
     "VocabularyMismatchError",
+    "DistributedRunError",
 ]
 
 
@@ -64,6 +65,10 @@ class NonFiniteLogitsError(GateRunError):
 
 class VocabularyMismatchError(GateRunError):
     """Two-model mode with models whose tokenizers differ: their KL would be garbage."""
+
+
+class DistributedRunError(GateRunError):
+    """The ranks of an `mlx.launch` job cannot pair their shares: they disagree on the items, or one failed."""
 
 
 class MlxgateWarning(pytest.PytestWarning):

@@ -122,6 +122,8 @@ def capability_checks(
             info["cand_ci"] = list(wilson_interval(k_cand, run.n))
         if run.sequential is not None:
             info["sequential"] = run.sequential
+        if run.ranks > 1:
+            info["ranks"] = run.ranks  # split over mx.distributed ranks; the statistics are over every item
         if max_drop is not None and run.sequential is None:
             test = (S.drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha) if run.graded
                     else S.drop_test_binary(ref, cand, max_drop=max_drop, alpha=alpha))

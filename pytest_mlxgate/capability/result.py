@@ -27,6 +27,7 @@ class CapabilityRun:
     rendered: dict[str, str] = field(default_factory=dict)  # item id -> exact model input (for reports)
     reference_source: str = "computed"  # "cache": the reference arm's results came from the capability cache
     sequential: dict[str, Any] | None = None  # n=Budget(...): the sequential procedure's verdict, bounds and budget
+    ranks: int = 1  # > 1: the items were split over this many `mx.distributed` ranks (capability/distributed.py)
 
     @property
     def n(self) -> int:

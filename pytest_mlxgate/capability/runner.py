@@ -199,13 +199,17 @@ def run_capability_sequential(
     alpha: float,
     fail_alpha: float | None = None,
     say: Callable[[str], None] | None = None,
+    batch_runner: Callable[..., CapabilityRun] | None = None,
+    clock: Callable[[], float] | None = None,
     **arms: Any,
 ) -> CapabilityRun:
     """Both arms, a batch at a time, until the drop is shown either way or `budget` is spent.
 
     `arms` are `run_capability`'s keyword arguments (models, lever, cache...). Every batch is an
     ordinary paired run of its items, so the reference cache serves each batch of an unchanged gate.
-    The returned run carries every item scored and `sequential`, the procedure's verdict."""
+    The returned run carries every item scored and `sequential`, the procedure's verdict.
+    `batch_runner` (default `run_capability`) and `clock` (of the time budget) let
+    `distributed.py` split each batch over ranks that all stop after the same one."""
     from ..stats.sequential import run_sequential
 
     task = load_task(name, RunOptions(allow_unsandboxed=bool(arms.get("allow_unsandboxed"))))
@@ -217,7 +221,7 @@ def run_capability_sequential(
         chunk = pool[start:start + k]
         if not chunk:
             return []
-        run = run_capability(name, tier, n=None, items=chunk, **arms)
+        run = (batch_runner or run_capability)(name, tier, n=None, items=chunk, **arms)
         batches.append(run)
         return list(zip(run.scores("reference"), run.scores("candidate")))
 
@@ -228,7 +232,7 @@ def run_capability_sequential(
 
     verdict = run_sequential(next_batch, max_drop=max_drop, alpha=alpha, fail_alpha=fail_alpha,
                              batch_size=budget.batch, max_items=budget.items,
-                             max_seconds=budget.seconds, on_batch=report)
+                             max_seconds=budget.seconds, on_batch=report, clock=clock or time.monotonic)
     if not batches:
         raise TaskSkipped(f"{name}: the {tier} tier has no items")
     sources = {b.reference_source for b in batches}
@@ -240,7 +244,7 @@ def run_capability_sequential(
         durations={k: round(sum(b.durations.get(k, 0.0) for b in batches), 3) for k in ("reference_s", "candidate_s")},
         rendered={k: v for b in batches for k, v in b.rendered.items()},
         reference_source=sources.pop() if len(sources) == 1 else "mixed",
-        sequential={**verdict.to_json(), "budget": budget.to_json()},
+        sequential={**verdict.to_json(), "budget": budget.to_json()}, ranks=batches[0].ranks,
     )
 
 

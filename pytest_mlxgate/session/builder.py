@@ -131,6 +131,7 @@ class RunContext:
     machine: Mapping[str, str]  # device, BLAS and library versions: the reference depends on them
     progress: Callable[[str], None] | None  # a line for the controller's terminal (from a worker: relayed)
     live: bool = False  # the terminal is a tty: interim progress lines, not only a closing line per task
+    distributed: bool = False  # one rank of an mlx.launch job: capability items split over the ranks
 
 
 def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
@@ -177,7 +178,8 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         live=ctx.live,
         speed_shape=gate_speed_shape(item, gate, ctx.machine.get("device", "cpu")),
         capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
-                            "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed},
+                            "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed,
+                            "distributed": ctx.distributed},
     )
     runs[key] = run
     return run

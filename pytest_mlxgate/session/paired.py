@@ -95,9 +95,13 @@ class PairedRun:
         procedure stops on them, so they are part of what is remembered."""
         self.skip_if_untrained()
         from ..capability.base import Budget
-        from ..capability.runner import run_capability, run_capability_sequential
 
         opts = self.capability_options
+        if not opts.get("distributed"):
+            from ..capability.runner import run_capability, run_capability_sequential
+        else:  # one rank of an mlx.launch job: the items split over the ranks, the whole run on each
+            from ..capability.distributed import run_capability_distributed as run_capability
+            from ..capability.distributed import run_capability_sequential_distributed as run_capability_sequential
         tier = tier or opts.get("tier", "smoke")
         seq = tuple(sorted((sequential or {}).items())) if isinstance(n, Budget) else ()
         key = (task, str(tier), n, seq)
@@ -131,7 +135,8 @@ class PairedRun:
                 self._say(f"capability {task} ({tier}): both arms, the same items")
                 self._capability[key] = run_capability(
                     task, tier,  # type: ignore[arg-type]
-                    n=n, progress_for=self._arm_progress(f"capability {task} ({tier})"), **arms,
+                    n=n, progress_for=self._arm_progress(
+                        f"capability {task} ({tier}{', rank 0 share' if opts.get('distributed') else ''})"), **arms,
                 )
         return self._capability[key]
 

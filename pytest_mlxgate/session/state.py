@@ -54,6 +54,15 @@ class MlxgateSession:
         self.config = config
         self.settings = settings
         self.workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+        from ..capability.distributed import launch_rank
+
+        self.rank: int | None = launch_rank()  # one rank of an mlx.launch job (None: a plain run)
+        if self.rank is not None and settings.in_use and (
+                self.workerinput is not None or getattr(config.option, "dist", "no") != "no"):
+            raise pytest.UsageError(
+                "mlxgate: this pytest is one rank of an mlx.launch job (MLX_RANK is set) and also distributes "
+                "over xdist workers; the ranks already split the capability items. Fix: -p no:xdist (or -n 0) "
+                "in the command mlx.launch runs")
         try:
             self.aliases: Aliases = load_aliases(settings.pyproject, settings.tool_table)
             names: dict[Role, str | None] = {
@@ -92,6 +101,11 @@ class MlxgateSession:
     @property
     def is_worker(self) -> bool:
         return self.workerinput is not None
+
+    @property
+    def is_quiet_rank(self) -> bool:
+        """A rank other than 0 of an mlx.launch job: it runs its share of the items, prints and writes nothing."""
+        return self.rank is not None and self.rank != 0
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -162,7 +176,7 @@ class MlxgateSession:
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         """`mlxgate: name → repo@commit (verified, cached) · device · BLAS`, only when in use."""
-        if self.is_worker or not self.settings.in_use:
+        if self.is_worker or self.is_quiet_rank or not self.settings.in_use:
             return []
         device, blas = self.machine()
         lines = []
@@ -174,6 +188,9 @@ class MlxgateSession:
             _, off = self.reference_cache_plan()
             if off is not None:
                 lines.append(f"mlxgate: reference cache off ({off})")
+        if self.rank is not None:
+            lines.append("mlxgate: rank 0 of an mlx.launch job: capability items are split over its ranks; "
+                         "this rank prints the summary and writes the reports")
         self._header_shown = True
         return lines
 
@@ -217,6 +234,9 @@ class MlxgateSession:
         """One table for the whole run, printed by the controller only."""
         if self.is_worker or not (self.records or self.calibrations):
             return
+        if self.is_quiet_rank:
+            terminalreporter.write_line(f"mlxgate: rank {self.rank}: the summary and reports are rank 0's")
+            return
         if self.calibrations:
             from ..authoring.calibrate import calibration_lines
 
@@ -252,6 +272,8 @@ class MlxgateSession:
         gate = self.settings.gate
         sharded = gate is not None and gate.shard is not None  # a shard writes its report even when empty:
         if self.is_worker or not (self.records or self.calibrations or sharded) or gate is None:  # merge counts it
+            return
+        if self.is_quiet_rank:  # rank 0 of the mlx.launch job holds the same records and writes them
             return
         from ..capability.base import TASK_NAMES
         from ..results.history import ResultsDB, ResultsDBError
@@ -460,6 +482,7 @@ class MlxgateSession:
             machine={"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))},
             progress=self._progress_sink(),
             live=self._live(),
+            distributed=self.rank is not None,
         )
 
     def reference_cache_plan(self) -> tuple[Path | None, str | None]:
@@ -504,6 +527,8 @@ class MlxgateSession:
 
     def _progress_sink(self) -> Callable[[str], None] | None:
         """Where progress lines go: the terminal on the controller, the relay folder on a worker."""
+        if self.is_quiet_rank:
+            return None
         if not self.is_worker:
             return self._say
         assert self.workerinput is not None
@@ -601,7 +626,7 @@ class MlxgateSession:
     def _terminal(self) -> Iterator[Callable[[str], None] | None]:
         """A line writer to the real terminal even mid-test (capture suspended); None on workers."""
         reporter = self.config.pluginmanager.getplugin("terminalreporter")
-        if self.is_worker or reporter is None:
+        if self.is_worker or self.is_quiet_rank or reporter is None:
             yield None
             return
         capman = self.config.pluginmanager.getplugin("capturemanager")
