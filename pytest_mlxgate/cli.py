@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         )
         if name == "get":
             p.add_argument(
-                "--offline", action="store_true", default=None, help="use the cache only"
+                "--offline", action="store_true", default=None,
+                help="use the cache only (a file changed since it was verified is an error, exit 1)"
             )
             p.add_argument("--endpoint", metavar="URL", type=endpoint_arg, help="hub endpoint")
         else:

@@ -1,7 +1,8 @@
 """Verified snapshots from the Hugging Face hub, in huggingface_hub's own cache layout.
 
 Every byte is checked against its checksum while it streams; a blob gets its final name only
-verified, fsynced and atomically renamed; partial downloads resume across runs.
+verified, fsynced and atomically renamed, and a verified stamp; partial downloads resume across runs.
+A cached blob is trusted while its stat matches its stamp, and hashed again otherwise (`integrity`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@
     snapshots/<commit>/<path>         relative symlink to ../../blobs/<etag>
     refs/<revision>                   the commit a branch or tag pointed to
     .mlxgate/<commit>.json            our manifest: every file, size and etag (huggingface_hub ignores it)
+    .mlxgate/verified/<etag>          the blob's verified stamp: its stat when its bytes last hashed to etag
 
-Correctness never rests on a lock: a blob is published only verified, by os.replace.
+Correctness never rests on a lock: a blob is published only verified, by os.replace. A snapshot is
+complete only when every file links to its blob and each blob still holds the bytes that were verified
+(its stamp vouches for an unchanged stat; anything else is hashed again: `integrity`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..common.atomic import atomic_write_bytes
 from ..common.commits import COMMIT_RE
 from .errors import HubUnsafePathError
 from .hashing import Algo
+from .integrity import BlobCheck, check_blob, set_aside
 
 MANIFEST_VERSION = 1
 
@@ -98,6 +102,18 @@ class RepoCache:
     def manifest_path(self, commit: str) -> Path:
         return self.root / ".mlxgate" / f"{commit}.json"
 
+    def stamp_path(self, etag: str) -> Path:
+        return self.root / ".mlxgate" / "verified" / etag
+
+    # blobs ---------------------------------------------------------------------------
+    def check_blob(self, etag: str, size: int | None = None, *, rehash: bool = False) -> BlobCheck:
+        """Whether blobs/<etag> holds the bytes named etag: its stamp vouches for it, else it is hashed."""
+        return check_blob(self.blob_path(etag), self.stamp_path(etag), etag, size=size, rehash=rehash)
+
+    def set_aside(self, etag: str) -> Path:
+        """Move a damaged blob aside (kept, never deleted) so the next fetch writes it afresh."""
+        return set_aside(self.blob_path(etag), self.stamp_path(etag))
+
     # refs ----------------------------------------------------------------------------
     def read_ref(self, revision: str) -> str | None:
         if COMMIT_RE.match(revision):
@@ -155,11 +171,39 @@ class RepoCache:
             return None
 
     def complete_snapshot(self, commit: str) -> Path | None:
-        """The snapshot's folder if our manifest lists it and every file is there at its size."""
+        """The snapshot's folder if our manifest lists it and every file is its verified blob, unchanged."""
         files = self.read_manifest(commit)
-        if files is None or self.missing_files(commit, files):
+        if files is None or self.snapshot_problems(commit, files):
             return None
         return self.snapshot_dir(commit)
+
+    def snapshot_problems(self, commit: str, files: list[RepoFile]) -> dict[str, BlobCheck]:
+        """Each file (by path) that is not the verified blob its manifest entry names, and why."""
+        problems = {}
+        for f in files:
+            check = self.file_check(commit, f)
+            if not check.ok:
+                problems[f.path] = check
+        return problems
+
+    def file_check(self, commit: str, file: RepoFile) -> BlobCheck:
+        """What snapshots/<commit>/<path> reads: the blob named by its etag, holding the verified bytes?"""
+        link = self.snapshot_file(commit, file.path)
+        blob = self.blob_path(file.etag)
+        try:
+            target = os.readlink(link)
+        except FileNotFoundError:
+            return BlobCheck(file.etag, "missing", why="it is missing from the snapshot")
+        except OSError:  # not a link
+            target = None
+        # The relative target `link` writes (huggingface_hub writes the same); else compare where both lead.
+        if target != os.path.relpath(blob, link.parent) and os.path.realpath(link) != os.path.realpath(blob):
+            if not link.exists():
+                return BlobCheck(file.etag, "missing", why="its link leads nowhere")
+            # An editor or `sed -i` replaces the link with a file of its own; a link to another blob is no better.
+            return BlobCheck(file.etag, "replaced", why=f"it is no longer a link to its verified blob {file.etag}: "
+                             "another file took its place")
+        return self.check_blob(file.etag, file.size)
 
     def missing_files(self, commit: str, files: list[RepoFile]) -> list[str]:
         """Files whose link or blob is absent or of the wrong size: what makes a snapshot incomplete."""

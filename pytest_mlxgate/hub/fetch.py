@@ -26,6 +26,7 @@ from ..common.atomic import fsync_dir
 from .cache import RepoCache, RepoFile
 from .errors import HubChecksumError, HubProtocolError, HubRetryError
 from .hashing import CHUNK, Hasher, hash_file_prefix, new_hasher
+from .integrity import write_stamp
 from .transport import HubClient, RetryPolicy, TransientError, check_status, redact
 
 PARTIAL_SUFFIX = ".mlxgate-partial"
@@ -102,7 +103,7 @@ def fetch_blob(
     """Make blobs/<etag> exist, verified. Safe across threads and processes; idempotent."""
     stats = FetchStats()
     blob = cache.blob_path(file.etag)
-    if _is_published(blob, file):
+    if _is_published(cache, file):
         return stats
     blob.parent.mkdir(parents=True, exist_ok=True)
     lock = cache.lock_path(file.etag)
@@ -110,12 +111,12 @@ def fetch_blob(
     # The lock saves bandwidth (one fetch per blob across processes); correctness comes from
     # hashing and atomic publishing, so a lock that silently does nothing (NFS) costs only bytes.
     with FileLock(str(lock)):
-        if _is_published(blob, file):
+        if _is_published(cache, file):
             return stats
         partial = _Partial(_claim_partial(cache.blobs, file.etag), file)
         try:
             _download(client, file, url, partial, stats, progress)
-            _publish(partial, blob)
+            _publish(partial, blob, cache.stamp_path(file.etag))
         finally:
             partial.close()
             _leave(partial.path)
@@ -128,11 +129,9 @@ def resumable_bytes(blobs: Path, file: RepoFile) -> int:
     return max([n for n in sizes if n <= file.size], default=0)
 
 
-def _is_published(blob: Path, file: RepoFile) -> bool:
-    try:
-        return blob.stat().st_size == file.size
-    except OSError:
-        return False
+def _is_published(cache: RepoCache, file: RepoFile) -> bool:
+    """The blob is there, whole, and the bytes that hash to its name (a short or empty one is not)."""
+    return cache.check_blob(file.etag, file.size).ok
 
 
 def _claim_partial(blobs: Path, etag: str) -> Path:
@@ -364,8 +363,8 @@ def _stream_body(
     partial.f.flush()
 
 
-def _publish(partial: _Partial, blob: Path) -> None:
-    """fsync, check the size on disk, then give the verified bytes their final name atomically."""
+def _publish(partial: _Partial, blob: Path, stamp: Path) -> None:
+    """fsync, check the size on disk, then give the verified bytes their final name atomically and stamp them."""
     partial.f.flush()
     os.fsync(partial.f.fileno())
     if os.fstat(partial.f.fileno()).st_size != partial.file.size:
@@ -379,3 +378,4 @@ def _publish(partial: _Partial, blob: Path) -> None:
             f"it); nothing was published, run again"
         ) from exc
     fsync_dir(blob.parent)
+    write_stamp(stamp, partial.file.etag, os.fstat(partial.f.fileno()))  # the inode we wrote and hashed

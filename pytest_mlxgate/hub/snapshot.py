@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -11,8 +12,9 @@ from pathlib import Path
 from ..common.commits import COMMIT_RE
 from .cache import RepoCache, RepoFile
 from .environment import REPO_TYPES, resolve_cache_dir, resolve_endpoint, resolve_offline, resolve_token
-from .errors import HubError, HubOfflineError
+from .errors import HubError, HubOfflineError, HubVerifyError
 from .fetch import FetchStats, fetch_blob, resumable_bytes
+from .integrity import BlobCheck
 from .listing import list_files, resolve_commit, resolve_url
 from .space import NO_ROOM_ERRNOS, disk_filled_up, ensure_room
 from .transport import HubClient, RetryPolicy
@@ -35,8 +37,10 @@ def snapshot_download(
     """Return the path of a complete, verified snapshot of `repo_id` at `revision`.
 
     Online, it asks the hub which commit `revision` is, lists that commit's files and fetches
-    the ones the cache lacks (resuming partial ones); a pinned commit whose snapshot is complete
-    touches no network at all. Offline it returns the cached snapshot or says what is missing.
+    the ones the cache lacks or holds damaged (resuming partial ones, setting damaged blobs aside);
+    a pinned commit whose snapshot is complete touches no network at all. Offline it returns the
+    cached snapshot or says what is missing or damaged. Either way every cached blob is checked
+    against its verified stamp, and hashed again when its stat no longer matches (`integrity`).
     """
     if repo_type not in REPO_TYPES:
         raise HubError(f"repo_type must be one of {', '.join(REPO_TYPES)}, not {repo_type!r}")
@@ -45,12 +49,12 @@ def snapshot_download(
     cache = RepoCache(resolve_cache_dir(cache_dir), repo_id, repo_type)
     policy = policy or RetryPolicy()
 
+    if resolve_offline(offline):
+        return _offline_snapshot(cache, revision)
     if COMMIT_RE.match(revision):
         done = cache.complete_snapshot(revision)
         if done is not None:
             return done
-    if resolve_offline(offline):
-        return _offline_snapshot(cache, revision)
 
     with HubClient(resolve_endpoint(endpoint), resolve_token(token), policy) as client:
         commit = resolve_commit(client, repo_id, repo_type, revision)
@@ -90,6 +94,7 @@ def _offline_snapshot(cache: RepoCache, revision: str) -> Path:
         broken = [p for p in cache.snapshot_dir(commit).rglob("*") if p.is_symlink() and not p.exists()]
         if broken:
             raise HubOfflineError(f"offline, and {what} is incomplete: {len(broken)} files lack their blob")
+        _refuse_damaged(cache, commit, _linked_problems(cache, commit))
         return cache.snapshot_dir(commit)
     missing = cache.missing_files(commit, files)
     if missing:
@@ -98,14 +103,60 @@ def _offline_snapshot(cache: RepoCache, revision: str) -> Path:
             f"offline, and the cached {what} (commit {commit}) is incomplete: missing {shown}. "
             "Run once with network to finish it; it resumes where it stopped"
         )
+    _refuse_damaged(cache, commit, cache.snapshot_problems(commit, files))
     return cache.snapshot_dir(commit)
 
 
+def _linked_problems(cache: RepoCache, commit: str) -> dict[str, BlobCheck]:
+    """A huggingface_hub snapshot's files checked through their links: each blob is named by its hash."""
+    snap = cache.snapshot_dir(commit)
+    problems = {}
+    for entry in sorted(snap.rglob("*")):
+        if entry.is_dir():
+            continue
+        rel = entry.relative_to(snap).as_posix()
+        blob = Path(os.path.realpath(entry))
+        if not entry.is_symlink() or blob.parent != Path(os.path.realpath(cache.blobs)):
+            problems[rel] = BlobCheck(blob.name, "unnamed", why="it is not a link to a hash-named blob, so it "
+                                      "can't be checked")
+            continue
+        check = cache.check_blob(blob.name)
+        if not check.ok:
+            problems[rel] = check
+    return problems
+
+
+def _refuse_damaged(cache: RepoCache, commit: str, problems: dict[str, BlobCheck]) -> None:
+    """Offline, a file that is not what was verified is an error: the model read would not be the hub's."""
+    if not problems:
+        return
+    shown = "; ".join(f"{path}: {check.why}" for path, check in list(problems.items())[:5])
+    more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    name = cache.repo_id + ("" if cache.read_ref("main") == commit else f"@{commit}")
+    flags = (" --dataset" if cache.repo_type == "dataset" else "") + f" --cache-dir {cache.cache_dir}"
+    raise HubVerifyError(
+        f"offline, and files of the cached {cache.repo_type} {cache.repo_id}@{commit[:7]} are not the bytes "
+        f"that were verified: {shown}{more}. They are not used: a model read from them would not be the one the "
+        f"hub's hashes name. Fix: run `mlxgate get {name}{flags}` with network (it fetches them again and "
+        f"keeps the damaged blobs aside as *.corrupt-*), or `mlxgate verify {name}{flags}` to list every "
+        "damaged file"
+    )
+
+
 def _missing_blobs(cache: RepoCache, files: list[RepoFile]) -> list[RepoFile]:
+    """The blobs to fetch: absent, short or long, or no longer the bytes that were verified (set aside)."""
     by_etag: dict[str, RepoFile] = {}
     for f in files:
         by_etag.setdefault(f.etag, f)  # identical content under two names is fetched once
-    return [f for f in by_etag.values() if not _blob_ready(cache, f)]
+    todo = []
+    for f in by_etag.values():
+        check = cache.check_blob(f.etag, f.size)
+        if check.state == "damaged":
+            with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+                cache.set_aside(f.etag)
+        if not check.ok:
+            todo.append(f)
+    return todo
 
 
 def _bytes_to_fetch(cache: RepoCache, todo: list[RepoFile]) -> int:
@@ -156,9 +207,3 @@ def _fetch_all(
             raise error
     return results
 
-
-def _blob_ready(cache: RepoCache, f: RepoFile) -> bool:
-    try:
-        return cache.blob_path(f.etag).stat().st_size == f.size
-    except OSError:
-        return False

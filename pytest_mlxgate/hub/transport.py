@@ -57,9 +57,11 @@ def origin(url: str) -> tuple[str, str, int | None]:
 
 
 def redact(url: str) -> str:
-    """A URL fit for a message: presigned query strings are credentials, so they are dropped."""
+    """A URL fit for a message: presigned query strings are credentials, so they are dropped, and so
+    is the userinfo of `http://user:pass@host` (shown as `***@`)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"
+    _, at, host = parts.netloc.rpartition("@")
+    return f"{parts.scheme}://{'***@' if at else ''}{host}{parts.path}"
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -83,6 +85,11 @@ class HubClient:
         self.token = token
         self.policy = policy
         self._origin = origin(endpoint)
+        # Userinfo in the endpoint (`http://user:pass@proxy`) is Basic auth, sent like the token: on every
+        # request to the hub's origin (also a next page or a redirect whose URL lost the userinfo), never
+        # elsewhere. As before, Basic then takes the place of the Bearer token.
+        url = httpx.URL(endpoint)
+        self._basic = httpx.BasicAuth(url.username, url.password) if url.username or url.password else None
         timeout = httpx.Timeout(policy.stall_window, connect=policy.connect_timeout)
         limits = httpx.Limits(max_connections=policy.workers + 2, max_keepalive_connections=policy.workers + 2)
         # follow_redirects=False: we follow them ourselves, deciding per hop whether the token goes along.
@@ -110,8 +117,9 @@ class HubClient:
             if self.token and origin(url) == self._origin:
                 hdrs["Authorization"] = f"Bearer {self.token}"
             request = self.http.build_request(method, url, headers=hdrs)
+            basic = self._basic if self._basic is not None and origin(url) == self._origin else None
             try:
-                response = self.http.send(request, stream=True)
+                response = self.http.send(request, stream=True, auth=basic or httpx.USE_CLIENT_DEFAULT)
             except httpx.TransportError as exc:  # connect errors, resets, timeouts
                 raise TransientError(f"{type(exc).__name__} for {redact(url)}") from exc
             if response.status_code not in REDIRECT_STATUSES:
@@ -180,7 +188,7 @@ def check_status(response: httpx.Response, what: str, client: HubClient) -> None
         sent = "the token was rejected" if client.token else "no token was sent"
         if status == 403 or code == "GatedRepo":
             fix = (
-                f"if the repo is gated, accept its terms on {client.endpoint}; "
+                f"if the repo is gated, accept its terms on {redact(client.endpoint)}; "
                 f"make sure your token has access: {token_source_hint()}"
             )
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from .cache import RepoCache
 from .environment import resolve_cache_dir
 from .errors import HubOfflineError
 from .hashing import algo_for_etag, hash_file
+from .integrity import set_aside
 
 
 @dataclass
@@ -35,11 +35,12 @@ def verify_snapshot(
     cache_dir: str | os.PathLike[str] | None = None,
     repair: bool = False,
 ) -> VerifyReport:
-    """Re-hash every blob a cached snapshot points to, against the hash that names it.
+    """Re-hash every blob a cached snapshot points to, against the hash that names it, stamps or not.
 
     Checks the manifest's file list when there is one (snapshots we wrote), so a missing file is
     reported too; a snapshot huggingface_hub wrote is checked file by file through its links.
     With `repair`, a corrupt blob is renamed aside (never deleted) so the next download fetches it again.
+    A blob that matches gets a fresh verified stamp, so later uses need not hash it again.
     """
     cache = RepoCache(resolve_cache_dir(cache_dir), repo_id, repo_type)
     commit = cache.read_ref(revision)
@@ -68,15 +69,24 @@ def verify_snapshot(
         if algo is None:
             report.problems.append(f"{rel}: blob {etag} is not named by a hash; can't check it")
             continue
-        actual = hash_file(blob, algo)
+        # Every file, whatever its size or kind (LFS sha256, git sha1), is hashed: its stamp is no excuse here.
+        if blob.parent == Path(os.path.realpath(cache.blobs)):
+            check = cache.check_blob(etag, rehash=True)  # a match is stamped afresh, a mismatch unstamped
+            actual, hashed, why = check.actual, check.hashed_bytes, check.why
+        else:
+            hashed, why = blob.stat().st_size, ""
+            actual = hash_file(blob, algo)
         report.files_checked += 1
-        report.bytes_checked += blob.stat().st_size
-        if actual != etag:
+        report.bytes_checked += hashed
+        if actual == etag:
+            continue
+        if actual is None:
+            report.problems.append(f"{rel}: {why} ({blob})")
+        else:
             report.problems.append(f"{rel}: content hashes to {actual}, not {etag} (corrupt blob {blob})")
-            if repair and blob.exists():
-                aside = blob.with_name(f"{etag}.corrupt-{int(time.time())}")
-                os.replace(blob, aside)
-                report.problems[-1] += f"; moved aside to {aside.name}, the next download fetches it again"
+        if repair and blob.exists():
+            aside = set_aside(blob, cache.stamp_path(etag))
+            report.problems[-1] += f"; moved aside to {aside.name}, the next download fetches it again"
     for rel in sorted(set(expected) - seen):
         report.problems.append(f"{rel}: missing from the snapshot")
     return report

@@ -87,10 +87,11 @@ def quantized_copy(loaded: LoadedModel, spec: WeightsSpec) -> LoadedModel:
     from dataclasses import replace
 
     import mlx.core as mx
-    import mlx_lm
     from mlx_lm.utils import quantize_model
 
-    model = mlx_lm.load(str(loaded.snapshot.dir))[0]
+    from ..models.loaded import load_mlx
+
+    model = load_mlx(loaded.snapshot)[0]  # unreadable weights: ModelUnavailableError naming the file
     config_path = loaded.snapshot.dir / "config.json"
     config: dict[str, Any] = json.loads(config_path.read_text()) if config_path.is_file() else {}
     if "quantization" in config:

@@ -9,6 +9,10 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..hub.cache import RepoCache
 
 EMBEDDED_REPO_ID = "mlxgate/SmolLM2-135M-Instruct-f32"
 EMBEDDED_ALIAS = "smollm2-135m"
@@ -28,8 +32,10 @@ def ensure_embedded_snapshot(
 ) -> Path:
     """Return the embedded model's verified snapshot, converting the GGUF the first time.
 
-    Offline by construction. Processes racing here build it once (a file lock); the publish
-    itself is hash-named and atomic, so a lock that does nothing costs only time.
+    Offline by construction. Reuse checks each blob like a download's (its verified stamp, else a
+    re-hash): a blob edited or cut short is set aside and the snapshot built again. Processes racing
+    here build it once (a file lock); the publish itself is hash-named and atomic, so a lock that does
+    nothing costs only time.
     """
     from filelock import FileLock
 
@@ -37,6 +43,7 @@ def ensure_embedded_snapshot(
     from ..hub.cache import RepoCache, RepoFile
     from ..hub.environment import resolve_cache_dir
     from ..hub.hashing import hash_file
+    from ..hub.integrity import write_stamp
     from .gguf import convert_gguf, find_embedded_gguf
 
     gguf = find_embedded_gguf()
@@ -51,6 +58,7 @@ def ensure_embedded_snapshot(
         done = cache.complete_snapshot(commit)
         if done is not None:
             return done
+        _set_damaged_aside(cache, commit)
         cache.blobs.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache.blobs, prefix=".build-") as tmp:
             out = Path(tmp)
@@ -60,9 +68,10 @@ def ensure_embedded_snapshot(
                 src = out / name
                 with open(src, "rb+") as handle:
                     os.fsync(handle.fileno())
-                sha = hash_file(src, "sha256")
-                files.append(RepoFile(path=name, size=src.stat().st_size, etag=sha, algo="sha256"))
-                os.replace(src, cache.blob_path(sha))
+                    sha = hash_file(src, "sha256")
+                    files.append(RepoFile(path=name, size=src.stat().st_size, etag=sha, algo="sha256"))
+                    os.replace(src, cache.blob_path(sha))
+                    write_stamp(cache.stamp_path(sha), sha, os.fstat(handle.fileno()))  # the inode just hashed
                 if progress:
                     progress(i + 1, len(names))
             fsync_dir(cache.blobs)
@@ -71,6 +80,17 @@ def ensure_embedded_snapshot(
         cache.write_manifest(commit, files)
         cache.write_ref("main", commit)
     return cache.snapshot_dir(commit)
+
+
+def _set_damaged_aside(cache: RepoCache, commit: str) -> None:
+    """Before a rebuild: blobs that no longer hold their verified bytes are kept aside, not overwritten."""
+    files = cache.read_manifest(commit) or []
+    for check in cache.snapshot_problems(commit, files).values():
+        if check.state == "damaged":
+            try:
+                cache.set_aside(check.etag)
+            except FileNotFoundError:  # another process set it aside first
+                pass
 
 
 def _gguf_identity(gguf: Path) -> str:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate.hub import snapshot_download, verify_snapshot
+from pytest_mlxgate.hub import hashing, snapshot_download, verify_snapshot
 from pytest_mlxgate.models.embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
+from pytest_mlxgate.models.gguf import find_embedded_gguf
 
 pytestmark = pytest.mark.slow  # every test here builds the embedded model (0.5 GB) into a fresh cache
 
@@ -55,6 +56,37 @@ def test_a_corrupted_blob_is_caught_and_rebuilt(cache: Path, snapshot: Path) -> 
     assert ensure_embedded_snapshot(cache) == snapshot  # the missing blob makes it rebuild
     assert blob.read_bytes() == original
     assert verify_snapshot(EMBEDDED_REPO_ID, cache_dir=cache).ok
+
+
+def test_an_edit_in_place_is_caught_on_reuse_and_rebuilt_without_verify(cache: Path, snapshot: Path) -> None:
+    blob = Path(os.path.realpath(snapshot / "config.json"))
+    original = blob.read_bytes()
+    at = original.index(b"rope_theta") + len(b'rope_theta": ')
+    earlier = set(blob.parent.glob(f"{blob.name}.corrupt-*"))
+    with open(blob, "r+b") as f:  # same inode, same size: only the content says it changed
+        f.seek(at)
+        f.write(b"9")
+    assert blob.stat().st_size == len(original)
+    assert ensure_embedded_snapshot(cache) == snapshot
+    assert blob.read_bytes() == original
+    [aside] = set(blob.parent.glob(f"{blob.name}.corrupt-*")) - earlier  # the edit is kept aside, not lost
+    assert aside.read_bytes()[at:at + 1] == b"9"
+
+
+def test_reuse_hashes_no_blob_while_its_stamp_matches(
+    cache: Path, snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert ensure_embedded_snapshot(cache) == snapshot  # any earlier test's damage repaired, stamps fresh
+    fed: list[int] = []
+    real = hashing.new_hasher
+
+    def counting(algo: hashing.Algo, size: int) -> hashing.Hasher:
+        fed.append(size)  # the size each hash is started for: one per file hashed
+        return real(algo, size)
+
+    monkeypatch.setattr(hashing, "new_hasher", counting)
+    assert ensure_embedded_snapshot(cache) == snapshot
+    assert fed == [find_embedded_gguf().stat().st_size]  # the GGUF's identity alone, no blob of the snapshot
 
 
 def test_huggingface_hub_reads_it(cache: Path, snapshot: Path) -> None:
