@@ -1,5 +1,6 @@
 """The command that re-runs just one gate: its node id, from where the user typed theirs, with the
-run's mlxgate options (those the option table marks as carried)."""
+run's mlxgate options (those the option table marks as carried), credentials masked: the command
+is stored in every record and report."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shlex
 
 import pytest
 
+from ..common.redact import redact_argv
 from .options import OPTIONS
 
 __all__ = ["rerun_command"]
@@ -19,7 +21,7 @@ _DROPPED_VALUED = frozenset(o.flag for o in OPTIONS if not o.in_rerun and o.take
 
 def rerun_command(config: pytest.Config, nodeid: str) -> str:
     """`pytest 'nodeid' <the run's --mlx-* options>`: what re-runs just this gate."""
-    args = [str(a) for a in config.invocation_params.args]
+    args = redact_argv(config.invocation_params.args)  # one for one: flags still pair with their values
     kept: list[str] = []
     i = 0
     while i < len(args):
