@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 #: `progress(done, total)`: items finished so far, called as work completes.
 Progress = Callable[[int, int], None]
 
-__all__ = ["choice_logprobs", "choice_logprobs_many", "generate_greedy"]
+__all__ = ["choice_logprobs", "choice_logprobs_many", "generate_greedy", "prompt_length"]
 
 #: A token prefix shared by several items (a few-shot block) is prefilled once when it is this long.
 MIN_SHARED_PREFIX = 32
@@ -334,6 +334,11 @@ def _vocab_size(model: Any) -> int:
     args = getattr(model, "args", None)
     size = getattr(args, "vocab_size", None) or getattr(getattr(args, "text_config", None), "vocab_size", None)
     return int(size) if isinstance(size, int) and size > 0 else 262_144  # unknown: assume a large one
+
+
+def prompt_length(tokenizer: Any, text: str) -> int:
+    """How many tokens generation feeds for `text` before its first new token."""
+    return len(_encode(tokenizer, text))
 
 
 def _encode(tokenizer: Any, text: str, *, special: bool = True) -> list[int]:

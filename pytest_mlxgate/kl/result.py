@@ -52,7 +52,9 @@ class KLResult:
         rerun: str,
     ) -> GateRecord:
         """The plain-JSON record that rides the test report to the controller (report, DB, summary)."""
-        plots: dict[str, Any] = {"kl_profile": self.profile} if self.profile is not None else {}
+        extra: dict[str, Any] = {"kl_profile": self.profile} if self.profile is not None else {}
+        if self.counters.lever_calls:
+            extra["lever_calls"] = dict(self.counters.lever_calls)
         return gate_record(
             nodeid=nodeid,
             mode="aa" if self.aa is not None else "gate",
@@ -74,7 +76,7 @@ class KLResult:
             aa=self.aa,
             tokens={str(k): v for k, v in self.token_text.items()},
             rerun=rerun,
-            **plots,
+            **extra,
         )
 
 

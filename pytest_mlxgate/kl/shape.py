@@ -5,7 +5,8 @@ Plain data, no numpy: the session builds these before any arm runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import LeverError
@@ -56,13 +57,24 @@ class RunShape:
 
 @dataclass
 class ArmCounters:
-    """Forward calls per arm: how tests prove a cached reference arm really did not run."""
+    """Forward calls per arm (how tests prove a cached reference arm really did not run), and calls
+    of a patch lever's site per arm (how a gate proves its lever was exercised at all)."""
 
     reference_forwards: int = 0
     candidate_forwards: int = 0
+    lever_calls: dict[str, int] = field(default_factory=dict)  # arm -> calls of the patched site
 
     def add(self, arm: Arm, n: int) -> None:
         if arm == "reference":
             self.reference_forwards += n
         else:
             self.candidate_forwards += n
+
+    def call_counter(self, arm: Arm) -> Callable[[], None]:
+        """What `Lever.applied(on_call=...)` calls each time the arm's patched site runs."""
+        self.lever_calls.setdefault(arm, 0)
+
+        def count() -> None:
+            self.lever_calls[arm] += 1
+
+        return count

@@ -59,6 +59,7 @@ __all__ = [
     "KVSpec",
     "PLAIN",
     "parse_kv_value",
+    "require_kv_difference",
     "shared_kv_sources",
 ]
 
@@ -234,6 +235,46 @@ class KVPlan:
         if problems:
             raise LeverError(f"KV plan {self.source} cannot run on this model: " + "; ".join(problems)
                              + " (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
+
+
+    def quantized_within(self, model: Any, positions: int) -> dict[int, str]:
+        """{cached layer: its spec} for the layers this plan quantizes before the last of `positions`
+        tokens is fed (a layer quantizes once its offset reaches its spec's start, so a forward at
+        position p reads quantized K/V when start <= p): what the plan changes on sequences that long."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from ..serving.caches import attention_type, quantized_form
+
+        out: dict[int, str] = {}
+        for i, c in enumerate(make_prompt_cache(model)):
+            spec = self.for_layer(i, attention_type(c)) if quantized_form(c) is not None else None
+            if spec is not None and spec.start <= positions - 1:
+                out[i] = f"{spec.bits}-bit g{spec.group_size}" + ("-fake" if self.fake else "")
+        return out
+
+
+def require_kv_difference(name: str, reference: KVPlan, candidate: KVPlan, model: Any, positions: int,
+                          *, where: str) -> None:
+    """Refuse a KV lever whose two plans serve the same caches at every position `where` scores
+    (e.g. a start beyond the sequences, both arms plain): a pass would certify nothing."""
+    ref, cand = reference.quantized_within(model, positions), candidate.quantized_within(model, positions)
+    if ref != cand:
+        return
+    from ..errors import VacuousLeverError
+
+    late = sorted({spec.start for plan in (reference, candidate)
+                   for spec in (plan.default, *plan.layers.values(), *plan.types.values())
+                   if spec is not None and spec.start > positions - 1})
+    why = (f"every quantized spec starts at token {', '.join(map(str, late))}, beyond the {positions} tokens "
+           f"{where} feeds" if late and not ref else
+           "both plans quantize the same layers the same way" if ref else "neither plan quantizes any layer")
+    raise VacuousLeverError(
+        f"KV lever {name!r}: {reference.describe()} (reference) and {candidate.describe()} (candidate) serve "
+        f"the same caches at every position {where} scores ({why}): the lever changes nothing the gate "
+        "measures, so it would pass without testing anything. Fix: a quantized_kv_start (start=) below the "
+        "sequence length, longer sequences (mlx_kl(tokens=...) / --mlx-kl-tokens), or a candidate plan "
+        "that differs from the reference on this model's layers"
+    )
 
 
 def shared_kv_sources(model: Any, n_cached: int) -> dict[int, int]:

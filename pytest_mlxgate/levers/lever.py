@@ -29,10 +29,10 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ..errors import LeverError
+from ..errors import LeverError, VacuousLeverError
 from .kvcache import PLAIN, KVPlan, parse_kv_value
-from .naming import canonical, object_name
-from .patching import env_set, patched, resolve_object
+from .naming import canonical, object_name, source_digest
+from .patching import counted, env_set, patched, resolve_object
 from .weights import WeightsSpec, parse_weights_value
 
 __all__ = [
@@ -128,7 +128,9 @@ class Lever:
         """Stable text identifying this arm's configuration, for a cache key.
 
         Kind, target, path and a canonical value: a kv_config.json by the sha256 of its bytes
-        (not its path), a callable by module:qualname. The lever's name is left out (it changes
+        (not its path), a callable by module:qualname *and the sha256 of its module's source*, so
+        an edited function under the same name is another key (the patch value, the original it
+        replaces, a context factory; see `code_digests`). The lever's name is left out (it changes
         nothing computed); a model lever's key names only the arm, so add the models' identity.
         """
         value = self.value(arm)
@@ -142,29 +144,74 @@ class Lever:
             stable = self.describe_value(arm)
         else:
             stable = canonical(value)
-        return json.dumps(
-            {"kind": self.kind, "target": self.target, "value": stable, "path": self.path},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        key: dict[str, object] = {"kind": self.kind, "target": self.target, "value": stable, "path": self.path}
+        code = self.code_digests(arm)
+        if code:
+            key["code"] = code
+        return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+    def code_digests(self, arm: Arm) -> dict[str, str]:
+        """{object name: sha256 of its module's source} for the Python code this arm runs through the
+        lever: a patch's value (or, patched to the original, the original), a context factory. Code
+        in C extensions has no entry: mlx's and mlx-lm's versions are in every key already."""
+        objects: list[object] = []
+        if self.kind == "patch" and self.target is not None:
+            value = self.value(arm)
+            if value is None:
+                value = resolve_object(self.target, what=f"lever {self.name!r} patch target")[2]
+            elif isinstance(value, str):
+                value = resolve_object(value, what=f"lever {self.name!r} patch value")[2]
+            objects.append(value)
+        elif self.kind == "context":
+            factory: object = self.factory
+            if factory is None and self.target is not None:
+                factory = resolve_object(self.target, what=f"lever {self.name!r} context factory")[2]
+            objects.append(factory)
+            if callable(self.value(arm)):
+                objects.append(self.value(arm))
+        out: dict[str, str] = {}
+        for obj in objects:
+            digest = source_digest(obj)
+            if digest is not None:  # a callable instance is named by its class (its repr holds an address)
+                out[object_name(obj if hasattr(obj, "__qualname__") else type(obj))] = digest
+        return out
 
     @contextmanager
-    def applied(self, arm: Arm) -> Iterator[None]:
-        """Run the body with this arm's value in force; everything is restored on exit, raise or not."""
+    def applied(self, arm: Arm, *, on_call: Callable[[], None] | None = None) -> Iterator[None]:
+        """Run the body with this arm's value in force; everything is restored on exit, raise or not.
+
+        `on_call` (patch levers): called at every call of the patched site during the body, whether
+        the arm patches it or keeps the original, so a gate can prove its lever was exercised.
+        Not for timed trials: the counting wrapper is a Python call."""
         value = self.value(arm)
         if self.kind == "env":
             assert self.target is not None
             with env_set(self.target, value if value is None else str(value)):
                 yield
-        elif self.kind == "patch" and value is not None:
+        elif self.kind == "patch" and (value is not None or on_call is not None):
             assert self.target is not None
-            with patched(self.name, self.target, value):
+            if value is None:
+                value = resolve_object(self.target, what=f"lever {self.name!r} patch target")[2]
+            with patched(self.name, self.target, value if on_call is None else counted(value, on_call, self.name)):
                 yield
         elif self.kind == "context":
             with self._enter_context(value):
                 yield
         else:  # kv (the plan is read by the caller), model/weights (two models), patch to the original
             yield
+
+    def require_exercised(self, arm: Arm, calls: int | None, *, during: str) -> None:
+        """Refuse a patch lever whose site was never called during `arm` (`calls` from `applied`'s
+        `on_call`): its two arms ran the same code, and a pass would certify nothing."""
+        if self.kind != "patch" or calls is None or calls > 0:
+            return
+        raise VacuousLeverError(
+            f"lever {self.name!r}: {self.target} was never called during the {arm} arm's {during} "
+            f"({self.describe_value(arm)}): the lever was never exercised, so both arms ran the same code and "
+            "the gate would pass without testing anything. Fix: patch the attribute the model really calls "
+            "(the module that looks it up at call time, e.g. mlx_lm.models.<arch>.<name> when the model "
+            "imported it by name), or a function the path reaches (serving vs prefill: path=)"
+        )
 
     def kv_plan(self, arm: Arm) -> KVPlan:
         """The KV cache plan for `arm`: a kv lever's parsed value, otherwise the plain plan."""

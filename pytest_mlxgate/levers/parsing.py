@@ -18,7 +18,7 @@ from .lever import LEVER_PATHS, Lever, LeverKind, LeverPath
 from .naming import IDENT, object_name
 from .patching import OBJECT_NAME
 
-__all__ = ["lever_from_marker", "lever_from_options"]
+__all__ = ["check_override_targets", "lever_from_marker", "lever_from_options", "override_applies"]
 
 _KIND_KWARGS: tuple[LeverKind, ...] = ("env", "patch", "kv", "context", "weights")
 _MARKER_KWARGS = frozenset({*_KIND_KWARGS, "ref", "cand", "path"})
@@ -79,6 +79,37 @@ def lever_from_marker(mark: pytest.Mark, *, base_dir: Path | None = None) -> Lev
         raise LeverError(f"{where}: weights={kwargs['weights']!r}; write weights=True and put the quantization "
                          "in ref=/cand= (None: as loaded; {'bits': 4, 'group_size': 64})")
     return _build(where, name, kind, kwargs[kind], kwargs["ref"], kwargs["cand"], path or "prefill", base_dir)
+
+
+_EXPLICIT_PREFIXES = ("env:", "patch:", "context:")
+_KIND_NAMES = frozenset({"model", "kv", "weights"})
+
+
+def override_applies(name: str, declared: str | None) -> bool:
+    """Whether `--mlx-lever NAME` is meant for a module whose declared lever is named `declared`.
+
+    A bare NAME addresses the module whose lever has that name, or defines an environment-variable
+    lever for a module that declares none; a module declaring another lever keeps its own (a bare
+    NAME never turns a KV lever into an environment variable). An explicit form (`env:VAR`,
+    `patch:...`, `context:...`, `kv`, `weights`, `model`) replaces every module's lever: asked for.
+    """
+    if name.startswith(_EXPLICIT_PREFIXES) or name in _KIND_NAMES:
+        return True
+    return declared is None or declared == name
+
+
+def check_override_targets(name: str, declared: dict[str, str | None]) -> None:
+    """Refuse a bare `--mlx-lever NAME` that addresses none of the collected gate modules
+    ({module: its declared lever's name, None when it declares none}): it would test nothing."""
+    if not declared or any(override_applies(name, n) for n in declared.values()):
+        return
+    names = sorted({n for n in declared.values() if n is not None})
+    raise LeverError(
+        f"--mlx-lever {name}: no collected gate module declares a lever named {name!r} (they declare "
+        f"{', '.join(repr(n) for n in names)}), so the override would apply to nothing and every gate would run "
+        f"its own lever. Fix: --mlx-lever with one of those names, select the module you mean, or say what "
+        f"{name!r} switches explicitly (env:{name}, patch:package.module.attr, context:package.module:factory)"
+    )
 
 
 def lever_from_options(

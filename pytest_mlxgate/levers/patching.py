@@ -3,17 +3,19 @@ the length of one arm, restored exactly afterwards (also when the forward raises
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ..errors import LeverError
 from .naming import IDENT, describe_value
 
-__all__ = ["OBJECT_NAME", "env_set", "patched", "resolve_object"]
+__all__ = ["OBJECT_NAME", "counted", "env_set", "patched", "resolve_object"]
 
 OBJECT_NAME = re.compile(rf"{IDENT}(?:\.{IDENT})*(?::{IDENT}(?:\.{IDENT})*)?")
 
@@ -149,3 +151,17 @@ def _modules_holding(attr: str, obj: object) -> list[object]:
         if isinstance(namespace, dict) and namespace.get(attr, None) is obj:
             found.append(module)
     return found
+
+
+def counted(value: object, on_call: Callable[[], None], lever_name: str) -> object:
+    """`value` (a callable, or the name of one) wrapped so each call first calls `on_call`."""
+    fn = resolve_object(value, what=f"lever {lever_name!r} patch value")[2] if isinstance(value, str) else value
+    if not callable(fn):
+        return fn  # not a function: `patched` explains what is wrong with it
+
+    @functools.wraps(fn)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        on_call()
+        return fn(*args, **kwargs)
+
+    return counting
