@@ -5,7 +5,9 @@ on — the model (commit or local fingerprint), tokenizer and dtype, the device,
 mlx-lm versions, the lever's reference value, the task (name and the hash of its code), tier and
 n, every item's id and the hash of its exact rendered prompt (so the data and the chat template
 are in it), and the generation settings. The full key is stored inside and compared on load: a
-damaged or foreign file is a miss, never a wrong reference. Written atomically.
+foreign file is a miss, never a wrong reference. Sealed with its payload's sha256, written
+atomically and evicted like a KL entry (`common.refstore`): a damaged entry is a miss, said once
+and replaced by the recomputed one.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import hashlib
 import inspect
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..common.atomic import atomic_write_bytes
 from ..common.keys import canonical_json, key_digest
+from ..common.refstore import DEFAULT_CACHE_MAX_BYTES, EntryStore
 from .base import ItemResult
 
 __all__ = ["CAPABILITY_CACHE_FORMAT", "CapabilityCache", "generation_code_digest", "task_code_digest"]
@@ -62,28 +64,35 @@ def generation_code_digest() -> str:
 
 
 class CapabilityCache:
-    """A directory of `cap-<key-hash>.json` files, one per (gate configuration, task, reference arm)."""
+    """A directory of `cap-<key-hash>.json` files, one per (gate configuration, task, reference arm).
 
-    def __init__(self, directory: Path) -> None:
+    `files`: the run's KL cache's (this folder sits inside it, under one cap); by default one over
+    `directory` with `max_bytes` and `report`."""
+
+    def __init__(self, directory: Path, *, max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
+                 report: Callable[[str], None] | None = None, files: EntryStore | None = None) -> None:
         self.directory = directory
+        self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 
     def path_for(self, key: Mapping[str, Any]) -> Path:
         return self.directory / f"cap-{key_digest(key)}.json"
 
     def load(self, key: Mapping[str, Any], n_items: int) -> list[ItemResult] | None:
-        """The stored results, or None: absent, unreadable, another key, or the wrong size."""
-        try:
-            doc = json.loads(self.path_for(key).read_text(encoding="utf-8"))
-            if doc.get("key") != json.loads(canonical_json(key)):
-                return None
-            results = [ItemResult.from_json(r) for r in doc["results"]]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-        return results if len(results) == n_items else None
+        """The stored results, or None: absent, another key, the wrong size, or damaged in any
+        way (said once; the store after the recomputed arm replaces it)."""
+        return self.files.load(self.path_for(key), lambda payload: _decode(payload, key, n_items))
 
     def store(self, key: Mapping[str, Any], results: Sequence[ItemResult]) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path_for(key)
         doc = {"key": json.loads(canonical_json(key)), "results": [r.to_json() for r in results]}
-        atomic_write_bytes(path, json.dumps(doc, ensure_ascii=False).encode("utf-8"))
+        self.files.write(path, json.dumps(doc, ensure_ascii=False).encode("utf-8"))
         return path
+
+
+def _decode(payload: bytes, key: Mapping[str, Any], n_items: int) -> list[ItemResult] | None:
+    """The results of a checked payload; None when written for another key or another item count."""
+    doc = json.loads(payload.decode("utf-8"))
+    if doc.get("key") != json.loads(canonical_json(key)):
+        return None
+    results = [ItemResult.from_json(r) for r in doc["results"]]
+    return results if len(results) == n_items else None

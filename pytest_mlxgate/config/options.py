@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from ..common.redact import redact
 from ..errors import MlxgateUsageError, ModelNameError
+from ..results.history import DB_BUSY_TIMEOUT_S
 from .names import check_name_syntax
 
 __all__ = [
@@ -22,11 +24,14 @@ __all__ = [
     "Option",
     "add_options",
     "cache_dir_arg",
+    "cache_max_arg",
     "check_endpoint",
     "contexts_arg",
     "count_arg",
     "endpoint_arg",
     "file_arg",
+    "seconds_arg",
+    "timeout_arg",
     "name_arg",
     "option",
     "shard_arg",
@@ -49,9 +54,16 @@ def check_endpoint(value: str) -> str:
     parts = urlsplit(value.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
         raise MlxgateUsageError(
-            f"'{value}' is not a hub endpoint; expected http(s)://host[:port], e.g. https://huggingface.co"
+            f"'{_shown(value)}' is not a hub endpoint; expected http(s)://host[:port], e.g. https://huggingface.co"
         )
     return value.strip().rstrip("/")
+
+
+def _shown(value: str) -> str:
+    """A rejected endpoint fit for a message: without a scheme (`user:pass@host`) `redact` would not
+    know what precedes the '@' is userinfo."""
+    shown = redact(value)
+    return shown if "://" in shown or "@" not in shown else f"***@{shown.rpartition('@')[2]}"
 
 
 def endpoint_arg(value: str) -> str:
@@ -104,12 +116,41 @@ def shard_arg(value: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def cache_max_arg(value: str) -> str:
+    """A cache size cap (`2GiB`, `500MB`, `0`, `none`): checked now, kept as text."""
+    from ..common.refstore import parse_cache_max
+
+    try:
+        parse_cache_max(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
 def file_arg(value: str) -> str:
     """An input file that must exist now (not after an hour of model loading)."""
     path = Path(value).expanduser()
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"'{value}' is not a file")
     return value
+
+
+def seconds_arg(value: str) -> float:
+    """A duration in seconds, 0 or more (`0.5`, `30`)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {value}")
+    return seconds
+
+
+def timeout_arg(value: str) -> float:
+    """A time limit in seconds; 0, `none` or `off` turn it off (returned as 0.0)."""
+    if value.strip().lower() in ("none", "off"):
+        return 0.0
+    return seconds_arg(value)
 
 
 # --- the table ---------------------------------------------------------------------------------------
@@ -177,6 +218,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--mlx-reference-cache", "where reference arms are cached: a directory, or 'off'. Default: pytest's "
            "cache (.pytest_cache/d/mlxgate-reference); off when pytest's cacheprovider is disabled "
            "(-p no:cacheprovider)", "gate", metavar="DIR"),
+    Option("--mlx-reference-cache-max", "cap on the reference cache's size, e.g. 2GiB or 500MB: after each store "
+           "the least recently used entries are deleted until it fits (never the one just written; 0 keeps only "
+           "that one); 'none': no cap. Default: 2GiB", "gate", metavar="SIZE", type=cache_max_arg),
     Option("--mlx-refresh-reference", "recompute the reference arm even when the reference cache has it", "gate"),
     Option("--mlx-aa", "A/A calibration: run each gate's reference arm against itself (and with another "
            "prefill chunk size) and check every limit sits above that noise floor", "gate"),
@@ -185,11 +229,18 @@ OPTIONS: tuple[Option, ...] = (
            in_rerun=False),
     # Not carried by a re-run of one gate: an investigation must not overwrite the run's report with
     # a report of one gate, nor add rows to a history file chosen for the whole run.
-    Option("--mlx-report", "write a JSON report, one record per gate", "gate", metavar="PATH", in_rerun=False),
+    Option("--mlx-report", "write a JSON report, one record per gate (an error record for a gate that raised). "
+           "A file already at PATH is renamed PATH.stale when the run starts (on the controller), so a run "
+           "that cannot write its report leaves none to mistake for it; a report not written fails the run",
+           "gate", metavar="PATH", in_rerun=False),
     Option("--mlx-html", "write an HTML report: one self-contained file (plots as inline SVG, nothing loaded "
-           "from the network), a section per gate", "gate", metavar="PATH", in_rerun=False),
+           "from the network), a section per gate. Like --mlx-report, a file already at PATH becomes "
+           "PATH.stale at the start, and a report not written fails the run", "gate", metavar="PATH",
+           in_rerun=False),
     Option("--mlx-db", "sqlite results history (table quality_runs); 'off' disables. "
-           "Default: .mlxgate/results.sqlite under the rootdir", "gate", metavar="PATH", in_rerun=False),
+           "Default: .mlxgate/results.sqlite under the rootdir. Locked by another process for more than "
+           f"{DB_BUSY_TIMEOUT_S:g} s: the run's rows wait in PATH.pending.jsonl and the next run adds them", "gate", metavar="PATH",
+           in_rerun=False),
     # Not carried by a re-run either: the gate being re-run may well sit in another shard.
     Option("--mlx-shard", "run shard I of N (1-based): whole gate modules, the same split in every process, "
            "balanced by the modules' recorded durations when the results DB has them; `mlxgate merge` joins "
@@ -204,6 +255,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--mlx-allow-untrained", "run gates on a reference model that predicts text no better than chance "
            "(random-weight test models); by default such gates skip, saying so. Also MLXGATE_ALLOW_UNTRAINED=1",
            "gate"),
+    Option("--mlx-arm-timeout", "end an arm (KL, speed trials, a capability task) that runs longer than this many "
+           "seconds, with an error saying how far it got; checked between forwards, never mid-operation. 0 or none: "
+           "no limit. Default: 3600", "gate", metavar="SECONDS", type=timeout_arg),
+    Option("--mlx-progress-interval", "seconds between an arm's progress lines (rate, ETA) on the terminal. "
+           "Default: 5 on a terminal, 30 otherwise (CI logs)", "gate", metavar="SECONDS", type=seconds_arg,
+           in_rerun=False),
     Option("--mlx-allow-unsandboxed", "run model-written HumanEval code even where no isolation (network "
            "namespace, sandbox-exec) is available; only rlimits and a temp dir then contain it", "gate"),
 )

@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
+from ..common.refstore import DEFAULT_CACHE_MAX_BYTES
 from ..errors import MlxgateUsageError
 from ..session.shards import Shard, parse_shard
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
-from .options import OPTIONS, check_endpoint, contexts_arg, count_arg
+from .options import OPTIONS, check_endpoint, contexts_arg, count_arg, seconds_arg, timeout_arg
 
 __all__ = [
+    "DEFAULT_ARM_TIMEOUT",
     "DEFAULT_DB",
     "DEFAULT_KL_DECODE",
     "DEFAULT_KL_PROMPTS",
@@ -47,6 +49,8 @@ DEFAULT_KL_TOKENS = 256
 DEFAULT_KL_DECODE = 32
 #: Where the results history goes unless --mlx-db/mlx_db says otherwise ("off" turns it off).
 DEFAULT_DB = ".mlxgate/results.sqlite"
+#: --mlx-arm-timeout's default: an hour per arm, room for a full capability tier on a laptop.
+DEFAULT_ARM_TIMEOUT = 3600.0
 
 
 def default_db(rootdir: Path) -> Path:
@@ -114,6 +118,7 @@ class GateSettings:
     allow_untrained: bool = False
     reference_cache: Path | None = None  # --mlx-reference-cache DIR (None: pytest's cache)
     reference_cache_off: bool = False  # --mlx-reference-cache off
+    reference_cache_max: int | None = DEFAULT_CACHE_MAX_BYTES  # --mlx-reference-cache-max SIZE (None: no cap)
     inconclusive: str = "fail"  # --mlx-inconclusive: fail | warn | xfail
     speed: str | None = None  # --mlx-speed on | off; None: the modules' mlx_speed markers decide
     speed_contexts: tuple[int, ...] | None = None
@@ -122,6 +127,8 @@ class GateSettings:
     calibrate: bool = False  # --mlx-calibrate: measure, suggest limits, no verdict
     html: Path | None = None  # --mlx-html PATH: the self-contained HTML report
     shard: Shard | None = None  # --mlx-shard I/N: this run keeps the gate modules of shard I
+    arm_timeout: float | None = DEFAULT_ARM_TIMEOUT  # --mlx-arm-timeout SECONDS; None: no limit
+    progress_interval: float | None = None  # --mlx-progress-interval; None: 5 s on a terminal, else 30 s
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -195,6 +202,7 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         allow_unsandboxed=bool(cli["mlx_allow_unsandboxed"] or config.getini("mlx_allow_unsandboxed")),
         reference_cache=None if ref_cache_off or not ref_cache_raw else path("mlx_reference_cache"),
         reference_cache_off=ref_cache_off,
+        reference_cache_max=_cache_max(cli["mlx_reference_cache_max"], config),
         allow_untrained=bool(cli["mlx_allow_untrained"] or config.getini("mlx_allow_untrained")
                              or os.environ.get("MLXGATE_ALLOW_UNTRAINED", "").strip() in ("1", "true", "yes")),
         inconclusive=_inconclusive(cli["mlx_inconclusive"] or config.getini("mlx_inconclusive") or "fail", config),
@@ -203,7 +211,41 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         speed_decode=cli["mlx_speed_decode"] or _ini_count(config, "mlx_speed_decode"),
         speed_reps=cli["mlx_speed_reps"] or _ini_count(config, "mlx_speed_reps"),
         shard=_shard(cli["mlx_shard"] or config.getini("mlx_shard") or None, config),
+        arm_timeout=_arm_timeout(cli["mlx_arm_timeout"], config),
+        progress_interval=(cli["mlx_progress_interval"] if cli["mlx_progress_interval"] is not None
+                           else _ini_seconds(config, "mlx_progress_interval", seconds_arg)),
     )
+
+
+def _ini_seconds(config: pytest.Config, name: str, parse: Callable[[str], float]) -> float | None:
+    value = config.getini(name)
+    if value in (None, ""):
+        return None
+    try:
+        return parse(str(value))
+    except argparse.ArgumentTypeError as e:
+        raise MlxgateUsageError(f"{name} in {config.inipath or 'the ini file'}: {e}") from None
+
+
+def _arm_timeout(cli: float | None, config: pytest.Config) -> float | None:
+    """Command line, else ini, else the default; 0 (also `none`, `off`) is no limit."""
+    value = cli if cli is not None else _ini_seconds(config, "mlx_arm_timeout", timeout_arg)
+    if value is None:
+        return DEFAULT_ARM_TIMEOUT
+    return value or None
+
+
+def _cache_max(cli_value: str | None, config: pytest.Config) -> int | None:
+    """--mlx-reference-cache-max (checked by argparse), else its ini twin (checked here), else the default."""
+    from ..common.refstore import parse_cache_max
+
+    value = cli_value or config.getini("mlx_reference_cache_max") or None
+    if value is None:
+        return DEFAULT_CACHE_MAX_BYTES
+    try:
+        return parse_cache_max(str(value))
+    except ValueError as e:
+        raise MlxgateUsageError(f"mlx_reference_cache_max in {config.inipath or 'the ini file'}: {e}") from None
 
 
 def _shard(value: str | None, config: pytest.Config) -> Shard | None:

@@ -4,22 +4,24 @@ An entry is keyed by everything that changes the reference distributions: the mo
 a fingerprint of a local directory's files), the tokenizer files' content, the device and BLAS,
 mlx and mlx-lm versions, the token ids of every sequence, the path and its sizes, the lever's
 reference value, and the compaction's own constants. The key is stored inside the entry and
-compared in full on load: a hash collision, a truncated file or a foreign file is a miss, never
-a wrong reference. Entries are written atomically (temp file, fsync, rename).
+compared in full on load: a hash collision or a foreign file is a miss, never a wrong reference.
+The file is sealed with its payload's sha256 (`common.refstore`): a damaged entry is a miss,
+reported once and replaced by the recomputed one; written atomically, evicted least recently used
+first beyond the cache's cap.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..common.atomic import atomic_write
 from ..common.keys import canonical_json, key_digest
+from ..common.refstore import DEFAULT_CACHE_MAX_BYTES, EntryStore
 
 if TYPE_CHECKING:
     from .divergence import RefDistributions
@@ -27,11 +29,18 @@ if TYPE_CHECKING:
 __all__ = ["CACHE_FORMAT", "ReferenceCache"]
 
 CACHE_FORMAT = 1
-class ReferenceCache:
-    """A directory of `<key-hash>.npz` files, one per (gate configuration, reference arm)."""
 
-    def __init__(self, directory: Path) -> None:
+
+class ReferenceCache:
+    """A directory of `<key-hash>.npz` files, one per (gate configuration, reference arm).
+
+    `files` (shared with the run's capability cache, whose folder sits inside this one) reads,
+    writes and evicts them; by default one over `directory` with `max_bytes` and `report`."""
+
+    def __init__(self, directory: Path, *, max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
+                 report: Callable[[str], None] | None = None, files: EntryStore | None = None) -> None:
         self.directory = directory
+        self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 
     @staticmethod
     def digest(key: Mapping[str, Any]) -> str:
@@ -41,27 +50,12 @@ class ReferenceCache:
         return self.directory / f"{self.digest(key)}.npz"
 
     def load(self, key: Mapping[str, Any], n_sequences: int) -> list[RefDistributions] | None:
-        """The cached reference for `key`, or None (absent, damaged, or written for another key)."""
-        from .divergence import RefDistributions
-
-        path = self.path_for(key)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                stored = json.loads(bytes(data["key"]).decode())
-                if stored != json.loads(canonical_json(key)) or int(data["n"]) != n_sequences:
-                    return None
-                out = []
-                for i in range(n_sequences):
-                    prefix = f"s{i}_"
-                    arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
-                    out.append(RefDistributions.from_arrays(arrays))
-                return out
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, json.JSONDecodeError):
-            return None
+        """The cached reference for `key`, or None: absent, written for another key, or damaged
+        in any way (said once; the store after the recomputed arm replaces it)."""
+        return self.files.load(self.path_for(key), lambda payload: _decode(payload, key, n_sequences))
 
     def store(self, key: Mapping[str, Any], refs: Sequence[RefDistributions]) -> Path:
         """Write atomically; a concurrent writer of the same key writes identical content."""
-        self.directory.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, np.ndarray] = {
             "key": np.frombuffer(canonical_json(key).encode(), dtype=np.uint8),
             "n": np.asarray(len(refs)),
@@ -69,6 +63,24 @@ class ReferenceCache:
         for i, ref in enumerate(refs):
             for name, value in ref.to_arrays().items():
                 arrays[f"s{i}_{name}"] = value
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
         final = self.path_for(key)
-        atomic_write(final, lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
+        self.files.write(final, buffer.getvalue())
         return final
+
+
+def _decode(payload: bytes, key: Mapping[str, Any], n_sequences: int) -> list[RefDistributions] | None:
+    """The sequences of a checked payload; None when it was written for another key."""
+    from .divergence import RefDistributions
+
+    with np.load(io.BytesIO(payload), allow_pickle=False) as data:
+        stored = json.loads(bytes(data["key"]).decode())
+        if stored != json.loads(canonical_json(key)) or int(data["n"]) != n_sequences:
+            return None
+        out = []
+        for i in range(n_sequences):
+            prefix = f"s{i}_"
+            arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
+            out.append(RefDistributions.from_arrays(arrays))
+        return out

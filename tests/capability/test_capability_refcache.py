@@ -1,5 +1,6 @@
 """The capability reference-arm cache: an unchanged gate runs only its candidate arm; any change to
-what the reference outputs depend on is a miss, and a damaged entry is a miss, never a wrong answer."""
+what the reference outputs depend on is a miss, and a damaged entry (any byte flipped) is a miss
+said once and rewritten, never a wrong answer and never an exception."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.capability import refcache, runner, user_tasks
+from pytest_mlxgate.capability.base import ItemResult
 from pytest_mlxgate.capability.refcache import CapabilityCache
 from pytest_mlxgate.capability.user_tasks import jsonl_task
+from pytest_mlxgate.common.keys import canonical_json
+from pytest_mlxgate.common.refstore import EntryStore, seal, unseal
 from pytest_mlxgate.levers.lever import Lever
 
 BASE = {"model": "org/tiny@" + "0" * 40, "tokenizer": "t", "dtype": "float32", "machine": {"device": "cpu"},
@@ -83,13 +87,56 @@ def test_each_key_input_is_a_miss(setup: dict[str, Any], monkeypatch: pytest.Mon
 
 
 def test_a_damaged_entry_is_a_miss_and_is_rewritten(setup: dict[str, Any]) -> None:
+    from pytest_mlxgate.errors import MlxgateWarning
+
     _run(setup)
     (entry,) = setup["cache"].directory.glob("cap-*.json")
-    entry.write_text('{"key": {"model": "another"}, "results": []}')
-    assert _run(setup).reference_source == "computed"
+    entry.write_text('{"key": {"model": "another"}, "results": []}')  # no seal: not trusted, even as JSON
+    with pytest.warns(MlxgateWarning, match=r"cap-.*\.json is damaged \(no checksum.*replacing the entry"):
+        assert _run(setup).reference_source == "computed"
     entry.write_bytes(b"\x00 not json")
-    assert _run(setup).reference_source == "computed"
+    setup["cache"] = CapabilityCache(setup["cache"].directory)  # the next run
+    with pytest.warns(MlxgateWarning, match="no mlxgate entry header"):
+        assert _run(setup).reference_source == "computed"
     assert _run(setup).reference_source == "cache"  # stored again after the miss
+
+
+RESULTS = [ItemResult(f"item-{i}", f"{i:016x}", f"out {i} é", float(i % 2), ("wrong", "correct")[i % 2],
+                      {"n": i}) for i in range(3)]
+
+
+def test_every_single_byte_flip_of_an_entry_is_a_miss_said_once(tmp_path: Path) -> None:
+    """Exhaustive, as for the KL cache: the seal finds every flipped byte before JSON is parsed."""
+    good = CapabilityCache(tmp_path / "good").store(BASE, RESULTS).read_bytes()
+    lines: list[str] = []
+    cache = CapabilityCache(tmp_path / "flip", report=lines.append)
+    assert cache.load(BASE, 3) is None and not lines
+    cache.store(BASE, RESULTS)
+    assert [r.to_json() for r in cache.load(BASE, 3) or []] == [r.to_json() for r in RESULTS]
+    path = cache.path_for(BASE)
+    for i in range(len(good)):
+        damaged = bytearray(good)
+        damaged[i] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        lines.clear()
+        cache.files = EntryStore(cache.directory, report=lines.append)  # a fresh run: says it again
+        assert cache.load(BASE, 3) is None, i
+        assert len(lines) == 1 and str(path) in lines[0] and "is damaged" in lines[0], (i, lines)
+
+
+def test_a_broken_document_behind_a_valid_seal_never_raises(tmp_path: Path) -> None:
+    """The parser layer alone: a payload that is not the document a store wrote (flipped bytes,
+    other JSON) is a miss or some results, never an exception out of `load`."""
+    cache = CapabilityCache(tmp_path, report=lambda line: None)
+    path = cache.store(BASE, RESULTS)
+    payload = unseal(path.read_bytes())
+    docs = [bytes(payload[:i]) + bytes([payload[i] ^ 0x20]) + payload[i + 1:] for i in range(len(payload))]
+    docs += [b"[]", b"null", b'{"key": 1}', json.dumps({"key": json.loads(canonical_json(BASE)), "results": 7}).encode(),
+             json.dumps({"key": json.loads(canonical_json(BASE)), "results": [{"item_id": 1}] * 3}).encode(), b"\xff\xfe"]
+    for doc in docs:
+        path.write_bytes(seal(doc))
+        got = cache.load(BASE, 3)  # must not raise
+        assert got is None or len(got) == 3
 
 
 def test_task_code_digest_covers_the_task_classes_bases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
