@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .authoring.known_bad import assert_known_bad_fails
     from .capability.assertions import assert_capability_at_least
     from .capability.base import Budget
     from .capability.user_tasks import jsonl_task, register_task
@@ -43,6 +44,7 @@ _LAZY: dict[str, str] = {
     "assert_capability_at_least": "capability.assertions",
     "assert_faster": "speed.assertions",
     "assert_kl_below": "kl.assertions",
+    "assert_known_bad_fails": "authoring.known_bad",
     "jsonl_task": "capability.user_tasks",
     "register_task": "capability.user_tasks",
     "HubError": "hub",

@@ -6,30 +6,71 @@ rule: a KL limit is at least `LEVER_FACTOR` x the lever's 95% upper bound and at
 `FLOOR_FACTOR` x the A/A floor, rounded up to a round number; top-1 agreement the same on its
 disagreement rate (1 - top-1). Speed: half the speed-up the interval's lower end shows (a goal the
 lever keeps on a noisier machine); none when no speed-up is shown. Bytes (KV, weights) are exact:
-their ratio plus 10%. Only the standard library: the xdist controller renders this.
+their ratio plus 10%.
+
+A rule relative to the lever alone passes anything: 4x a broken kernel's drift passes that kernel.
+So every suggestion is capped by absolute quality bounds (`QUALITY_BOUNDS`), what "the same model"
+still means whatever the lever: mean KL <= 2 nats, p99 KL <= 10 nats, top-1 agreement >= 30%.
+Anchors: llama.cpp's Llama-3-8B figures are mean KL 0.00136 / same top 97.7% at q8_0 and 0.0313 /
+91.9% at q4_K_M; the loosest lever this project gates, 4-bit weights on the 135M embedded model,
+measures mean 0.66 (upper 0.78), p99 2.8 (upper 3.0), top-1 55.9% (lower 46.2%), and its gate asks
+mean 1.5, p99 6, top-1 35%: every gate in gates/ sits inside the bounds. A mean KL of 2 nats is
+most of the embedded model's own next-token entropy (its mean NLL is 2.4 nats): past it the
+candidate is another distribution, not a perturbation of the reference; below 30% top-1 most greedy
+tokens change. Broken levers measured here sit far beyond: 2-bit weights mean 15.1 / top-1 0.0%,
+an RMSNorm accumulating in float16 mean 8.4 / 0.0%, RoPE with its cache offset dropped mean 2.19.
+(Absolute, not relative to the reference's entropy: the record does not carry that entropy.)
+
+A lever whose 95% bound lies beyond a quality bound gets no limits at all, but a message that it
+breaks the model (its figures, the worst tokens), unless the module accepts it explicitly with
+`pytest.mark.mlx_calibrate(accept_broken="why")`; the suggestion and the record then say so. Every
+suggestion comes with the known-bad step: what to plant and how to show the limits fail it
+(`authoring.known_bad`). Only the standard library: the xdist controller renders this.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from ..common.format import percent
 
-__all__ = ["FLOOR_FACTOR", "LEVER_FACTOR", "RULE", "calibration_lines", "nice_ceil", "suggest_limits"]
+__all__ = [
+    "FLOOR_FACTOR",
+    "LEVER_FACTOR",
+    "QUALITY_BOUNDS",
+    "RULE",
+    "accept_broken_reason",
+    "beyond_quality_bounds",
+    "calibration_lines",
+    "known_bad_lines",
+    "known_bad_step",
+    "nice_ceil",
+    "suggest_limits",
+]
 
 LEVER_FACTOR = 4.0
 FLOOR_FACTOR = 10.0
+#: What "the same model" still means, whatever the lever: no suggested limit is looser, and a lever
+#: whose 95% bound is beyond one gets no limits (see the module docstring for why these numbers).
+QUALITY_BOUNDS: Mapping[str, float] = {"mean": 2.0, "p99": 10.0, "top1": 0.30}
 #: Round steps within a decade: a limit reads as 2e-3, not 2.28e-3.
 _STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0)
 #: The metrics a suggestion names: what gates/ assert on (mean: the typical token, p99: the tail,
 #: top-1: what greedy decoding would say).
 KL_METRICS = (("mean", "mean KL", "mean_ci", 1), ("p99", "p99 KL", "quantile_ci", 1), ("top1", "top-1", "top1_ci", 0))
+#: The marker by which a module accepts a lever beyond the quality bounds, and its one argument.
+ACCEPT_MARKER = "mlx_calibrate"
+_ACCEPT_HOW = (f'add pytest.mark.{ACCEPT_MARKER}(accept_broken="why this much change is what you mean to ship") to '
+               "the module's pytestmark and calibrate again (the suggestion and the record then carry the reason)")
 
 RULE = (f"rule: each KL limit >= {LEVER_FACTOR:g}x the lever's 95% upper bound and >= {FLOOR_FACTOR:g}x the A/A "
-        f"floor, rounded up to 1/1.5/2/3/5/7 x 10^k; top-1 by the same rule on 1 - top-1; speed goals half the "
-        "speed-up the interval's lower end shows; bytes (KV, weights) their exact ratio + 10%")
+        f"floor, rounded up to 1/1.5/2/3/5/7 x 10^k; top-1 by the same rule on 1 - top-1; all capped by the "
+        f"quality bounds (mean KL <= {QUALITY_BOUNDS['mean']:g}, p99 KL <= {QUALITY_BOUNDS['p99']:g}, top-1 >= "
+        f"{QUALITY_BOUNDS['top1']:.0%}); speed goals half the speed-up the interval's lower end shows; bytes (KV, "
+        "weights) their exact ratio + 10%")
 
 
 def nice_ceil(x: float) -> float:
@@ -54,49 +95,201 @@ def _bound(stats: Mapping[str, Any], key: str, ci: str, side: int) -> float | No
     return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
-def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Mapping[str, Any] | None) -> dict[str, Any]:
+def _interval(stats: Mapping[str, Any], key: str, ci: str) -> tuple[float | None, float | None]:
+    lo, hi = _bound(stats, key, ci, 0), _bound(stats, key, ci, 1)
+    return lo, hi
+
+
+def _beyond(key: str, x: float | None) -> bool:
+    if x is None:
+        return False
+    cap = QUALITY_BOUNDS[key]
+    return x < cap if key == "top1" else x > cap
+
+
+def beyond_quality_bounds(kl: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The metrics whose 95% bound on the gate's side (upper for KL, lower for top-1; the value where
+    there is no interval) lies beyond its quality bound: one entry each, empty for a lever that keeps
+    the model."""
+    out = []
+    for key, label, ci, side in KL_METRICS:
+        bound = _bound(kl, key, ci, side)
+        value = kl.get(key)
+        value = None if value is None or not math.isfinite(float(value)) else float(value)
+        judged = bound if bound is not None else value
+        if _beyond(key, judged):
+            out.append({"metric": label, "key": key, "value": value, "bound": bound,
+                        "quality_bound": QUALITY_BOUNDS[key], "point_beyond": _beyond(key, value)})
+    return out
+
+
+def accept_broken_reason(args: tuple[Any, ...], kwargs: Mapping[str, Any], where: str) -> str:
+    """The reason an `mlx_calibrate(accept_broken="...")` marker gives, on one line; ValueError says what
+    is wrong (the caller wraps it in its usage error)."""
+    unknown = sorted(set(kwargs) - {"accept_broken"})
+    if args or unknown or "accept_broken" not in kwargs:
+        raise ValueError(f"{where}: takes only accept_broken=\"why\" (the reason a lever beyond the quality bounds "
+                         f"is acceptable); got {', '.join([*map(repr, args), *unknown]) or 'nothing'}")
+    reason = kwargs["accept_broken"]
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError(f"{where}: accept_broken={reason!r}: give the reason as text, e.g. "
+                         "accept_broken=\"2-bit weights: we ship them knowingly for on-device drafts\"")
+    return " ".join(reason.split())
+
+
+def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Mapping[str, Any] | None, *,
+                   module: str | None = None, lever: Mapping[str, Any] | None = None,
+                   accept_broken: str | None = None, tokens: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The measurement side by side with the limits the rule gives, and the code to paste.
 
     `kl` is the lever's KL statistics (`KLStats.to_json()`), `floors` the A/A floors (`aa_floors`),
-    `speed` the module's speed record or None. Returns JSON: `rows` (what was measured), `kl_limits`,
-    `speed_goals`, `notes` (what the rule could not size, and why) and `code` (lines to paste)."""
+    `speed` the module's speed record or None; `module` (its path) and `lever` (`Lever.to_json()`)
+    name the known-bad step's command; `accept_broken` is the module's stated reason to accept a lever
+    beyond the quality bounds; `tokens` the text of the worst tokens' ids. Returns JSON: `rows` (what
+    was measured), `kl_limits`, `speed_goals`, `notes` (what the rule could not size, and why), `code`
+    (lines to paste; none for a lever beyond the quality bounds unless accepted), `breaks` (None, or
+    why the lever breaks the model), `accepted` (the reason, when it was needed and used) and
+    `known_bad` (the step that shows the limits catch a broken variant; with every suggested limit)."""
     rows: list[dict[str, Any]] = []
     limits: dict[str, float] = {}
     notes: list[str] = []
+    beyond = beyond_quality_bounds(kl)
+    accept_broken = " ".join(accept_broken.split()) if accept_broken else None  # one line: it ends up in a comment
+    accepted = accept_broken if beyond else None
+    if accept_broken and not beyond:
+        notes.append(f"{ACCEPT_MARKER}(accept_broken=...) is set but this lever is within the quality bounds: the "
+                     "acceptance is not needed (remove it, so it cannot hide a later break)")
+    sized = not beyond or accepted is not None
     for key, label, ci, side in KL_METRICS:
         lever_bound = _bound(kl, key, ci, side)
         floor = floors.get(key)
         floor = None if floor is None or not math.isfinite(floor) else float(floor)
-        rows.append({"metric": label, "key": key, "value": kl.get(key), "bound": lever_bound, "floor": floor})
+        rows.append({"metric": label, "key": key, "value": kl.get(key), "bound": lever_bound, "floor": floor,
+                     "quality_bound": QUALITY_BOUNDS[key]})
+        if not sized:
+            continue
         if lever_bound is None:
             notes.append(f"{label}: no 95% bound (too few prompts); run more prompts to size it")
             continue
-        if key == "top1":
-            miss = max(LEVER_FACTOR * (1 - lever_bound), FLOOR_FACTOR * (1 - floor) if floor is not None else 0.0)
-            if miss <= 0:
-                notes.append(f"{label}: the arms agree on every token here, so the rule has nothing to scale")
-                continue
-            limit = 1 - nice_ceil(miss)
-            if limit <= 0:
-                notes.append(f"{label}: the lever disagrees too often for a top-1 limit to mean anything")
-                continue
-            limits[key] = round(limit, 6)
-        else:
-            size = max(LEVER_FACTOR * lever_bound, FLOOR_FACTOR * floor if floor is not None else 0.0)
-            if size <= 0:
-                notes.append(f"{label}: 0 for the lever and the A/A floor alike (identical on this backend): "
-                             "calibrate where the lever differs (e.g. Metal, CUDA), or set the limit from the "
-                             "precision you accept")
-                continue
-            limits[key] = nice_ceil(size)
+        limit = _kl_limit(key, label, lever_bound, floor, capped=accepted is None, notes=notes)
+        if limit is not None:
+            limits[key] = limit
     goals, speed_rows = _speed_goals(speed, notes)
     code = []
-    if limits:
-        code.append("assert_kl_below(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in limits.items()) + ")")
-    if goals:
-        code.append("assert_faster(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in goals.items()) + ")")
-    return {"rule": RULE, "rows": rows + speed_rows, "kl_limits": limits, "speed_goals": goals, "notes": notes,
-            "code": code}
+    breaks = _breaks(kl, beyond, tokens or {}, accepted=accepted) if beyond else None
+    if sized:
+        if limits:
+            line = "assert_kl_below(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in limits.items()) + ")"
+            if accepted is not None:
+                line += f"  # beyond the quality bounds, accepted: {accepted}"
+            code.append(line)
+        if goals:
+            code.append("assert_faster(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in goals.items()) + ")")
+    else:
+        goals = {}  # a gate for a broken lever gets nothing to paste that could pass
+    return {"rule": RULE, "quality_bounds": dict(QUALITY_BOUNDS), "rows": rows + speed_rows, "kl_limits": limits,
+            "speed_goals": goals, "notes": notes, "code": code, "breaks": breaks, "accepted": accepted,
+            "known_bad": known_bad_step(module, lever) if limits else None}
+
+
+def _kl_limit(key: str, label: str, lever_bound: float, floor: float | None, *, capped: bool,
+              notes: list[str]) -> float | None:
+    """One metric's limit by the rule, capped by its quality bound unless the module accepted a break."""
+    cap = QUALITY_BOUNDS[key]
+    if key == "top1":
+        miss = max(LEVER_FACTOR * (1 - lever_bound), FLOOR_FACTOR * (1 - floor) if floor is not None else 0.0)
+        if miss <= 0:
+            notes.append(f"{label}: the arms agree on every token here, so the rule has nothing to scale")
+            return None
+        rule = 1 - nice_ceil(miss)
+        if capped and rule < cap:
+            notes.append(f"{label}: capped at the quality bound {percent(cap)} (the rule's room would allow "
+                         f"{'any agreement' if rule <= 0 else percent(rule)}); the lever's lower bound "
+                         f"{percent(lever_bound)} leaves less room than x{LEVER_FACTOR:g}")
+            return round(cap, 6)
+        if rule <= 0:
+            notes.append(f"{label}: the lever disagrees too often for a top-1 limit to mean anything")
+            return None
+        return round(rule, 6)
+    size = max(LEVER_FACTOR * lever_bound, FLOOR_FACTOR * floor if floor is not None else 0.0)
+    if size <= 0:
+        notes.append(f"{label}: 0 for the lever and the A/A floor alike (identical on this backend): "
+                     "calibrate where the lever differs (e.g. Metal, CUDA), or set the limit from the "
+                     "precision you accept")
+        return None
+    rule = nice_ceil(size)
+    if capped and rule > cap:
+        room = f"x{cap / lever_bound:.1f}" if lever_bound > 0 else "all the"
+        floor_text = (f"; it is only x{cap / floor:.1f} above the A/A floor {_sci(floor)}"
+                      if floor and cap < FLOOR_FACTOR * floor else "")
+        notes.append(f"{label}: capped at the quality bound {_code_number(cap)} (the rule asks {_code_number(rule)}): "
+                     f"{room} room above the lever's 95% bound {_sci(lever_bound)}, not x{LEVER_FACTOR:g}, so a "
+                     f"noisier run may not tell{floor_text}")
+        return cap
+    return rule
+
+
+def _breaks(kl: Mapping[str, Any], beyond: list[dict[str, Any]], tokens: Mapping[str, str], *,
+            accepted: str | None) -> dict[str, Any]:
+    """Why a lever beyond the quality bounds gets no limits (its figures, its worst tokens) and how to
+    accept it explicitly; or, once accepted, what was accepted."""
+    shown = {b["key"] for b in beyond}
+    figures = []
+    for key, label, ci, _side in KL_METRICS:
+        lo, hi = _interval(kl, key, ci)
+        rel = ">=" if key == "top1" else "<="
+        where = "BEYOND the quality bound" if key in shown else "within"
+        figures.append(f"{label} {_num_text(key, kl.get(key))} [{_num_text(key, lo)}, {_num_text(key, hi)}] "
+                       f"({where} {rel} {_num_text(key, QUALITY_BOUNDS[key])})")
+    worst = []
+    for w in list(kl.get("worst") or [])[:3]:
+        worst.append(f"prompt {w.get('prompt')} position {w.get('position')}, next token "
+                     f"{_token(tokens, w.get('token_id'))!r}: KL {_num_text('mean', w.get('kl'))}, top-1 "
+                     f"{_token(tokens, w.get('ref_top1'))!r} -> {_token(tokens, w.get('cand_top1'))!r}")
+    clearly = any(b["point_beyond"] for b in beyond)
+    head = ("this lever breaks the model" if clearly else
+            "this lever is not shown to keep the model (a 95% bound is beyond a quality bound; more prompts may tell)")
+    tail = ("; a gate limit that passes it would pass a broken model, so none is suggested" if accepted is None else
+            f"; limits sized anyway, as the module accepts it: {accepted}")
+    message = f"{head}: {', '.join(figures)}" + (f"; worst tokens: {'; '.join(worst)}" if worst else "") + tail
+    return {"beyond": beyond, "message": message, "accept": _ACCEPT_HOW}
+
+
+def _token(tokens: Mapping[str, str], token_id: object) -> str:
+    return tokens.get(str(token_id), f"<{token_id}>")
+
+
+def known_bad_step(module: str | None, lever: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What to plant so the limits are shown to catch a broken variant, and the commands that show it:
+    `what` (the variant), `declare` (the gate's `KNOWN_BAD = ...`, which its `test_known_bad` runs;
+    None for a model lever) and `command` (a one-off run that must fail; None where the reference
+    value has no command-line form)."""
+    file = shlex.quote(module) if module else "gates/test_NAME.py"
+    lever = lever or {}
+    kind, name, target, ref = lever.get("kind"), lever.get("name") or "NAME", lever.get("target"), lever.get("ref")
+    cli_ref: str | None = None
+    if kind == "patch":
+        example, what = "mymod:broken", f"a function with {target}'s signature and the bug (e.g. mymod:broken)"
+        cli_ref = str(ref) if ref else "original"
+    elif kind == "env":
+        example, what = "BROKEN", f"a value of {target} that selects a broken variant (e.g. BROKEN)"
+        cli_ref = str(ref) if ref else "unset"
+    elif kind == "kv":
+        example, what = "2", "a KV setting that loses far more (e.g. 2: a 2-bit cache)"
+        cli_ref = "plain" if ref in (None, "plain") else None
+    elif kind == "weights":
+        example, what = "2", "a quantization that loses far more (e.g. 2: 2-bit weights)"
+        cli_ref = "none" if ref in (None, "weights as loaded") else None
+    elif kind == "model":
+        return {"what": "a broken candidate model (e.g. a bad conversion of the same weights)", "declare": None,
+                "command": f"pytest {file} --mlx-candidate BROKEN_MODEL"}
+    else:
+        example = "BROKEN"
+        what = f"a value {target or 'the lever'} takes that selects a broken variant (e.g. BROKEN)"
+    command = (f"pytest {file} --mlx-lever {shlex.quote(str(name))} --mlx-ref-value {shlex.quote(cli_ref)} "
+               f"--mlx-cand-value {shlex.quote(example)}") if cli_ref is not None else None
+    declare = f"KNOWN_BAD = {example}" if kind in ("kv", "weights") else f'KNOWN_BAD = "{example}"'
+    return {"what": what, "declare": declare, "command": command}
 
 
 def _speed_goals(speed: Mapping[str, Any] | None, notes: list[str]) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -159,27 +352,58 @@ def _sci(x: float) -> str:
 
 
 def calibration_lines(calibration: Mapping[str, Any]) -> list[str]:
-    """The terminal's calibration block for one gate module."""
+    """The terminal's calibration block for one gate module (a record written before the quality bounds
+    reads as it did then)."""
     s = calibration["suggested"]
     shape = calibration.get("shape") or {}
     lines = [f"{calibration['module']} — calibration, no verdict ({calibration['lever']}; "
              f"{shape.get('prompts')} prompts x {shape.get('tokens')} tokens)"]
-    lines.append(f"  {'measured':<22}{'lever':>10}{'95% bound':>20}{'A/A floor':>12}")
+    lines.append(f"  {'measured':<22}{'lever':>10}{'95% bound':>20}{'A/A floor':>12}{'quality bound':>15}")
     for row in s["rows"]:
         key = row["key"]
+        cap = ""
         if "interval" in row:
             lo, hi = row["interval"]
             bound = f"[{_num_text(key, lo)}, {_num_text(key, hi)}]" if lo != hi else "exact"
             floor = ""
         else:
             bound, floor = _num_text(key, row["bound"]), _num_text(key, row["floor"])
-        lines.append(f"  {row['metric']:<22}{_num_text(key, row['value']):>10}{bound:>20}{floor:>12}")
+            if row.get("quality_bound") is not None:
+                cap = f"{'>=' if key == 'top1' else '<='} {_num_text(key, row['quality_bound'])}"
+        lines.append(f"  {row['metric']:<22}{_num_text(key, row['value']):>10}{bound:>20}{floor:>12}{cap:>15}")
     lines.append(f"  {s['rule']}")
     for note in s["notes"]:
         lines.append(f"  note: {note}")
+    breaks, accepted, known_bad = s.get("breaks"), s.get("accepted"), s.get("known_bad")
+    if breaks and not accepted:
+        lines.append(f"  {breaks['message']}")
+        lines.append(f"  fix the lever and calibrate again; or, if this much change is what you mean to ship, "
+                     f"accept it explicitly: {breaks['accept']}")
+        return lines
+    if accepted:
+        lines.append(f"  ACCEPTED beyond the quality bounds ({ACCEPT_MARKER}(accept_broken=...)): {accepted}")
+        if breaks:
+            lines.append(f"  {breaks['message']}")
     if s["code"]:
-        lines.append("  suggested limits (paste into the gate; then plant a known-bad variant and check it fails):")
+        lines.append("  suggested limits (paste into the gate):")
         lines.extend(f"    {line}" for line in s["code"])
     else:
         lines.append("  no limit could be sized from this measurement (see the notes)")
+    if known_bad:
+        lines.extend(known_bad_lines(known_bad, calibration.get("module")))
+    elif s["code"] and "known_bad" not in s:  # an older record: the step in words
+        lines.append("  then plant a known-bad variant and check it fails")
+    return lines
+
+
+def known_bad_lines(step: Mapping[str, Any], module: object = None) -> list[str]:
+    """The known-bad step as the terminal shows it, under every suggestion."""
+    where = f"in {module}" if module else "in the gate"
+    lines = ["  known-bad step (limits never shown to fail a broken variant may pass one): plant "
+             f"{step['what']}, and show these limits fail it:"]
+    if step.get("declare"):
+        lines.append(f"    {step['declare']}   ({where}: its test_known_bad runs test_drift on it and passes only "
+                     "when that fails)")
+    if step.get("command"):
+        lines.append(f"    {step['command']}   (once, by hand: must fail)")
     return lines

@@ -1,10 +1,13 @@
-"""`mlxgate new-gate`: a new gate module for a patch or environment-variable lever, failing until it has limits.
+"""`mlxgate new-gate`: a new gate module for a patch or environment-variable lever, failing until it has limits
+and a known-bad variant they catch.
 
 The module it writes declares the lever, sizes its KL measurement, asks for speed, and carries a
-docstring whose "How the limits were set" section lists what to measure. Its two tests fail with
-the command that measures them (`pytest FILE --mlx-calibrate`) until the limits are pasted in: a
-gate never passes by default. Plain string templates; every value is written as a Python literal
-(repr), so no quoting can break the file. Imports the lever's modules to check its names resolve.
+docstring whose "How the limits were set" section lists what to measure. Its drift and speed tests
+fail with the command that measures them (`pytest FILE --mlx-calibrate`) until the limits are pasted
+in, and its `test_known_bad` fails until `KNOWN_BAD` names a broken variant that `test_drift`'s
+limits then fail (`authoring.known_bad`): a gate never passes by default, nor with limits never
+shown to catch anything. Plain string templates; every value is written as a Python literal (repr),
+so no quoting can break the file. Imports the lever's modules to check its names resolve.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import importlib
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +61,9 @@ naming the model and the sizes it measured on):
   top-1 (95% bounds). Every limit must sit well above it, so noise never decides a verdict.
 - This lever's drift: TODO mean KL (95% upper bound), p99, top-1 (lower bound), and how much room the
   limits leave above it.
-- A known-bad variant must fail: TODO what it gets wrong, and what it measures. Plant it with
+- A known-bad variant must fail: TODO what it gets wrong, and what it measures. Declare it as
+  KNOWN_BAD below (test_known_bad runs test_drift on it and passes only when that fails), or plant
+  it once by hand with
   `${plant}
   ${plant_values}`
   (${plant_note}).
@@ -85,6 +91,9 @@ ${marker}
 #: Measures the A/A floor, this lever's drift and its speed, and prints suggested limits as code.
 CALIBRATE = ${calibrate_literal}
 
+${known_bad_comment}
+KNOWN_BAD = None
+
 
 def test_drift(paired: Paired) -> None:
     # No limits yet: run CALIBRATE and replace the pytest.fail below with the call it prints, of this shape
@@ -106,6 +115,14 @@ def test_speed(paired: Paired) -> None:
         "assert_faster(paired, decode=...) call it prints in place of this pytest.fail",
         pytrace=False,
     )
+
+
+def test_known_bad(paired: Paired) -> None:
+    # Runs test_drift with KNOWN_BAD as the candidate arm (same model, prompts and reference arm): limits
+    # never shown to fail a broken variant may pass one.
+    from pytest_mlxgate import assert_known_bad_fails
+
+    assert_known_bad_fails(paired, KNOWN_BAD, test_drift)
 ''')
 
 
@@ -317,8 +334,16 @@ def render_gate(spec: GateSpec, *, shown_path: str) -> str:
         plant_note = f"BROKEN: a value of {spec.target} that selects the broken variant"
     plant = f"pytest {shlex.quote(shown_path)} --mlx-lever {spec.name}"
     plant_args = f"--mlx-ref-value {shlex.quote(plant_values[0])} --mlx-cand-value {shlex.quote(plant_values[1])}"
+    from .calibrate import known_bad_step
+
+    known_bad = known_bad_step(shown_path, {"kind": spec.kind, "name": spec.name, "target": spec.target,
+                                            "ref": spec.ref})
     return _MODULE.substitute(
         title=_doc(title),
+        known_bad_comment="\n".join(textwrap.wrap(
+            f"The known-bad variant test_drift's limits must catch (test_known_bad fails until it is set, then "
+            f"passes only when test_drift fails on it): {' '.join(str(known_bad['what']).split())}.",
+            width=116, initial_indent="#: ", subsequent_indent="#: ", break_on_hyphens=False)),
         lever=_doc(lever),
         path=_PATHS[spec.path],
         calibrate=_doc(calibrate),
@@ -356,12 +381,13 @@ def _refuse_existing(path: Path) -> None:
 
 
 def next_steps(path: Path) -> str:
-    """What the CLI prints: the file written, then the two commands to run next."""
+    """What the CLI prints: the file written, then what to do next."""
     file = shlex.quote(_shown(path))
     return (
         f"wrote {_shown(path)}\n"
         f"next: pytest {file} --mlx-calibrate  (measures it and prints the limits to paste into its tests)\n"
-        f"then: pytest {file}\n"
+        "then: set KNOWN_BAD in it to a broken variant (its test_known_bad checks that the limits fail it)\n"
+        f"and:  pytest {file}\n"
     )
 
 

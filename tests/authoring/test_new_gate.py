@@ -1,6 +1,7 @@
 """`mlxgate new-gate`: the module it writes compiles, passes ruff and collects, for a patch lever with a
 defaulted or an explicit reference and for an env lever; every usage error exits 2 saying what, why
-and the fix, writing nothing; an existing file is never touched; the gate fails until it has limits.
+and the fix, writing nothing; an existing file is never touched; the gate fails until it has limits
+and a known-bad variant they are shown to fail.
 
 The CLI runs in process (`cli.main`, the working directory a temp folder) except where the console
 entry itself is the point; the gates it writes run in pytester sessions.
@@ -106,7 +107,9 @@ def test_the_gate_compiles_passes_ruff_and_collects(
     assert out == (f"wrote gates/test_{name}.py\n"
                    f"next: pytest gates/test_{name}.py --mlx-calibrate  (measures it and prints the limits to paste "
                    "into its tests)\n"
-                   f"then: pytest gates/test_{name}.py\n")
+                   "then: set KNOWN_BAD in it to a broken variant (its test_known_bad checks that the limits fail "
+                   "it)\n"
+                   f"and:  pytest gates/test_{name}.py\n")
     source = gate.read_text()
     compile(source, str(gate), "exec")
     assert lever_marker(source) == ([name], marker)
@@ -118,7 +121,7 @@ def test_the_gate_compiles_passes_ruff_and_collects(
     result = pytester.runpytest("--collect-only", "-q", "-p", "no:randomly", "gates")
     assert result.ret == 0, result.stdout.str()
     ids = {line for line in result.outlines if "::" in line}
-    assert ids == {f"gates/test_{name}.py::test_drift", f"gates/test_{name}.py::test_speed"}
+    assert ids == {f"gates/test_{name}.py::{test}" for test in ("test_drift", "test_speed", "test_known_bad")}
 
 
 def test_the_docstring_names_the_lever_and_each_limit_to_measure(tmp_path: Path, new_gate: Run) -> None:
@@ -137,11 +140,15 @@ def test_the_docstring_names_the_lever_and_each_limit_to_measure(tmp_path: Path,
         assert any(line.startswith(f"- {todo}") and "TODO" in line for line in lines), todo
     assert ("`pytest gates/test_fused_norm.py --mlx-lever fused_norm\n"
             "  --mlx-ref-value pytest_mlxgate.reference_ops:rms_norm --mlx-cand-value mymod:broken`") in doc
-    # never a pass by default: each test only fails, showing the shape of the call to paste
+    assert "- A known-bad variant must fail: TODO" in doc and "Declare it as\n  KNOWN_BAD below" in doc
+    # never a pass by default: each test only fails, showing the shape of the call to paste, and the known-bad
+    # test runs the drift test on a KNOWN_BAD that is None until the author plants one
     calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
              for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)}
-    assert "fail" in calls and not {c for c in calls if c.startswith("assert_")}
+    assert "fail" in calls and {c for c in calls if c.startswith("assert_")} == {"assert_known_bad_fails"}
     assert source.count("pytest.fail(") == 2
+    assert "\nKNOWN_BAD = None\n" in source and "assert_known_bad_fails(paired, KNOWN_BAD, test_drift)" in source
+    assert "#: test_drift fails on it): a function with mlx.core.fast.rms_norm's signature and the bug" in source
     assert "#     assert_kl_below(paired, mean=..., p99=..., top1=...)" in source
     assert "#     assert_faster(paired, decode=...)" in source
 
@@ -236,14 +243,14 @@ def test_the_console_entry_exits_2_without_a_traceback(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # two pytester sessions on the tiny model
-def test_the_new_gate_fails_for_real_until_it_has_limits(
+def test_the_new_gate_fails_for_real_until_it_has_limits_and_a_known_bad_variant(
         pytester: pytest.Pytester, tiny_model_dir: Path, new_gate: Run) -> None:
     code, _, _ = new_gate(pytester.path, "fused_norm", "--patch", "mlx.core.fast.rms_norm")
     assert code == 0
     pytester.makeini("[pytest]\n")
     result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly",
                                            "--mlx-db=off", "gates")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=3)
     out = result.stdout.str()
     result.stdout.fnmatch_lines([  # each failure is its message alone
         "*_ test_drift _*",
@@ -252,9 +259,15 @@ def test_the_new_gate_fails_for_real_until_it_has_limits(
         "top1=...) call it prints in place of this pytest.fail",
         "*_ test_speed _*",
         "test_speed has no limits yet, * the assert_faster(paired, decode=...) call it prints *",
+        "*_ test_known_bad _*",
+        "no known-bad variant shown to fail yet: set KNOWN_BAD in gates/test_fused_norm.py to a variant with a bug "
+        "test_drift's limits must catch, a function with mlx.core.fast.rms_norm's signature and the bug (e.g. "
+        "mymod:broken); the test then runs test_drift on it and passes only when test_drift fails. Limits never "
+        "shown to fail a broken variant may pass one.",
         "*short test summary info*",
         "FAILED gates/test_fused_norm.py::test_drift - Failed: test_drift has no limit*",
         "FAILED gates/test_fused_norm.py::test_speed - Failed: test_speed has no limit*",
+        "FAILED gates/test_fused_norm.py::test_known_bad - Failed: no known-bad*",
     ])
     assert "Traceback" not in out and "pytest.fail(" not in out  # the message alone, not the code
     # the command it names measures the gate (its tests skip: no verdict) and prints the call to paste
@@ -262,5 +275,6 @@ def test_the_new_gate_fails_for_real_until_it_has_limits(
         f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off", "gates/test_fused_norm.py",
         "--mlx-calibrate", "--mlx-kl-prompts=3", "--mlx-kl-tokens=24", "--mlx-speed-contexts=16",
         "--mlx-speed-reps=3", "--mlx-speed-decode=2")
-    calibrate.assert_outcomes(skipped=2)
-    calibrate.stdout.fnmatch_lines(["*suggested limits*", "*assert_kl_below(paired, mean=*"])
+    calibrate.assert_outcomes(skipped=3)
+    calibrate.stdout.fnmatch_lines(["*suggested limits*", "*assert_kl_below(paired, mean=*", "*known-bad step*",
+                                    '*KNOWN_BAD = "mymod:broken"*'])

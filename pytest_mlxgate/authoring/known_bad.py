@@ -1,0 +1,216 @@
+"""`assert_known_bad_fails`: a gate's limits shown to fail a broken variant, or the gate does not pass.
+
+Limits sized from the lever alone can pass anything: a gate earns trust only once a variant with a
+real bug has been run through the same assertion and failed. A gate module declares that variant
+as `KNOWN_BAD` (a candidate value for its own lever, in the lever's marker form: "mymod:broken" for
+a patch, a value for an environment variable, a KV or weights setting) and a test that runs its
+drift check against it::
+
+    KNOWN_BAD = "mymod:rms_norm_without_the_root"
+
+    def test_known_bad(paired):
+        assert_known_bad_fails(paired, KNOWN_BAD, test_drift)
+
+The known-bad arm is the module's own lever with only its candidate value replaced, on the same
+model, prompts and sizes (the reference arm comes from the same cache). The test passes only when
+the check gives a *fail* verdict there; with no KNOWN_BAD, a pass, an inconclusive, or a check
+that has no limits yet, it fails and says which. `mlxgate new-gate` writes both into every skeleton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MlxgateUsageError
+from ..session.paired import Paired
+
+if TYPE_CHECKING:
+    from ..levers.lever import Lever
+    from ..session.paired import PairedRun
+
+__all__ = ["accept_broken_from", "assert_known_bad_fails", "known_bad_paired"]
+
+
+def accept_broken_from(item: Any) -> str | None:
+    """The reason a module's `pytest.mark.mlx_calibrate(accept_broken="...")` gives, or None."""
+    from .calibrate import ACCEPT_MARKER, accept_broken_reason
+
+    mark = item.get_closest_marker(ACCEPT_MARKER)
+    if mark is None:
+        return None
+    try:
+        return accept_broken_reason(tuple(mark.args), dict(mark.kwargs), f"marker {ACCEPT_MARKER} on {item.nodeid}")
+    except ValueError as e:
+        raise MlxgateUsageError(str(e)) from None
+
+
+class _KnownBadPaired(Paired):
+    """The `paired` a check sees on the known-bad arm: verdicts are kept here, not published as the
+    test's record (the test's outcome is whether they failed), and speed is not measured."""
+
+    def __init__(self, run: PairedRun, item: Any, rerun: str) -> None:
+        super().__init__(run, item, rerun)
+        self.verdicts: list[str] = []
+        self.checks: list[Mapping[str, Any]] = []
+
+    def _keep(self, checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
+        self.verdicts.append(verdict)
+        self.checks.extend(checks)
+
+    def publish(self, *, bounds: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
+        self._keep(checks, verdict)
+
+    def publish_capability(self, *, tasks: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], verdict: str,
+                           skipped: Mapping[str, str], bounds: Mapping[str, Any]) -> None:
+        self._keep(checks, verdict)
+
+    def publish_speed(self, *, goals: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
+        self._keep(checks, verdict)
+
+    def speed_if_asked(self) -> dict[str, Any] | None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<paired known-bad {self.run.lever.describe()}>"
+
+
+def known_bad_paired(paired: Paired, bad: object) -> Paired:
+    """`paired` with its lever's candidate value replaced by `bad`: same model, prompts, sizes and
+    reference arm. MlxgateUsageError (a LeverError) when `bad` is no value for this lever."""
+    run = paired.run
+    path = getattr(paired.item, "path", None)
+    lever = _bad_lever(run.lever, bad, base_dir=path.parent if path is not None else None)
+    if lever.key("candidate") == run.lever.key("reference"):
+        raise MlxgateUsageError(
+            f"KNOWN_BAD {bad!r} is the gate's reference arm: it cannot show the limits catch anything; give a "
+            "variant with a bug")
+    candidate = run.candidate
+    if lever.kind == "weights":
+        candidate = _quantized_candidate(run, lever)
+    bad_run = replace(run, lever=lever, candidate=candidate, speed_shape=None, counters=type(run.counters)(),
+                      _capability={}, _result=None, _error=None, _speed=None, _calibration=None)
+    return _KnownBadPaired(bad_run, paired.item, paired.rerun)
+
+
+def assert_known_bad_fails(paired: Paired, bad: object, check: Callable[[Paired], object]) -> None:
+    """Pass only when `check` (the gate's drift test, e.g. `test_drift`) gives a *fail* verdict on the
+    known-bad arm: the module's lever with `bad` as its candidate value.
+
+    `bad` None (not declared yet), a pass, an inconclusive verdict, or a check with no limits yet fail
+    the test, saying which and what to do. A skip (an untrained model) skips; under --mlx-aa the test
+    skips (the A/A run has no candidate arm)."""
+    __tracebackhide__ = True
+    import pytest
+
+    paired.published = True  # this test's outcome is the known-bad verdict, not a second copy of the module's
+    name = getattr(check, "__name__", "the check")
+    module = paired.nodeid.split("::")[0]
+    if bad is None:
+        pytest.fail(_none_yet(paired.lever, module, name), pytrace=False)
+    if paired.run.aa:
+        pytest.skip("--mlx-aa: the reference against itself has no candidate arm to plant a known-bad variant in")
+    message: str | None
+    try:
+        bad_paired = known_bad_paired(paired, bad)
+    except MlxgateUsageError as e:
+        message = str(e)
+    else:
+        message = _verdict(bad_paired, bad, check, name, module)
+    if message is not None:
+        pytest.fail(message, pytrace=False)
+
+
+def _verdict(bad_paired: Any, bad: object, check: Callable[[Paired], object], name: str, module: str) -> str | None:
+    """None when the check failed the known-bad arm; otherwise what went wrong."""
+    import pytest
+
+    from ..errors import MlxgateError, NonFiniteLogitsError
+
+    try:
+        check(bad_paired)
+    except NonFiniteLogitsError:
+        return None  # NaN or inf logits: the gate goes red on them, so the variant is caught
+    except MlxgateError as e:
+        return f"the known-bad variant {bad!r} could not be measured, so it is not shown to fail: {e}"
+    except AssertionError as e:
+        if "fail" in bad_paired.verdicts:
+            return None
+        if "inconclusive" in bad_paired.verdicts:
+            return _inconclusive(bad, name, e)
+        return (f"{name} raised AssertionError on the known-bad variant {bad!r} without a gate verdict: only a "
+                f"limit (assert_kl_below, assert_capability_at_least) shown crossed counts as catching it ({e})")
+    except pytest.fail.Exception as e:
+        if bad_paired.verdicts:
+            raise
+        return (f"{name} has no limits yet, so the known-bad variant {bad!r} cannot be shown to fail: size them "
+                f"(`pytest {module} --mlx-calibrate`), paste them, then run this again. {name} said: {e}")
+    if "fail" in bad_paired.verdicts:
+        return None  # a verdict raised nothing (an exploratory policy); it was still shown crossed
+    if "inconclusive" in bad_paired.verdicts:
+        return _inconclusive(bad, name, None)
+    if not bad_paired.verdicts:
+        return f"{name} asserted nothing on the known-bad variant {bad!r}: pass the gate's drift test itself"
+    crossed = "; ".join(_check_text(c) for c in bad_paired.checks)
+    return (f"the known-bad variant {bad!r} passes {name}'s limits ({crossed}): limits that pass a broken variant "
+            f"would pass a broken kernel; tighten them (`pytest {module} --mlx-calibrate` sizes limits within the "
+            "quality bounds), or check that KNOWN_BAD really breaks something")
+
+
+def _inconclusive(bad: object, name: str, error: BaseException | None) -> str:
+    detail = f"\n{error}" if error is not None else ""
+    return (f"{name} could not tell the known-bad variant {bad!r} apart from its limits (inconclusive): it is not "
+            f"shown to fail; run more prompts (--mlx-kl-prompts) or tighten the limits{detail}")
+
+
+def _check_text(check: Mapping[str, Any]) -> str:
+    rel = "<=" if check.get("direction") == "max" else ">="
+    return f"{check.get('metric')} 95% bound {_num(check.get('bound'))} {rel} limit {_num(check.get('limit'))}"
+
+
+def _num(x: object) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
+
+
+def _none_yet(lever: Lever, module: str, name: str) -> str:
+    from .calibrate import known_bad_step
+
+    step = known_bad_step(module, lever.to_json())
+    return (f"no known-bad variant shown to fail yet: set KNOWN_BAD in {module} to a variant with a bug {name}'s "
+            f"limits must catch, {step['what']}; the test then runs {name} on it and passes only when {name} "
+            "fails. Limits never shown to fail a broken variant may pass one.")
+
+
+def _bad_lever(lever: Lever, bad: object, *, base_dir: Any) -> Lever:
+    """The module's lever with `bad` as its candidate value, built through the marker's own checks."""
+    import pytest
+
+    from ..levers.parsing import lever_from_marker
+
+    if lever.kind == "model":
+        raise MlxgateUsageError(
+            f"lever {lever.name!r} compares two models: its known-bad variant is another model, not a value; check "
+            "it by hand with --mlx-candidate BROKEN_MODEL (the drift test must fail)")
+    what: object = {"kv": True, "weights": True}.get(lever.kind, lever.target)
+    if lever.kind == "context" and lever.factory is not None:
+        what = lever.factory
+    mark = pytest.mark.mlx_lever(lever.name, **{lever.kind: what}, ref=lever.ref, cand=bad, path=lever.path).mark
+    return lever_from_marker(mark, base_dir=base_dir)
+
+
+def _quantized_candidate(run: PairedRun, lever: Lever) -> Any:
+    """A weights lever's known-bad arm: the weights as loaded, quantized as `bad` says."""
+    from ..levers.weights import quantized_copy
+
+    spec = lever.weights_spec("candidate")
+    if lever.weights_spec("reference") is not None or run.reference is None:
+        raise MlxgateUsageError(
+            f"lever {lever.name!r}: a known-bad weights variant needs the reference arm to keep the weights as "
+            "loaded (ref=None); check it by hand with --mlx-lever/--mlx-cand-value")
+    if spec is None:
+        return run.reference
+    return quantized_copy(run.reference, spec)
