@@ -18,11 +18,15 @@ __all__ = [
     "ModelUnavailableError",
     "LeverError",
     "LeverNotApplicableError",
+    "VacuousLeverError",
     "PromptsError",
     "GateRunError",
     "NonFiniteLogitsError",
     "VocabularyMismatchError",
     "DistributedRunError",
+    "ArmTimeoutError",
+    "ContextLengthError",
+    "ChatTemplateMissingError",
 ]
 
 
@@ -51,6 +55,12 @@ class LeverNotApplicableError(MlxgateError):
     skips, saying why and what model it needs, rather than failing a model it does not concern."""
 
 
+class VacuousLeverError(LeverError):
+    """The lever changes nothing the gate scores (a KV plan that quantizes no scored position, a patch
+    whose site is never called, both arms the same): passing would certify a change that was never
+    tested, so the gate is refused, saying why and how to make it test something."""
+
+
 class PromptsError(MlxgateUsageError):
     """A prompts file (--mlx-prompts-file) or prompt setting is unusable; the message names the line."""
 
@@ -69,6 +79,21 @@ class VocabularyMismatchError(GateRunError):
 
 class DistributedRunError(GateRunError):
     """The ranks of an `mlx.launch` job cannot pair their shares: they disagree on the items, or one failed."""
+
+
+class ArmTimeoutError(GateRunError):
+    """An arm ran past --mlx-arm-timeout (checked between forwards, decode steps and capability
+    batches, never by interrupting MLX): the message names the arm, how far it got and the limit."""
+
+
+class ContextLengthError(MlxgateUsageError):
+    """A gate asks for more positions than the model serves (its config's max_position_embeddings):
+    refused before any arm runs, naming the asked tokens, the model's limit and the option to lower."""
+
+
+class ChatTemplateMissingError(LeverNotApplicableError):
+    """The gate's prompts are chat conversations and the model's tokenizer has no chat template to
+    render them: the gate skips on this model, saying which prompts and what would make it run."""
 
 
 class MlxgateWarning(pytest.PytestWarning):

@@ -87,6 +87,10 @@ def check_text(check: Mapping[str, Any]) -> str:
 
 def _figures(record: GateRecord) -> list[str]:
     """The record's key figures, what decided the verdict first."""
+    error = as_map(record.get("error"))
+    if error:  # a gate that raised: its error, first line (the JSON report keeps the rest)
+        first = next((line for line in str(error.get("message") or "").splitlines() if line.strip()), "")
+        return [f"{error.get('type') or 'error'} in {error.get('phase') or 'call'}: {first}".rstrip(": ")]
     if record.get("mode") == "score":
         score = as_map(record.get("capability_score"))
         return [f"Capability Score {_pct(score.get('reference'))} → {_pct(score.get('candidate'))}"]

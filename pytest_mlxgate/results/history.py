@@ -2,12 +2,17 @@
 
 A row keeps its whole record (record_json) and its whole run (the run columns and config_json), so a
 run's JSON report, summary or HTML can be made again from the history alone (`mlxgate report`).
+
+A DB another process holds is waited on for DB_BUSY_TIMEOUT_S (said in the message), not a minute;
+then `ResultsDBLocked`. The run's rows are not lost: `queue_pending` appends them to `<db>.pending.jsonl`
+beside it, and the next `append` that can open the DB adds them in its own transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,16 +23,30 @@ from .fields import as_map, dumps, integer, interval_end, model_name, nodeid_of,
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
 
-__all__ = ["SCHEMA_VERSION", "ResultsDB", "ResultsDBError", "record_of", "run_of"]
+__all__ = ["DB_BUSY_TIMEOUT_S", "PENDING_SUFFIX", "SCHEMA_VERSION", "ResultsDB", "ResultsDBError", "ResultsDBLocked",
+           "lock_holder", "pending_path", "queue_pending", "record_of", "run_of"]
 
 #: `PRAGMA user_version` of the results database this code writes. Version 2 added the speed
 #: columns; a version-1 file gains them (ALTER TABLE ADD COLUMN: existing rows keep every value).
 SCHEMA_VERSION = 2
-_DB_BUSY_TIMEOUT_S = 60.0
+#: How long one access waits for a results DB another process holds (sqlite's busy timeout), in seconds.
+DB_BUSY_TIMEOUT_S = 5.0
+#: The rows a run could not add to a locked DB wait in `<db>` + this, one JSON line per run.
+PENDING_SUFFIX = ".pending.jsonl"
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
 
 class ResultsDBError(Exception):
     """The results database cannot be used as it is; the message says what, why and the fix."""
+
+
+class ResultsDBLocked(ResultsDBError):
+    """Another process held the results DB longer than the busy timeout; it is not broken."""
+
+    def __init__(self, path: Path, timeout: float, holder: int | None) -> None:
+        self.path, self.timeout, self.holder = Path(path), timeout, holder
+        who = f"another process (PID {holder})" if holder is not None else "another process (another run)"
+        super().__init__(f"the results database {path} is locked by {who}; waited {timeout:g} s")
 
 
 #: (column, SQL type) after `id`, in table order.
@@ -166,12 +185,16 @@ class ResultsDB:
     """Append-only sqlite history of gate results (table quality_runs).
 
     One connection per call, so an instance can be shared between threads and never holds the
-    file open between runs. Writes take the lock up front (BEGIN IMMEDIATE) and wait on a busy
-    timeout, so two runs appending at once both land instead of one failing with "locked".
+    file open between runs. Writes take the lock up front (BEGIN IMMEDIATE) and wait on a short
+    busy timeout (`timeout`, DB_BUSY_TIMEOUT_S), so two runs appending at once both land; a lock
+    held longer raises `ResultsDBLocked`. `append` also adds the rows queued beside the DB by runs
+    that found it locked (`pending_merged` counts them).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, timeout: float = DB_BUSY_TIMEOUT_S) -> None:
         self.path = Path(path)
+        self.timeout = float(timeout)
+        self.pending_merged = 0  # rows of earlier runs (queued beside the DB) the last append added
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn:
             if self._version(conn) == SCHEMA_VERSION:
@@ -201,11 +224,17 @@ class ResultsDB:
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         try:
-            conn = sqlite3.connect(self.path, timeout=_DB_BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         except sqlite3.Error as e:
             raise ResultsDBError(f"cannot open the results database {self.path}: {e}") from e
         try:
             yield conn
+        except sqlite3.OperationalError as e:
+            if getattr(e, "sqlite_errorcode", None) in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                raise ResultsDBLocked(self.path, self.timeout, lock_holder(self.path)) from e
+            raise ResultsDBError(
+                f"the results database {self.path} is unusable: {e}. mlxgate left it as it was; "
+                f"point the results option at another file, or move this one aside") from e
         except sqlite3.DatabaseError as e:
             raise ResultsDBError(
                 f"the results database {self.path} is unusable: {e}. mlxgate left it as it was; "
@@ -233,8 +262,10 @@ class ResultsDB:
                 f"when it was opened: something else rewrote the file. mlxgate left it untouched")
 
     def append(self, run: RunInfo, records: Sequence[GateRecord]) -> int:
-        """Add one row per record, all in one transaction; returns the number of rows written."""
+        """Add one row per record, all in one transaction (with the rows queued beside the DB by runs
+        that found it locked, `pending_merged`); returns the number of this run's rows written."""
         rows = [_row(run, record) for record in records]
+        self.pending_merged = 0
         if not rows:
             return 0
         placeholders = ", ".join("?" for _ in _COLUMN_NAMES)
@@ -243,12 +274,21 @@ class ResultsDB:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 self._require_current(conn)
-                conn.executemany(sql, rows)
-                conn.execute("COMMIT")
+                with _pending_taken(pending_path(self.path)) as queued:
+                    earlier = [row for q_run, q_records in queued if not self._has_run(conn, q_run.run_id)
+                               for row in (_row(q_run, r) for r in q_records)]
+                    conn.executemany(sql, earlier + rows)
+                    conn.execute("COMMIT")  # inside: the queue is emptied only once its rows are in
+                self.pending_merged = len(earlier)
             except BaseException:
                 _rollback(conn)
                 raise
         return len(rows)
+
+    @staticmethod
+    def _has_run(conn: sqlite3.Connection, run_id: str) -> bool:
+        """A queued run already in the DB (merged, then the queue could not be emptied): not added twice."""
+        return conn.execute("SELECT 1 FROM quality_runs WHERE run_id = ? LIMIT 1", (run_id,)).fetchone() is not None
 
     def rows(self, *, nodeid: str | None = None, run_id: str | None = None,
              columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -286,6 +326,104 @@ class ResultsDB:
             row["code_dirty"] = None if row["code_dirty"] is None else bool(row["code_dirty"])
             del row["first"]
         return out
+
+
+def pending_path(db: Path) -> Path:
+    """Where the rows wait that a run could not add to the locked DB `db`: `<db>.pending.jsonl`."""
+    db = Path(db)
+    return db.with_name(db.name + PENDING_SUFFIX)
+
+
+def lock_holder(db: Path) -> int | None:
+    """The PID of another process holding a lock on `db`, from Linux's /proc/locks; None elsewhere or unknown."""
+    try:
+        st = os.stat(db)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            table = f.read()
+    except OSError:
+        return None
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        # `1: POSIX  ADVISORY  WRITE 12345 fe:00:2146406 0 EOF`; a blocked waiter's line has "->" first
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == ident and fields[4].isdigit():
+            pid = int(fields[4])
+            if pid not in (0, os.getpid()):
+                return pid
+    return None
+
+
+def queue_pending(db: Path, run: RunInfo, records: Sequence[GateRecord]) -> Path:
+    """Append the run's records to `<db>.pending.jsonl` (one line, under an exclusive file lock); the next
+    append to the DB that gets its lock adds them. Returns the file. OSError when it cannot be written."""
+    import fcntl
+
+    path = pending_path(db)
+    line = (dumps({"run": run.to_dict(), "records": list(records)}) + "\n").encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not the file a merge just took and removed: write into the one that is there
+                os.write(fd, line)
+                os.fsync(fd)
+                return path
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[GateRecord]]]]:
+    """The queued runs, under the queue's exclusive lock; removed when the body (which commits them) ends
+    without an error. A line that cannot be read stays in the file, never dropped."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        yield []
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
+        queued, kept = [], []
+        for raw in data.splitlines():
+            entry = _queued_run(raw)
+            if entry is None:
+                if raw.strip():
+                    kept.append(raw)
+            else:
+                queued.append(entry)
+        yield queued
+        if kept:  # unreadable lines stay for a person to look at
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, b"\n".join(kept) + b"\n", 0)
+        else:
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def _queued_run(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:
+    from dataclasses import fields
+
+    from .records import RunInfo
+
+    try:
+        doc = json.loads(raw)
+        run = as_map(doc.get("run"))
+        names = {f.name for f in fields(RunInfo)}
+        info = RunInfo(**{k: v for k, v in run.items() if k in names})
+        records: list[GateRecord] = [r for r in doc.get("records") or [] if isinstance(r, dict)]  # type: ignore[misc]  # as queued
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return info, records
 
 
 def run_of(row: Mapping[str, Any]) -> RunInfo:

@@ -7,8 +7,9 @@ The DB is the plugin's default (.mlxgate/results.sqlite under the rootdir pytest
 unless --db says otherwise.
 
 Exit status, for scripts: 0 ok; 1 the answer is a failure where that is the question (compare: a
-gate went from pass to fail; merge: the merged run has a failing gate); 2 bad usage, or nothing to
-read (no DB, no such run or gate, reports that cannot be merged).
+gate went from pass to fail or error; merge: the merged run has a failing or erroring gate, a gate
+with a verdict mlxgate does not know, a planned module without a record, or an interrupted shard);
+2 bad usage, or nothing to read (no DB, no such run or gate, reports that cannot be merged).
 """
 
 from __future__ import annotations
@@ -330,7 +331,7 @@ def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
         verdict = va if va == vb else f"{va} → {vb}"
         if va != vb:
             changed += 1
-        if va == "pass" and vb == "fail":
+        if va == "pass" and vb in ("fail", "error"):
             regressions.append(nodeid)
             verdict += "  REGRESSION"
         lines.append(f"{nodeid}  {verdict}")
@@ -341,8 +342,8 @@ def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
                                                        for n in only))
     both = len(set(ra) & set(rb))
     lines.append(f"{both} gate(s) in both runs, {changed} changed verdict; "
-                 + (f"{len(regressions)} regression(s) (pass → fail): {', '.join(regressions)}" if regressions
-                    else "no regression (pass → fail)"))
+                 + (f"{len(regressions)} regression(s) (pass → fail or error): {', '.join(regressions)}"
+                    if regressions else "no regression (pass → fail or error)"))
     return lines, regressions
 
 
@@ -370,6 +371,11 @@ def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord])
             + (f" · merged from {len(run.config['merged'])} reports" if isinstance(run.config.get("merged"), list)
                else "")
             + (f" · from {source.label}" if source is not None else ""))
+    interrupted = as_map(run.config.get("interrupted"))
+    if interrupted:
+        from .summary import interrupted_line
+
+        head += " · " + interrupted_line(interrupted)
     return [head, *summary_lines(records, width=_width())] if records else [head, "(no gate records)"]
 
 
@@ -462,12 +468,15 @@ def _merge(args: argparse.Namespace) -> int:
 
     for line in _write_outputs(args, merged.run, merged.records, merged.calibrations, history):
         print(line)
+    from .verdicts import is_failing
+
     policy = str(as_map(merged.run.config.get("gate")).get("inconclusive") or "fail")
-    failing = {"fail", "error"} | ({"inconclusive"} if policy == "fail" else set())
-    failed = [nodeid_of(r) for r in merged.records if r.get("verdict") in failing]
+    failed = [nodeid_of(r) for r in merged.records if r.get("mode") != "score" and is_failing(r.get("verdict"), policy)]
+    for problem in merged.problems:
+        print(f"mlxgate merge: FAIL: {problem}", file=sys.stderr)
     if failed:
         print(f"mlxgate merge: {len(failed)} gate(s) failing: {', '.join(failed)}", file=sys.stderr)
-    return EXIT_FOUND if failed else EXIT_OK
+    return EXIT_FOUND if failed or merged.problems else EXIT_OK
 
 
 def _append(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> str:
@@ -510,7 +519,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help=f"the last N runs of each gate (default {DEFAULT_LAST}; 0: all)")
     p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
 
-    help_ = "what changed per gate from run A to run B; exit 1 when a gate went from pass to fail"
+    help_ = "what changed per gate from run A to run B; exit 1 when a gate went from pass to fail or error"
     p = sub.add_parser("compare", help=help_, description=help_)
     p.add_argument("run_a", metavar="RUN_A", help=_RUN_HELP)
     p.add_argument("run_b", metavar="RUN_B", help=_RUN_HELP)
@@ -525,7 +534,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
 
     help_ = ("join shard reports (--mlx-shard I/N) into one run: its summary, JSON, HTML, DB rows; the worst "
-             "verdict of a gate wins; exit 1 when a gate fails")
+             "verdict of a gate wins; exit 1 when a gate fails or errors, a planned module has no record, a "
+             "shard was interrupted, or a verdict is not one mlxgate writes")
     p = sub.add_parser("merge", help=help_, description=help_)
     p.add_argument("reports", metavar="REPORT", nargs="+", type=Path, help="the shards' JSON reports (--mlx-report)")
     p.add_argument("--json", metavar="OUT", type=Path, help="write the merged JSON report here")

@@ -65,7 +65,7 @@ def html_report(records: Sequence[GateRecord], *, history: Mapping[str, Sequence
     ordered = sorted(records, key=lambda r: (r.get("mode") == "score", _SEVERITY.get(str(r.get("verdict")), 3),
                                              nodeid_of(r)))
     gates = [r for r in ordered if r.get("mode") != "score"]
-    body = [f"<header><h1>{esc(title)}</h1>{_run_line(run_info)}{_tally(gates)}</header>"]
+    body = [f"<header><h1>{esc(title)}</h1>{_run_line(run_info)}{_interrupted(run_info)}{_tally(gates)}</header>"]
     if ordered:
         body.append(_contents(ordered))
     speeds_shown: dict[str, str] = {}
@@ -123,6 +123,17 @@ def _run_line(run: Mapping[str, Any]) -> str:
     return f'<p class="run">{" · ".join(parts)}</p>'
 
 
+def _interrupted(run: Mapping[str, Any]) -> str:
+    """The banner of a run that stopped before its end: why, and which modules never ran."""
+    interrupted = as_map(as_map(run.get("config")).get("interrupted"))
+    if not interrupted:
+        return ""
+    from .summary import interrupted_line
+
+    return (f'<p class="banner interrupted" role="alert"><strong>Interrupted</strong>: {esc(interrupted_line(interrupted))}. '
+            "This run did not test everything it collected: it is no pass, whatever the gates below say.</p>")
+
+
 def _tally(gates: Sequence[GateRecord]) -> str:
     counts: dict[str, int] = {}
     for r in gates:
@@ -155,6 +166,10 @@ def _gate_section(record: GateRecord, anchor: str, history: Mapping[str, Sequenc
     name = str(record.get("gate") or nodeid_of(record))
     out = [f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
            f"<h2>{esc(name)} {_verdict_badge(verdict)}</h2>", _meta(record), "<h3>Verdict</h3>", _verdict_table(record)]
+    error = as_map(record.get("error"))
+    if error:  # a gate that raised: its error's words, escaped like every record text
+        out.append(f'<h3>Error in {esc(error.get("phase") or "call")}</h3><pre class="error">'
+                   f'{esc(error.get("type") or "error")}: {esc(error.get("message") or "")}</pre>')
     if mode == "score":
         out.append(_score_table(record))
     if mode in ("gate", "aa") and as_map(record.get("stats")):
@@ -861,6 +876,8 @@ th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertic
 th{background:var(--soft)}
 .run,.meta,.note,.rerun,figcaption,footer{color:var(--muted)}
 .note{font-style:italic}
+.banner{border:1px solid var(--fail);border-left:5px solid var(--fail);border-radius:6px;padding:8px 12px;color:var(--fail)}
+pre.error{border-left:3px solid var(--fail)}
 section.gate{border:1px solid var(--line);border-left:5px solid var(--line);border-radius:6px;padding:12px 16px;
 margin:18px 0}
 section.v-pass{border-left-color:var(--pass)}section.v-fail,section.v-error{border-left-color:var(--fail)}

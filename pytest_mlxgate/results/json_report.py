@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
-from .fields import dumps, nodeid_of
+from .fields import as_map, dumps, nodeid_of
 
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
@@ -24,13 +24,25 @@ def write_json_report(path: Path, run: RunInfo, records: Sequence[GateRecord],
 
     Strict JSON (NaN/inf become null) so that any JSON parser, not only Python's, can read it.
     `calibrations` (--mlx-calibrate) go under their own key: they are measurements, not verdicts.
+    At the top, for scripts: `verdict`, the run's word (`results.verdicts.run_verdict`: error when
+    interrupted, "none" without a gate record, else its worst record's), and `interrupted` (with
+    `not_run`, the modules that never ran, when true), both from the run's config.
     """
+    from .verdicts import run_verdict
+
     path = Path(path)
+    interrupted = as_map(run.config.get("interrupted"))
+    gates = sorted(records, key=nodeid_of)
     doc: dict[str, Any] = {
         "mlxgate_report": REPORT_VERSION,
+        "verdict": run_verdict((g.get("verdict") for g in gates if g.get("mode") != "score"),
+                               interrupted=bool(interrupted)),
+        "interrupted": bool(interrupted),
         "run": run.to_dict(),
-        "gates": sorted(records, key=nodeid_of),
+        "gates": gates,
     }
+    if interrupted:
+        doc["not_run"] = list(interrupted.get("not_run") or [])
     if calibrations:
         doc["calibrations"] = sorted(calibrations, key=lambda c: str(c.get("module")))
     data = (dumps(doc, indent=2) + "\n").encode("utf-8")

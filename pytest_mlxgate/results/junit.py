@@ -1,8 +1,9 @@
 """A gate record as JUnit XML properties: flat `mlxgate.*` names any junit reader can use, plus the record.
 
 `junit_properties` gives one gate's `(name, value)` pairs: `mlxgate.verdict`, `mlxgate.kl.mean.upper`,
-`mlxgate.capability.mmlu.drop.limit`, `mlxgate.speed.decode.lower` … and last `mlxgate.record`, the
-whole record as strict JSON (what `--mlx-report` writes for that gate). Interval ends are `.lower`
+`mlxgate.capability.mmlu.drop.limit`, `mlxgate.speed.decode.lower`, a gate that raised its
+`mlxgate.error.type`, `.phase` and `.message` … and last `mlxgate.record`, the whole record as strict
+JSON (what `--mlx-report` writes for that gate). Interval ends are `.lower`
 and `.upper` whatever the metric's direction; the bound a verdict compared is `.upper` for a
 "must stay below" metric and `.lower` for a "must reach" one (top-1, a score floor, a speed-up).
 
@@ -96,6 +97,10 @@ def _flat(record: GateRecord) -> _Pairs:
     yield "mlxgate.n_tokens", integer(stats.get("n_tokens"))
     yield "mlxgate.reference_source", record.get("reference_source")
     yield "mlxgate.duration_s", real(as_map(record.get("durations")).get("total_s"))
+    error = as_map(record.get("error"))  # a gate that raised: what, where, and its message's first lines
+    yield "mlxgate.error.type", error.get("type")
+    yield "mlxgate.error.phase", error.get("phase")
+    yield "mlxgate.error.message", error.get("message")
     mode = record.get("mode")
     if mode == "score":
         yield from _score(as_map(record.get("capability_score")))

@@ -1,8 +1,11 @@
 """Joining the JSON reports of shards (`--mlx-shard I/N`) into one run: `mlxgate merge`.
 
 One commit for all of them, or no merge: a report that mixes code is no verdict on either. A gate
-found in two reports keeps its worst verdict (fail > inconclusive > pass). Shards that say which of
-how many they were must all be there, planned alike. Standard library only.
+found in two reports keeps its worst verdict (error > fail > inconclusive > pass). Shards that say which
+of how many they were must all be there, planned alike. Nothing a shard was to run may vanish: a module
+its plan lists with no record (unless the shard says it ran without one: all skipped), an interrupted
+shard, a verdict mlxgate does not know are the merge's `problems`, and a missing module becomes an error
+record of the merged run. Standard library only.
 """
 
 from __future__ import annotations
@@ -15,14 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from .fields import as_map, nodeid_of
-from .records import GateRecord, RunInfo
+from .records import GateRecord, RunInfo, error_record
+from .verdicts import RECORD_VERDICTS, verdict_rank
 
 __all__ = ["MergeError", "Merged", "Report", "merge_reports", "read_report", "verdict_rank", "worst"]
 
-#: Worse verdicts rank higher. A word this list lacks ranks between pass and inconclusive: it never
-#: beats a failure, and never hides behind a pass.
-_RANK = {"error": 5, "fail": 4, "inconclusive": 3, "pass": 0}
-_UNKNOWN_RANK = 1
 _SCORE_NODEID = "mlxgate::capability_score"
 
 
@@ -72,10 +72,6 @@ def read_report(path: Path) -> Report:
     return Report(str(path), info, gates, calibrations)  # type: ignore[arg-type]  # records as written
 
 
-def verdict_rank(verdict: Any) -> int:
-    return _RANK.get(str(verdict), _UNKNOWN_RANK)
-
-
 def worst(records: Sequence[GateRecord]) -> GateRecord:
     """The record with the worst verdict; the first of equals."""
     best = records[0]
@@ -91,6 +87,7 @@ class Merged:
     records: list[GateRecord]
     calibrations: list[dict[str, Any]]
     notes: list[str]  # what the merge decided that a reader should know
+    problems: list[str] = field(default_factory=list)  # why the merged run cannot pass, whatever its records say
 
 
 def merge_reports(reports: Sequence[Report]) -> Merged:
@@ -105,11 +102,19 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
                          "commits. Re-run the shards on one commit, or compare the runs: mlxgate compare A B")
     _check_shards(reports)
     notes: list[str] = []
+    problems = _problems(reports)
     by_nodeid: dict[str, list[tuple[GateRecord, str]]] = {}
     for report in reports:
         for record in report.gates:
             if nodeid_of(record) != _SCORE_NODEID:  # a shard's score covers its own tasks only: made again
                 by_nodeid.setdefault(nodeid_of(record), []).append((record, report.path))
+        for module in _missing_modules(report):
+            where = f"shard {_shard_name(report)} ({report.path})"
+            by_nodeid.setdefault(module, []).append((error_record(
+                nodeid=module, phase="merge", error_type="MissingRecord",
+                message=f"{module} is in the plan of {where}, but that report holds no record of it and does not "
+                        "say it ran without one: it did not run, or its records were lost. Re-run the shard"),
+                report.path))
     records: list[GateRecord] = []
     for nodeid in sorted(by_nodeid):
         found = by_nodeid[nodeid]
@@ -122,7 +127,44 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
     if score is not None:
         records.append(score)
     calibrations = [c for report in reports for c in report.calibrations]
-    return Merged(_merged_run(reports), records, calibrations, notes)
+    return Merged(_merged_run(reports), records, calibrations, notes, problems)
+
+
+def _shard_name(report: Report) -> str:
+    return f"{report.shard.get('index')}/{report.shard.get('count')}" if report.shard else "(unsharded)"
+
+
+def _missing_modules(report: Report) -> list[str]:
+    """The modules the shard's plan lists with no record in its report, nor said to have run without one."""
+    planned = report.shard.get("modules")
+    if not isinstance(planned, list):
+        return []  # no plan of modules: nothing to check against
+    recorded = {nodeid_of(r).split("::", 1)[0] for r in report.gates}  # each record's module, as the plan names it
+    without = as_map(report.run.config.get("without_records"))
+    return [str(m) for m in planned if str(m) not in recorded and str(m) not in without]
+
+
+def _problems(reports: Sequence[Report]) -> list[str]:
+    """Why the merged run cannot pass, whatever its records say: shards interrupted, planned modules
+    without a record, verdicts mlxgate does not know (or none)."""
+    out: list[str] = []
+    for report in reports:
+        where = f"{report.path}" + (f" (shard {_shard_name(report)})" if report.shard else "")
+        interrupted = as_map(report.run.config.get("interrupted"))
+        if interrupted:
+            not_run = [str(m) for m in interrupted.get("not_run") or []]
+            out.append(f"{where} was interrupted ({interrupted.get('reason') or 'interrupted'})"
+                       + (f"; did not run: {', '.join(not_run)}" if not_run else ""))
+        missing = _missing_modules(report)
+        if missing:
+            empty = " (its report has no gates at all)" if not report.gates else ""
+            out.append(f"{where}: planned module(s) without a record{empty}: {', '.join(missing)}")
+        for record in report.gates:
+            verdict = record.get("verdict")
+            if verdict not in RECORD_VERDICTS:
+                out.append(f"{where}: {nodeid_of(record)} has verdict {verdict!r}, not one mlxgate writes "
+                           f"({', '.join(RECORD_VERDICTS)}): no pass")
+    return out
 
 
 def _check_shards(reports: Sequence[Report]) -> None:
@@ -166,7 +208,12 @@ def _merged_run(reports: Sequence[Report]) -> RunInfo:
     run_id = hashlib.sha256(("merge:" + ",".join(ids)).encode()).hexdigest()[:32]  # the same shards, the same id
     dirty = [r.run.code_dirty for r in reports]
     code_dirty = True if True in dirty else None if None in dirty else False
-    config = {k: v for k, v in first.config.items() if k != "shard"}
+    config = {k: v for k, v in first.config.items() if k not in ("shard", "interrupted", "without_records")}
+    stopped = [(r, as_map(r.run.config.get("interrupted"))) for r in reports if r.run.config.get("interrupted")]
+    if stopped:  # the merged run did not run everything either
+        config["interrupted"] = {
+            "reason": "; ".join(f"{r.path}: {i.get('reason') or 'interrupted'}" for r, i in stopped),
+            "not_run": sorted({str(m) for _, i in stopped for m in i.get("not_run") or []})}
     if isinstance(config.get("gate"), dict):
         config["gate"] = {**config["gate"], "shard": None, "report": None}
     config["merged"] = [{"run_id": r.run.run_id, "started": r.run.started, "report": r.path,

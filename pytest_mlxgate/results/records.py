@@ -23,11 +23,14 @@ __all__ = [
     "GateRecord",
     "ModelRef",
     "CALIBRATION_PROPERTY",
+    "ERROR_CHARS",
+    "ERROR_LINES",
     "RECORD_PROPERTY",
     "Mode",
     "RunInfo",
     "calibrations_in",
     "carried",
+    "error_record",
     "gate_name",
     "gate_record",
     "records_in",
@@ -39,7 +42,7 @@ RECORD_PROPERTY = "mlxgate.record"
 #: The name a --mlx-calibrate measurement travels under (not a gate record: it has no verdict), as JSON text.
 CALIBRATION_PROPERTY = "mlxgate.calibration"
 
-Mode = Literal["gate", "aa", "capability", "score", "speed"]
+Mode = Literal["gate", "aa", "capability", "score", "speed", "error"]  # "error": raised before it measured
 
 
 class ModelRef(TypedDict):
@@ -93,6 +96,7 @@ class GateRecord(TypedDict, total=False):
     # KL gates
     reference_source: str
     forwards: dict[str, int]
+    lever_calls: dict[str, int]  # a patch lever: calls of the patched site per arm that ran here (0 is refused)
     aa: dict[str, Any] | None
     tokens: dict[str, str]
     # What the HTML report plots (`stats/kl_profile.py`; records from before it lack it, and the plots
@@ -117,6 +121,9 @@ class GateRecord(TypedDict, total=False):
     capability_score: dict[str, Any]
     # speed and memory of both arms (speed gates, and any gate whose module asks for speed)
     speed: dict[str, Any]
+    # a gate that raised (verdict "error", `error_record`): {type, message (its first lines), phase
+    # (setup, call or teardown)}
+    error: dict[str, Any]
 
 
 def utc_now(at: float | None = None) -> str:
@@ -155,6 +162,21 @@ def gate_record(
         "time": utc_now(),
     }
     return record  # type: ignore[return-value]  # keys checked against GateRecord above
+
+
+#: An error record keeps this much of the error's message: its first lines, for the summary and reports.
+ERROR_LINES, ERROR_CHARS = 12, 2000
+
+
+def error_record(*, nodeid: str, phase: str, error_type: str, message: str, **fields: Any) -> GateRecord:
+    """The record of a gate that raised instead of deciding (verdict "error", `results.verdicts.ERROR`):
+    the error's type, its message's first lines and the phase it happened in. Never a pass."""
+    lines = message.strip().splitlines()
+    text = "\n".join(lines[:ERROR_LINES]) + ("\n…" if len(lines) > ERROR_LINES else "")
+    if len(text) > ERROR_CHARS:
+        text = text[: ERROR_CHARS - 1] + "…"
+    return gate_record(nodeid=nodeid, mode=fields.pop("mode", "error"), verdict="error",
+                       error={"type": error_type, "message": text, "phase": phase}, **fields)
 
 
 def carried(name: str, payload: Mapping[str, Any]) -> tuple[str, str]:
@@ -202,12 +224,14 @@ class RunInfo:
     def new(cls, root: Path, *, argv: Sequence[str], config: Mapping[str, Any],
             machine: Mapping[str, str], started: float | None = None) -> RunInfo:
         """A fresh run id, the start time (default: now) and the git state of `root`: what the
-        controller makes once per run."""
+        controller makes once per run. Credentials in argv and config are masked here, once, so no
+        report or history row ever holds them."""
+        from ..common.redact import redact_argv, redact_data
         from .git import git_state
 
         commit, dirty = git_state(root)
         return cls(run_id=uuid.uuid4().hex, started=utc_now(started), code_commit=commit, code_dirty=dirty,
-                   argv=list(argv), config=dict(config), machine=dict(machine))
+                   argv=redact_argv(argv), config=redact_data(dict(config)), machine=dict(machine))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

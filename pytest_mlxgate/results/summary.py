@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from .fields import as_map, integer, interval_end, nodeid_of, number, real
 from .records import GateRecord
 from .verdicts import check_verdict
 
-__all__ = ["format_limit", "format_value", "n_parts", "summary_lines"]
+__all__ = ["format_limit", "format_value", "interrupted_line", "n_parts", "summary_lines"]
 
 _PERCENT_KEYS = frozenset({"top1", "same_top", "top1_lo", "same_top_lo"})
 _KL_KEYS = frozenset({"mean", "median", "p90", "p95", "p99", "p999", "max"})
@@ -121,7 +122,10 @@ def _gate_rows(record: GateRecord) -> list[_Row]:
     verdict = record.get("verdict")
     rows: list[_Row]
     has_checks = isinstance(checks, Sequence) and not isinstance(checks, str) and bool(checks)
-    if record.get("mode") == "score":
+    error = as_map(record.get("error"))
+    if error:
+        rows = [(f"error in {error.get('phase') or 'call'}", DASH, DASH, DASH, "ERROR")]  # the words: under it
+    elif record.get("mode") == "score":
         score = as_map(record.get("capability_score"))
         rows = [(str(t), _score_pair(as_map(v)), DASH, DASH, "ran") for t, v in as_map(score.get("tasks")).items()]
         rows.append(("score", _score_pair(score), DASH, DASH, "partial" if score.get("partial") else "complete"))
@@ -158,7 +162,9 @@ def n_parts(record: GateRecord) -> list[str]:
     if n_tokens is not None:
         parts.append(f"{n_tokens} tokens")
     if record.get("mode") == "gate" and real(stats.get("max")) == 0.0 and real(stats.get("same_top")) == 1.0:
-        parts.append("identical on this backend")  # every distribution equal: nothing to bound
+        calls = integer(as_map(record.get("lever_calls")).get("candidate"))
+        seen = f" ({calls:,} lever calls seen)" if calls else ""
+        parts.append(f"identical on this backend{seen}")  # every distribution equal: nothing to bound
     if record.get("reference_source"):
         parts.append(f"ref: {record['reference_source']}")
     total = real(as_map(record.get("durations")).get("total_s"))
@@ -180,6 +186,17 @@ def _speed_parts(record: GateRecord, shown: set[str]) -> list[str]:
         return []
     shown.add(ident)
     return speed_lines(speed)
+
+
+def _error_parts(record: GateRecord) -> list[str]:
+    """An error record's type and message under its block, line by line (at most 6: the reports keep the
+    rest). pytest.fail's `Failed` is left out: its message is the whole story."""
+    error = as_map(record.get("error"))
+    kind = str(error.get("type") or "")
+    lines = [line for line in str(error.get("message") or "").splitlines() if line.strip()]
+    if lines and kind and kind != "Failed":
+        lines[0] = f"{kind}: {lines[0]}"
+    return lines[:6] + (["…"] if len(lines) > 6 else [])
 
 
 def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
@@ -228,17 +245,18 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
         bound_title = f"{c * 100:g}% bound"
     header: tuple[str, str, str, str, str, str] = ("gate", "metric", "value", bound_title, "limit", "verdict")
 
-    blocks: list[tuple[str, list[_Row], list[str], list[str]]] = []
+    blocks: list[tuple[str, list[_Row], list[str], list[str], list[str]]] = []
     speeds_shown: set[str] = set()
     for record in sorted(records, key=nodeid_of):
         name = str(record.get("gate") or record.get("nodeid") or DASH)
-        blocks.append((name, _gate_rows(record), n_parts(record), _speed_parts(record, speeds_shown)))
+        blocks.append((name, _gate_rows(record), n_parts(record), _speed_parts(record, speeds_shown),
+                       _error_parts(record)))
 
-    cols = [[row[i] for _, rows, _, _ in blocks for row in rows] for i in range(5)]
+    cols = [[row[i] for _, rows, _, _, _ in blocks for row in rows] for i in range(5)]
     widths = [max([len(header[i + 1])] + [len(v) for v in cols[i]]) for i in range(5)]
     widths[0] = max(widths[0], len("n"))
     rest = sum(widths) + len(_GAP) * 5
-    gate_width = max([len(header[0])] + [len(name) for name, _, _, _ in blocks])
+    gate_width = max([len(header[0])] + [len(name) for name, _, _, _, _ in blocks])
     gate_width = min(gate_width, max(_MIN_GATE_WIDTH, width - rest))
 
     def line(cells: Sequence[str]) -> str:
@@ -247,9 +265,12 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
 
     lines = [line(header)]
     detail_start = gate_width + len(_GAP) + widths[0] + len(_GAP)
-    for name, rows, details, speed in blocks:
+    for name, rows, details, speed, error in blocks:
         for i, row in enumerate(rows):
             lines.append(line((_truncate(name, gate_width) if i == 0 else "", *row)))
+        for text in error:  # the error's own words, wrapped under the block
+            lines.extend(textwrap.wrap(text, max(20, width - len(_SPEED_INDENT)), initial_indent=_SPEED_INDENT,
+                                       subsequent_indent=_SPEED_INDENT + "  ", break_on_hyphens=False) or [""])
         for i, detail in enumerate(_pack(details, max(len(DASH), width - detail_start))):
             lines.append(line(("", "n" if i == 0 else "", detail)))
         for text in speed:  # under the block at full width: a speed line has too much for the n column
@@ -264,3 +285,11 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
 
 
 _SPEED_INDENT = "  "
+
+
+def interrupted_line(interrupted: Mapping[str, Any]) -> str:
+    """A run's `interrupted` (its config's): `INTERRUPTED (KeyboardInterrupt): 2 module(s) did not run: a.py, b.py`."""
+    not_run = [str(m) for m in interrupted.get("not_run") or []]
+    shown = ", ".join(not_run[:10]) + (f" and {len(not_run) - 10} more" if len(not_run) > 10 else "")
+    return (f"INTERRUPTED ({interrupted.get('reason') or 'interrupted'}): "
+            + (f"{len(not_run)} module(s) did not run: {shown}" if not_run else "every collected test had run"))

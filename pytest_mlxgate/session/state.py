@@ -24,11 +24,13 @@ from ..errors import MlxgateError, MlxgateUsageError, MlxgateWarning, ModelUnava
 from ..models.progress import LineProgress
 from ..results.records import calibrations_in, records_in
 from .relay import LIVE_KEY, RELAY_KEY, ProgressRelay, worker_progress
-from .transport import attach, carried_by
+from .outcome import RunOutcome
+from .transport import attach, carried_by, stage_error
 
 if TYPE_CHECKING:
     from ..models.loaded import LoadedModel
     from ..models.materialize import ResolvedSnapshot
+    from ..results.history import ResultsDBLocked
     from ..results.records import GateRecord, RunInfo
     from .builder import RunContext
     from .paired import Paired, PairedRun
@@ -97,6 +99,11 @@ class MlxgateSession:
         self._shard_durations: dict[str, float] | None = None  # --mlx-shard: read from the history once
         self.shard_plan: dict[str, Any] | None = None  # --mlx-shard: the plan applied (from a worker under xdist)
         self._shard_text: str | None = None
+        self.outcome = RunOutcome()  # the controller's view of which tests ran: interrupted runs, merge
+        self._interrupted: dict[str, Any] | None = None  # {reason, not_run}: the run stopped before its end
+        self._errors: list[str] = []  # what made the run fail after its tests (a report not written)
+        self._stale: dict[str, Path] = {}  # report path -> where an earlier run's report there was moved
+        self._db_locked = False  # the results DB was locked at the end: the rest of the run leaves it alone
 
     @property
     def is_worker(self) -> bool:
@@ -112,6 +119,7 @@ class MlxgateSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Under xdist, resolve on the controller before xdist starts the workers that need it."""
+        self._move_stale_reports()
         if self.is_worker or not self.settings.in_use:
             return
         if not self.config.pluginmanager.hasplugin("dsession"):
@@ -125,6 +133,7 @@ class MlxgateSession:
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
         """--mlx-shard I/N: keep the whole modules of shard I; the others are reported deselected."""
+        self._check_lever_override(items)
         gate = self.settings.gate
         if gate is None or gate.shard is None:
             return
@@ -143,6 +152,55 @@ class MlxgateSession:
             output = getattr(config, "workeroutput", None)
             if isinstance(output, dict):
                 output[SHARD_PLAN_KEY] = self.shard_plan
+
+    def _check_lever_override(self, items: list[pytest.Item]) -> None:
+        """A bare `--mlx-lever NAME` that no collected gate module declares is a usage error: it would
+        override nothing (and, before, turned every module's lever into an environment variable)."""
+        gate = self.settings.gate
+        if gate is None or gate.lever is None:
+            return
+        from ..levers.parsing import check_override_targets
+
+        declared: dict[str, str | None] = {}
+        for item in items:
+            if "paired" not in getattr(item, "fixturenames", ()):
+                continue
+            mark = item.get_closest_marker("mlx_lever")
+            name = mark.args[0] if mark is not None and mark.args and isinstance(mark.args[0], str) else None
+            declared[item.nodeid.split("::")[0]] = name
+        try:
+            check_override_targets(gate.lever, declared)
+        except MlxgateUsageError as e:
+            raise pytest.UsageError(str(e)) from None
+
+    def _move_stale_reports(self) -> None:
+        """On the controller, before any test: an earlier run's report at --mlx-report's (or --mlx-html's)
+        path becomes PATH.stale, so a run that then cannot write its own leaves none to mistake for it."""
+        gate = self.settings.gate
+        if self.is_worker or self.is_quiet_rank or gate is None:
+            return
+        from .outcome import move_aside
+
+        for flag, path in (("--mlx-report", gate.report), ("--mlx-html", gate.html)):
+            if path is None:
+                continue
+            try:
+                stale = move_aside(path)
+            except OSError as e:
+                raise pytest.UsageError(
+                    f"mlxgate: {flag} {path}: a report from an earlier run is there and cannot be moved aside "
+                    f"({e.strerror or e}), so this run could not replace it either, and CI would upload it as this "
+                    f"run's. Fix: {flag} PATH in a writable directory, or remove {path}") from None
+            if stale is not None:
+                self._stale[str(path)] = stale
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not self.is_worker:  # under xdist the controller collects nothing: each worker's ids come instead
+            self.outcome.collected(item.nodeid for item in session.items)
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        message = str(excinfo.value).strip()
+        self.outcome.interrupted_by(f"{excinfo.typename}: {message}" if message else excinfo.typename)
 
     def pytest_report_collectionfinish(self, config: pytest.Config, items: list[pytest.Item]) -> list[str]:
         return [f"mlxgate: {self._shard_text}"] if self._shard_text and not self.is_worker else []
@@ -196,14 +254,21 @@ class MlxgateSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-        """What the item's gates published rides its teardown report (so it crosses xdist too)."""
+        """What the item's gates published rides its teardown report (so it crosses xdist too); an
+        error mlxgate raised on purpose is reported by its message alone (it says what, why and the
+        fix: a traceback through the plugin's frames adds nothing)."""
         report = yield
+        if call.excinfo is not None and isinstance(call.excinfo.value, MlxgateError) and report.failed:
+            report.longrepr = f"{type(call.excinfo.value).__name__}: {call.excinfo.value}"
+        stage_error(item, report, call)  # a gate that raised: an error record, never absent
         attach(item, report)
         return report
 
     @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's user_properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """The controller collects the records of each teardown report and hands JUnit its properties."""
+        if not self.is_worker:
+            self.outcome.saw(report, recorded=bool(records_in(carried_by(report))))
         if self.is_worker or report.when != "teardown":
             return
         entries = carried_by(report)
@@ -231,8 +296,9 @@ class MlxgateSession:
                     xml.add_global_property(name, value)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """One table for the whole run, printed by the controller only."""
-        if self.is_worker or not (self.records or self.calibrations):
+        """One table for the whole run, printed by the controller only; then why the run failed after its
+        tests (a report not written), in red."""
+        if self.is_worker or not (self.records or self.calibrations or self._errors or self._interrupted):
             return
         if self.is_quiet_rank:
             terminalreporter.write_line(f"mlxgate: rank {self.rank}: the summary and reports are rank 0's")
@@ -244,20 +310,28 @@ class MlxgateSession:
             for calibration in self.calibrations:
                 for line in calibration_lines(calibration):
                     terminalreporter.write_line(line)
-        if not self.records:
+        if not (self.records or self._errors or self._interrupted):
             return
         from ..results.summary import summary_lines
 
         terminalreporter.section("mlxgate")
-        for line in summary_lines(self.records, width=terminalreporter._tw.fullwidth):
-            terminalreporter.write_line(line)
+        if self.records:
+            for line in summary_lines(self.records, width=terminalreporter._tw.fullwidth):
+                terminalreporter.write_line(line)
+        if self._interrupted is not None:
+            from ..results.summary import interrupted_line
+
+            terminalreporter.write_line(f"mlxgate: {interrupted_line(self._interrupted)}; the reports say so "
+                                        "(interrupted: true, verdict error)", red=True, bold=True)
         for line in self._written:
             terminalreporter.write_line(line)
-        if os.environ.get("GITHUB_ACTIONS") == "true":  # workflow commands: annotations at the gates
+        if os.environ.get("GITHUB_ACTIONS") == "true" and self.records:  # workflow commands: annotations
             from ..results.github import annotation_lines
 
             for line in annotation_lines(self.records, self._locations):
                 terminalreporter.write_line(line)
+        for line in self._errors:
+            terminalreporter.write_line(line, red=True, bold=True)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -271,52 +345,94 @@ class MlxgateSession:
             session.exitstatus = pytest.ExitCode.OK  # more shards than modules: an empty shard is the plan, no error
         gate = self.settings.gate
         sharded = gate is not None and gate.shard is not None  # a shard writes its report even when empty:
-        if self.is_worker or not (self.records or self.calibrations or sharded) or gate is None:  # merge counts it
+        if self.is_worker or gate is None:  # merge counts it
+            return
+        wanted = self.records or gate.report is not None or gate.html is not None or sharded
+        interrupted = self.outcome.interruption(session) if wanted else None
+        if not (self.records or self.calibrations or sharded or interrupted):
             return
         if self.is_quiet_rank:  # rank 0 of the mlx.launch job holds the same records and writes them
             return
         from ..capability.base import TASK_NAMES
-        from ..results.history import ResultsDB, ResultsDBError
+        from ..results.history import ResultsDB, ResultsDBError, ResultsDBLocked
         from ..results.json_report import write_json_report
         from ..results.score import score_record
 
         score = score_record(self.records, TASK_NAMES)
         if score is not None:
             self.records.append(score)
-        run = self._run_info()
+        self._interrupted = interrupted
+        facts: dict[str, Any] = {"interrupted": interrupted} if interrupted else {}
+        if sharded:  # which planned modules ran without a record (skipped): merge tells them from vanished ones
+            facts["without_records"] = self.outcome.without_records()
+        run = self._run_info(**facts)
         if gate.report is not None:
             try:
                 write_json_report(gate.report, run, self.records, self.calibrations)
-            except OSError as e:  # the verdicts are already printed: warn with the fix, never crash
-                self.config.issue_config_time_warning(MlxgateWarning(
-                    f"JSON report {gate.report} not written: {e.strerror or e}; fix: --mlx-report PATH in a "
-                    "writable directory"), 2)
+            except OSError as e:  # CI would find no report (or take an old one): the run fails, saying why
+                self._fail_run(session, f"JSON report {gate.report} not written: {e.strerror or e}", "--mlx-report",
+                               gate.report)
             else:
                 self._written.append(f"mlxgate: JSON report → {gate.report}")
                 self._json_report = gate.report
         if gate.db is not None and self.records:  # a calibration alone has no verdict to keep in the history
             try:
-                rows = ResultsDB(gate.db).append(run, self.records)
+                results = ResultsDB(gate.db)
+                rows = results.append(run, self.records)
+            except ResultsDBLocked as e:  # held by another process past the busy timeout: queue, never lose
+                self._db_locked = True
+                self._queue_rows(gate.db, run, e)
             except (OSError, MlxgateError, ValueError, ResultsDBError) as e:  # history is a by-product: warn
                 self.config.issue_config_time_warning(MlxgateWarning(
                     f"results DB {gate.db} not written: {e}; fix: --mlx-db PATH in a writable directory, or "
                     "--mlx-db off"), 2)
             else:
-                self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs)")
-        if gate.html is not None and self.records:
-            self._write_html(gate.html, run, gate.db)
+                earlier = (f", and {results.pending_merged} row(s) queued by earlier runs that found it locked"
+                           if results.pending_merged else "")
+                self._written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs){earlier}")
+        if gate.html is not None and (self.records or interrupted):
+            self._write_html(session, gate.html, run, gate.db)
         summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary_path and self.records:
             self._write_step_summary(Path(summary_path))
 
-    def _write_html(self, path: Path, run: RunInfo, db: Path | None) -> None:
+    def _fail_run(self, session: pytest.Session, what: str, flag: str, path: Path) -> None:
+        """A report this run owes cannot be written: an error at exit (the exit status says it), not a warning."""
+        stale = self._stale.get(str(path))
+        moved = f" The earlier run's report there was moved to {stale} at the start." if stale else ""
+        self._errors.append(f"mlxgate: ERROR: {what}.{moved} CI must not find an earlier run's report (or none) "
+                            f"and take it for this run's, so the run fails. Fix: {flag} PATH in a writable directory "
+                            "with free space")
+        if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _queue_rows(self, db: Path, run: RunInfo, locked: ResultsDBLocked) -> None:
+        """The DB is locked: the run's rows go to `<db>.pending.jsonl`, added by the next run that opens it."""
+        from ..results.history import pending_path, queue_pending
+
+        who = f"another process (PID {locked.holder})" if locked.holder is not None else "another run"
+        try:
+            pending = queue_pending(db, run, self.records)
+        except OSError as e:
+            self.config.issue_config_time_warning(MlxgateWarning(
+                f"results DB {db} not written: it is locked by {who} (waited {locked.timeout:g} s), and its rows "
+                f"could not be queued to {pending_path(db)} either ({e.strerror or e}); fix: --mlx-db PATH in a "
+                "writable directory, or --mlx-db off"), 2)
+            return
+        self._written.append(f"mlxgate: results not recorded in the DB yet: {db} is locked by {who} (waited "
+                             f"{locked.timeout:g} s); {len(self.records)} row(s) queued to {pending}, merged on the "
+                             "next run")
+
+    def _write_html(self, session: pytest.Session, path: Path, run: RunInfo, db: Path | None) -> None:
         """The HTML report, with each gate's history from the results DB (this run's rows included)."""
         from ..results.fields import nodeid_of
         from ..results.history import ResultsDBError
         from ..results.html_report import history_rows, write_html_report
 
         history = None
-        if db is not None:
+        if db is not None and self._db_locked:
+            history = {}  # locked: no second wait for the sparklines
+        elif db is not None:
             try:
                 history = history_rows(db, (nodeid_of(r) for r in self.records))
             except (OSError, ResultsDBError, ValueError):
@@ -324,9 +440,7 @@ class MlxgateSession:
         try:
             write_html_report(path, self.records, history=history, run=run)
         except OSError as e:
-            self.config.issue_config_time_warning(MlxgateWarning(
-                f"HTML report {path} not written: {e.strerror or e}; fix: --mlx-html PATH in a writable "
-                "directory"), 2)
+            self._fail_run(session, f"HTML report {path} not written: {e.strerror or e}", "--mlx-html", path)
         else:
             self._written.append(f"mlxgate: HTML report → {path}")
             self._html_report = path
@@ -354,7 +468,7 @@ class MlxgateSession:
             if text:
                 self._written.append("mlxgate: job summary → $GITHUB_STEP_SUMMARY")
 
-    def _run_info(self) -> RunInfo:
+    def _run_info(self, **facts: Any) -> RunInfo:
         import platform
         import sys
 
@@ -371,6 +485,7 @@ class MlxgateSession:
         }
         if self.shard_plan is not None:
             config["shard"] = self.shard_plan
+        config.update(facts)  # what became of the run's tests: interrupted, without_records
         versions = installed_versions(("mlx", "mlx-lm"))
         machine = {"device": device, "blas": blas, "mlx": versions["mlx"], "mlx_lm": versions["mlx-lm"],
                    "python": sys.version.split()[0], "platform": platform.platform()}
@@ -443,20 +558,15 @@ class MlxgateSession:
         return snap
 
     def model(self, role: Role = "candidate") -> tuple[Any, Any]:
-        """(model, tokenizer) of the role through `mlx_lm.load`, once per process."""
+        """(model, tokenizer) of the role through `mlx_lm.load`, once per process; weights that cannot be
+        read raise `ModelUnavailableError` naming the file and the fix (`models.loaded.load_mlx`)."""
         if role not in self._models:
             snap = self.snapshot(role)
             if snap is None:
                 raise ModelUnavailableError(f"mlxgate: no {role} model configured (--mlx-{role} NAME)")
-            import mlx_lm
+            from ..models.loaded import load_mlx
 
-            try:
-                loaded = mlx_lm.load(snap.path)
-            except (OSError, ValueError) as e:
-                raise ModelUnavailableError(
-                    f"mlxgate: mlx_lm.load could not load {snap.pinned} ({snap.name}): {e}"
-                ) from e
-            self._models[role] = (loaded[0], loaded[1])
+            self._models[role] = load_mlx(snap, role)
         return self._models[role]
 
     def paired(self, item: pytest.Item) -> Paired:
@@ -471,6 +581,7 @@ class MlxgateSession:
     def _run_context(self) -> RunContext:
         from ..models.device import installed_versions
         from .builder import RunContext
+        from .workers import run_dir_of
 
         gate = self.settings.gate
         assert gate is not None
@@ -483,6 +594,7 @@ class MlxgateSession:
             progress=self._progress_sink(),
             live=self._live(),
             distributed=self.rank is not None,
+            run_dir=run_dir_of(self.workerinput),
         )
 
     def reference_cache_plan(self) -> tuple[Path | None, str | None]:
@@ -614,7 +726,9 @@ class MlxgateSession:
                     progress=progress,
                 )
             except expected as e:
-                self._failed[role] = f"mlxgate: cannot get the {role} '{spec.name}': {e}"
+                from ..common.redact import redact  # every way of failing to get a model ends here
+
+                self._failed[role] = redact(f"mlxgate: cannot get the {role} '{spec.name}': {e}")
                 raise ModelUnavailableError(self._failed[role]) from e
             if progress is not None:
                 progress.finish("built" if spec.kind == "embedded" else "fetched")

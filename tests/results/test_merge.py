@@ -1,5 +1,7 @@
-"""`mlxgate merge`: the worst verdict of a gate wins (fail > inconclusive > pass), one commit or no merge,
-every shard of a plan or no merge, the Capability Score made again over all shards, exit codes."""
+"""`mlxgate merge`: the worst verdict of a gate wins (error > fail > inconclusive > pass), one commit or no
+merge, every shard of a plan or no merge, nothing a plan lists vanishes (a module without a record, an
+interrupted shard, an unknown verdict fail the merge), the Capability Score made again over all shards,
+exit codes."""
 
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ COMMIT = "a" * 40
 
 
 def run_info(run_id: str, *, commit: str | None = COMMIT, shard: tuple[int, int] | None = None,
-             plan: str = "p1", started: str = "2026-12-01T10:00:00Z", inconclusive: str = "fail") -> RunInfo:
-    config: dict[str, Any] = {"candidate": "smollm2-135m", "gate": {"shard": None, "inconclusive": inconclusive}}
+             plan: str = "p1", started: str = "2026-12-01T10:00:00Z", inconclusive: str = "fail",
+             modules: list[str] | None = None, **facts: Any) -> RunInfo:
+    config: dict[str, Any] = {"candidate": "smollm2-135m", "gate": {"shard": None, "inconclusive": inconclusive},
+                              **facts}
     argv = ["gates"]
     if shard is not None:
-        config["shard"] = {"index": shard[0], "count": shard[1], "plan": plan, "modules": []}
+        config["shard"] = {"index": shard[0], "count": shard[1], "plan": plan, "modules": modules or []}
         config["gate"]["shard"] = f"{shard[0]}/{shard[1]}"
         argv += ["--mlx-shard", f"{shard[0]}/{shard[1]}", f"--mlx-shard={shard[0]}/{shard[1]}"]
     return RunInfo(run_id=run_id, started=started, code_commit=commit, code_dirty=False, argv=argv, config=config,
@@ -143,3 +147,40 @@ def test_merge_refuses_what_is_not_a_report(tmp_path: Path, capsys: pytest.Captu
                           ("missing.json", "cannot read the report")):
         assert main(["merge", str(tmp_path / name)]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_planned_module_without_a_record_is_an_error_record_and_fails_the_merge(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2), modules=["a.py", "b.py"]), [record("a.py::x")])
+    b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2), modules=["c.py"]), [record("c.py::x")])
+    merged = merge_reports([read_report(a), read_report(b)])
+    kept = {r["nodeid"]: r for r in merged.records}
+    assert kept["b.py"]["verdict"] == "error" and "shard 1/2" in kept["b.py"]["error"]["message"]
+    assert merged.problems == [f"{a} (shard 1/2): planned module(s) without a record: b.py"]
+    out = tmp_path / "m.json"
+    assert main(["merge", str(a), str(b), f"--json={out}"]) == 1
+    err = capsys.readouterr().err
+    assert f"mlxgate merge: FAIL: {a} (shard 1/2): planned module(s) without a record: b.py" in err
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "error" and ("b.py", "error") in [(g["nodeid"], g["verdict"]) for g in doc["gates"]]
+
+
+def test_a_module_the_shard_says_ran_without_a_record_is_no_failure(tmp_path: Path) -> None:
+    """All its gates skipped (an untrained model, a missing GPU): a skip is not a vanished gate."""
+    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 1), modules=["a.py", "b.py"],
+                                            without_records={"b.py": "2 skipped"}), [record("a.py::x")])
+    merged = merge_reports([read_report(a)])
+    assert merged.problems == [] and [r["nodeid"] for r in merged.records] == ["a.py::x"]
+    assert main(["merge", str(a)]) == 0
+
+
+def test_an_empty_or_interrupted_shard_fails_the_merge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = write(tmp_path / "e.json", run_info("1" * 32, shard=(1, 1), modules=["a.py"]), [])
+    assert main(["merge", str(empty)]) == 1
+    assert "(its report has no gates at all): a.py" in capsys.readouterr().err
+    stopped = write(tmp_path / "s.json", run_info("2" * 32, shard=(1, 1), modules=["a.py"],
+                                                  interrupted={"reason": "KeyboardInterrupt", "not_run": ["a.py"]}), [])
+    merged = merge_reports([read_report(stopped)])
+    assert merged.run.config["interrupted"] == {"reason": f"{stopped}: KeyboardInterrupt", "not_run": ["a.py"]}
+    assert main(["merge", str(stopped)]) == 1
+    assert f"{stopped} (shard 1/1) was interrupted (KeyboardInterrupt); did not run: a.py" in capsys.readouterr().err

@@ -389,6 +389,78 @@ def test_db_refuses_an_unversioned_foreign_table_and_a_non_database(tmp_path: Pa
     assert junk.read_bytes() == before
 
 
+_HOLD = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_locked_db_waits_its_short_stated_timeout_and_names_the_holder(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    ResultsDB(path)
+    assert ResultsDB(path).timeout == history.DB_BUSY_TIMEOUT_S == 5.0  # not the minute it was
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(history.ResultsDBLocked) as info:
+            ResultsDB(path, timeout=0.2).append(make_run(), [make_record()])
+        assert info.value.timeout == 0.2 and info.value.holder == holder.pid
+        assert str(info.value) == (f"the results database {path} is locked by another process (PID {holder.pid}); "
+                                   "waited 0.2 s")
+        assert "move this one aside" not in str(info.value)  # it is not broken
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert ResultsDB(path).rows() == []
+
+
+def test_queued_rows_arrive_with_the_next_append_once_and_unreadable_lines_stay(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    db = ResultsDB(path)
+    queued = history.queue_pending(path, make_run("b" * 32), [make_record(), make_record("gates/t.py::u")])
+    assert queued == history.pending_path(path) == tmp_path / "h.sqlite.pending.jsonl"
+    line = queued.read_text()
+    assert db.append(make_run("c" * 32), [make_record()]) == 1 and db.pending_merged == 2
+    assert not queued.exists()
+    assert sorted(r["run_id"] for r in db.runs()) == ["b" * 32, "c" * 32]
+    queued.write_text(line + "{not json\n")  # the same run again (a merge cut short) and a broken line
+    assert db.append(make_run("d" * 32), [make_record()]) == 1 and db.pending_merged == 0  # not added twice
+    assert queued.read_text() == "{not json\n"  # never dropped
+    assert len(db.rows()) == 4  # b twice, c, d
+
+
+_QUEUE = """
+import sys
+from pathlib import Path
+from pytest_mlxgate.results.history import queue_pending
+from pytest_mlxgate.results.records import RunInfo
+for i in range(20):
+    run = RunInfo(run_id=f"{sys.argv[2]}-{i}", started="2026-01-01T00:00:00Z", code_commit=None, code_dirty=None,
+                  argv=[], config={}, machine={})
+    queue_pending(Path(sys.argv[1]), run, [{"nodeid": "a.py::t", "verdict": "pass", "x": "y" * 5000}])
+"""
+
+
+def test_runs_queueing_at_once_while_one_merges_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "h.sqlite"
+    db = ResultsDB(path)
+    procs = [subprocess.Popen([sys.executable, "-c", _QUEUE, str(path), f"p{i}"], cwd=ROOT) for i in range(3)]
+    merged = 0
+    while any(p.poll() is None for p in procs):
+        db.append(make_run(os.urandom(16).hex()), [make_record()])
+        merged += db.pending_merged
+    assert all(p.wait() == 0 for p in procs)
+    db.append(make_run(os.urandom(16).hex()), [make_record()])
+    merged += db.pending_merged
+    assert merged == 60 and not history.pending_path(path).exists()
+    assert len({r["run_id"] for r in db.rows() if r["run_id"].startswith("p")}) == 60
+
+
 # --------------------------------------------------------------------------------------------
 # git
 

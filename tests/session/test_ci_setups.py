@@ -1,7 +1,8 @@
 """The pytest setups CI uses, each through pytester on a real gate: -p no:cacheprovider (the
 reference cache off and said once, or in --mlx-reference-cache DIR), -p no:xdist, -n 2,
---junit-xml, -x, --lf, -k, PYTEST_ADDOPTS, and a read-only checkout (one warning per thing not
-written, with its fix; the verdicts still printed; no crash)."""
+--junit-xml, -x, --lf, -k, PYTEST_ADDOPTS, and a read-only checkout (one warning per by-product not
+written, with its fix; the verdicts still printed; no crash; the JSON report the run owes is an error
+that fails the run)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def read_only(checkout: pytest.Pytester) -> Iterator[Path]:
 
 
 @pytest.mark.slow  # a pytest session on a read-only mount
-def test_a_read_only_checkout_warns_once_per_thing_and_still_gives_verdicts(
+def test_a_read_only_checkout_warns_once_per_by_product_fails_on_its_report_and_still_gives_verdicts(
         checkout: pytest.Pytester, tiny_model_dir: Path, read_only: Path, tmp_path: Path) -> None:
     with pytest.raises(OSError):
         (read_only / "probe").write_text("x")
@@ -155,9 +156,12 @@ def test_a_read_only_checkout_warns_once_per_thing_and_still_gives_verdicts(
                            "--mlx-report=report.json", f"--basetemp={tmp_path / 'base'}", "-W", "default"],
                           cwd=read_only, capture_output=True, text=True, timeout=600)
     out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-3000:]
+    # the gates passed, but the run did not deliver the report it was asked for: CI must not go green
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, out[-3000:]
     assert "2 passed" in out and "Traceback" not in out
     assert "test_gates::test_drift" in out and "pass" in out  # the verdict table
     assert out.count("is not writable") == 1 and "--mlx-reference-cache DIR" in out  # once, not per gate
-    assert "results DB" in out and "--mlx-db off" in out
-    assert "JSON report" in out and "--mlx-report PATH" in out
+    assert "results DB" in out and "--mlx-db off" in out  # a by-product: a warning
+    assert out.count(f"mlxgate: ERROR: JSON report {read_only / 'report.json'} not written: Read-only file system") == 1
+    assert "Fix: --mlx-report PATH in a writable directory" in out
+    assert not (read_only / "report.json").exists()
