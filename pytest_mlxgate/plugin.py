@@ -15,6 +15,8 @@ import pytest
 from .config.options import add_options
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .models.materialize import ResolvedSnapshot
     from .session.paired import Paired
     from .session.state import MlxgateSession, Role
@@ -48,6 +50,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "mlx_speed(contexts=(600, 8192), decode=D, repetitions=N): measure the module's prefill and decode speed "
         "and memory, both arms interleaved (--mlx-speed on|off overrides)",
     )
+    config.addinivalue_line(
+        "markers",
+        "mlx_calibrate(accept_broken='why'): --mlx-calibrate sizes limits for this module's lever even beyond the "
+        "quality bounds (a lever that breaks the model), saying so in the suggestion and the record",
+    )
     state = MlxgateSession(config, read_settings(config))
     config.stash[SESSION_KEY] = state
     config.pluginmanager.register(state, "mlxgate-session")
@@ -61,10 +68,51 @@ class XdistHooks:
 
     def __init__(self, state: MlxgateSession) -> None:
         self.state = state
+        self.run_dir: Path | None = None  # the controller's folder for this run (session/workers.py)
 
     def pytest_configure_node(self, node: Any) -> None:
-        """Ship the controller's pinned snapshots (JSON) so workers never resolve or download."""
+        """Ship the controller's pinned snapshots (JSON) so workers never resolve or download, and
+        the run folder (speed trials' lock, the workers' gate modules)."""
+        from .session.workers import RUN_DIR_KEY, make_run_dir
+
         node.workerinput.update(self.state.worker_payload())
+        if self.run_dir is None:
+            self.run_dir = make_run_dir()
+        node.workerinput[RUN_DIR_KEY] = str(self.run_dir)
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """Each gate module's tests on one worker (its run built once, its speed timed once)."""
+        from .session.workers import make_scheduler
+
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        warn = (lambda text: reporter.write_line(f"mlxgate: {text}")) if reporter is not None else None
+        return make_scheduler(config, log, self.run_dir, warn=warn)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """On a worker: tell the controller's scheduler which collected modules are gates."""
+        from .session.workers import gate_modules, run_dir_of, write_gate_modules
+
+        workerinput = getattr(config, "workerinput", None)
+        run_dir = run_dir_of(workerinput)
+        if run_dir is None or workerinput is None:
+            return
+        try:
+            write_gate_modules(run_dir, str(workerinput.get("workerid", "worker")), gate_modules(items))
+        except OSError:
+            pass  # the scheduler then keeps xdist's own order: slower, never wrong
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self) -> None:
+        from .session.workers import remove_run_dir
+
+        if not hasattr(self.state.config, "workerinput"):
+            remove_run_dir(self.run_dir)
+            self.run_dir = None
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """The controller collects nothing itself: a worker's node ids tell it what should run."""
+        self.state.outcome.collected(ids)
 
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """What a worker sends back (the --mlx-shard plan it applied)."""

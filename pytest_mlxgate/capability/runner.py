@@ -85,8 +85,15 @@ def run_arm(
 
     rendered = dict(rendered) if rendered is not None else {it.id: task.render(it, tokenizer) for it in items}
     budget = _budget(task, max_new_tokens)
+    if lever.kind == "kv" and arm == "candidate" and items:
+        _require_kv_exercised(task, items, rendered, model, tokenizer, lever, budget)
     results: dict[str, ItemResult] = {}
-    with lever.applied(arm):
+    calls = [0]
+
+    def count() -> None:
+        calls[0] += 1
+
+    with lever.applied(arm, on_call=count if lever.kind == "patch" else None):
         kv = lever.kv_plan(arm)
         peers = [lever.kv_plan(other) for other in ("reference", "candidate") if other != arm]
         choice = [it for it in items if it.kind == "choice"]
@@ -99,9 +106,32 @@ def run_arm(
         outputs = generate_greedy(model, tokenizer, [rendered[it.id] for it in gen], max_new_tokens=budget, kv=kv,
                                   peers=peers, batch_size=batch_size,
                                   progress=(lambda done, _: progress(len(choice) + done, total)) if progress else None)
+    if items:
+        lever.require_exercised(arm, calls[0] if lever.kind == "patch" else None, during=f"capability task {task.name}")
     for it, out in zip(gen, outputs):
         results[it.id] = _stamp(task.score(it, out), rendered[it.id])
     return [results[it.id] for it in items], rendered
+
+
+def _require_kv_exercised(task: Task, items: Sequence[Item], rendered: Mapping[str, str], model: Any,
+                          tokenizer: Any, lever: Lever, budget: int) -> None:
+    """Refuse a KV lever on a task it cannot change: choices are scored by one plain teacher-forced
+    prefill (no KV plan), and generation must run past a quantized spec's start."""
+    from ..errors import VacuousLeverError
+    from ..levers.kvcache import require_kv_difference
+    from .generate import prompt_length
+
+    gen = [it for it in items if it.kind != "choice"]
+    if not gen:
+        raise VacuousLeverError(
+            f"KV lever {lever.name!r} on capability task {task.name}: every item is scored by its choices' "
+            "log-probabilities, one teacher-forced prefill with no KV plan, so both arms compute the same "
+            "numbers and the gate would pass without testing anything. Fix: a generation task (gsm8k, "
+            "ifeval, bfcl, humaneval, hashhop), or a KL gate on the serving path for this lever"
+        )
+    longest = max(prompt_length(tokenizer, rendered[it.id]) for it in gen) + budget
+    require_kv_difference(lever.name, lever.kv_plan("reference"), lever.kv_plan("candidate"), model, longest,
+                          where=f"capability task {task.name}'s generation")
 
 
 def run_capability(

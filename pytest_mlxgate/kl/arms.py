@@ -24,6 +24,7 @@ from .shape import SERVING_PREFILL_STEP, ArmCounters, RunShape
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
     from ..levers.lever import Arm, Lever
+    from ..session.watch import ArmWatch
     from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
@@ -40,8 +41,10 @@ class SequenceLogits:
     dtype: str  # the model's own logits dtype, before the float32 cast (near-ties depend on it)
 
 
-def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan) -> tuple[SequenceLogits, int]:
-    """Run one sequence on `shape.path`; returns its logits and the number of model calls made."""
+def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan, *,
+                    tick: Callable[[int], None] | None = None) -> tuple[SequenceLogits, int]:
+    """Run one sequence on `shape.path`; returns its logits and the number of model calls made.
+    `tick(positions)` after each model call (an arm's progress and time limit)."""
     import mlx.core as mx
 
     tokens = shape.tokens
@@ -55,6 +58,8 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan)
             dtype = _dtype_name(out.dtype)
             logits = _to_numpy(out[0])
             calls = 1
+            if tick is not None:
+                tick(tokens)
         else:
             from mlx_lm.models.cache import make_prompt_cache
 
@@ -65,16 +70,18 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan)
                 dtype = _dtype_name(out.dtype)
                 parts.append(_to_numpy(out[0]))
                 calls += 1
+                if tick is not None:
+                    tick(min(shape.chunk, tokens - start))
             logits = np.concatenate(parts)
         positions = np.arange(tokens, dtype=np.int32)
         return SequenceLogits(logits, next_tokens, positions, dtype), calls
 
-    outs, calls = serving_logits(model, [ids], shape, kv)
+    outs, calls = serving_logits(model, [ids], shape, kv, tick=tick)
     return outs[0], calls
 
 
-def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape,
-                   kv: KVPlan) -> tuple[list[SequenceLogits], int]:
+def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape, kv: KVPlan, *,
+                   tick: Callable[[int], None] | None = None) -> tuple[list[SequenceLogits], int]:
     """The serving path for sequences of one length, as one batch: the prefixes through the arm's
     caches in prefill chunks, then one token per call, quantizing where `generate_step` does.
 
@@ -96,6 +103,8 @@ def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape,
         kv.maybe_quantize(cache)
         mx.eval([c.state for c in cache])
         calls += 1
+        if tick is not None:
+            tick(len(batch) * (min(start + step, prefix) - start))
     rows: np.ndarray | None = None
     dtype = "float32"
     for i, pos in enumerate(range(prefix, tokens)):
@@ -108,6 +117,8 @@ def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape,
             rows = np.empty((len(batch), shape.decode, values.shape[-1]), dtype=np.float32)
         rows[:, i] = values
         calls += 1
+        if tick is not None:
+            tick(len(batch))
     assert rows is not None
     positions = np.arange(prefix, tokens, dtype=np.int32)
     outs = [SequenceLogits(rows[b], np.asarray(ids[prefix + 1 : tokens + 1], dtype=np.int32), positions, dtype)
@@ -131,14 +142,15 @@ def run_reference(
     counters: ArmCounters,
     arm: Arm = "reference",
     on_sequence: Callable[[int], None] | None = None,
+    watch: ArmWatch | None = None,
 ) -> list[RefDistributions]:
     """The reference arm, compacted per sequence (what the reference cache stores)."""
     from .divergence import compact_reference
 
     refs = []
-    with lever.applied(arm):
+    with lever.applied(arm, on_call=site_counter(lever, counters, arm)):
         kv = lever.kv_plan(arm)
-        for seq, out in _each(model, sequences, shape, kv, arm, lever, counters):
+        for seq, out in _each(model, sequences, shape, kv, arm, lever, counters, watch=watch):
             refs.append(compact_reference(out.logits, out.next_tokens, logits_dtype=out.dtype))
             if on_sequence:
                 on_sequence(seq.index)
@@ -155,6 +167,7 @@ def run_candidate(
     counters: ArmCounters,
     arm: Arm = "candidate",
     override_shape: RunShape | None = None,
+    watch: ArmWatch | None = None,
 ) -> list[TokenScores]:
     """The candidate arm, scored against the reference sequence by sequence (its logits never pile up).
 
@@ -166,11 +179,17 @@ def run_candidate(
     if len(refs) != len(sequences):
         raise ValueError(f"{len(refs)} reference sequences for {len(sequences)} candidate sequences")
     scores = []
-    with lever.applied(arm):
+    with lever.applied(arm, on_call=site_counter(lever, counters, arm)):
         kv = lever.kv_plan(arm)
-        for seq, out in _each(model, sequences, override_shape or shape, kv, arm, lever, counters):
+        for seq, out in _each(model, sequences, override_shape or shape, kv, arm, lever, counters, watch=watch):
             scores.append(compare(refs[seq.index], out.logits, out.next_tokens, out.positions))
+    lever.require_exercised(arm, counters.lever_calls.get(arm), during=f"{(override_shape or shape).path} path")
     return scores
+
+
+def site_counter(lever: Lever, counters: ArmCounters, arm: Arm) -> Callable[[], None] | None:
+    """A patch lever's call counter for `arm` (other kinds have no site to count)."""
+    return counters.call_counter(arm) if lever.kind == "patch" else None
 
 
 def _each(
@@ -181,19 +200,23 @@ def _each(
     arm: Arm,
     lever: Lever,
     counters: ArmCounters,
+    *,
+    watch: ArmWatch | None = None,
 ) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
-    for seq, out in _batches(model, sequences, shape, kv, counters, arm):
+    for seq, out in _batches(model, sequences, shape, kv, counters, arm, watch=watch):
         _check_finite(seq, out, arm, lever)
         yield seq, out
 
 
 def _batches(model: Any, sequences: Sequence[TokenSequence], shape: RunShape, kv: KVPlan, counters: ArmCounters,
-             arm: Arm) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
+             arm: Arm, *, watch: ArmWatch | None = None) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
     """Prefill: one sequence per forward. Serving (`shape.batched`): the sequences in batches whose
-    decoded logits fit `SERVING_BATCH_BYTES`; else one at a time."""
+    decoded logits fit `SERVING_BATCH_BYTES`; else one at a time. `watch` hears of every forward's
+    positions (progress lines; the arm's time limit, checked between forwards)."""
+    tick = watch.advance if watch is not None else None
     if shape.path != "serving" or not shape.batched:
         for seq in sequences:
-            out, calls = sequence_logits(model, seq.ids, shape, kv)
+            out, calls = sequence_logits(model, seq.ids, shape, kv, tick=tick)
             counters.add(arm, calls)
             yield seq, out
         return
@@ -201,7 +224,7 @@ def _batches(model: Any, sequences: Sequence[TokenSequence], shape: RunShape, kv
     i = 0
     while i < len(sequences):
         group = sequences[i : i + size]
-        outs, calls = serving_logits(model, [s.ids for s in group], shape, kv)
+        outs, calls = serving_logits(model, [s.ids for s in group], shape, kv, tick=tick)
         counters.add(arm, calls)
         yield from zip(group, outs)
         i += len(group)

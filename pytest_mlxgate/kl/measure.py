@@ -21,6 +21,7 @@ from .shape import ArmCounters, RunShape
 if TYPE_CHECKING:
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
+    from ..session.watch import ArmWatch, Watcher
     from ..stats.kl_stats import KLStats
     from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
@@ -44,11 +45,18 @@ def measure_kl(
     aa: bool,
     counters: ArmCounters,
     say: Callable[[str], None],
+    watch: Watcher | None = None,
 ) -> KLResult:
-    """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize."""
+    """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize.
+    `watch`: each arm's progress lines and time limit (none: silent, unlimited)."""
     from ..stats.kl_profile import kl_profile
     from ..stats.kl_stats import summarize
 
+    if lever.kind == "kv" and not aa:
+        from ..levers.kvcache import require_kv_difference
+
+        require_kv_difference(lever.name, lever.kv_plan("reference"), lever.kv_plan("candidate"),
+                              candidate.model, shape.tokens, where="the serving path")
     started = time.perf_counter()
     key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest,
                         machine=machine)
@@ -58,7 +66,10 @@ def measure_kl(
     source = "cache" if refs is not None else "computed"
     if refs is None:
         say(f"reference arm ({lever.name}={lever.describe_value('reference')}), {len(sequences)} sequences")
-        refs = run_reference(reference.model, sequences, shape, lever, counters=counters)
+        arm_watch = _arm_watch(watch, f"reference arm ({lever.name}={lever.describe_value('reference')})",
+                               sequences, shape)
+        refs = run_reference(reference.model, sequences, shape, lever, counters=counters, watch=arm_watch)
+        _finish(arm_watch)
         if cache is not None:
             store_or_warn(cache, key, refs)
     reference_s = time.perf_counter() - started
@@ -66,10 +77,13 @@ def measure_kl(
     aa_info: dict[str, Any] | None = None
     if aa:
         scores, aa_info = _aa(reference, refs, lever=lever, shape=shape, sequences=sequences,
-                              counters=counters, say=say)
+                              counters=counters, say=say, watch=watch)
     else:
         say(f"candidate arm ({lever.name}={lever.describe_value('candidate')})")
-        scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters)
+        arm_watch = _arm_watch(watch, f"candidate arm ({lever.name}={lever.describe_value('candidate')})",
+                               sequences, shape)
+        scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters, watch=arm_watch)
+        _finish(arm_watch)
     stats = summarize(scores)
     profile = {**kl_profile(scores), "worst_context": _worst_contexts(candidate.tokenizer, sequences, stats)}
     total_s = time.perf_counter() - started
@@ -100,20 +114,37 @@ def _aa(
     sequences: Sequence[TokenSequence],
     counters: ArmCounters,
     say: Callable[[str], None],
+    watch: Watcher | None = None,
 ) -> tuple[list[TokenScores], dict[str, Any]]:
     """Reference vs itself, and vs itself with another prefill chunk size: the noise floor."""
     from ..stats.kl_stats import summarize
 
     chunk = aa_chunk(shape)
     say("A/A: reference arm again")
-    repeat = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference")
+    arm_watch = _arm_watch(watch, "A/A reference arm again", sequences, shape)
+    repeat = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference",
+                           watch=arm_watch)
+    _finish(arm_watch)
     say(f"A/A: reference arm with prefill chunk {chunk}")
+    arm_watch = _arm_watch(watch, f"A/A reference arm with prefill chunk {chunk}", sequences, shape)
     chunked = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference",
-                            override_shape=dataclasses.replace(shape, chunk=chunk))
+                            override_shape=dataclasses.replace(shape, chunk=chunk), watch=arm_watch)
+    _finish(arm_watch)
     repeat_stats, chunked_stats = summarize(repeat), summarize(chunked)
     floors = aa_floors([repeat_stats, chunked_stats])
     return chunked, {"chunk": chunk, "repeat": repeat_stats.to_json(), "chunked": chunked_stats.to_json(),
                      "floors": floors}
+
+
+def _arm_watch(watch: Watcher | None, label: str, sequences: Sequence[TokenSequence],
+               shape: RunShape) -> ArmWatch | None:
+    """One KL arm's watch, counting the positions its forwards process (every id but the last)."""
+    return watch.arm(f"KL {label}", len(sequences) * shape.tokens, unit="positions") if watch is not None else None
+
+
+def _finish(arm_watch: ArmWatch | None) -> None:
+    if arm_watch is not None:
+        arm_watch.finish()
 
 
 def aa_chunk(shape: RunShape) -> int:

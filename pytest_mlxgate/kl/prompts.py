@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import PromptsError
+from ..errors import ChatTemplateMissingError, PromptsError
 
 __all__ = [
     "DEFAULT_PROMPTS_RESOURCE",
@@ -31,6 +31,7 @@ __all__ = [
     "build_sequences",
     "default_prompts",
     "load_prompts_file",
+    "prompts_for",
     "render",
     "sequences_digest",
 ]
@@ -281,6 +282,33 @@ def render(prompt: Prompt, tokenizer: Any) -> str:
     return out
 
 
+def prompts_for(tokenizer: Any, prompts: Sequence[Prompt] | None = None) -> tuple[tuple[Prompt, ...], str]:
+    """(the prompts a gate builds its sequences from, why there are fewer than given: "" if not).
+
+    The default set (`prompts` None) puts its plain prompts first and keeps its chat prompts only
+    where the tokenizer has a chat template, so a base model fills a gate from the plain ones. A
+    user's set is used as written: chat prompts on a tokenizer without a template skip the gate
+    (`ChatTemplateMissingError`), naming them, rather than silently scoring fewer prompts."""
+    if prompts is None:
+        given = default_prompts()
+        plain = tuple(p for p in given if p.messages is None)
+        chat = tuple(p for p in given if p.messages is not None)
+        if not chat or _has_chat_template(tokenizer):
+            return plain + chat, ""
+        return plain, (f"the default set's {len(chat)} chat prompts are left out: this tokenizer has no chat "
+                       f"template, so {len(plain)} plain prompts remain")
+    conversations = [p for p in prompts if p.messages is not None]
+    if conversations and not _has_chat_template(tokenizer):
+        first = conversations[0]
+        where = f" ({first.origin})" if first.origin else ""
+        raise ChatTemplateMissingError(
+            f"{len(conversations)} of the {len(prompts)} prompts are chat conversations (first: {first.id!r}{where}), but "
+            "this model's tokenizer has no chat template to render them, so this gate cannot score them here "
+            'and skips. Give those prompts as {"text": "..."}, or run the gate on a model with a chat template.'
+        )
+    return tuple(prompts), ""
+
+
 def _has_chat_template(tokenizer: Any) -> bool:
     # mlx_lm's TokenizerWrapper knows about its own renderers too; plain HF tokenizers do not.
     has = getattr(tokenizer, "has_chat_template", None)
@@ -305,7 +333,7 @@ def _check_count(value: object, flag: str, meaning: str) -> int:
 
 
 def build_sequences(
-    prompts: Sequence[Prompt], tokenizer: Any, *, n: int, tokens: int
+    prompts: Sequence[Prompt], tokenizer: Any, *, n: int, tokens: int, why_fewer: str = ""
 ) -> list[TokenSequence]:
     """`n` distinct sequences of exactly `tokens + 1` ids; sequence i starts with prompt i mod len.
 
@@ -313,7 +341,8 @@ def build_sequences(
     encoded once and truncated. Round r = i // len(prompts) walks the followers with its own
     stride, so tiled sequences differ; where the first prompt alone fills a sequence, later
     rounds start it at a later word instead. Each sequence depends only on earlier ones, so the
-    first k sequences are the same for every n >= k.
+    first k sequences are the same for every n >= k. `why_fewer` (from `prompts_for`) joins the
+    errors that count the prompts.
     """
     n = _check_count(n, "--mlx-kl-prompts", "how many token sequences the KL gate scores")
     tokens = _check_count(tokens, "--mlx-kl-tokens", "how many positions each sequence scores")
@@ -322,8 +351,12 @@ def build_sequences(
             "no prompts to build token sequences from. Give a non-empty prompt set "
             "(--mlx-prompts-file) or leave it out to use the default set."
         )
+    note = f" ({why_fewer})" if why_fewer else ""
     builder = _Builder(list(prompts), tokenizer, tokens + 1)
-    builder.check_enough(tokens)
+    try:
+        builder.check_enough(tokens)
+    except PromptsError as e:
+        raise PromptsError(f"{e}{note}") from None
     seen: set[tuple[int, ...]] = set()
     sequences: list[TokenSequence] = []
     for i in range(n):
@@ -331,7 +364,7 @@ def build_sequences(
         if sequence is None:
             raise PromptsError(
                 f"only {i} distinct token sequences of {tokens + 1} ids can be built from these "
-                f"{len(prompts)} prompts, but --mlx-kl-prompts asks for {n}. Lower --mlx-kl-prompts "
+                f"{len(prompts)} prompts{note}, but --mlx-kl-prompts asks for {n}. Lower --mlx-kl-prompts "
                 f"to {i} or less, lower --mlx-kl-tokens, or add prompts (--mlx-prompts-file)."
             )
         seen.add(sequence.ids)

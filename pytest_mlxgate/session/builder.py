@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..config.settings import DEFAULT_KL_DECODE, DEFAULT_KL_PROMPTS, DEFAULT_KL_TOKENS, GateSettings
-from ..errors import LeverError
+from ..errors import ContextLengthError, LeverError
 
 if TYPE_CHECKING:
     from ..config.names import Role
@@ -24,15 +24,15 @@ if TYPE_CHECKING:
     from ..speed.shape import SpeedShape
     from .paired import PairedRun
 
-__all__ = ["RunContext", "build_paired_run", "gate_lever", "gate_shape", "gate_speed_shape"]
+__all__ = ["RunContext", "build_paired_run", "check_context", "gate_lever", "gate_shape", "gate_speed_shape"]
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
-    from ..levers.parsing import lever_from_marker, lever_from_options
+    from ..levers.parsing import lever_from_marker, lever_from_options, override_applies
 
     mark = item.get_closest_marker("mlx_lever")
     declared = lever_from_marker(mark, base_dir=item.path.parent) if mark is not None else None
-    if gate.lever is not None:
+    if gate.lever is not None and override_applies(gate.lever, declared.name if declared else None):
         return lever_from_options(gate.lever, gate.ref_value, gate.cand_value, declared,
                                   base_dir=gate.invocation_dir)
     if declared is None:
@@ -117,6 +117,29 @@ def _weights_arms(ctx: RunContext, lever: Lever, loaded: LoadedModel) -> tuple[L
     return arms[0], arms[1]
 
 
+def check_context(model: LoadedModel, nodeid: str, tokens: int, speed: SpeedShape | None) -> None:
+    """Refuse sizes past the positions the model serves, before any arm runs: its logits there are
+    out of its trained range, so their drift (or speed) says nothing about the lever."""
+    from ..models.context import context_limit
+
+    found = context_limit(model)
+    if found is None:
+        return
+    limit, where = found
+    served = f"{model.snapshot.pinned} serves at most {limit} positions ({where})"
+    if tokens > limit:
+        raise ContextLengthError(
+            f"{nodeid}: the KL gate asks for {tokens} tokens per sequence, but {served}; positions past that "
+            f"are outside what the model was trained on, so no arm was run. Fix: --mlx-kl-tokens {limit} "
+            f"or less (or mlx_kl(tokens=...) in the module)")
+    if speed is not None and max(speed.contexts) + speed.decode > limit:
+        longest = max(speed.contexts)
+        raise ContextLengthError(
+            f"{nodeid}: speed is timed at a {longest}-token context plus {speed.decode} decoded tokens "
+            f"({longest + speed.decode} positions), but {served}; no arm was run. Fix: --mlx-speed-contexts with "
+            f"lengths of at most {limit - speed.decode} (or fewer --mlx-speed-decode tokens)")
+
+
 #: Quantized copies of the loaded model, per process: gate modules with the same quantization share one.
 _QUANTIZED: dict[str, LoadedModel] = {}
 
@@ -132,13 +155,15 @@ class RunContext:
     progress: Callable[[str], None] | None  # a line for the controller's terminal (from a worker: relayed)
     live: bool = False  # the terminal is a tty: interim progress lines, not only a closing line per task
     distributed: bool = False  # one rank of an mlx.launch job: capability items split over the ranks
+    run_dir: Path | None = None  # under xdist: the run's folder (its lock keeps speed trials alone)
 
 
 def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
     """The module's run, made once: gates of one module share their arms' results."""
-    from ..kl.prompts import build_sequences, default_prompts, load_prompts_file, sequences_digest
+    from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
     from .paired import PairedRun
+    from .watch import Watcher, progress_interval
 
     gate = ctx.gate
     lever = gate_lever(item, gate)
@@ -158,8 +183,12 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     elif lever.kind == "weights":
         reference, candidate = _weights_arms(ctx, lever, candidate)
 
-    prompts = load_prompts_file(gate.prompts_file) if gate.prompts_file else default_prompts()
-    sequences = build_sequences(prompts, candidate.tokenizer, n=n_prompts, tokens=shape.tokens)
+    speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"))
+    for model in {id(m): m for m in (candidate, reference) if m is not None}.values():
+        check_context(model, item.nodeid, shape.tokens, speed_shape)
+    prompts, fewer = prompts_for(candidate.tokenizer, load_prompts_file(gate.prompts_file) if gate.prompts_file
+                                 else None)
+    sequences = build_sequences(prompts, candidate.tokenizer, n=n_prompts, tokens=shape.tokens, why_fewer=fewer)
     run = PairedRun(
         lever=lever,
         shape=shape,
@@ -168,7 +197,8 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         candidate=candidate,
         reference=reference,
         machine=dict(ctx.machine),
-        cache=ReferenceCache(ctx.cache_dir) if ctx.cache_dir is not None else None,
+        cache=(ReferenceCache(ctx.cache_dir, max_bytes=gate.reference_cache_max, report=ctx.progress)
+               if ctx.cache_dir is not None else None),
         refresh_reference=gate.refresh_reference,
         aa=gate.aa,
         calibrate=gate.calibrate,
@@ -176,7 +206,9 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         allow_untrained=gate.allow_untrained,
         progress=ctx.progress,
         live=ctx.live,
-        speed_shape=gate_speed_shape(item, gate, ctx.machine.get("device", "cpu")),
+        speed_shape=speed_shape,
+        watch=Watcher(say=ctx.progress, interval=progress_interval(gate.progress_interval, ctx.live),
+                      limit_s=gate.arm_timeout, run_dir=ctx.run_dir),
         capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
                             "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed,
                             "distributed": ctx.distributed},

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
     from ..models.loaded import LoadedModel
     from ..speed.shape import SpeedShape
+    from .watch import Watcher
 
 __all__ = ["Paired", "PairedRun"]
 
@@ -50,6 +51,7 @@ class PairedRun:
     live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
     speed_shape: SpeedShape | None = None  # None: the module's speed is not asked for (mlx_speed, --mlx-speed)
+    watch: Watcher | None = None  # the arms' progress lines, time limit and the run's speed-trial lock
     counters: ArmCounters = field(default_factory=ArmCounters)
     _capability: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _result: KLResult | None = None
@@ -123,7 +125,8 @@ class PairedRun:
                     task, tier,  # type: ignore[arg-type]
                     budget=n, max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
                     alpha=float(sequential.get("alpha") or 0.05), fail_alpha=sequential.get("fail_alpha"),
-                    say=self._say if self.live else None, **arms,
+                    say=self._say if self.live else None,
+                    progress_for=self._arm_progress(f"capability {task} ({tier}) batch", closing=False), **arms,
                 )
                 verdict = found.sequential or {}
                 self._say(f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
@@ -159,7 +162,8 @@ class PairedRun:
             self._say(f"speed ({what}): contexts {', '.join(map(str, shape.contexts))} tokens, "
                       f"{shape.decode} decoded, {shape.repetitions} pairs each")
             found = measure_speed(lever=self.lever, reference=ArmModel(ref.model, "reference"), candidate=candidate,
-                                  token_ids=[t for s in self.sequences for t in s.ids], shape=shape, say=self._say)
+                                  token_ids=[t for s in self.sequences for t in s.ids], shape=shape, say=self._say,
+                                  watch=self.watch)
             self._speed = {"id": uuid.uuid4().hex, **found.to_json()}
         return self._speed
 
@@ -167,12 +171,14 @@ class PairedRun:
         """The module's speed when it asks for it (its records then carry it), else None."""
         return self.speed() if self.speed_shape is not None else None
 
-    def calibration(self, module: str) -> dict[str, Any]:
+    def calibration(self, module: str, accept_broken: str | None = None) -> dict[str, Any]:
         """--mlx-calibrate: the lever's drift, the A/A floor, speed and memory, and the limits they suggest.
 
         The A/A floor is a second `measure_kl` with the reference against itself (the reference arm
         comes from the cache the first one filled, when there is one). Speed is measured even when the
-        module does not ask for it: sizing its goals is what calibration is for."""
+        module does not ask for it: sizing its goals is what calibration is for. `accept_broken` is the
+        module's reason (`mlx_calibrate(accept_broken=...)`) to size limits for a lever beyond the
+        quality bounds; without it such a lever gets none (`authoring.calibrate`)."""
         if self._calibration is None:
             from dataclasses import replace
 
@@ -187,8 +193,10 @@ class PairedRun:
             self._calibration = {
                 "module": module, "lever": self.lever.describe(), "shape": {**self.shape.to_json(), "prompts": len(self.sequences)},
                 "candidate": self.candidate.describe(), "kl": stats, "floors": floor_kl.aa["floors"],
-                "aa_chunk": floor_kl.aa["chunk"], "speed": speed,
-                "suggested": suggest_limits(stats, floor_kl.aa["floors"], speed),
+                "aa_chunk": floor_kl.aa["chunk"], "speed": speed, "accept_broken": accept_broken,
+                "suggested": suggest_limits(stats, floor_kl.aa["floors"], speed, module=module,
+                                            lever=self.lever.to_json(), accept_broken=accept_broken,
+                                            tokens={str(k): v for k, v in lever_kl.token_text.items()}),
             }
         return self._calibration
 
@@ -212,7 +220,7 @@ class PairedRun:
             reference=self._reference_model(), candidate=self.candidate,
             two_models=self.lever.two_models and self.reference is not None,
             machine=self.machine, cache=self.cache, refresh_reference=self.refresh_reference, aa=self.aa,
-            counters=self.counters, say=self._say,
+            counters=self.counters, say=self._say, watch=self.watch,
         )
 
     def _say(self, text: str) -> None:
@@ -226,24 +234,26 @@ class PairedRun:
         from ..capability.refcache import CapabilityCache
         from ..models.identity import model_identity
 
-        return {"reference_cache": CapabilityCache(self.cache.directory / "capability"),
+        return {"reference_cache": CapabilityCache(self.cache.directory / "capability", files=self.cache.files),
                 "reference_key": {**model_identity(reference), "machine": dict(self.machine),
                                   "lever": self.lever.key("reference")},
                 "refresh_reference": self.refresh_reference}
 
-    def _arm_progress(self, label: str) -> Callable[[Arm, int], ArmProgress] | None:
-        """Per arm: items done / total, rate and ETA every few seconds on a terminal, then one closing
-        line (the controller's terminal; a worker's lines are relayed there)."""
-        say = self.progress
-        if say is None:
-            return None
+    def _arm_progress(self, label: str, *, closing: bool = True) -> Callable[[Arm, int], ArmProgress] | None:
+        """Per arm: items done / total, rate and ETA every interval (--mlx-progress-interval), the time
+        limit checked as items finish, then one closing line (`closing`; the controller's terminal: a
+        worker's lines are relayed there)."""
+        watch = self.watch
+        if watch is None:
+            if self.progress is None:
+                return None
+            from .watch import Watcher, progress_interval
+
+            watch = Watcher(say=self.progress, interval=progress_interval(None, self.live), limit_s=None)
 
         def meter(arm: Arm, total: int) -> ArmProgress:
-            from ..models.progress import LineProgress
-
-            line = LineProgress(lambda text: say(text.removeprefix("mlxgate: ")), f"{label} {arm} arm",
-                                unit="items", action="scoring", count_rate=True,
-                                interval=5.0 if self.live else float("inf"))
+            line = watch.arm(f"{label} {arm} arm", total, unit="items", action="scoring", verb="scored",
+                             closing=closing)
             line(0, total)
             return line
 
@@ -348,9 +358,11 @@ class Paired:
         """--mlx-calibrate: measure (once per module), hand the first test the calibration, skip every test."""
         import pytest
 
+        from ..authoring.known_bad import accept_broken_from
+
         run = self.run
         first = run._calibration is None
-        calibration = run.calibration(self.nodeid.split("::")[0])
+        calibration = run.calibration(self.nodeid.split("::")[0], accept_broken_from(self.item))
         if first:
             stage(self.item, CALIBRATION_PROPERTY, calibration)
             pytest.skip("--mlx-calibrate: measured, no verdict; the suggested limits are in the mlxgate "

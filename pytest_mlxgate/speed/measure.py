@@ -9,6 +9,10 @@ work. No KL work happens inside a timed span.
 Per context: `warmup` untimed trials per arm, then `repetitions` pairs in ABBA order (reference
 first in even pairs, candidate first in odd ones), so drift of the machine over the run (thermal
 state, a background job) falls on both arms alike. Each pair gives one ratio (`stats.ratios`).
+
+The trials time alone: under xdist they hold the run's trial lock (`session.watch`), so no other
+worker's trials overlap them and other workers' KL arms pause between forwards; what other
+processes still did on the cores meanwhile is sampled around the trials (`speed.load`) and recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .shape import SpeedShape
 
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
+    from ..session.watch import ArmWatch, Watcher
 
 __all__ = ["ArmModel", "MemoryProbe", "cache_bytes", "measure_speed", "memory_probe", "pair_order", "weight_bytes"]
 
@@ -44,33 +49,50 @@ def measure_speed(
     token_ids: Sequence[int],
     shape: SpeedShape,
     say: Callable[[str], None] | None = None,
+    watch: Watcher | None = None,
 ) -> SpeedResult:
     """Both arms at every context of `shape`, interleaved; `reference`/`candidate` may name the same
-    arm (an A/A run measures the noise of the measurement itself)."""
+    arm (an A/A run measures the noise of the measurement itself). `watch`: progress lines, the
+    time limit (checked between decode steps) and the run's trial lock."""
+    import contextlib
+
+    from .load import load_seen, sample
+
     if not token_ids:
         raise ValueError("speed needs token ids to feed the model")
     probe = memory_probe()
     started = time.perf_counter()
     contexts = {}
-    for context in shape.contexts:
-        ids = _ids(token_ids, context + shape.decode)
-        sides = (reference, candidate)
-        for _ in range(shape.warmup):
-            for side in sides:
-                _trial(side, lever, ids, context, shape.decode, probe)
-        trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
-        for rep in range(shape.repetitions):
-            for name in pair_order(rep):
-                side = reference if name == "reference" else candidate
-                trials[name].append(_trial(side, lever, ids, context, shape.decode, probe))
-        contexts[context] = ContextSpeed.from_trials(context, shape.decode, trials["reference"], trials["candidate"])
-        if say is not None:
-            say(f"speed at {context} tokens: {contexts[context].short_text()}")
+    trials_total = len(shape.contexts) * 2 * (shape.warmup + shape.repetitions)
+    alone = watch.timing_alone("speed trials") if watch is not None else contextlib.nullcontext(0.0)
+    with alone as waited:
+        meter = watch.arm("speed trials (both arms, ABBA)", trials_total, unit="trials", action="timing",
+                          verb="timed") if watch is not None else None
+        before = sample()
+        for context in shape.contexts:
+            ids = _ids(token_ids, context + shape.decode)
+            sides = (reference, candidate)
+            for _ in range(shape.warmup):
+                for side in sides:
+                    _trial(side, lever, ids, context, shape.decode, probe, meter)
+            trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
+            for rep in range(shape.repetitions):
+                for name in pair_order(rep):
+                    side = reference if name == "reference" else candidate
+                    trials[name].append(_trial(side, lever, ids, context, shape.decode, probe, meter))
+            contexts[context] = ContextSpeed.from_trials(context, shape.decode, trials["reference"],
+                                                         trials["candidate"])
+            if say is not None:
+                say(f"speed at {context} tokens: {contexts[context].short_text()}")
+        seen = load_seen(before, sample(), waited_s=float(waited or 0.0))
+        if meter is not None:
+            meter.finish()
     return SpeedResult(
         shape=shape, contexts=contexts, memory_method=probe.method,
         weights={"reference": weight_bytes(reference.model), "candidate": weight_bytes(candidate.model)},
         arms={"reference": reference.arm, "candidate": candidate.arm},
         duration_s=time.perf_counter() - started,
+        load_seen=seen,
     )
 
 
@@ -86,7 +108,10 @@ def _ids(pool: Sequence[int], n: int) -> Any:
     return mx.array((list(pool) * reps)[:n], dtype=mx.int32)[None]
 
 
-def _trial(side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, probe: MemoryProbe) -> Trial:
+def _trial(side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, probe: MemoryProbe,
+           meter: ArmWatch | None = None) -> Trial:
+    """One timed trial; `meter.check()` (a clock read) between calls keeps the time limit, and the
+    trial counts as done (a progress line, maybe) only after its timed spans."""
     import mlx.core as mx
 
     model = side.model
@@ -99,15 +124,21 @@ def _trial(side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, pr
             model(ids[:, start : min(start + SERVING_PREFILL_STEP, context)], cache=cache)
             kv.maybe_quantize(cache)
             mx.eval([c.state for c in cache])
+            if meter is not None:
+                meter.check()
         t1 = time.perf_counter()
         for pos in range(context, context + decode):
             out = model(ids[:, pos : pos + 1], cache=cache)
             kv.maybe_quantize(cache)
             mx.eval(out)
+            if meter is not None:
+                meter.check()
         t2 = time.perf_counter()
         peak = probe.peak()
         kv_bytes = cache_bytes(cache)
     del cache, out
+    if meter is not None:
+        meter.advance()
     return Trial(prefill_s=t1 - t0, decode_s=t2 - t1, peak_bytes=peak, kv_bytes=kv_bytes)
 
 

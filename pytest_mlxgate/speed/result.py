@@ -89,12 +89,14 @@ class SpeedResult:
     weights: Mapping[str, int]
     arms: Mapping[str, str]  # side -> the lever arm it ran ("reference" twice under A/A)
     duration_s: float
+    load_seen: Mapping[str, Any] | None = None  # other processes' CPU use during the trials (`speed.load`)
 
     def to_json(self) -> dict[str, Any]:
         return {"shape": self.shape.to_json(), "memory_method": self.memory_method,
                 "weights_bytes": dict(self.weights), "arms": dict(self.arms),
                 "duration_s": round(self.duration_s, 3),
-                "contexts": {str(c): s.to_json() for c, s in self.contexts.items()}}
+                "contexts": {str(c): s.to_json() for c, s in self.contexts.items()},
+                "load_seen": dict(self.load_seen) if self.load_seen is not None else None}
 
     def lines(self) -> list[str]:
         return speed_lines(self.to_json())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["context_text", "mib", "ratio_text", "speed_lines"]
+__all__ = ["context_text", "load_warning", "mib", "ratio_text", "speed_lines"]
 
 
 def mib(n: float | None) -> str:
@@ -48,10 +48,26 @@ def context_text(ctx: Mapping[str, Any]) -> str:
 
 
 def speed_lines(speed: Mapping[str, Any]) -> list[str]:
-    """One line per context, then the weights when the arms' differ (two-model mode)."""
+    """One line per context, then the weights when the arms' differ (two-model mode), then a warning
+    when other processes loaded the machine while the trials were timed."""
     lines = [f"speed @{c}: {context_text(ctx)}" for c, ctx in (speed.get("contexts") or {}).items()]
     weights = speed.get("weights_bytes") or {}
     ref_w, cand_w = _num(weights.get("reference")), _num(weights.get("candidate"))
     if ref_w is not None and cand_w is not None and ref_w != cand_w:
         lines.append(f"weights {mib(ref_w)} → {mib(cand_w)}")
+    warning = load_warning(speed.get("load_seen"))
+    if warning:
+        lines.append(warning)
     return lines
+
+
+def load_warning(seen: Any) -> str | None:
+    """`⚠ speed timed under load: …` when the record's `load_seen` says other load was high, else None."""
+    if not isinstance(seen, Mapping) or seen.get("high") is not True:
+        return None
+    others, share = _num(seen.get("other_cores")), _num(seen.get("share"))
+    busy = "the cores busy"
+    if others is not None and share is not None:
+        busy = f"{others:.1f} of {seen.get('cores')} cores busy ({100 * share:.0f}%)"
+    return (f"⚠ speed timed under load: other processes kept {busy} during the trials, so these ratios "
+            "measure that contention too; re-time with the machine otherwise idle")

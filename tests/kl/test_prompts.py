@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.errors import MlxgateUsageError, PromptsError
+from pytest_mlxgate.errors import ChatTemplateMissingError, LeverNotApplicableError, MlxgateUsageError, PromptsError
 from pytest_mlxgate.kl.prompts import (
     SEPARATOR,
     Prompt,
@@ -24,6 +24,7 @@ from pytest_mlxgate.kl.prompts import (
     build_sequences,
     default_prompts,
     load_prompts_file,
+    prompts_for,
     render,
     sequences_digest,
 )
@@ -445,3 +446,67 @@ def test_unreadable_prompts_files_are_errors(tmp_path: Path) -> None:
     latin1.write_bytes(OK_LINE.encode() + b'\n{"text": "caf\xe9"}\n')
     with pytest.raises(PromptsError, match=re.escape(f"{latin1}:2: not valid UTF-8")):
         load_prompts_file(latin1)
+
+
+# ---------------------------------------------------------------- base models (no chat template)
+
+
+@pytest.fixture(scope="session")
+def base_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The same tokenizer with its chat template taken out: what a base model's looks like to mlx_lm."""
+    import shutil
+
+    from mlx_lm.utils import load_tokenizer
+
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    source, out = ensure_embedded_snapshot(), tmp_path_factory.mktemp("base-tokenizer")
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        shutil.copyfile(source / name, out / name)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    loaded = load_tokenizer(out)
+    assert loaded.has_chat_template is False
+    return loaded
+
+
+def test_the_default_set_is_unchanged_where_the_tokenizer_has_a_template(tokenizer: Any) -> None:
+    given, why = prompts_for(tokenizer)
+    assert given == default_prompts() and why == ""  # the same sequences, so cached references still match
+
+
+def test_a_base_model_gets_the_plain_prompts_and_fills_more_than_the_set_holds(base_tokenizer: Any) -> None:
+    """Before, sequence 38 started with the first chat prompt and failed to render: a gate asking for
+    39 or more default prompts failed at setup on any model without a chat template."""
+    given, why = prompts_for(base_tokenizer)
+    plain = [p for p in default_prompts() if p.messages is None]
+    assert list(given) == plain and len(plain) == 38
+    assert "6 chat prompts are left out" in why and "no chat template" in why
+    sequences = build_sequences(given, base_tokenizer, n=64, tokens=32, why_fewer=why)
+    check_sequences(sequences, given, 64, 32)
+    with pytest.raises(PromptsError, match="no chat template"):  # what the unfiltered set did
+        build_sequences(default_prompts(), base_tokenizer, n=39, tokens=32)
+
+
+def test_too_few_plain_prompts_say_why_the_set_is_smaller(base_tokenizer: Any) -> None:
+    given, why = prompts_for(base_tokenizer)
+    with pytest.raises(PromptsError) as info:
+        build_sequences(given[:1], base_tokenizer, n=1, tokens=10**5, why_fewer=why)
+    assert "(the default set's 6 chat prompts are left out" in str(info.value)
+
+
+def test_a_users_chat_prompts_on_a_base_model_skip_the_gate_naming_them(tmp_path: Path, base_tokenizer: Any,
+                                                                        tokenizer: Any) -> None:
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"text": "plain"}\n{"id": "conv", "messages": [{"role": "user", "content": "hi"}]}\n')
+    mine = load_prompts_file(path)
+    with pytest.raises(ChatTemplateMissingError) as info:
+        prompts_for(base_tokenizer, mine)
+    assert isinstance(info.value, LeverNotApplicableError)  # the `paired` fixture skips these, with the text
+    message = str(info.value)
+    assert f"1 of the 2 prompts are chat conversations (first: 'conv' ({path}:2))" in message
+    assert "skips" in message and '{"text": "..."}' in message
+    assert prompts_for(tokenizer, mine) == (mine, "")  # a chat model takes them as written
+    plain_only = load_prompts_file(path)[:1]
+    assert prompts_for(base_tokenizer, plain_only) == (plain_only, "")

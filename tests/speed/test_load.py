@@ -1,0 +1,69 @@
+"""Other load while speed is timed: a real busy child process is seen as other processes' CPU time
+(this process's own is not), the record says when it was high, and the summary warns then only."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pytest_mlxgate.speed.load import CpuSample, load_seen, sample
+from pytest_mlxgate.speed.text import load_warning, speed_lines
+
+_PROC_STAT = os.path.exists("/proc/stat") and hasattr(os, "sched_getaffinity")
+
+
+@pytest.mark.skipif(not _PROC_STAT, reason="other processes' CPU time is read from Linux's /proc/stat")
+def test_a_busy_child_process_is_other_load_and_our_own_work_is_not() -> None:
+    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = sample()
+    # a child that spins for ~1 s of CPU on one of our cores
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    after = sample()
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_cpu = (child.ru_utime - before_children.ru_utime) + (child.ru_stime - before_children.ru_stime)
+    seen = load_seen(before, after)
+    # everything else on the machine only adds to it; /proc/stat counts in 10 ms ticks per CPU
+    assert seen["other_cpu_s"] >= child_cpu - 0.05 * after.cores - 0.05
+    assert seen["method"].startswith("/proc/stat") and seen["cores"] == len(os.sched_getaffinity(0))
+
+    before = sample()
+    t = time.process_time()
+    while time.process_time() - t < 1.0:  # this process's own work
+        pass
+    after = sample()
+    assert after.own_s - before.own_s >= 1.0
+    mine = load_seen(before, after)
+    # our second of CPU is not "other" load: at most what the rest of the machine did meanwhile
+    assert mine["other_cpu_s"] <= (after.busy_s - before.busy_s) - 1.0 + 0.05 * after.cores + 0.05  # type: ignore[operator]
+
+
+def _sample(wall: float, busy: float | None, own: float, cores: int = 4) -> CpuSample:
+    return CpuSample(wall=wall, busy_s=busy, own_s=own, loadavg=1.0, cores=cores)
+
+
+def test_high_is_a_quarter_of_the_cores_and_at_least_half_a_core() -> None:
+    # 10 s: we used 20 CPU-s of the 4 cores, others 10 -> 1 core of 4: a quarter, high
+    high = load_seen(_sample(0, 100, 5), _sample(10, 130, 25), waited_s=1.25)
+    assert (high["other_cpu_s"], high["other_cores"], high["share"], high["high"]) == (10.0, 1.0, 0.25, True)
+    assert high["waited_for_lock_s"] == 1.25
+    low = load_seen(_sample(0, 100, 5), _sample(10, 129, 25))
+    assert low["share"] == 0.225 and low["high"] is False
+    one_core = load_seen(_sample(0, 0, 0, cores=1), _sample(10, 4, 0, cores=1))  # 40% of one core: < 0.5 core
+    assert one_core["share"] == 0.4 and one_core["high"] is False
+    unknown = load_seen(_sample(0, None, 0), _sample(10, None, 5))
+    assert unknown["high"] is None and unknown["other_cores"] is None and "getloadavg" in unknown["method"]
+
+
+def test_the_summary_warns_when_the_record_says_high_and_only_then() -> None:
+    speed = {"contexts": {}, "load_seen": {"high": True, "other_cores": 1.0, "cores": 2, "share": 0.5}}
+    assert speed_lines(speed)[-1].startswith("⚠ speed timed under load: other processes kept 1.0 of 2 cores busy "
+                                             "(50%) during the trials")
+    for seen in ({"high": False, "other_cores": 0.1, "cores": 2, "share": 0.05}, {"high": None}, None, "junk"):
+        assert load_warning(seen) is None
+        assert speed_lines({"contexts": {}, "load_seen": seen}) == []
