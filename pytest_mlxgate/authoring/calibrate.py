@@ -134,7 +134,14 @@ def accept_broken_reason(args: tuple[Any, ...], kwargs: Mapping[str, Any], where
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError(f"{where}: accept_broken={reason!r}: give the reason as text, e.g. "
                          "accept_broken=\"2-bit weights: we ship them knowingly for on-device drafts\"")
-    return " ".join(reason.split())
+    if not one_line(reason):
+        raise ValueError(f"{where}: accept_broken={reason!r}: give the reason as printable text")
+    return one_line(reason)
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of printable characters: what a `# ...` comment in pasted code can hold."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
 def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Mapping[str, Any] | None, *,
@@ -154,7 +161,7 @@ def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Ma
     limits: dict[str, float] = {}
     notes: list[str] = []
     beyond = beyond_quality_bounds(kl)
-    accept_broken = " ".join(accept_broken.split()) if accept_broken else None  # one line: it ends up in a comment
+    accept_broken = (one_line(accept_broken) or None) if accept_broken else None  # it ends up in a pasted comment
     accepted = accept_broken if beyond else None
     if accept_broken and not beyond:
         notes.append(f"{ACCEPT_MARKER}(accept_broken=...) is set but this lever is within the quality bounds: the "

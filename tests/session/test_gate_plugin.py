@@ -149,8 +149,12 @@ def test_the_command_line_lever_replaces_the_module_lever(
 ) -> None:
     gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
     result = gate_dir.runpytest_subprocess(*_args(
-        tiny_model_dir, tmp_path, "--mlx-lever", "MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"))
+        tiny_model_dir, tmp_path, "--mlx-lever", "env:MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"))
     result.assert_outcomes(passed=1)  # an environment variable nothing reads: KL exactly 0
+    # a bare name that no module declares replaces nothing: a usage error, not a hijacked lever
+    bare = gate_dir.runpytest_subprocess(*_args(
+        tiny_model_dir, tmp_path, "--mlx-lever", "MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"))
+    assert bare.ret == pytest.ExitCode.USAGE_ERROR
 
 
 @pytest.mark.slow  # a pytester gate session in a subprocess
