@@ -1,13 +1,15 @@
 """Speed and memory measured on real MLX forwards of tiny models: a planted slowdown is measured at
-its true size and fails an asked speed-up; KV bytes match the cache's layout counted by hand; a
-planted allocation shows in the peak; an A/A run reads as no difference."""
+its exact size and fails an asked speed-up; KV bytes match the cache's layout counted by hand; a
+planted allocation shows in the peak; an A/A run on a drifting machine reads as no difference.
+
+Time is a fake clock in place of the measurement's `time.perf_counter`, advanced by each real forward
+by a planted cost: what every timed span holds is known exactly, so no assertion depends on the
+machine's speed or load (the real timer is the same call, read the same way)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,10 @@ def tiny(tiny_kv_model_dir: Path) -> Any:
     return load(str(tiny_kv_model_dir))[0]
 
 
-def _wrapping_call(model: Any, before: Any) -> contextlib.AbstractContextManager[None]:
-    """Patch the model class's __call__ so `before()` runs at every forward (restored on exit)."""
+def _wrapping_call(model: Any, before: Any, *, clock: FakeClock | None = None,
+                   cost: Any = None) -> contextlib.AbstractContextManager[None]:
+    """Patch the model class's __call__ so `before()` runs at every forward (restored on exit); with
+    `clock`, each forward also advances it by `cost(tokens fed)`."""
 
     @contextlib.contextmanager
     def patch() -> Iterator[None]:
@@ -39,7 +43,10 @@ def _wrapping_call(model: Any, before: Any) -> contextlib.AbstractContextManager
 
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             before()
-            return original(self, *args, **kwargs)
+            out = original(self, *args, **kwargs)
+            if clock is not None:
+                clock.now += float(cost(int(args[0].shape[1])))
+            return out
 
         cls.__call__ = call
         try:
@@ -56,24 +63,65 @@ def _measure(model: Any, lever: Lever, shape: SpeedShape, *, aa: bool = False) -
                          shape=shape).to_json()
 
 
-def test_a_planted_slowdown_is_measured_at_its_true_size_and_fails_a_speed_up(tiny: Any) -> None:
-    slept: list[float] = []
+class FakeClock:
+    """The measurement's `time.perf_counter`, advanced only by the forwards' planted costs: what the
+    timed spans hold is then known exactly, whatever else runs on the machine."""
 
-    def sleep(seconds: float) -> None:  # the planted cost, as it really was (sleep overshoots a little)
-        t0 = time.perf_counter()
-        time.sleep(seconds)
-        slept.append(time.perf_counter() - t0)
+    def __init__(self) -> None:
+        self.now = 1000.0
 
-    lever = Lever(name="sleepy", kind="context", target=None, ref=0.0, cand=0.03, path="serving",
-                  factory=lambda s: _wrapping_call(tiny, lambda: sleep(s)) if s else contextlib.nullcontext())
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    import types
+
+    from pytest_mlxgate.speed import measure
+
+    fake = FakeClock()
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=fake.perf_counter))
+    return fake
+
+
+def _costed(model: Any, clock: FakeClock, cost: Any) -> contextlib.AbstractContextManager[None]:
+    """Every real forward of `model` also advances `clock` by `cost(tokens fed)` seconds."""
+    return _wrapping_call(model, lambda *args, **kw: None, clock=clock, cost=cost)
+
+
+PREFILL_S, DECODE_S = 0.004, 0.001  # per prefill call, per decode call (fake seconds)
+
+
+def _base_cost(tokens: int) -> float:
+    return PREFILL_S if tokens > 1 else DECODE_S
+
+
+def test_a_planted_slowdown_is_measured_at_its_exact_size_and_fails_a_speed_up(tiny: Any, clock: FakeClock) -> None:
+    planted = 0.03  # seconds per forward, candidate arm only
+    arm_cost: list[float] = [0.0]
+
+    @contextlib.contextmanager
+    def slowed(seconds: float) -> Iterator[None]:
+        arm_cost[0] = seconds
+        try:
+            yield
+        finally:
+            arm_cost[0] = 0.0
+
+    lever = Lever(name="sleepy", kind="context", target=None, ref=0.0, cand=planted, path="serving", factory=slowed)
     shape = SpeedShape(contexts=(32,), decode=6, repetitions=5)
-    speed = _measure(tiny, lever, shape)
+    with _costed(tiny, clock, lambda tokens: _base_cost(tokens) + arm_cost[0]):
+        speed = _measure(tiny, lever, shape)
     ctx = speed["contexts"]["32"]
-    per_call = statistics.mean(slept)
-    true_ratios = [t["decode_s"] / (t["decode_s"] + shape.decode * per_call) for t in ctx["reference"]["trials"]]
-    true_ratio = math.exp(statistics.mean(math.log(r) for r in true_ratios))  # decode tok/s, candidate / reference
-    assert ctx["decode"]["ratio"] == pytest.approx(true_ratio, rel=0.10)
-    assert ctx["decode"]["ratio_ci"][1] < 1.0  # shown slower
+    for arm, extra in (("reference", 0.0), ("candidate", planted)):  # each span holds exactly its own calls
+        for trial in ctx[arm]["trials"]:
+            assert trial["prefill_s"] == pytest.approx(PREFILL_S + extra, rel=1e-9)
+            assert trial["decode_s"] == pytest.approx(shape.decode * (DECODE_S + extra), rel=1e-9)
+    # decode tok/s, candidate / reference, every pair alike: the interval is that one ratio
+    assert ctx["decode"]["ratio"] == pytest.approx(DECODE_S / (DECODE_S + planted), rel=1e-9)
+    assert ctx["prefill"]["ratio"] == pytest.approx(PREFILL_S / (PREFILL_S + planted), rel=1e-9)
+    assert ctx["decode"]["ratio_ci"][1] == pytest.approx(ctx["decode"]["ratio"], rel=1e-9)
     with pytest.raises(AssertionError, match=r"(?s)speed gate failed.*decode tok/s @32.*✗ fail"):
         assert_faster(speed, decode=1.0)
     assert ctx["kv"]["ratio"] == 1.0  # the same cache plan on both arms
@@ -140,19 +188,30 @@ def test_a_planted_allocation_shows_in_the_peak(tiny: Any) -> None:
         assert_faster(speed, memory=10.0)
 
 
-def test_an_aa_run_reads_as_no_difference(tiny: Any) -> None:
+def test_an_aa_run_reads_as_no_difference_and_abba_cancels_a_drifting_machine(tiny: Any, clock: FakeClock) -> None:
+    """A/A on a machine that slows down steadily over the run (every forward a little dearer than
+    the last): the ABBA order puts the drift on both sides alike, so the interval of the ratio holds
+    1 — where reference-first in every pair would show the second side slower. Counted, not timed."""
+    forwards = [0]
+
+    def drifting(tokens: int) -> float:
+        forwards[0] += 1
+        return _base_cost(tokens) * (1.0 + 0.01 * forwards[0])
+
     lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 4}, path="serving")
-    speed = _measure(tiny, lever, SpeedShape(contexts=(48,), decode=8, repetitions=9), aa=True)
+    shape = SpeedShape(contexts=(48,), decode=8, repetitions=9)
+    with _costed(tiny, clock, drifting):
+        speed = _measure(tiny, lever, shape, aa=True)
     ctx = speed["contexts"]["48"]
     assert speed["arms"] == {"reference": "reference", "candidate": "reference"}
     assert ctx["kv"]["ratio"] == 1.0 and ctx["reference"]["kv_bytes"] == ctx["candidate"]["kv_bytes"]
-    # timing noise only: each interval reaches into [0.8, 1.25] (a bias between the sides, e.g. the
-    # candidate side always warmer, would sit outside it with a narrow interval); its coverage of 1 is
-    # the simulation's to show. Not the point estimate: trials of a few ms beside other processes (the
-    # suite runs under xdist) move it by 25% while the interval widens with them.
+    assert forwards[0] == 2 * (shape.warmup + shape.repetitions) * (1 + shape.decode)  # every trial's calls
     for key in ("decode", "prefill"):
         lo, hi = ctx[key]["ratio_ci"]
-        assert lo < 1.25 and hi > 0.8, (key, ctx[key])
+        assert lo < 1.0 < hi, (key, ctx[key])
+        ratios = [c[f"{key}_s"] / r[f"{key}_s"]
+                  for r, c in zip(ctx["reference"]["trials"], ctx["candidate"]["trials"], strict=True)]
+        assert all(r > 1.0 for r in ratios[::2]) and all(r < 1.0 for r in ratios[1::2])  # A first, then B first
     assert all(math.isfinite(x) for x in ctx["decode"]["ratio_ci"])
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -289,6 +290,93 @@ def test_the_verdict_agrees_with_its_bounds(diffs: list[int], max_drop: float) -
     else:
         assert v.lower < max_drop < v.upper
         assert v.n_needed is None or v.n_needed > v.n
+
+
+# --- predictability: the bet at item t is fixed before item t is seen -------------------------------------
+# Anytime validity rests on it: the capital is a martingale only if lambda_t depends on x_1..x_{t-1}.
+
+graded_diffs = st.lists(st.sampled_from([-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0]), min_size=0, max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(past=graded_diffs, now=st.tuples(st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0]),
+                                         st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0])),
+       later=graded_diffs, horizon=st.sampled_from([None, 10_000]))
+def test_changing_x_t_does_not_change_the_bet_at_t(past: list[float], now: tuple[float, float], later: list[float],
+                                                   horizon: int | None) -> None:
+    """Read back from the public capital: the increment at t is log(1 + beta_t * edge(x_t)), so
+    beta_t = expm1(increment) / edge. Two sequences that share x_1..x_{t-1} and differ from t on
+    must bet the same at t (and alike before it), on both sides, truncated or not (horizon 10k: the
+    bets stay under the truncation, so the plug-in variance is what is read)."""
+    a, b = now
+    if a == b:
+        return
+    t = len(past)
+    xa, xb = np.array([*past, a, *later]), np.array([*past, b, *reversed(later)])
+    sides: tuple[tuple[Literal["upper", "lower"], float], ...] = (("upper", 0.3), ("lower", -0.3))
+    for side, drop in sides:  # edges drop - x / x - drop are never 0 here
+        ka = log_capital(xa, drop, side=side, horizon=horizon)
+        kb = log_capital(xb, drop, side=side, horizon=horizon)
+        np.testing.assert_array_equal(ka[:t], kb[:t])
+        step_a, step_b = np.diff(ka, prepend=0.0)[t], np.diff(kb, prepend=0.0)[t]
+        edge_a, edge_b = (drop - a, drop - b) if side == "upper" else (a - drop, b - drop)
+        assert math.expm1(step_a) / edge_a == pytest.approx(math.expm1(step_b) / edge_b, rel=1e-9, abs=1e-12), side
+    bets_a, bets_b = seq._plugin_bets(xa, ALPHA, horizon), seq._plugin_bets(xb, ALPHA, horizon)
+    np.testing.assert_array_equal(bets_a[: t + 1], bets_b[: t + 1])
+
+
+def _wsr_log_capital(x: list[float], drop: float, side: str, alpha: float, horizon: int | None) -> list[float]:
+    """log K_t written as Waudby-Smith & Ramdas write it, on the [0, 1] scale and item by item:
+    Y = (X + 1) / 2, m = (drop + 1) / 2, mu_t = (1/2 + sum Y) / (t + 1), sigma2_t = (1/4 + sum (Y_i -
+    mu_i)^2) / (t + 1), sigma2_0 = 1/4, lambda_t = sqrt(2 log(1/alpha) / (sigma2_{t-1} h_t)), h_t = t log(1 + t)
+    (or the horizon), truncated at 3/4 / (1 - m) (upper) or 3/4 / m (lower); the factor 1 + lambda (m - Y)
+    or 1 + lambda (Y - m)."""
+    m = (drop + 1.0) / 2.0
+    total, spread, sigma2_prev, log_k, out = 0.0, 0.0, 0.25, 0.0, []
+    for t, xi in enumerate(x, start=1):
+        y = (xi + 1.0) / 2.0
+        h = t * math.log1p(t) if horizon is None else float(horizon)
+        lam = math.sqrt(2.0 * math.log(1.0 / alpha) / (sigma2_prev * h))
+        room = 1.0 - m if side == "upper" else m
+        if room > 0:
+            lam = min(lam, 0.75 / room)
+        log_k += math.log1p(lam * ((m - y) if side == "upper" else (y - m)))
+        out.append(log_k)
+        total += y
+        mu = (0.5 + total) / (t + 1.0)
+        spread += (y - mu) ** 2
+        sigma2_prev = (0.25 + spread) / (t + 1.0)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=graded_diffs.filter(bool), drop=st.sampled_from([-0.3, 0.0, 0.05, 0.2]),
+       horizon=st.sampled_from([None, 400]), alpha=st.sampled_from([0.05, 0.01]))
+def test_the_capital_is_the_papers_prpl_eb_bet(x: list[float], drop: float, horizon: int | None, alpha: float) -> None:
+    """The vectorized X-scale capital equals the paper's [0, 1]-scale one, recomputed by hand."""
+    sides: tuple[Literal["upper", "lower"], ...] = ("upper", "lower")
+    for side in sides:
+        ours = log_capital(np.array(x), drop, side=side, alpha=alpha, horizon=horizon)
+        np.testing.assert_allclose(ours, _wsr_log_capital(x, drop, side, alpha, horizon), rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(past=graded_diffs, drop=st.sampled_from([-0.4, -0.1, 0.0, 0.05, 0.2, 0.5]), horizon=st.sampled_from([None, 400]))
+def test_the_capital_is_a_fair_game_at_the_true_drop(past: list[float], drop: float, horizon: int | None) -> None:
+    """The martingale property itself, exactly: whatever came before, the next item's capital factor
+    averages to 1 over any distribution of x_t whose mean is the drop bet against (here a loss, a win
+    or a tie, with P(loss) - P(win) = drop). A bet that peeked at x_t would tilt that average."""
+    p_win = 0.2
+    p_loss = p_win + drop
+    dist = {1.0: p_loss, -1.0: p_win, 0.0: 1.0 - p_loss - p_win}
+    t = len(past)
+    for side in ("upper", "lower"):
+        average = 0.0
+        for value, p in dist.items():
+            k = log_capital(np.array([*past, value]), drop, side=side, horizon=horizon)
+            before = k[t - 1] if t else 0.0
+            average += p * math.exp(k[t] - before)
+        assert average == pytest.approx(1.0, abs=1e-12), side
 
 
 # --- run_sequential ----------------------------------------------------------------------------------------
