@@ -36,12 +36,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..common.format import percent
+from ..errors import MlxgateUsageError
 
 __all__ = [
     "FLOOR_FACTOR",
     "LEVER_FACTOR",
     "QUALITY_BOUNDS",
     "RULE",
+    "accept_broken_from",
     "accept_broken_reason",
     "beyond_quality_bounds",
     "calibration_lines",
@@ -414,3 +416,14 @@ def known_bad_lines(step: Mapping[str, Any], module: object = None) -> list[str]
     if step.get("command"):
         lines.append(f"    {step['command']}   (once, by hand: must fail)")
     return lines
+
+
+def accept_broken_from(item: Any) -> str | None:
+    """The reason a module's `pytest.mark.mlx_calibrate(accept_broken="...")` gives, or None."""
+    mark = item.get_closest_marker(ACCEPT_MARKER)
+    if mark is None:
+        return None
+    try:
+        return accept_broken_reason(tuple(mark.args), dict(mark.kwargs), f"marker {ACCEPT_MARKER} on {item.nodeid}")
+    except ValueError as e:
+        raise MlxgateUsageError(str(e)) from None

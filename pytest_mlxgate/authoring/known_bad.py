@@ -30,20 +30,7 @@ if TYPE_CHECKING:
     from ..levers.lever import Lever
     from ..session.paired import PairedRun
 
-__all__ = ["accept_broken_from", "assert_known_bad_fails", "known_bad_paired"]
-
-
-def accept_broken_from(item: Any) -> str | None:
-    """The reason a module's `pytest.mark.mlx_calibrate(accept_broken="...")` gives, or None."""
-    from .calibrate import ACCEPT_MARKER, accept_broken_reason
-
-    mark = item.get_closest_marker(ACCEPT_MARKER)
-    if mark is None:
-        return None
-    try:
-        return accept_broken_reason(tuple(mark.args), dict(mark.kwargs), f"marker {ACCEPT_MARKER} on {item.nodeid}")
-    except ValueError as e:
-        raise MlxgateUsageError(str(e)) from None
+__all__ = ["assert_known_bad_fails", "known_bad_paired"]
 
 
 class _KnownBadPaired(Paired):

@@ -358,7 +358,7 @@ class Paired:
         """--mlx-calibrate: measure (once per module), hand the first test the calibration, skip every test."""
         import pytest
 
-        from ..authoring.known_bad import accept_broken_from
+        from ..authoring.calibrate import accept_broken_from
 
         run = self.run
         first = run._calibration is None
