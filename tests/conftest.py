@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpcore  # noqa: F401  # see below
 import pytest
 from hypothesis import settings
 
@@ -16,6 +17,11 @@ pytest_plugins = ["pytester"]
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# httpx imports httpcore lazily (its first transport) and caches httpcore's exception classes at the first
+# error it maps. An inline pytester run (runpytest) drops the modules it imported when it ends, so a
+# transport first made inside one left httpx mapping a dead httpcore's classes: later tests on that
+# process saw raw httpcore errors instead of httpx's. Imported here, httpcore outlives every inline run.
 
 # The tests' models are random-weight: gates run on them (tests of the untrained skip unset this).
 os.environ["MLXGATE_ALLOW_UNTRAINED"] = "1"
