@@ -11,18 +11,8 @@ from pathlib import Path
 
 import pytest
 from fakehub import FOREVER, FakeHub, Fault
+from gate_sources import PERTURB
 from hfenv import HfEnv
-
-PERTURB = '''
-import mlx.core as mx
-
-_fused = mx.fast.rms_norm
-
-
-def rms_norm(x, weight, eps):
-    """RMSNorm with weights 2% too large: a small, real drift."""
-    return _fused(x, weight * 1.02, eps)
-'''
 
 # One gate over its limit (its failure message prints the re-run command), one within it.
 GATE = '''

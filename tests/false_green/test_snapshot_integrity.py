@@ -15,20 +15,12 @@ from pathlib import Path
 
 import pytest
 from fakehub import FakeHub
+from gate_sources import PERTURB
 
 from pytest_mlxgate.hub import snapshot_download
 
 pytestmark = pytest.mark.slow  # pytester gate sessions in subprocesses
 
-PERTURB = '''
-import mlx.core as mx
-
-_fused = mx.fast.rms_norm
-
-
-def rms_norm(x, weight, eps):
-    return _fused(x, weight * 1.02, eps)
-'''
 
 # Limits no drift reaches: on any model that loads, this gate passes.
 GATE = '''

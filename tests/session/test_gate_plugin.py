@@ -9,17 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-PERTURB = '''
-import mlx.core as mx
-
-_fused = mx.fast.rms_norm
-
-
-def rms_norm(x, weight, eps):
-    """RMSNorm with weights 2% too large: a small, real drift."""
-    return _fused(x, weight * 1.02, eps)
-'''
+from gate_sources import PERTURB
 
 GATE = '''
 import pytest
