@@ -210,21 +210,10 @@ def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
     return lines
 
 
-def _truncate(text: str, width: int) -> str:
-    """Shorten a gate name from the middle, keeping the test name after the last `::` whole when it fits.
-
-    The test name (with any [param]) tells gates apart; the module prefix is context.
-    """
-    if len(text) <= width:
-        return text
-    if width <= 1:
-        return text[:width]
-    keep = width - 1  # characters kept around the "…"
-    head = keep // 3
-    _, sep, func = text.rpartition("::")
-    if sep and len(func) <= keep:
-        head = min(head, keep - len(func))  # the tail keeps at least the whole test name
-    return text[:head] + "…" + text[len(text) - (keep - head):]
+def _name_lines(name: str, width: int) -> list[str]:
+    """A gate name too wide for its column, whole, on lines of its own above its rows: cut every `width`
+    characters, never shortened (a name clipped in the middle cannot tell two gates apart)."""
+    return [name[i:i + width] for i in range(0, len(name), max(1, width))]
 
 
 def _clip(text: str, width: int) -> str:
@@ -266,8 +255,11 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
     lines = [line(header)]
     detail_start = gate_width + len(_GAP) + widths[0] + len(_GAP)
     for name, rows, details, speed, error in blocks:
+        in_column = len(name) <= gate_width
+        if not in_column:
+            lines.extend(_name_lines(name, width))
         for i, row in enumerate(rows):
-            lines.append(line((_truncate(name, gate_width) if i == 0 else "", *row)))
+            lines.append(line((name if i == 0 and in_column else "", *row)))
         for text in error:  # the error's own words, wrapped under the block
             lines.extend(textwrap.wrap(text, max(20, width - len(_SPEED_INDENT)), initial_indent=_SPEED_INDENT,
                                        subsequent_indent=_SPEED_INDENT + "  ", break_on_hyphens=False) or [""])
