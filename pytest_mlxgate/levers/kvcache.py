@@ -184,7 +184,8 @@ class KVPlan:
         """Short human text: `plain`, `8-bit g64 from token 0`, `kv_config.json (…)`."""
         if self.digest is None:
             return ("fake-quant " if self.fake else "") + _spec_label(self.default)
-        return ("fake-quant " if self.fake else "") + f"{self.source.split(' sha256:')[0]} ({self._summary()})"
+        name = self.source.removeprefix("fake-quant ").split(" sha256:")[0]  # fake_quant() marks the source too
+        return ("fake-quant " if self.fake else "") + f"{name} ({self._summary()})"
 
     def _summary(self) -> str:
         if self.n_layers is not None:

@@ -98,6 +98,8 @@ def test_config_with_layer_list_describes_counts(tmp_path: Path) -> None:
     plan = parse_kv_value(_write(tmp_path / "kv_config.json", {"layers": layers}))  # a Path works too
     assert plan.n_layers == 30 and plan.default is None
     assert plan.describe() == "kv_config.json (30 layers: 4-bit ×10, 8-bit ×20)"
+    assert plan.fake_quant().describe() == "fake-quant kv_config.json (30 layers: 4-bit ×10, 8-bit ×20)"
+    assert parse_kv_value("4").fake_quant().describe() == "fake-quant 4-bit g64 from token 0"
     plan.check_model(30)
     plan.check_model(40)  # extra layers take the default (plain)
     assert plan.for_layer(35) is None

@@ -545,3 +545,31 @@ def test_power_curve_for_a_three_point_excess() -> None:
     assert powers[400] < powers[1000] < powers[2000]
     assert rate_lower(int(powers[2000] * runs), runs) >= 0.75, powers
     assert rate_lower(int(powers[1000] * runs), runs) >= 0.45, powers
+
+
+def test_the_bounds_sit_where_the_capital_reaches_one_over_alpha() -> None:
+    """Each end of `bounds_from_diffs` is the value the gambler's wealth just reaches 1/alpha against:
+    a bound from any other threshold (log 2/alpha, say: valid, but wider than the test it reports) misses."""
+    rng = np.random.default_rng(7)
+    x = rng.choice([-1.0, 0.0, 0.0, 0.0, 1.0, 1.0], size=300)
+    for alpha in (0.05, 0.01):
+        lower, upper = bounds_from_diffs(x, alpha=alpha)
+        assert -1.0 < lower < float(x.mean()) < upper < 1.0
+        for value, side in ((upper, "upper"), (lower, "lower")):
+            peak = float(np.max(log_capital(x, value, side=side, alpha=alpha)))  # type: ignore[arg-type]
+            assert peak == pytest.approx(math.log(1.0 / alpha), abs=1e-6), (side, alpha)
+
+
+def test_a_separate_fail_alpha_is_recorded_and_checked() -> None:
+    ref, cand = [1.0] * 40 + [0.0] * 10, [1.0] * 30 + [0.0] * 20
+    assert decide(ref, cand, max_drop=0.05, alpha=0.05, fail_alpha=0.01).fail_alpha == 0.01
+    assert decide(ref, cand, max_drop=0.05, alpha=0.05, fail_alpha=0.05).fail_alpha is None  # the same level
+    with pytest.raises(ValueError, match=r"fail_alpha must be in \(0, alpha=0.05\], got 0.1"):
+        decide(ref, cand, max_drop=0.05, alpha=0.05, fail_alpha=0.1)
+
+
+def test_log_capital_refuses_bad_differences_by_name() -> None:
+    with pytest.raises(ValueError, match="diffs needs an item axis"):
+        log_capital(np.float64(0.5), 0.1, side="upper")
+    with pytest.raises(ValueError, match=r"paired differences must lie in \[-1, 1\]"):
+        log_capital(np.array([0.5, 1.5]), 0.1, side="upper")
