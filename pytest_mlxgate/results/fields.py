@@ -1,7 +1,8 @@
-"""Record values in and out of JSON: strict-JSON copies, and tolerant accessors that never raise.
+"""Values in and out of JSON: strict-JSON copies, and tolerant converters that never raise.
 
 A record from another process (or an older run in the DB) may lack a field or hold a string
-where a number was expected; readers get None instead, and a table shows a dash.
+where a number was expected; the read model (`model.parse_record`) gets None instead, and a table
+shows a dash.
 """
 
 from __future__ import annotations
@@ -9,15 +10,10 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["as_map", "check_interval", "dumps", "jsonable", "integer", "interval_end", "model_name", "nodeid_of",
-           "number", "real", "text"]
-
-
-def as_map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+__all__ = ["dumps", "jsonable", "integer", "nodeid_of", "number", "real", "text"]
 
 
 def real(value: Any) -> float | None:
@@ -43,34 +39,8 @@ def text(value: Any) -> str | None:
     return value if isinstance(value, str) else dumps(value)
 
 
-def interval_end(value: Any, end: int) -> float | None:
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        return real(value[end])
-    return None
-
-
-def check_interval(check: Mapping[str, Any]) -> tuple[float | None, float | None]:
-    """A check's interval (lower, upper), whichever end its verdict compared: `bound` is the end on the
-    passing side (the upper end of a "must stay below" metric), `other_bound`, `lower` or `upper` the far one."""
-    bound = real(check.get("bound"))
-    if check.get("direction") == "min":
-        far = check.get("other_bound") if check.get("other_bound") is not None else check.get("upper")
-        return bound, real(far)
-    far = check.get("other_bound") if check.get("other_bound") is not None else check.get("lower")
-    return real(far), bound
-
-
-def model_name(value: Any) -> str | None:
-    """A model's pinned id (repo@commit), else whatever names it."""
-    if isinstance(value, Mapping):
-        for key in ("pinned", "repo_id", "name"):
-            if value.get(key):
-                return str(value[key])
-        return None
-    return text(value)
-
-
 def nodeid_of(record: Mapping[str, object]) -> str:
+    """A record's node id ("" for none), without parsing the rest (`model.parse_record` reads the whole)."""
     return str(record.get("nodeid") or "")
 
 

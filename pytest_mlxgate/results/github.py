@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..common.format import DASH
-from .fields import as_map, check_interval, interval_end, model_name, nodeid_of
+from .model import CapabilityScore, CheckResult, Record, parse_record
 from .records import GateRecord
-from .summary import format_limit, format_value, n_parts
-from .verdicts import check_verdict
+from .summary import format_limit, format_value, n_parts, speed_parts
 
 __all__ = [
     "ANNOTATIONS_PER_KIND",
@@ -64,7 +63,7 @@ def workflow_command(kind: str, message: str, **properties: Any) -> str:
 # -- a gate in words -----------------------------------------------------------------------------
 
 
-def _figure(key: str, metric: str, value: Any, lower: float | None, upper: float | None) -> str:
+def _figure(key: str, metric: str, value: float | None, lower: float | None, upper: float | None) -> str:
     """`mean KL 3.1e-04 [2.5e-04, 4.0e-04]` (no interval when there is none, or the figure is exact)."""
     interval = ""
     if lower is not None and upper is not None and lower != upper:
@@ -72,49 +71,54 @@ def _figure(key: str, metric: str, value: Any, lower: float | None, upper: float
     return f"{metric} {format_value(key, value)}{interval}"
 
 
-def check_text(check: Mapping[str, Any]) -> str:
-    """`mean KL 3.1e-04 [2.5e-04, 4.0e-04] vs limit ≤ 1e-03: fail`."""
-    key = str(check.get("key") or "")
-    text = _figure(key, str(check.get("metric") or key or DASH), check.get("value"), *check_interval(check))
-    if check.get("limit") is not None:
-        rel = "≥" if check.get("direction") == "min" else "≤"
-        text += f" vs limit {rel} {format_limit(key, check.get('limit'))}"
-    verdict = check_verdict(check)
-    if verdict == "inconclusive" and check.get("n_needed"):
-        verdict += f" (n≈{check['n_needed']})"
+def check_text(check: CheckResult | Mapping[str, Any]) -> str:
+    """`mean KL 3.1e-04 [2.5e-04, 4.0e-04] vs limit ≤ 1e-03: fail` (a check of a record, read or as written)."""
+    c = check if isinstance(check, CheckResult) else _read_check(check)
+    key = c.key or ""
+    text = _figure(key, c.label, c.value, c.lower, c.upper)
+    if c.limit is not None:
+        rel = "≥" if c.direction == "min" else "≤"
+        text += f" vs limit {rel} {format_limit(key, c.limit)}"
+    verdict = c.verdict or "fail"
+    if verdict == "inconclusive" and c.n_needed:
+        verdict += f" (n≈{c.n_needed})"
     return f"{text}: {verdict}"
 
 
-def _figures(record: GateRecord) -> list[str]:
+def _read_check(check: Mapping[str, Any]) -> CheckResult:
+    (read,) = parse_record({"checks": [check]}).checks
+    return read
+
+
+def _figures(record: Record) -> list[str]:
     """The record's key figures, what decided the verdict first."""
-    error = as_map(record.get("error"))
-    if error:  # a gate that raised: its error, first line (the JSON report keeps the rest)
-        first = next((line for line in str(error.get("message") or "").splitlines() if line.strip()), "")
-        return [f"{error.get('type') or 'error'} in {error.get('phase') or 'call'}: {first}".rstrip(": ")]
-    if record.get("mode") == "score":
-        score = as_map(record.get("capability_score"))
-        return [f"Capability Score {_pct(score.get('reference'))} → {_pct(score.get('candidate'))}"]
-    checks = [as_map(c) for c in record.get("checks") or []]
-    if checks:
-        return [check_text(c) for c in sorted(checks, key=lambda c: _SEVERITY.get(check_verdict(c), 2))]
-    stats = as_map(record.get("stats"))
-    if "mean" in stats:  # measured, nothing asserted
-        return [_figure("mean", "mean KL", stats.get("mean"), interval_end(stats.get("mean_ci"), 0),
-                        interval_end(stats.get("mean_ci"), 1))]
+    if record.error is not None:  # a gate that raised: its error, first line (the JSON report keeps the rest)
+        error = record.error
+        first = next((line for line in (error.message or "").splitlines() if line.strip()), "")
+        return [f"{error.type or 'error'} in {error.phase or 'call'}: {first}".rstrip(": ")]
+    if record.mode == "score":
+        score = record.capability_score or CapabilityScore()
+        return [f"Capability Score {_pct(score.reference)} → {_pct(score.candidate)}"]
+    if record.checks:
+        return [check_text(c) for c in sorted(record.checks, key=lambda c: _SEVERITY.get(c.verdict or "fail", 2))]
+    stats = record.stats
+    if stats.has("mean"):  # measured, nothing asserted
+        return [_figure("mean", "mean KL", stats.mean, stats.mean_ci.lower, stats.mean_ci.upper)]
     return []
 
 
-def _pct(x: Any) -> str:
-    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) and not isinstance(x, bool) else DASH
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.1f}%" if x is not None else DASH
 
 
-def gate_line(record: GateRecord) -> str:
+def gate_line(record: GateRecord | Record) -> str:
     """One line: `FAIL test_kv::test_drift: mean KL … · 16 prompts · 2048 tokens · re-run: pytest …`."""
-    verdict = str(record.get("verdict") or DASH)
-    parts = [*_figures(record), *n_parts(record)]
-    if record.get("rerun"):
-        parts.append(f"re-run: {record['rerun']}")
-    return f"{verdict.upper()} {record.get('gate') or nodeid_of(record)}: " + " · ".join(parts)
+    r = record if isinstance(record, Record) else parse_record(record)
+    verdict = r.verdict or DASH
+    parts = [*_figures(r), *n_parts(r)]
+    if r.rerun:
+        parts.append(f"re-run: {r.rerun}")
+    return f"{verdict.upper()} {r.name}: " + " · ".join(parts)
 
 
 # -- annotations ---------------------------------------------------------------------------------
@@ -153,20 +157,19 @@ def annotation_lines(records: Sequence[GateRecord], locations: Mapping[str, tupl
                 per_kind: int = ANNOTATIONS_PER_KIND) -> list[str]:
     """`::error` per failing gate, `::warning` per inconclusive one, at its test function; at most
     `per_kind` of each, then a `::notice` counting the rest. Gates without a location are left out."""
-    worst: dict[str, GateRecord] = {}
-    for record in records:
-        nodeid = nodeid_of(record)
-        if nodeid not in locations or str(record.get("verdict")) not in _SEVERITY:
+    worst: dict[str, Record] = {}
+    for record in (parse_record(r) for r in records):
+        if record.nodeid not in locations or str(record.verdict) not in _SEVERITY:
             continue
-        if nodeid not in worst or _severity(record) < _severity(worst[nodeid]):
-            worst[nodeid] = record
+        if record.nodeid not in worst or _severity(record) < _severity(worst[record.nodeid]):
+            worst[record.nodeid] = record
     lines: list[str] = []
     kinds = (("error", "failing", ("fail", "error")), ("warning", "inconclusive", ("inconclusive",)))
     for kind, words, verdicts in kinds:
-        chosen = [r for n, r in sorted(worst.items()) if r.get("verdict") in verdicts]
+        chosen = [r for n, r in sorted(worst.items()) if r.verdict in verdicts]
         for record in chosen[:per_kind]:
-            path, line = locations[nodeid_of(record)]
-            title = f"mlxgate {record.get('verdict')}: {record.get('gate') or nodeid_of(record)}"
+            path, line = locations[record.nodeid]
+            title = f"mlxgate {record.verdict}: {record.name}"
             lines.append(workflow_command(kind, gate_line(record), file=path, line=line, title=title))
         if len(chosen) > per_kind:
             rest = len(chosen) - per_kind
@@ -176,8 +179,8 @@ def annotation_lines(records: Sequence[GateRecord], locations: Mapping[str, tupl
     return lines
 
 
-def _severity(record: GateRecord) -> int:
-    return _SEVERITY.get(str(record.get("verdict")), 2)
+def _severity(record: Record) -> int:
+    return _SEVERITY.get(str(record.verdict), 2)
 
 
 # -- the job summary -----------------------------------------------------------------------------
@@ -194,28 +197,20 @@ def _code(text: str) -> str:
     return "`" + text.replace("`", "'") + "`"
 
 
-def _row(record: GateRecord) -> str:
-    verdict = str(record.get("verdict") or DASH)
+def _row(record: Record) -> str:
+    verdict = record.verdict or DASH
     figures = "<br>".join(_cell(f) for f in _figures(record)) or DASH
     n = _cell(" · ".join(n_parts(record))) or DASH
-    return (f"| {_cell(_code(str(record.get('gate') or nodeid_of(record))))} | {_LABELS.get(verdict, verdict)} "
-            f"| {figures} | {n} |")
+    return f"| {_cell(_code(record.name))} | {_LABELS.get(verdict, verdict)} | {figures} | {n} |"
 
 
-def _speed_items(records: Sequence[GateRecord]) -> list[str]:
+def _speed_items(records: Sequence[Record]) -> list[str]:
     """One bullet per module's speed measurement (its gates share one), under the first gate carrying it."""
-    from ..speed.text import speed_lines
-
-    items, shown = [], set()
+    items, shown = [], set[str]()
     for record in records:
-        speed = as_map(record.get("speed"))
-        ident = str(speed.get("id") or id(speed))
-        if not speed or ident in shown:
-            continue
-        shown.add(ident)
-        lines = speed_lines(speed)
+        lines = speed_parts(record, shown)
         if lines:
-            items.append(f"- {_code(str(record.get('gate') or nodeid_of(record)))}: " + "; ".join(lines))
+            items.append(f"- {_code(record.name)}: " + "; ".join(lines))
     return items
 
 
@@ -226,17 +221,17 @@ def step_summary(records: Sequence[GateRecord], *, reports: Sequence[tuple[str, 
     Failing gates first, then inconclusive ones, then the rest; what does not fit is counted in a
     closing line. `reports`: (what, path) of the files written, e.g. ("JSON report", "results/gates.json").
     """
-    ordered = sorted(records, key=lambda r: (r.get("mode") == "score", _severity(r), nodeid_of(r)))
-    gates = [r for r in ordered if r.get("mode") != "score"]
+    ordered = sorted((parse_record(r) for r in records), key=lambda r: (r.mode == "score", _severity(r), r.nodeid))
+    gates = [r for r in ordered if r.mode != "score"]
     counts: dict[str, int] = {}
     for r in gates:
-        counts[str(r.get("verdict"))] = counts.get(str(r.get("verdict")), 0) + 1
+        counts[str(r.verdict)] = counts.get(str(r.verdict), 0) + 1
     tally = " · ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: (_SEVERITY.get(kv[0], 2), kv[0])))
     head = [f"### mlxgate: {len(gates)} gate{'s' if len(gates) != 1 else ''} — {tally or 'none'}", "",
             "| gate | verdict | figures: value [95% interval] vs limit | n |", "|---|---|---|---|"]
     foot: list[str] = []
-    models = sorted({m for r in gates if (m := model_name(r.get("candidate")))})
-    references = sorted({m for r in gates if (m := model_name(r.get("reference_model")))})
+    models = sorted({m for r in gates if r.candidate and (m := r.candidate.label)})
+    references = sorted({m for r in gates if r.reference_model and (m := r.reference_model.label)})
     if models:
         foot.append("Model: " + ", ".join(_code(m) for m in models)
                     + (" · reference: " + ", ".join(_code(m) for m in references) if references else ""))

@@ -11,14 +11,14 @@ beside it, and the next `append` that can open the DB adds them in its own trans
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .fields import as_map, dumps, integer, interval_end, model_name, nodeid_of, real, text
+from .fields import dumps
+from .model import Ratio, SpeedContext, parse_record, pending_entry, row_run, stored_record
 
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
@@ -108,69 +108,61 @@ _SCHEMA = (
 
 
 def _row(run: RunInfo, record: GateRecord) -> tuple[Any, ...]:
-    stats = as_map(record.get("stats"))
-    lever = as_map(record.get("lever"))
-    candidate = record.get("candidate")
-    sizes = as_map(record.get("sizes"))
-    n_prompts = stats.get("n_prompts", sizes.get("prompts"))
+    r = parse_record(record)
+    stats, lever = r.stats, r.lever
     values: dict[str, Any] = {
         "run_id": run.run_id,
-        "time": text(record.get("time")) or run.started,
+        "time": r.time or run.started,
         "started": run.started,
-        "nodeid": nodeid_of(record),
-        "gate": text(record.get("gate")),
-        "mode": text(record.get("mode")),
-        "candidate": model_name(candidate),
-        "candidate_commit": text(as_map(candidate).get("commit")),
-        "reference_model": model_name(record.get("reference_model")),
-        "lever_name": text(lever.get("name")),
-        "lever_kind": text(lever.get("kind")),
-        "ref_value": text(lever.get("ref")),
-        "cand_value": text(lever.get("cand")),
-        "path": text(record.get("path", lever.get("path"))),
-        "verdict": text(record.get("verdict")),
-        "n_prompts": integer(n_prompts),
-        "n_tokens": integer(stats.get("n_tokens")),
-        "mean_kl": real(stats.get("mean")),
-        "mean_kl_lo": interval_end(stats.get("mean_ci"), 0),
-        "mean_kl_hi": interval_end(stats.get("mean_ci"), 1),
-        "p99_kl": real(stats.get("p99")),
-        "max_kl": real(stats.get("max")),
-        "same_top": real(stats.get("same_top")),
-        "top1_lo": interval_end(stats.get("top1_ci"), 0),
-        "ln_ppl_ratio": real(stats.get("ln_ppl_ratio")),
-        "reference_source": text(record.get("reference_source")),
-        "total_s": real(as_map(record.get("durations")).get("total_s")),
+        "nodeid": r.nodeid,
+        "gate": r.gate,
+        "mode": r.mode,
+        "candidate": r.candidate.label if r.candidate else None,
+        "candidate_commit": r.candidate.commit if r.candidate else None,
+        "reference_model": r.reference_model.label if r.reference_model else None,
+        "lever_name": lever.name,
+        "lever_kind": lever.kind,
+        "ref_value": lever.ref,
+        "cand_value": lever.cand,
+        "path": r.path if r.path is not None else lever.path,
+        "verdict": r.verdict,
+        "n_prompts": r.n_prompts,
+        "n_tokens": stats.n_tokens,
+        "mean_kl": stats.mean,
+        "mean_kl_lo": stats.mean_ci.lower,
+        "mean_kl_hi": stats.mean_ci.upper,
+        "p99_kl": stats.p99,
+        "max_kl": stats.max,
+        "same_top": stats.same_top,
+        "top1_lo": stats.top1_ci.lower,
+        "ln_ppl_ratio": stats.ln_ppl_ratio,
+        "reference_source": r.reference_source,
+        "total_s": r.total_s,
         "code_commit": run.code_commit,
         "code_dirty": None if run.code_dirty is None else int(run.code_dirty),
         "config_json": dumps({"config": run.config, "machine": run.machine, "argv": run.argv}),
         "record_json": dumps(record),
-        **_speed_values(as_map(record.get("speed"))),
+        **_speed_values(r.speed.longest if r.speed is not None else None),
     }
     return tuple(values[name] for name in _COLUMN_NAMES)
 
 
-def _speed_values(speed: Any) -> dict[str, Any]:
-    contexts = as_map(speed.get("contexts"))
-    if not contexts:
+def _speed_values(ctx: SpeedContext | None) -> dict[str, Any]:
+    """The speed columns: the longest measured context's figures (None without one)."""
+    if ctx is None:
         return {name: None for name, _ in _SPEED_COLUMNS}
-    lengths = {str(c): int(c) for c in contexts if str(c).isdigit()}  # JSON keys: the context as text
-    if not lengths:
-        return {name: None for name, _ in _SPEED_COLUMNS}
-    longest = max(lengths, key=lengths.__getitem__)
-    ctx = as_map(contexts[longest])
-    ref, cand, decode = as_map(ctx.get("reference")), as_map(ctx.get("candidate")), as_map(ctx.get("decode"))
+    decode = ctx.decode or Ratio()
     return {
-        "speed_context": lengths[longest],
-        "prefill_ratio": real(as_map(ctx.get("prefill")).get("ratio")),
-        "decode_ratio": real(decode.get("ratio")),
-        "decode_ratio_lo": interval_end(decode.get("ratio_ci"), 0),
-        "decode_ratio_hi": interval_end(decode.get("ratio_ci"), 1),
-        "ref_decode_tps": real(ref.get("decode_tps")),
-        "cand_decode_tps": real(cand.get("decode_tps")),
-        "peak_ratio": real(as_map(ctx.get("peak")).get("ratio")),
-        "ref_kv_bytes": integer(ref.get("kv_bytes")),
-        "cand_kv_bytes": integer(cand.get("kv_bytes")),
+        "speed_context": ctx.length,
+        "prefill_ratio": ctx.prefill.ratio if ctx.prefill else None,
+        "decode_ratio": decode.ratio,
+        "decode_ratio_lo": decode.ci.lower,
+        "decode_ratio_hi": decode.ci.upper,
+        "ref_decode_tps": ctx.reference.decode_tps,
+        "cand_decode_tps": ctx.candidate.decode_tps,
+        "peak_ratio": ctx.peak.ratio if ctx.peak else None,
+        "ref_kv_bytes": ctx.reference.kv_bytes,
+        "cand_kv_bytes": ctx.candidate.kv_bytes,
     }
 
 
@@ -308,7 +300,7 @@ class ResultsDB:
             conn.row_factory = sqlite3.Row
             out = [dict(row) for row in conn.execute(sql, tuple(value for _, value in where))]
         for row in out:
-            if row.get("code_dirty") is not None:
+            if "code_dirty" in row and row["code_dirty"] is not None:
                 row["code_dirty"] = bool(row["code_dirty"])
         return out
 
@@ -411,40 +403,14 @@ def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[GateRecord]]
 
 
 def _queued_run(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:
-    from dataclasses import fields
-
-    from .records import RunInfo
-
-    try:
-        doc = json.loads(raw)
-        run = as_map(doc.get("run"))
-        names = {f.name for f in fields(RunInfo)}
-        info = RunInfo(**{k: v for k, v in run.items() if k in names})
-        records: list[GateRecord] = [r for r in doc.get("records") or [] if isinstance(r, dict)]  # type: ignore[misc]  # as queued
-    except (ValueError, TypeError, AttributeError):
-        return None
-    return info, records
+    return pending_entry(raw)
 
 
 def run_of(row: Mapping[str, Any]) -> RunInfo:
     """The run a stored row belongs to, whole: every field of RunInfo is kept (columns and config_json)."""
-    from .records import RunInfo
-
-    try:
-        extra = json.loads(row.get("config_json") or "{}")
-    except ValueError:
-        extra = {}
-    extra = extra if isinstance(extra, dict) else {}
-    dirty = row.get("code_dirty")
-    return RunInfo(run_id=str(row["run_id"]), started=str(row["started"]), code_commit=row.get("code_commit"),
-                   code_dirty=None if dirty is None else bool(dirty), argv=list(extra.get("argv") or []),
-                   config=dict(as_map(extra.get("config"))), machine=dict(as_map(extra.get("machine"))))
+    return row_run(row)
 
 
 def record_of(row: Mapping[str, Any]) -> GateRecord | None:
-    """The record a row stores whole (record_json), None where it cannot be read."""
-    try:
-        record = json.loads(row.get("record_json") or "")
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None  # type: ignore[return-value]  # stored from a GateRecord
+    """The record a row stores whole (record_json), as written; None where it cannot be read."""
+    return stored_record(row)

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ..common.format import DASH, percent_distinct
-from .fields import as_map, integer, interval_end, nodeid_of, real
+from .model import Ratio, Record, StoredRow, nodeid_of, parse_record, parse_row, run_facts
 from .records import GateRecord, RunInfo
 
 __all__ = ["COMMANDS", "CliError", "EXIT_FOUND", "EXIT_OK", "EXIT_USAGE", "Source", "add_parsers", "compare_lines",
-           "history_lines", "key_figures", "main", "match_gates", "resolve_run"]
+           "history_lines", "KeyFigures", "key_figures", "main", "match_gates", "resolve_run"]
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 #: Runs per gate `mlxgate history` shows unless --last says otherwise.
@@ -126,44 +126,43 @@ def load_source(spec: str, db: Path | None) -> Source:
 # --- the figures a line shows ----------------------------------------------------------------------
 
 
-def _longest_context(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    contexts = as_map(as_map(record.get("speed")).get("contexts"))
-    lengths = {c: int(c) for c in contexts if str(c).isdigit()}
-    return as_map(contexts[max(lengths, key=lengths.__getitem__)]) if lengths else {}
+@dataclass(frozen=True)
+class KeyFigures:
+    """What history and compare show of a record."""
+
+    verdict: str
+    kl: tuple[float | None, float | None, float | None]  # mean KL, its interval's ends
+    top1: tuple[float | None, float | None]  # top-1 agreement, its lower end
+    tasks: dict[str, tuple[float | None, float | None]]  # capability per task (and "score"): reference, candidate
+    decode: tuple[float | None, float | None, float | None]  # ratios at the longest context, with their intervals
+    prefill: tuple[float | None, float | None, float | None]
+    kv: float | None
+    context: int | None  # the longest context (tokens)
 
 
-def key_figures(record: Mapping[str, Any]) -> dict[str, Any]:
+def key_figures(record: Record) -> KeyFigures:
     """What history and compare show of a record: verdict, mean KL with its interval, top-1 with its lower
     bound, capability per task (reference and candidate), decode/prefill/KV ratios at the longest context."""
-    stats = as_map(record.get("stats"))
-    ctx = _longest_context(record)
-    tasks: dict[str, tuple[float | None, float | None]] = {}
-    for task, info in sorted(as_map(record.get("tasks")).items()):
-        tasks[str(task)] = (real(as_map(info).get("ref_score")), real(as_map(info).get("cand_score")))
-    score = as_map(record.get("capability_score"))
-    if score:
-        tasks["score"] = (real(score.get("reference")), real(score.get("candidate")))
-    kv = real(as_map(ctx.get("kv")).get("ratio"))
-    ref_kv, cand_kv = integer(as_map(ctx.get("reference")).get("kv_bytes")), integer(
-        as_map(ctx.get("candidate")).get("kv_bytes"))
-    if kv is None and ref_kv and cand_kv is not None:
-        kv = cand_kv / ref_kv
-    top1_key = "top1" if "top1" in stats else "same_top"
-    return {
-        "verdict": str(record.get("verdict") or DASH),
-        "kl": (real(stats.get("mean")), interval_end(stats.get("mean_ci"), 0), interval_end(stats.get("mean_ci"), 1)),
-        "top1": (real(stats.get(top1_key)), interval_end(stats.get(f"{top1_key}_ci"), 0)),
-        "tasks": tasks,
-        "decode": _ratio(ctx.get("decode")),
-        "prefill": _ratio(ctx.get("prefill")),
-        "kv": kv,
-        "context": integer(ctx.get("context")),
-    }
+    stats = record.stats
+    ctx = record.speed.longest if record.speed is not None else None
+    tasks = {name: (record.tasks[name].ref_score, record.tasks[name].cand_score) for name in sorted(record.tasks)}
+    if record.capability_score is not None:
+        tasks["score"] = (record.capability_score.reference, record.capability_score.candidate)
+    return KeyFigures(
+        verdict=record.verdict or DASH,
+        kl=(stats.mean, stats.mean_ci.lower, stats.mean_ci.upper),
+        top1=stats.agreement,
+        tasks=tasks,
+        decode=_ratio(ctx.decode if ctx else None),
+        prefill=_ratio(ctx.prefill if ctx else None),
+        kv=ctx.kv_ratio if ctx else None,
+        context=ctx.length if ctx else None,
+    )
 
 
-def _ratio(estimate: Any) -> tuple[float | None, float | None, float | None]:
-    e = as_map(estimate)
-    return real(e.get("ratio")), interval_end(e.get("ratio_ci"), 0), interval_end(e.get("ratio_ci"), 1)
+def _ratio(estimate: Ratio | None) -> tuple[float | None, float | None, float | None]:
+    e = estimate or Ratio()
+    return e.ratio, e.ci.lower, e.ci.upper
 
 
 def _kl(x: float | None) -> str:
@@ -196,9 +195,8 @@ def _task_pair(pair: tuple[float | None, float | None]) -> str:
     return f"{_pct(pair[0])} → {_pct(pair[1])}"
 
 
-def _commit(run: Mapping[str, Any] | RunInfo) -> str:
-    commit = run.code_commit if isinstance(run, RunInfo) else run.get("code_commit")
-    dirty = run.code_dirty if isinstance(run, RunInfo) else run.get("code_dirty")
+def _commit(run: StoredRow | RunInfo) -> str:
+    commit, dirty = run.code_commit, run.code_dirty
     return (str(commit)[:7] if commit else "no git") + ("+" if dirty else "")
 
 
@@ -211,7 +209,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
     """Aligned columns; a column no row fills is left out."""
     keep = [i for i in range(len(header)) if i < 4 or any(row[i] != DASH for row in rows)]
     widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in keep]
-    return [(indent + "  ".join(cells[i].ljust(w) for i, w in zip(keep, widths))).rstrip()
+    return [(indent + "  ".join(cells[i].ljust(w) for i, w in zip(keep, widths, strict=True))).rstrip()
             for cells in [header, *rows]]
 
 
@@ -232,8 +230,6 @@ def match_gates(nodeids: Sequence[str], pattern: str, names: Mapping[str, str] |
 
 def history_lines(rows: Sequence[Mapping[str, Any]], *, last: int | None) -> list[str]:
     """Per gate (node id order), its last `last` runs oldest first: when, run, commit and its key figures."""
-    from .history import record_of
-
     by_gate: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_gate.setdefault(str(row["nodeid"]), []).append(row)
@@ -243,15 +239,15 @@ def history_lines(rows: Sequence[Mapping[str, Any]], *, last: int | None) -> lis
     for nodeid in sorted(by_gate):
         entries = by_gate[nodeid][-last:] if last else by_gate[nodeid]
         table = []
-        for row in entries:
-            f = key_figures(record_of(row) or {})
-            top1, top1_lo = f["top1"]
+        for stored in (parse_row(row) for row in entries):
+            f = key_figures(stored.record or parse_record({}))
+            top1, top1_lo = f.top1
             table.append((
-                _when(row.get("time")), _short(str(row["run_id"])), _commit(row), f["verdict"],
-                _kl_interval(f["kl"]),
+                _when(stored.time), _short(str(stored.run_id)), _commit(stored), f.verdict,
+                _kl_interval(f.kl),
                 DASH if top1 is None else f"{_pct(top1)} ({_pct(top1_lo)})",
-                ", ".join(f"{t} {_task_pair(p)}" for t, p in f["tasks"].items()) or DASH,
-                _ratio_interval(f["decode"]), _times(f["kv"], 3),
+                ", ".join(f"{t} {_task_pair(p)}" for t, p in f.tasks.items()) or DASH,
+                _ratio_interval(f.decode), _times(f.kv, 3),
             ))
         shown = f"last {len(entries)} of {len(by_gate[nodeid])} runs" if len(entries) < len(by_gate[nodeid]) else (
             f"{len(entries)} run{'s' if len(entries) != 1 else ''}")
@@ -289,45 +285,44 @@ def _delta(a: float | None, b: float | None, fmt: Callable[[float], str]) -> str
     return "" if a is None or b is None else f"   Δ {fmt(b - a)}"
 
 
-def _gate_change(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def _gate_change(a: Record, b: Record) -> list[str]:
     fa, fb = key_figures(a), key_figures(b)
     out: list[tuple[str, str]] = []
-    ka, kb = fa["kl"][0], fb["kl"][0]
+    ka, kb = fa.kl[0], fb.kl[0]
     if ka is not None or kb is not None:
         times = f" (×{kb / ka:.3g})" if ka and kb is not None else ""
-        out.append(("mean KL", f"{_kl_interval(fa['kl'])} → {_kl_interval(fb['kl'])}"
+        out.append(("mean KL", f"{_kl_interval(fa.kl)} → {_kl_interval(fb.kl)}"
                                + _delta(ka, kb, lambda d: "0" if d == 0 else f"{d:+.1e}") + times))
-    if fa["top1"][0] is not None or fb["top1"][0] is not None:
-        out.append(("top-1", f"{_pct(fa['top1'][0])} → {_pct(fb['top1'][0])}"
-                             + _delta(fa["top1"][0], fb["top1"][0], lambda d: f"{100 * d:+.1f} points")))
-    for task in sorted(set(fa["tasks"]) | set(fb["tasks"])):
-        pa, pb = fa["tasks"].get(task, (None, None)), fb["tasks"].get(task, (None, None))
+    if fa.top1[0] is not None or fb.top1[0] is not None:
+        out.append(("top-1", f"{_pct(fa.top1[0])} → {_pct(fb.top1[0])}"
+                             + _delta(fa.top1[0], fb.top1[0], lambda d: f"{100 * d:+.1f} points")))
+    for task in sorted(set(fa.tasks) | set(fb.tasks)):
+        pa, pb = fa.tasks.get(task, (None, None)), fb.tasks.get(task, (None, None))
         da = pa[1] - pa[0] if pa[0] is not None and pa[1] is not None else None
         db = pb[1] - pb[0] if pb[0] is not None and pb[1] is not None else None
         out.append((task, f"ref → cand {_task_pair(pa)} vs {_task_pair(pb)}"
                           + _delta(da, db, lambda d: f"cand − ref {100 * d:+.1f} points")))
-    for name in ("decode", "prefill"):
-        ra, rb = fa[name], fb[name]
+    for name, ra, rb in (("decode", fa.decode, fb.decode), ("prefill", fa.prefill, fb.prefill)):
         if ra[0] is not None or rb[0] is not None:
             out.append((name, f"{_ratio_interval(ra)} → {_ratio_interval(rb)}"
                         + _delta(ra[0], rb[0], "{:+.2f}".format)))
-    if fa["kv"] is not None or fb["kv"] is not None:
-        out.append(("KV", f"{_times(fa['kv'], 3)} → {_times(fb['kv'], 3)}"
-                    + _delta(fa["kv"], fb["kv"], "{:+.3f}".format)))
+    if fa.kv is not None or fb.kv is not None:
+        out.append(("KV", f"{_times(fa.kv, 3)} → {_times(fb.kv, 3)}"
+                    + _delta(fa.kv, fb.kv, "{:+.3f}".format)))
     width = max((len(name) for name, _ in out), default=0)
     return [f"  {name.ljust(width)}  {text}" for name, text in out]
 
 
 def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
     """The change from run A to run B per gate; and the regressions (gates that went from pass to fail)."""
-    ra = {nodeid_of(r): r for r in a.records}
-    rb = {nodeid_of(r): r for r in b.records}
+    ra = {r.nodeid: r for r in (parse_record(r) for r in a.records)}
+    rb = {r.nodeid: r for r in (parse_record(r) for r in b.records)}
     lines = [f"{side}: run {_short(s.run.run_id)}  started {_when(s.run.started)}  commit {_commit(s.run)}  "
              f"{len(s.records)} gates  ({s.label})" for side, s in (("A", a), ("B", b))]
     regressions: list[str] = []
     changed = 0
     for nodeid in sorted(set(ra) & set(rb)):
-        va, vb = str(ra[nodeid].get("verdict")), str(rb[nodeid].get("verdict"))
+        va, vb = str(ra[nodeid].verdict), str(rb[nodeid].verdict)
         verdict = va if va == vb else f"{va} → {vb}"
         if va != vb:
             changed += 1
@@ -338,7 +333,7 @@ def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
         lines.extend(_gate_change(ra[nodeid], rb[nodeid]))
     for side, only in (("A", sorted(set(ra) - set(rb))), ("B", sorted(set(rb) - set(ra)))):
         if only:
-            lines.append(f"only in {side}: " + ", ".join(f"{n} ({(ra if side == 'A' else rb)[n].get('verdict')})"
+            lines.append(f"only in {side}: " + ", ".join(f"{n} ({(ra if side == 'A' else rb)[n].verdict})"
                                                        for n in only))
     both = len(set(ra) & set(rb))
     lines.append(f"{both} gate(s) in both runs, {changed} changed verdict; "
@@ -365,17 +360,15 @@ def _width() -> int:
 def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord]) -> list[str]:
     from .summary import summary_lines
 
-    shard = as_map(run.config.get("shard"))
+    facts = run_facts(run)
     head = (f"mlxgate run {_short(run.run_id)} · started {_when(run.started)} · commit {_commit(run)} · "
-            f"{len(records)} gate record(s)" + (f" · shard {shard.get('index')}/{shard.get('count')}" if shard else "")
-            + (f" · merged from {len(run.config['merged'])} reports" if isinstance(run.config.get("merged"), list)
-               else "")
+            f"{len(records)} gate record(s)" + (f" · shard {facts.shard.name}" if facts.shard else "")
+            + (f" · merged from {facts.merged_from} reports" if facts.merged_from is not None else "")
             + (f" · from {source.label}" if source is not None else ""))
-    interrupted = as_map(run.config.get("interrupted"))
-    if interrupted:
+    if facts.interrupted is not None:
         from .summary import interrupted_line
 
-        head += " · " + interrupted_line(interrupted)
+        head += " · " + interrupted_line(facts.interrupted)
     return [head, *summary_lines(records, width=_width())] if records else [head, "(no gate records)"]
 
 
@@ -470,8 +463,9 @@ def _merge(args: argparse.Namespace) -> int:
         print(line)
     from .verdicts import is_failing
 
-    policy = str(as_map(merged.run.config.get("gate")).get("inconclusive") or "fail")
-    failed = [nodeid_of(r) for r in merged.records if r.get("mode") != "score" and is_failing(r.get("verdict"), policy)]
+    policy = run_facts(merged.run).inconclusive_policy
+    failed = [r.nodeid for r in (parse_record(r) for r in merged.records)
+              if r.mode != "score" and is_failing(r.verdict, policy)]
     for problem in merged.problems:
         print(f"mlxgate merge: FAIL: {problem}", file=sys.stderr)
     if failed:

@@ -15,7 +15,6 @@ text from a record is escaped. Standard library only (the xdist controller rende
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,10 +22,27 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
 from ..common.format import DASH, format_bytes, format_duration, percent
-from .fields import as_map, check_interval, integer, model_name, nodeid_of, real
+from .model import (
+    CapabilityScore,
+    Histogram,
+    Interval,
+    PositionProfile,
+    PromptMeans,
+    Ratio,
+    Record,
+    RunFacts,
+    Speed,
+    SpeedContext,
+    Stats,
+    StoredRow,
+    Task,
+    WorstContext,
+    parse_record,
+    parse_row,
+    run_facts,
+)
 from .summary import format_limit, format_value, n_parts
 from .svg import Figure, esc, message, sparkline
-from .verdicts import check_verdict
 
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
@@ -61,16 +77,16 @@ def html_report(records: Sequence[GateRecord], *, history: Mapping[str, Sequence
                 run: RunInfo | Mapping[str, Any] | None = None, title: str = "mlxgate report") -> str:
     """The report as one HTML document. `history`: per node id, the results DB's rows of that gate, oldest
     first (`history_rows`); None when the DB is off. `run`: the run's `RunInfo` (or its dict)."""
-    run_info = run.to_dict() if hasattr(run, "to_dict") else dict(run or {})  # type: ignore[union-attr]
-    ordered = sorted(records, key=lambda r: (r.get("mode") == "score", _SEVERITY.get(str(r.get("verdict")), 3),
-                                             nodeid_of(r)))
-    gates = [r for r in ordered if r.get("mode") != "score"]
-    body = [f"<header><h1>{esc(title)}</h1>{_run_line(run_info)}{_interrupted(run_info)}{_tally(gates)}</header>"]
+    facts = run_facts(run)
+    ordered = sorted((parse_record(r) for r in records),
+                     key=lambda r: (r.mode == "score", _SEVERITY.get(str(r.verdict), 3), r.nodeid))
+    gates = [r for r in ordered if r.mode != "score"]
+    body = [f"<header><h1>{esc(title)}</h1>{_run_line(facts)}{_interrupted(facts)}{_tally(gates)}</header>"]
     if ordered:
         body.append(_contents(ordered))
     speeds_shown: dict[str, str] = {}
     for i, record in enumerate(ordered):
-        body.append(_gate_section(record, f"g{i}", history, run_info, speeds_shown))
+        body.append(_gate_section(record, f"g{i}", history, facts, speeds_shown))
     if not ordered:
         body.append("<p class=\"note\">No gate records in this run.</p>")
     body.append("<footer>Written by pytest-mlxgate. Intervals are 95% unless a table says otherwise; hover a "
@@ -106,47 +122,47 @@ _SEVERITY = {"fail": 0, "error": 0, "inconclusive": 1, "pass": 2}
 _LABEL = {"fail": "FAIL", "error": "ERROR", "inconclusive": "INCONCLUSIVE", "pass": "pass", "skipped": "skipped"}
 
 
-def _verdict_badge(verdict: Any) -> str:
-    v = str(verdict or "measured")
+def _verdict_badge(verdict: str | None) -> str:
+    v = verdict or "measured"
     return f'<span class="badge v-{esc(v)}">{esc(_LABEL.get(v, v))}</span>'
 
 
-def _run_line(run: Mapping[str, Any]) -> str:
-    if not run:
+def _run_line(run: RunFacts) -> str:
+    if run == RunFacts():
         return ""
-    machine = as_map(run.get("machine"))
-    commit = run.get("code_commit")
-    parts = [f"run {esc(str(run.get('run_id') or DASH)[:12])}", f"started {esc(run.get('started') or DASH)}",
-             "code " + (f"<code>{esc(str(commit)[:12])}</code>" + (" (dirty)" if run.get("code_dirty") else "")
+    commit = run.code_commit
+    parts = [f"run {esc((run.run_id or DASH)[:12])}", f"started {esc(run.started or DASH)}",
+             "code " + (f"<code>{esc(commit[:12])}</code>" + (" (dirty)" if run.code_dirty else "")
                         if commit else "not in git")]
-    parts += [f"{esc(k)} {esc(machine[k])}" for k in ("device", "blas", "mlx", "mlx_lm", "python") if machine.get(k)]
+    parts += [f"{esc(k)} {esc(run.machine[k])}" for k in ("device", "blas", "mlx", "mlx_lm", "python")
+              if run.machine.get(k)]
     return f'<p class="run">{" · ".join(parts)}</p>'
 
 
-def _interrupted(run: Mapping[str, Any]) -> str:
+def _interrupted(run: RunFacts) -> str:
     """The banner of a run that stopped before its end: why, and which modules never ran."""
-    interrupted = as_map(as_map(run.get("config")).get("interrupted"))
-    if not interrupted:
+    if run.interrupted is None:
         return ""
     from .summary import interrupted_line
 
-    return (f'<p class="banner interrupted" role="alert"><strong>Interrupted</strong>: {esc(interrupted_line(interrupted))}. '
+    return (f'<p class="banner interrupted" role="alert"><strong>Interrupted</strong>: '
+            f'{esc(interrupted_line(run.interrupted))}. '
             "This run did not test everything it collected: it is no pass, whatever the gates below say.</p>")
 
 
-def _tally(gates: Sequence[GateRecord]) -> str:
+def _tally(gates: Sequence[Record]) -> str:
     counts: dict[str, int] = {}
     for r in gates:
-        counts[str(r.get("verdict"))] = counts.get(str(r.get("verdict")), 0) + 1
+        counts[str(r.verdict)] = counts.get(str(r.verdict), 0) + 1
     items = " ".join(f"{_verdict_badge(v)} {n}" for v, n in sorted(counts.items(),
                                                                   key=lambda kv: (_SEVERITY.get(kv[0], 3), kv[0])))
     return f'<p class="tally">{len(gates)} gate{"s" if len(gates) != 1 else ""}: {items or "none"}</p>'
 
 
-def _contents(records: Sequence[GateRecord]) -> str:
+def _contents(records: Sequence[Record]) -> str:
     rows = "".join(
-        f'<tr><td><a href="#g{i}">{esc(r.get("gate") or nodeid_of(r))}</a></td><td>{esc(r.get("mode") or DASH)}</td>'
-        f'<td>{_verdict_badge(r.get("verdict"))}</td><td>{esc(" · ".join(n_parts(r)) or DASH)}</td></tr>'
+        f'<tr><td><a href="#g{i}">{esc(r.name)}</a></td><td>{esc(r.mode or DASH)}</td>'
+        f'<td>{_verdict_badge(r.verdict)}</td><td>{esc(" · ".join(n_parts(r)) or DASH)}</td></tr>'
         for i, r in enumerate(records))
     return ('<nav><table class="contents"><thead><tr><th>gate</th><th>mode</th><th>verdict</th><th>n</th></tr>'
             f"</thead><tbody>{rows}</tbody></table></nav>")
@@ -159,26 +175,26 @@ def _figure(name: str, caption: str, svg: str) -> str:
 # -- one gate ------------------------------------------------------------------------------------
 
 
-def _gate_section(record: GateRecord, anchor: str, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
-                  run: Mapping[str, Any], speeds_shown: dict[str, str]) -> str:
-    mode = str(record.get("mode") or "")
-    verdict = str(record.get("verdict") or "measured")
-    name = str(record.get("gate") or nodeid_of(record))
+def _gate_section(record: Record, anchor: str, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+                  run: RunFacts, speeds_shown: dict[str, str]) -> str:
+    mode = record.mode or ""
+    verdict = record.verdict or "measured"
     out = [f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
-           f"<h2>{esc(name)} {_verdict_badge(verdict)}</h2>", _meta(record), "<h3>Verdict</h3>", _verdict_table(record)]
-    error = as_map(record.get("error"))
-    if error:  # a gate that raised: its error's words, escaped like every record text
-        out.append(f'<h3>Error in {esc(error.get("phase") or "call")}</h3><pre class="error">'
-                   f'{esc(error.get("type") or "error")}: {esc(error.get("message") or "")}</pre>')
+           f"<h2>{esc(record.name)} {_verdict_badge(verdict)}</h2>", _meta(record), "<h3>Verdict</h3>",
+           _verdict_table(record)]
+    error = record.error
+    if error is not None:  # a gate that raised: its error's words, escaped like every record text
+        out.append(f'<h3>Error in {esc(error.phase or "call")}</h3><pre class="error">'
+                   f'{esc(error.type or "error")}: {esc(error.message or "")}</pre>')
     if mode == "score":
-        out.append(_score_table(record))
-    if mode in ("gate", "aa") and as_map(record.get("stats")):
+        out.append(_score_table(record.capability_score or CapabilityScore()))
+    if mode in ("gate", "aa") and record.stats.present:
         out.append(_kl_sections(record))
     if mode == "capability":
         out.append(_capability_sections(record))
-    speed = as_map(record.get("speed"))
-    if speed:
-        ident = str(speed.get("id") or "")
+    speed = record.speed
+    if speed is not None:
+        ident = speed.id or ""
         if ident and ident in speeds_shown:
             out.append(f'<h3>Speed and memory</h3><p class="note">The same measurement as '
                        f'<a href="#{speeds_shown[ident]}">its module\'s first gate</a> (one per module).</p>')
@@ -192,24 +208,25 @@ def _gate_section(record: GateRecord, anchor: str, history: Mapping[str, Sequenc
     return "\n".join(out)
 
 
-def _meta(record: GateRecord) -> str:
-    lever = as_map(record.get("lever"))
-    parts = [f"<code>{esc(nodeid_of(record))}</code>"]
-    model = model_name(record.get("candidate"))
+def _meta(record: Record) -> str:
+    lever = record.lever
+    parts = [f"<code>{esc(record.nodeid)}</code>"]
+    model = record.candidate.label if record.candidate else None
     if model:
-        ref = model_name(record.get("reference_model"))
+        ref = record.reference_model.label if record.reference_model else None
         parts.append(f"model <code>{esc(model)}</code>" + (f" vs reference <code>{esc(ref)}</code>" if ref else ""))
-    if lever.get("name"):
-        parts.append(f"lever {esc(lever['name'])}: {esc(_short(lever.get('ref')))} → {esc(_short(lever.get('cand')))}")
-    if record.get("path"):
-        parts.append(f"path {esc(record['path'])}")
+    if lever.name:
+        parts.append(f"lever {esc(lever.name)}: {esc(_short(lever.ref))} → {esc(_short(lever.cand))}")
+    if record.path:
+        parts.append(f"path {esc(record.path)}")
     parts += [esc(p) for p in n_parts(record)]
-    rerun = f'<p class="rerun">re-run: <code>{esc(record["rerun"])}</code></p>' if record.get("rerun") else ""
+    rerun = f'<p class="rerun">re-run: <code>{esc(record.rerun)}</code></p>' if record.rerun else ""
     return f'<p class="meta">{" · ".join(parts)}</p>{rerun}'
 
 
-def _short(value: Any, n: int = 80) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+def _short(value: str | None, n: int = 80) -> str:
+    """A lever's value as text (None: JSON's null), clipped."""
+    text = value if value is not None else "null"
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -222,96 +239,79 @@ def _interval_text(key: str, lo: float | None, hi: float | None) -> str:
     return f"[{format_value(key, lo) if lo is not None else '−∞'}, {format_value(key, hi) if hi is not None else '∞'}]"
 
 
-def _verdict_table(record: GateRecord) -> str:
-    stats = as_map(record.get("stats"))
-    conf = real(stats.get("confidence"))
+def _verdict_table(record: Record) -> str:
+    stats = record.stats
+    conf = stats.confidence
     head = f"{conf * 100:g}% interval" if conf is not None else "95% interval"
-    n_default = integer(stats.get("n_prompts", as_map(record.get("sizes")).get("prompts")))
+    n_default = record.n_prompts
     rows = []
-    checks = [as_map(c) for c in record.get("checks") or [] if isinstance(c, Mapping)]
-    for c in checks:
-        key = str(c.get("key") or "")
-        lo, hi = check_interval(c)
-        limit = c.get("limit")
-        rel = "≥ " if c.get("direction") == "min" else "≤ "
-        verdict = check_verdict(c) if ("verdict" in c or "passed" in c) else "measured"
-        needed = integer(c.get("n_needed"))
-        note = f" (n≈{needed})" if verdict == "inconclusive" and needed else ""
-        n = integer(c.get("n")) if integer(c.get("n")) is not None else n_default
-        rows.append((str(c.get("metric") or key or DASH), format_value(key, c.get("value")),
-                     _interval_text(key, lo, hi), rel + format_limit(key, limit) if limit is not None else DASH,
+    for c in record.checks:
+        key = c.key or ""
+        rel = "≥ " if c.direction == "min" else "≤ "
+        verdict = c.verdict or "measured"
+        note = f" (n≈{c.n_needed})" if verdict == "inconclusive" and c.n_needed else ""
+        n = c.n if c.n is not None else n_default
+        rows.append((c.label, format_value(key, c.value), _interval_text(key, c.lower, c.upper),
+                     rel + format_limit(key, c.limit) if c.limit is not None else DASH,
                      _verdict_badge(verdict) + esc(note), str(n) if n is not None else DASH))
-    if not checks and stats:
-        qci = as_map(stats.get("quantile_ci"))
-        for metric, key, ci in (("mean KL", "mean", stats.get("mean_ci")), ("p99 KL", "p99", qci.get("p99")),
-                                ("max KL", "max", None), ("top-1", "top1", stats.get("top1_ci"))):
-            if key in stats:
-                lo, hi = (real(ci[0]), real(ci[1])) if isinstance(ci, Sequence) and len(ci) == 2 else (None, None)
-                rows.append((metric, format_value(key, stats.get(key)), _interval_text(key, lo, hi), DASH,
-                             _verdict_badge(record.get("verdict") or "measured"), str(n_default or DASH)))
-    floors = as_map(as_map(record.get("aa")).get("floors"))
-    for key, floor in floors.items():
-        rows.append((f"A/A floor {key}", format_value(str(key), floor), DASH, DASH, "floor", str(n_default or DASH)))
+    if not record.checks and stats.present:
+        for metric, key, ci in (("mean KL", "mean", stats.mean_ci), ("p99 KL", "p99", stats.quantile_interval("p99")),
+                                ("max KL", "max", Interval()), ("top-1", "top1", stats.top1_ci)):
+            if stats.has(key):
+                rows.append((metric, format_value(key, stats.figure(key)), _interval_text(key, ci.lower, ci.upper),
+                             DASH, _verdict_badge(record.verdict or "measured"), str(n_default or DASH)))
+    for key, floor in record.floors.items():
+        rows.append((f"A/A floor {key}", format_value(key, floor), DASH, DASH, "floor", str(n_default or DASH)))
     if not rows:
-        rows.append((DASH, DASH, DASH, DASH, _verdict_badge(record.get("verdict")), DASH))
+        rows.append((DASH, DASH, DASH, DASH, _verdict_badge(record.verdict), DASH))
     cells = "".join("<tr>" + "".join(f"<td>{c if i == 4 else esc(c)}</td>" for i, c in enumerate(row)) + "</tr>"
                     for row in rows)
     return ('<table class="verdicts"><thead><tr><th>metric</th><th>value</th>'
             f"<th>{esc(head)}</th><th>limit</th><th>verdict</th><th>n</th></tr></thead><tbody>{cells}</tbody></table>")
 
 
-def _score_table(record: GateRecord) -> str:
-    score = as_map(record.get("capability_score"))
-    rows = "".join(f"<tr><td>{esc(t)}</td><td>{percent(real(as_map(v).get('reference')), missing=DASH)}</td>"
-                   f"<td>{percent(real(as_map(v).get('candidate')), missing=DASH)}</td></tr>"
-                   for t, v in as_map(score.get("tasks")).items())
-    total = (f"<tr><th>score</th><th>{percent(real(score.get('reference')), missing=DASH)}</th>"
-             f"<th>{percent(real(score.get('candidate')), missing=DASH)}</th></tr>")
+def _score_table(score: CapabilityScore) -> str:
+    rows = "".join(f"<tr><td>{esc(t)}</td><td>{percent(v.reference, missing=DASH)}</td>"
+                   f"<td>{percent(v.candidate, missing=DASH)}</td></tr>" for t, v in score.tasks.items())
+    total = (f"<tr><th>score</th><th>{percent(score.reference, missing=DASH)}</th>"
+             f"<th>{percent(score.candidate, missing=DASH)}</th></tr>")
     return ('<table class="verdicts"><thead><tr><th>task</th><th>reference</th><th>candidate</th></tr></thead>'
             f"<tbody>{rows}{total}</tbody></table>"
-            + ('<p class="note">Partial: not every task ran.</p>' if score.get("partial") else ""))
+            + ('<p class="note">Partial: not every task ran.</p>' if score.partial else ""))
 
 
-def _limits(record: GateRecord, *keys: str) -> list[tuple[str, float]]:
+def _limits(record: Record, *keys: str) -> list[tuple[str, float]]:
     """(metric, limit) of the record's checks on these keys."""
-    out = []
-    for check in record.get("checks") or []:
-        c = as_map(check)
-        limit = real(c.get("limit"))
-        if str(c.get("key")) in keys and limit is not None:
-            out.append((str(c.get("metric") or c.get("key")), limit))
-    return out
+    return [(c.metric or str(c.key), c.limit) for c in record.checks if str(c.key) in keys and c.limit is not None]
 
 
 # -- KL ------------------------------------------------------------------------------------------
 
 
-def _kl_sections(record: GateRecord) -> str:
-    stats = as_map(record.get("stats"))
-    profile = as_map(record.get("kl_profile"))
+def _kl_sections(record: Record) -> str:
+    stats, profile = record.stats, record.kl_profile
     return "\n".join([
-        "<h3>KL distribution</h3>", _kl_histogram(record, stats, as_map(profile.get("histogram"))),
-        "<h3>KL by position</h3>", _kl_by_position(as_map(profile.get("by_position"))),
-        "<h3>Top-1 flips and near ties</h3>", _flips(stats, as_map(profile.get("by_position"))),
-        "<h3>Per-prompt mean KL</h3>", _per_prompt(record, stats, as_map(profile.get("prompts"))),
-        "<h3>Worst tokens in their context</h3>", _worst_tokens(record, stats, profile.get("worst_context")),
+        "<h3>KL distribution</h3>", _kl_histogram(record, profile.histogram),
+        "<h3>KL by position</h3>", _kl_by_position(profile.by_position),
+        "<h3>Top-1 flips and near ties</h3>", _flips(stats, profile.by_position),
+        "<h3>Per-prompt mean KL</h3>", _per_prompt(record, profile.prompts),
+        "<h3>Worst tokens in their context</h3>", _worst_tokens(record, profile.worst_context),
     ])
 
 
-def _sci(x: Any) -> str:
-    v = real(x)
+def _sci(v: float | None) -> str:
     return DASH if v is None else "0" if v == 0 else f"{v:.2e}"
 
 
-def _kl_histogram(record: GateRecord, stats: Mapping[str, Any], hist: Mapping[str, Any]) -> str:
-    counts = [integer(c) or 0 for c in hist.get("counts") or []][:MAX_POINTS]
-    decades = hist.get("decades") or []
-    per = integer(hist.get("per_decade")) or 0
-    if not counts or len(decades) != 2 or per <= 0:
+def _kl_histogram(record: Record, hist: Histogram) -> str:
+    stats = record.stats
+    counts = list(hist.counts[:MAX_POINTS])
+    per = hist.per_decade
+    if not counts or hist.decades is None or per <= 0:
         return _figure("kl-histogram", "Per-token KL, log scale.", message(_NOT_RECORDED, label="KL histogram"))
-    lo_e = integer(decades[0]) or 0
-    zero, under, over = (integer(hist.get(k)) or 0 for k in ("zero", "under", "over"))
-    extra = f"{zero} tokens with KL exactly 0 · {under} below 1e{lo_e} · {over} at or above the last edge"
+    lo_e = hist.decades[0]
+    extra = (f"{hist.zero} tokens with KL exactly 0 · {hist.under} below 1e{lo_e} · {hist.over} at or above the "
+             "last edge")
     used = [i for i, c in enumerate(counts) if c]
     if not used:
         return _figure("kl-histogram", esc(extra), message(
@@ -321,7 +321,7 @@ def _kl_histogram(record: GateRecord, stats: Mapping[str, Any], hist: Mapping[st
     def edge(i: int) -> float:
         return float(10.0 ** (lo_e + i / per))
 
-    marks = [v for v in (real(stats.get("mean")), real(stats.get("p99"))) if v is not None and v > 0]
+    marks = [v for v in (stats.mean, stats.p99) if v is not None and v > 0]
     limits = [(m, v) for m, v in _limits(record, "mean", "p99", "max", "p90", "p95", "median", "p999") if v > 0]
     x_lo = min([edge(first)] + [v / 1.5 for v in marks] + [v / 1.5 for _, v in limits])
     x_hi = max([edge(last)] + [v * 1.5 for v in marks] + [v * 1.5 for _, v in limits])
@@ -332,8 +332,7 @@ def _kl_histogram(record: GateRecord, stats: Mapping[str, Any], hist: Mapping[st
     fig.axes(xlabel="per-token KL (nats, log scale)", ylabel="tokens")
     fig.bars([(edge(i), edge(i + 1), c, f"KL in [{edge(i):.2e}, {edge(i + 1):.2e}): {c} tokens")
               for i, c in enumerate(counts) if c])
-    for key in ("mean", "p99"):
-        v = real(stats.get(key))
+    for key, v in (("mean", stats.mean), ("p99", stats.p99)):
         if v is not None and v > 0:
             fig.vline(v, cls="stat", label=key)
     for metric, limit in limits:
@@ -350,14 +349,9 @@ def _positive_range(values: Iterable[float | None]) -> tuple[float, float] | Non
     return (lo / 2, hi * 2) if lo < hi else (lo / 10, hi * 10)
 
 
-def _series(bp: Mapping[str, Any], key: str) -> list[Any]:
-    values = bp.get(key)
-    return list(values)[:MAX_POINTS] if isinstance(values, Sequence) and not isinstance(values, str) else []
-
-
-def _kl_by_position(bp: Mapping[str, Any]) -> str:
-    first, last = _series(bp, "first"), _series(bp, "last")
-    median, p90 = [real(v) for v in _series(bp, "median")], [real(v) for v in _series(bp, "p90")]
+def _kl_by_position(bp: PositionProfile) -> str:
+    first, last = bp.first[:MAX_POINTS], bp.last[:MAX_POINTS]
+    median, p90 = list(bp.median[:MAX_POINTS]), list(bp.p90[:MAX_POINTS])
     if not first or len(median) != len(first) or len(p90) != len(first):
         return _figure("kl-by-position", "Median and p90 of KL over prompts at each position.",
                        message(_NOT_RECORDED, label="KL by position"))
@@ -366,43 +360,45 @@ def _kl_by_position(bp: Mapping[str, Any]) -> str:
         return _figure("kl-by-position", "Median and p90 of KL over prompts at each position.",
                        message("KL is 0 at every position", label="KL by position"))
     ends = last if len(last) == len(first) else first
-    xs = [((integer(a) or 0) + (integer(b) or 0)) / 2 for a, b in zip(first, ends)]
+    xs = [((a or 0) + (b or 0)) / 2 for a, b in zip(first, ends, strict=True)]
     x_lo, x_hi = (xs[0] - 0.5, xs[-1] + 0.5)
     fig = Figure(x=(x_lo, x_hi), y=span, ylog=True, label="KL by position")
     fig.axes(xlabel="position in the sequence", ylabel="KL (log)")
-    fig.line(list(zip(xs, p90)), cls="line p90", tip="p90 over prompts")
-    fig.line(list(zip(xs, median)), cls="line median", tip="median over prompts")
+    fig.line(list(zip(xs, p90, strict=True)), cls="line p90", tip="p90 over prompts")
+    fig.line(list(zip(xs, median, strict=True)), cls="line median", tip="median over prompts")
     fig.legend([("line median", "median"), ("line p90", "p90")])
-    pooled = any(integer(a) != integer(b) for a, b in zip(first, ends))
+    pooled = any(a != b for a, b in zip(first, ends, strict=True))
     caption = ("Median and p90 of per-token KL over prompts at each position"
                + (" (neighbouring positions pooled into buckets)" if pooled else "")
                + "; a zero shows on the bottom edge.")
     return _figure("kl-by-position", caption, fig.svg())
 
 
-def _flips(stats: Mapping[str, Any], bp: Mapping[str, Any]) -> str:
-    flips, ties, near = (integer(stats.get(k)) for k in ("flips", "near_tie_flips", "near_ties"))
-    n = integer(stats.get("n_tokens"))
-    totals = (f"{flips if flips is not None else DASH} top-1 flips outside near ties · "
-              f"{ties if ties is not None else DASH} at near ties (of {near if near is not None else DASH} near ties: "
-              f"the reference's top-2 gap below the logits' resolution) · {n if n is not None else DASH} tokens · "
-              f"top-1 agreement {format_value('top1', stats.get('top1'))}, "
-              f"same top {format_value('same_top', stats.get('same_top'))}")
-    first, last = _series(bp, "first"), _series(bp, "last")
-    f_by = [integer(v) or 0 for v in _series(bp, "flips")]
-    t_by = [integer(v) or 0 for v in _series(bp, "near_tie_flips")]
+def _count(n: int | None) -> str:
+    return str(n) if n is not None else DASH
+
+
+def _flips(stats: Stats, bp: PositionProfile) -> str:
+    totals = (f"{_count(stats.flips)} top-1 flips outside near ties · "
+              f"{_count(stats.near_tie_flips)} at near ties (of {_count(stats.near_ties)} near ties: "
+              f"the reference's top-2 gap below the logits' resolution) · {_count(stats.n_tokens)} tokens · "
+              f"top-1 agreement {format_value('top1', stats.top1)}, "
+              f"same top {format_value('same_top', stats.same_top)}")
+    first, last = bp.first[:MAX_POINTS], bp.last[:MAX_POINTS]
+    f_by = [v or 0 for v in bp.flips[:MAX_POINTS]]
+    t_by = [v or 0 for v in bp.near_tie_flips[:MAX_POINTS]]
     if not first or len(f_by) != len(first) or len(t_by) != len(first):
         return _figure("top1-flips", esc(totals) + ".", message("flips by position " + _NOT_RECORDED,
                                                                 label="top-1 flips by position"))
     ends = last if len(last) == len(first) else first
-    top = max([a + b for a, b in zip(f_by, t_by)] + [1])
-    x_lo, x_hi = (integer(first[0]) or 0) - 0.5, (integer(ends[-1]) or 0) + 0.5
+    top = max([a + b for a, b in zip(f_by, t_by, strict=True)] + [1])
+    x_lo, x_hi = (first[0] or 0) - 0.5, (ends[-1] or 0) + 0.5
     fig = Figure(x=(x_lo, x_hi), y=(0, top * 1.15), label="top-1 flips by position", height=180)
     fig.axes(xlabel="position in the sequence", ylabel="tokens",
              yticks=[(v, f"{v:g}") for v in _int_ticks(top)])
     bars_f, bars_t = [], []
-    for a, b, f, t in zip(first, ends, f_by, t_by):
-        x0, x1 = (integer(a) or 0) - 0.4, (integer(b) or 0) + 0.4
+    for a, b, f, t in zip(first, ends, f_by, t_by, strict=True):
+        x0, x1 = (a or 0) - 0.4, (b or 0) + 0.4
         if f:
             bars_f.append((x0, x1, f, f"positions {a}–{b}: {f} flips"))
         if t:
@@ -420,15 +416,15 @@ def _int_ticks(top: int) -> list[int]:
     return list(range(0, top + 1, step))
 
 
-def _per_prompt(record: GateRecord, stats: Mapping[str, Any], prompts: Mapping[str, Any]) -> str:
-    index, means, cis = _series(prompts, "index"), [real(v) for v in _series(prompts, "mean")], _series(prompts, "ci")
-    ntok = _series(prompts, "n_tokens")
+def _per_prompt(record: Record, prompts: PromptMeans) -> str:
+    index, means, cis = prompts.index[:MAX_POINTS], list(prompts.mean[:MAX_POINTS]), prompts.ci[:MAX_POINTS]
+    ntok = prompts.n_tokens[:MAX_POINTS]
     if not index or len(means) != len(index):
         return _figure("kl-per-prompt", "Each prompt's mean KL with its interval.",
                        message(_NOT_RECORDED, label="per-prompt mean KL"))
-    ends = [(real(c[0]), real(c[1])) if isinstance(c, Sequence) and len(c) == 2 else (None, None)
-            for c in cis] + [(None, None)] * (len(index) - len(cis))
-    span = _positive_range(means + [e for pair in ends for e in pair] + [real(stats.get("mean"))]
+    ends = list(cis) + [Interval()] * (len(index) - len(cis))
+    mean = record.stats.mean
+    span = _positive_range(means + [e for pair in ends for e in pair] + [mean]
                            + [limit for _, limit in _limits(record, "mean")])
     if span is None:
         return _figure("kl-per-prompt", "Each prompt's mean KL with its interval.",
@@ -437,56 +433,53 @@ def _per_prompt(record: GateRecord, stats: Mapping[str, Any], prompts: Mapping[s
     fig = Figure(x=(-0.5, k - 0.5), y=span, ylog=True, label="per-prompt mean KL")
     every = max(1, math.ceil(k / 12))
     fig.axes(xlabel="prompt", ylabel="mean KL (log)", xticks=[(i, str(index[i])) for i in range(0, k, every)])
-    mean = real(stats.get("mean"))
     if mean is not None and mean > 0:
         fig.hline(mean, cls="stat", label="gate mean")
     for metric, limit in _limits(record, "mean"):
         if limit > 0:
             fig.hline(limit, cls="limit", label=f"{metric} limit")
     pts = []
-    for i, (p, m, (lo, hi)) in enumerate(zip(index, means, ends)):
+    for i, (p, m, (lo, hi)) in enumerate(zip(index, means, ends, strict=False)):
         tokens = f", {ntok[i]} tokens" if i < len(ntok) else ""
         pts.append((i, m, lo, hi, f"prompt {p}: mean KL {_sci(m)} [{_sci(lo)}, {_sci(hi) if hi is not None else '∞'}]"
                                   f"{tokens}"))
     fig.points(pts, unbounded=(False, True))
-    total = integer(prompts.get("total"))
+    total = prompts.total
     shown = f" The {k} prompts with the largest means, of {total}." if total is not None and total > k else ""
-    method = esc(prompts.get("method") or "")
+    method = esc(prompts.method or "")
     return _figure("kl-per-prompt", f"Each prompt's mean per-token KL; the bar is its 95% interval ({method}; "
                    f"dashed: unbounded, too few tokens).{esc(shown)}", fig.svg())
 
 
-def _token(record: GateRecord, token_id: Any) -> str:
-    text = as_map(record.get("tokens")).get(str(token_id))
-    return f"<code>{esc(text)}</code>" if isinstance(text, str) else f"<code>&lt;{esc(token_id)}&gt;</code>"
+def _token(record: Record, token_id: int | None) -> str:
+    text = record.token_text(token_id)
+    return f"<code>{esc(text)}</code>" if text is not None else f"<code>&lt;{esc(token_id)}&gt;</code>"
 
 
-def _worst_tokens(record: GateRecord, stats: Mapping[str, Any], contexts: Any) -> str:
-    worst = [as_map(w) for w in stats.get("worst") or [] if isinstance(w, Mapping)][:MAX_POINTS]
+def _worst_tokens(record: Record, contexts: Sequence[WorstContext]) -> str:
+    worst = record.stats.worst[:MAX_POINTS]
     if not worst:
         return '<p class="note">No worst tokens in this record.</p>'
-    by_place = {(integer(c.get("prompt")), integer(c.get("position"))): c for c in
-                (as_map(c) for c in (contexts if isinstance(contexts, Sequence) else []))}
+    by_place = {(c.prompt, c.position): c for c in contexts}
     rows = []
     for rank, w in enumerate(worst, 1):
-        ctx = by_place.get((integer(w.get("prompt")), integer(w.get("position"))))
+        ctx = by_place.get((w.prompt, w.position))
         if ctx is not None:
-            context = (f'<span class="ctx">{esc(_clip_left(str(ctx.get("before") or "")))}<mark>'
-                       f'{esc(ctx.get("token") or "")}</mark>{esc(_clip(str(ctx.get("after") or "")))}</span>')
+            context = (f'<span class="ctx">{esc(_clip_left(ctx.before or ""))}<mark>'
+                       f'{esc(ctx.token or "")}</mark>{esc(_clip(ctx.after or ""))}</span>')
         else:
             context = f'<span class="note">context {esc(_NOT_RECORDED)}</span>'
-        rows.append(f"<tr><td>{rank}</td><td>{esc(w.get('prompt'))}</td><td>{esc(w.get('position'))}</td>"
-                    f"<td>{_sci(w.get('kl'))}</td><td>{_token(record, w.get('token_id'))}</td>"
-                    f"<td>{_prob(w.get('p_ref'))} → {_prob(w.get('p_cand'))}</td>"
-                    f"<td>{_token(record, w.get('ref_top1'))} → {_token(record, w.get('cand_top1'))}</td>"
+        rows.append(f"<tr><td>{rank}</td><td>{esc(w.prompt)}</td><td>{esc(w.position)}</td>"
+                    f"<td>{_sci(w.kl)}</td><td>{_token(record, w.token_id)}</td>"
+                    f"<td>{_prob(w.p_ref)} → {_prob(w.p_cand)}</td>"
+                    f"<td>{_token(record, w.ref_top1)} → {_token(record, w.cand_top1)}</td>"
                     f"<td>{context}</td></tr>")
     return ('<table class="worst"><thead><tr><th>#</th><th>prompt</th><th>position</th><th>KL</th>'
             "<th>next token</th><th>p(next) ref → cand</th><th>top-1 ref → cand</th><th>context (the token marked)</th>"
             f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def _prob(x: Any) -> str:
-    v = real(x)
+def _prob(v: float | None) -> str:
     return DASH if v is None else f"{v:.3g}"
 
 
@@ -501,72 +494,59 @@ def _clip_left(text: str, n: int = _TEXT_CHARS) -> str:
 # -- capability ----------------------------------------------------------------------------------
 
 
-def _capability_sections(record: GateRecord) -> str:
-    tasks = {str(t): as_map(v) for t, v in as_map(record.get("tasks")).items()}
-    bounds = as_map(record.get("bounds"))
-    out = ["<h3>Capability per task</h3>", _capability_table(tasks), _capability_scores(tasks, bounds),
-           _capability_drop(tasks, bounds)]
-    skipped = as_map(record.get("skipped"))
-    if skipped:
-        out.append("<p class=\"note\">Skipped: " + "; ".join(f"{esc(t)} ({esc(why)})" for t, why in skipped.items())
-                   + "</p>")
+def _capability_sections(record: Record) -> str:
+    tasks = record.tasks
+    out = ["<h3>Capability per task</h3>", _capability_table(tasks), _capability_scores(tasks, record.bounds_floor),
+           _capability_drop(tasks, record.bounds_max_drop)]
+    if record.skipped:
+        out.append("<p class=\"note\">Skipped: " + "; ".join(f"{esc(t)} ({esc(why)})"
+                                                             for t, why in record.skipped.items()) + "</p>")
     out.append("<h3>Flipped items</h3>")
-    out.extend(_flipped(task, info) for task, info in tasks.items())
+    out.extend(_flipped(task) for task in tasks.values())
     return "\n".join(out)
 
 
-def _pair(value: Any) -> tuple[float | None, float | None]:
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        return real(value[0]), real(value[1])
-    return None, None
-
-
-def _pct_interval(value: Any, ci: Any) -> str:
-    lo, hi = _pair(ci)
+def _pct_interval(value: float | None, ci: Interval) -> str:
+    lo, hi = ci
     interval = f" [{percent(lo)}, {percent(hi)}]" if lo is not None and hi is not None else ""
-    return percent(real(value), missing=DASH) + interval
+    return percent(value, missing=DASH) + interval
 
 
-def _capability_table(tasks: Mapping[str, Mapping[str, Any]]) -> str:
+def _capability_table(tasks: Mapping[str, Task]) -> str:
     rows = []
     for task, t in tasks.items():
-        drop = as_map(t.get("drop_verdict"))
-        floor = as_map(t.get("floor_verdict"))
+        drop, floor = t.drop_check, t.floor_check
         drop_text = DASH
-        if drop:
-            drop_text = (f"{_points(drop.get('value'))} [{_points(drop.get('lower'))}, {_points(drop.get('upper'))}]"
-                         f" ≤ {_points(drop.get('limit'))}")
-        verdicts = " ".join(_verdict_badge(v.get("verdict")) for v in (drop, floor) if v) or DASH
-        rows.append(f"<tr><td>{esc(task)}</td><td>{esc(t.get('n', DASH))}</td>"
-                    f"<td>{_pct_interval(t.get('ref_score'), t.get('ref_ci'))}</td>"
-                    f"<td>{_pct_interval(t.get('cand_score'), t.get('cand_ci'))}</td><td>{drop_text}</td>"
-                    f"<td>{esc(drop.get('method') or floor.get('method') or DASH)}</td><td>{verdicts}</td></tr>")
+        if drop is not None:
+            drop_text = f"{_points(drop.value)} [{_points(drop.lower)}, {_points(drop.upper)}] ≤ {_points(drop.limit)}"
+        verdicts = " ".join(_verdict_badge(v.verdict) for v in (drop, floor) if v is not None) or DASH
+        rows.append(f"<tr><td>{esc(task)}</td><td>{esc(t.n if t.n is not None else DASH)}</td>"
+                    f"<td>{_pct_interval(t.ref_score, t.ref_ci)}</td>"
+                    f"<td>{_pct_interval(t.cand_score, t.cand_ci)}</td><td>{drop_text}</td>"
+                    f"<td>{esc(t.method or DASH)}</td><td>{verdicts}</td></tr>")
     return ('<table class="verdicts"><thead><tr><th>task</th><th>n</th><th>reference [95%]</th>'
             "<th>candidate [95%]</th><th>drop [bounds] vs limit</th><th>method</th><th>verdict</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def _points(x: Any) -> str:
-    v = real(x)
+def _points(v: float | None) -> str:
     return DASH if v is None else f"{100 * v:+.1f} pt"
 
 
-def _capability_scores(tasks: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Any]) -> str:
+def _capability_scores(tasks: Mapping[str, Task], floor: float | None) -> str:
     names = list(tasks)[:MAX_POINTS]
     if not names:
         return _figure("capability-scores", "Both arms' score per task.", message("no task ran", label="scores"))
     fig = Figure(x=(-0.5, len(names) - 0.5), y=(0, 1), label="capability scores per task")
     fig.axes(ylabel="score", xticks=[(i, n) for i, n in enumerate(names)],
              yticks=[(v / 4, f"{25 * v:g}%") for v in range(5)])
-    floor = real(bounds.get("floor"))
     if floor is not None:
         fig.hline(floor, cls="limit", label="floor")
     for arm, dx, cls in (("ref", -0.12, "point ref"), ("cand", 0.12, "point cand")):
         pts = []
         for i, task in enumerate(names):
             t = tasks[task]
-            lo, hi = _pair(t.get(f"{arm}_ci"))
-            score = real(t.get(f"{arm}_score"))
+            (lo, hi), score = (t.ref_ci, t.ref_score) if arm == "ref" else (t.cand_ci, t.cand_score)
             who = "reference" if arm == "ref" else "candidate"
             pts.append((i + dx, score, lo, hi, f"{task} {who}: {percent(score)} [{percent(lo)}, {percent(hi)}]"))
         fig.points(pts, cls=cls, unbounded=(False, False))
@@ -575,151 +555,119 @@ def _capability_scores(tasks: Mapping[str, Mapping[str, Any]], bounds: Mapping[s
                    "tasks, bootstrap for graded ones), over the very same items.", fig.svg())
 
 
-def _capability_drop(tasks: Mapping[str, Mapping[str, Any]], bounds: Mapping[str, Any]) -> str:
-    names = [t for t in list(tasks)[:MAX_POINTS] if as_map(tasks[t].get("drop_verdict"))]
-    if not names:
+def _capability_drop(tasks: Mapping[str, Task], limit: float | None) -> str:
+    drops = {name: t.drop_check for name, t in list(tasks.items())[:MAX_POINTS] if t.drop_check is not None}
+    if not drops:
         return _figure("capability-drop", "The paired drop per task.",
                        message("no drop limit asserted (max_drop=)", label="capability drop"))
-    drops = {t: as_map(tasks[t].get("drop_verdict")) for t in names}
-    limit = real(bounds.get("max_drop"))
-    values = [real(d.get(k)) for d in drops.values() for k in ("value", "lower", "upper")] + [0.0, limit]
+    values = [v for d in drops.values() for v in (d.value, d.lower, d.upper)] + [0.0, limit]
     known = [v for v in values if v is not None]
     lo, hi = min(known), max(known)
     pad = (hi - lo) * 0.1 or 0.05
-    fig = Figure(x=(-0.5, len(names) - 0.5), y=(lo - pad, hi + pad), label="capability drop per task")
-    fig.axes(ylabel="drop (ref − cand)", xticks=[(i, n) for i, n in enumerate(names)], yfmt=lambda v: f"{100 * v:g} pt")
+    fig = Figure(x=(-0.5, len(drops) - 0.5), y=(lo - pad, hi + pad), label="capability drop per task")
+    fig.axes(ylabel="drop (ref − cand)", xticks=[(i, n) for i, n in enumerate(drops)], yfmt=lambda v: f"{100 * v:g} pt")
     fig.hline(0.0, cls="stat")
     if limit is not None:
         fig.hline(limit, cls="limit", label="max_drop")
-    fig.points([(i, real(d.get("value")), real(d.get("lower")), real(d.get("upper")),
-                 f"{t}: drop {_points(d.get('value'))} [{_points(d.get('lower'))}, {_points(d.get('upper'))}], "
-                 f"{d.get('verdict')}") for i, (t, d) in enumerate(drops.items())],
-               cls="point cand", unbounded=(False, False))
+    fig.points([(i, d.value, d.lower, d.upper,
+                 f"{t}: drop {_points(d.value)} [{_points(d.lower)}, {_points(d.upper)}], {d.verdict}")
+                for i, (t, d) in enumerate(drops.items())], cls="point cand", unbounded=(False, False))
     return _figure("capability-drop", "The paired drop (reference score − candidate score) with the bounds its "
                    "verdict used, against the max_drop limit.", fig.svg())
 
 
-def _flipped(task: str, info: Mapping[str, Any]) -> str:
-    recorded = as_map(info.get("flipped"))
-    items: list[Mapping[str, Any]]
-    if recorded:
-        items = [as_map(i) for i in recorded.get("items") or []][:MAX_FLIPPED_SHOWN]
-        total = integer(recorded.get("total")) or len(items)
-    else:  # an older record: the flips from its items, without their prompts
-        pairs = [as_map(i) for i in info.get("items") or [] if isinstance(i, Mapping)]
-        changed = [i for i in pairs if real(as_map(i.get("reference")).get("score"))
-                   != real(as_map(i.get("candidate")).get("score"))]
-        changed.sort(key=lambda i: (real(as_map(i.get("candidate")).get("score")) or 0)
-                     - (real(as_map(i.get("reference")).get("score")) or 0))
-        items, total = changed[:MAX_FLIPPED_SHOWN], len(changed)
-        if not pairs:
-            return f"<p class=\"note\">{esc(task)}: flipped items {esc(_NOT_RECORDED)}</p>"
+def _flipped(task: Task) -> str:
+    if task.flipped is None:
+        return f"<p class=\"note\">{esc(task.name)}: flipped items {esc(_NOT_RECORDED)}</p>"
+    items = task.flipped.items[:MAX_FLIPPED_SHOWN]
+    total = task.flipped.total or len(items)
     if not total:
-        return f"<p class=\"note\">{esc(task)}: no item changed its score between the arms.</p>"
-    losses = sum(1 for i in items if (real(as_map(i.get("candidate")).get("score")) or 0)
-                 < (real(as_map(i.get("reference")).get("score")) or 0))
+        return f"<p class=\"note\">{esc(task.name)}: no item changed its score between the arms.</p>"
+    losses = sum(1 for i in items if (i.candidate.score or 0) < (i.reference.score or 0))
     shown = f", the first {len(items)} shown" if len(items) < total else ""
     entries = []
     for i in items:
-        ref, cand = as_map(i.get("reference")), as_map(i.get("candidate"))
-        prompt = i.get("prompt")
-        prompt_html = (f'<pre class="prompt">{esc(_clip_left(str(prompt)))}</pre>' if isinstance(prompt, str)
+        ref, cand = i.reference, i.candidate
+        prompt_html = (f'<pre class="prompt">{esc(_clip_left(i.prompt))}</pre>' if i.prompt is not None
                        else f'<p class="note">prompt {esc(_NOT_RECORDED)}</p>')
         entries.append(
-            f'<div class="item"><p><code>{esc(i.get("id"))}</code>: reference {esc(ref.get("verdict"))} '
-            f'({esc(ref.get("score"))}) → candidate {esc(cand.get("verdict"))} ({esc(cand.get("score"))})</p>'
-            f'{prompt_html}<div class="outs"><div><h4>reference</h4><pre>{esc(_clip(str(ref.get("output") or "")))}'
-            f'</pre></div><div><h4>candidate</h4><pre>{esc(_clip(str(cand.get("output") or "")))}</pre></div></div>'
+            f'<div class="item"><p><code>{esc(i.id)}</code>: reference {esc(ref.verdict)} '
+            f'({esc(ref.score)}) → candidate {esc(cand.verdict)} ({esc(cand.score)})</p>'
+            f'{prompt_html}<div class="outs"><div><h4>reference</h4><pre>{esc(_clip(ref.output or ""))}'
+            f'</pre></div><div><h4>candidate</h4><pre>{esc(_clip(cand.output or ""))}</pre></div></div>'
             "</div>")
-    return (f"<details open><summary>{esc(task)}: {total} item{'s' if total != 1 else ''} flipped ({losses} of those "
-            f"shown lost by the candidate{shown})</summary>{''.join(entries)}</details>")
+    return (f"<details open><summary>{esc(task.name)}: {total} item{'s' if total != 1 else ''} flipped ({losses} of "
+            f"those shown lost by the candidate{shown})</summary>{''.join(entries)}</details>")
 
 
 # -- speed and memory ----------------------------------------------------------------------------
 
 
-def _context_order(contexts: Mapping[str, Any]) -> list[str]:
-    """A speed record's contexts (JSON keys: the length as text), shortest first."""
-    return sorted((c for c in contexts if str(c).isdigit()), key=int)[:MAX_POINTS]
-
-
-def _speed_sections(record: GateRecord, speed: Mapping[str, Any]) -> str:
-    contexts = as_map(speed.get("contexts"))
-    ordered = _context_order(contexts)
-    out = ["<h3>Speed and memory</h3>", _speed_table(contexts, ordered, speed),
-           _speed_ratios(record, contexts, ordered), _memory(contexts, ordered)]
+def _speed_sections(record: Record, speed: Speed) -> str:
+    contexts = speed.contexts[:MAX_POINTS]
+    out = ["<h3>Speed and memory</h3>", _speed_table(contexts, speed), _speed_ratios(record, contexts),
+           _memory(contexts)]
     return "\n".join(out)
 
 
-def _ratio_text(est: Any) -> str:
-    e = as_map(est)
-    ratio = real(e.get("ratio"))
-    if ratio is None:
+def _ratio_text(est: Ratio | None) -> str:
+    if est is None or est.ratio is None:
         return DASH
-    lo, hi = _pair(e.get("ratio_ci"))
-    return f"×{ratio:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+    lo, hi = est.ci
+    return f"×{est.ratio:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
 
 
-def _tps(x: Any) -> str:
-    v = real(x)
+def _tps(v: float | None) -> str:
     return DASH if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
-def _bytes(x: Any) -> str:
-    v = real(x)
+def _bytes(v: float | None) -> str:
     return DASH if v is None else format_bytes(v)
 
 
-def _speed_table(contexts: Mapping[str, Any], ordered: Sequence[str], speed: Mapping[str, Any]) -> str:
+def _speed_table(contexts: Sequence[SpeedContext], speed: Speed) -> str:
     rows = []
-    for c in ordered:
-        ctx = as_map(contexts[c])
-        ref, cand = as_map(ctx.get("reference")), as_map(ctx.get("candidate"))
-        rows.append(f"<tr><td>{esc(c)}</td><td>{_tps(ref.get('prefill_tps'))} → {_tps(cand.get('prefill_tps'))}</td>"
-                    f"<td>{_ratio_text(ctx.get('prefill'))}</td>"
-                    f"<td>{_tps(ref.get('decode_tps'))} → {_tps(cand.get('decode_tps'))}</td>"
-                    f"<td>{_ratio_text(ctx.get('decode'))}</td>"
-                    f"<td>{_bytes(ref.get('peak_bytes'))} → {_bytes(cand.get('peak_bytes'))}</td>"
-                    f"<td>{_ratio_text(ctx.get('peak'))}</td>"
-                    f"<td>{_bytes(ref.get('kv_bytes'))} → {_bytes(cand.get('kv_bytes'))}</td></tr>")
-    shape = as_map(speed.get("shape"))
-    weights = as_map(speed.get("weights_bytes"))
+    for ctx in contexts:
+        ref, cand = ctx.reference, ctx.candidate
+        rows.append(f"<tr><td>{ctx.length}</td><td>{_tps(ref.prefill_tps)} → {_tps(cand.prefill_tps)}</td>"
+                    f"<td>{_ratio_text(ctx.prefill)}</td>"
+                    f"<td>{_tps(ref.decode_tps)} → {_tps(cand.decode_tps)}</td>"
+                    f"<td>{_ratio_text(ctx.decode)}</td>"
+                    f"<td>{_bytes(ref.peak_bytes)} → {_bytes(cand.peak_bytes)}</td>"
+                    f"<td>{_ratio_text(ctx.peak)}</td>"
+                    f"<td>{_bytes(ref.kv_bytes)} → {_bytes(cand.kv_bytes)}</td></tr>")
     notes = []
-    if integer(shape.get("repetitions")) is not None:
-        notes.append(f"{shape['repetitions']} ABBA pairs per context, {esc(shape.get('decode'))} tokens decoded")
-    if speed.get("memory_method"):
-        notes.append(f"peak memory: {esc(speed['memory_method'])}")
-    if weights.get("reference") is not None and weights.get("reference") != weights.get("candidate"):
-        notes.append(f"weights {_bytes(weights.get('reference'))} → {_bytes(weights.get('candidate'))}")
-    if real(speed.get("duration_s")) is not None:
-        notes.append(f"measured in {format_duration(float(speed['duration_s']))}")
+    if speed.repetitions is not None:
+        notes.append(f"{speed.repetitions} ABBA pairs per context, {esc(speed.decode_tokens)} tokens decoded")
+    if speed.memory_method:
+        notes.append(f"peak memory: {esc(speed.memory_method)}")
+    if speed.weights_reference is not None and speed.weights_reference != speed.weights_candidate:
+        notes.append(f"weights {_bytes(speed.weights_reference)} → {_bytes(speed.weights_candidate)}")
+    if speed.duration_s is not None:
+        notes.append(f"measured in {format_duration(speed.duration_s)}")
     return ('<table class="verdicts"><thead><tr><th>context</th><th>prefill tok/s ref → cand</th><th>ratio [95%]</th>'
             "<th>decode tok/s ref → cand</th><th>ratio [95%]</th><th>peak growth ref → cand</th><th>ratio [95%]</th>"
             f"<th>KV cache ref → cand</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
             + (f'<p class="note">{" · ".join(notes)}</p>' if notes else ""))
 
 
-def _speed_ratios(record: GateRecord, contexts: Mapping[str, Any], ordered: Sequence[str]) -> str:
-    entries = []  # (label, estimate, goal key)
-    for c in ordered:
-        ctx = as_map(contexts[c])
-        for key, goal in (("prefill", "speed.prefill"), ("decode", "speed.decode"), ("peak", "speed.memory"),
-                          ("kv", "speed.kv")):
-            est = as_map(ctx.get(key))
-            if real(est.get("ratio")) is not None:
-                entries.append((f"{key} @{c}", est, goal, c))
+def _speed_ratios(record: Record, contexts: Sequence[SpeedContext]) -> str:
+    entries: list[tuple[str, Ratio, str, int]] = []  # (label, estimate, goal key, context)
+    for ctx in contexts:
+        for key, goal, est in (("prefill", "speed.prefill", ctx.prefill), ("decode", "speed.decode", ctx.decode),
+                               ("peak", "speed.memory", ctx.peak), ("kv", "speed.kv", ctx.kv)):
+            if est is not None and est.ratio is not None:
+                entries.append((f"{key} @{ctx.length}", est, goal, ctx.length))
     if not entries:
         return _figure("speed-ratios", "Candidate / reference ratios.", message("no ratio measured", label="speed"))
     values = [1.0]
     for _, est, _, _ in entries:
-        values += [v for v in (real(est.get("ratio")), *_pair(est.get("ratio_ci"))) if v is not None and v > 0]
-    limits: dict[tuple[str, str], float] = {}
-    for check in record.get("checks") or []:
-        asserted = as_map(check)
-        limit = real(asserted.get("limit"))
-        if limit is not None and limit > 0 and str(asserted.get("key", "")).startswith("speed."):
-            limits[(str(asserted.get("key")), str(asserted.get("context")))] = limit
-            values.append(limit)
+        values += [v for v in (est.ratio, *est.ci) if v is not None and v > 0]
+    limits: dict[tuple[str, int | None], float] = {}
+    for check in record.checks:
+        if check.limit is not None and check.limit > 0 and (check.key or "").startswith("speed."):
+            limits[(str(check.key), check.context)] = check.limit
+            values.append(check.limit)
     lo, hi = min(values) / 1.15, max(values) * 1.15
     fig = Figure(x=(-0.5, len(entries) - 0.5), y=(lo, hi), ylog=True, label="speed and memory ratios",
                  width=min(1040, max(640, 90 * len(entries) + 70)), margin=(56, 12, 14, 48))
@@ -729,10 +677,10 @@ def _speed_ratios(record: GateRecord, contexts: Mapping[str, Any], ordered: Sequ
     fig.hline(1.0, cls="stat", label="×1 (same)")
     pts = []
     for i, (label, est, goal, c) in enumerate(entries):
-        lo_ci, hi_ci = _pair(est.get("ratio_ci"))
-        pairs = f", {est.get('n')} pairs" if est.get("n") is not None else " (bytes counted: exact)"
-        pts.append((i, real(est.get("ratio")), lo_ci, hi_ci, f"{label}: {_ratio_text(est)}{pairs}"))
-        limit = limits.get((goal, str(c)))
+        lo_ci, hi_ci = est.ci
+        pairs = f", {est.n} pairs" if est.n is not None else " (bytes counted: exact)"
+        pts.append((i, est.ratio, lo_ci, hi_ci, f"{label}: {_ratio_text(est)}{pairs}"))
+        limit = limits.get((goal, c))
         if limit is not None:
             fig.points([(i, limit, None, None, f"{label} limit ×{limit:g}")], cls="limit-mark", r=4,
                        unbounded=(False, False))
@@ -743,16 +691,16 @@ def _speed_ratios(record: GateRecord, contexts: Mapping[str, Any], ordered: Sequ
                    "an asserted limit.", fig.svg())
 
 
-def _memory(contexts: Mapping[str, Any], ordered: Sequence[str]) -> str:
+def _memory(contexts: Sequence[SpeedContext]) -> str:
     """KV cache bytes and peak growth per arm: a panel each (their sizes differ by orders of magnitude)."""
     panels = []
-    for key, title in (("kv_bytes", "KV cache"), ("peak_bytes", "peak memory growth")):
+    for title, kv in (("KV cache", True), ("peak memory growth", False)):
         groups = []
-        for c in ordered:
-            ctx = as_map(contexts[c])
-            r, k = real(as_map(ctx.get("reference")).get(key)), real(as_map(ctx.get("candidate")).get(key))
+        for ctx in contexts:
+            r, k = ((ctx.reference.kv_bytes, ctx.candidate.kv_bytes) if kv
+                    else (ctx.reference.peak_bytes, ctx.candidate.peak_bytes))
             if r is not None or k is not None:
-                groups.append((f"@{c}", r, k))
+                groups.append((f"@{ctx.length}", None if r is None else float(r), None if k is None else float(k)))
         if groups:
             panels.append(_memory_panel(title, groups))
     if not panels:
@@ -778,35 +726,32 @@ def _memory_panel(title: str, groups: Sequence[tuple[str, float | None, float | 
 # -- history -------------------------------------------------------------------------------------
 
 
-def _history_values(record: GateRecord, row: Mapping[str, Any]) -> list[tuple[str, float | None, bool]]:
+def _history_values(record: Record, row: StoredRow) -> list[tuple[str, float | None, bool]]:
     """(series, value, log scale) of one stored row: what the gate's sparkline follows."""
-    mode = record.get("mode")
-    if mode in ("gate", "aa"):
-        return [("mean KL", real(row.get("mean_kl")), True)]
-    if mode == "speed":
-        return [("decode ×", real(row.get("decode_ratio")), False)]
-    if mode == "capability":
-        try:
-            stored = json.loads(str(row.get("record_json") or "{}"))
-        except ValueError:
-            stored = {}
-        tasks = as_map(as_map(stored).get("tasks"))
-        return [(f"{t} candidate score", real(as_map(tasks.get(t)).get("cand_score")), False)
-                for t in as_map(record.get("tasks"))]
+    if record.mode in ("gate", "aa"):
+        return [("mean KL", row.mean_kl, True)]
+    if record.mode == "speed":
+        return [("decode ×", row.decode_ratio, False)]
+    if record.mode == "capability":
+        stored = row.record.tasks if row.record is not None else {}
+        return [(f"{t} candidate score", stored[t].cand_score if t in stored else None, False) for t in record.tasks]
     return []
 
 
-def _history_section(record: GateRecord, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
-                     run: Mapping[str, Any]) -> str:
+def _history_section(record: Record, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+                     run: RunFacts) -> str:
     head = "<h3>History</h3>"
     if history is None:
         return head + _figure("history", "This gate over commits.", message(
             "no history: the results DB is off (--mlx-db off)", label="history"))
-    rows = [as_map(r) for r in history.get(nodeid_of(record), [])][-HISTORY_RUNS:]
-    current = {"run_id": run.get("run_id"), "time": record.get("time"), "verdict": record.get("verdict"),
-               "code_commit": run.get("code_commit"), "code_dirty": run.get("code_dirty"),
-               **_current_row(record)}
-    if not any(r.get("run_id") == run.get("run_id") for r in rows) or not run.get("run_id"):
+    rows = [parse_row(r if isinstance(r, Mapping) else {})
+            for r in (history[record.nodeid] if record.nodeid in history else [])][-HISTORY_RUNS:]
+    longest = record.speed.longest if record.speed is not None else None
+    current = StoredRow(run_id=run.run_id, time=record.time, verdict=record.verdict, code_commit=run.code_commit,
+                        code_dirty=run.code_dirty, mean_kl=record.stats.mean,
+                        decode_ratio=longest.decode.ratio if longest is not None and longest.decode else None,
+                        record=record)
+    if not any(r.run_id == run.run_id for r in rows) or not run.run_id:
         rows = (rows + [current])[-HISTORY_RUNS:]
     if len(rows) < 2:
         return head + _figure("history", "This gate over commits.", message(
@@ -819,15 +764,15 @@ def _history_section(record: GateRecord, history: Mapping[str, Sequence[Mapping[
             log = log and is_log
     tips, classes = [], []
     for r in rows:
-        commit = str(r.get("code_commit") or "no commit")[:10] + (" (dirty)" if r.get("code_dirty") else "")
-        this = " · this run" if r.get("run_id") == run.get("run_id") and run.get("run_id") else ""
-        tips.append(f"{commit} · {r.get('time') or DASH} · {r.get('verdict') or DASH}{this}")
-        classes.append(f"v-{r.get('verdict') or 'none'}")
+        commit = (r.code_commit or "no commit")[:10] + (" (dirty)" if r.code_dirty else "")
+        this = " · this run" if r.run_id == run.run_id and run.run_id else ""
+        tips.append(f"{commit} · {r.time or DASH} · {r.verdict or DASH}{this}")
+        classes.append(f"v-{r.verdict or 'none'}")
     parts = []
-    limits = dict(_limits(record, "mean")) if record.get("mode") in ("gate", "aa") else {}
+    limits = dict(_limits(record, "mean")) if record.mode in ("gate", "aa") else {}
     for name, values in list(series.items())[:8]:
         reference = next(iter(limits.values()), None) if name == "mean KL" else None
-        tip_values = [f"{t} · {name} {_history_value(v, log)}" for t, v in zip(tips, values)]
+        tip_values = [f"{t} · {name} {_history_value(v, log)}" for t, v in zip(tips, values, strict=False)]
         parts.append(f'<div class="spark-row"><span class="spark-name">{esc(name)}</span>'
                      + sparkline(values, tips=tip_values, classes=classes, log=log, label=f"{name} over runs",
                                  reference=reference)
@@ -836,26 +781,14 @@ def _history_section(record: GateRecord, history: Mapping[str, Sequence[Mapping[
         return head + _figure("history", "This gate over commits.", message("no figure to follow", label="history"))
     first, last = rows[0], rows[-1]
     caption = (f"The last {len(rows)} runs of this gate in the results DB, oldest first: "
-               f"{esc(str(first.get('code_commit') or DASH)[:10])} ({esc(first.get('time') or DASH)}) → "
-               f"{esc(str(last.get('code_commit') or DASH)[:10])} ({esc(last.get('time') or DASH)}); a dot's colour "
+               f"{esc((first.code_commit or DASH)[:10])} ({esc(first.time or DASH)}) → "
+               f"{esc((last.code_commit or DASH)[:10])} ({esc(last.time or DASH)}); a dot's colour "
                "is that run's verdict, the last (largest) is the latest; dashed: the limit.")
     return head + _figure("history", caption, "".join(parts))
 
 
 def _history_value(v: float | None, log: bool) -> str:
     return DASH if v is None else f"{v:.2e}" if log and v < 0.01 else f"{v:.3g}"
-
-
-def _current_row(record: GateRecord) -> dict[str, Any]:
-    """The columns a sparkline reads, from this run's record (when the DB rows do not hold it yet)."""
-    stats = as_map(record.get("stats"))
-    row: dict[str, Any] = {"mean_kl": real(stats.get("mean")), "record_json": json.dumps(
-        {"tasks": {t: {"cand_score": as_map(v).get("cand_score")} for t, v in as_map(record.get("tasks")).items()}})}
-    contexts = as_map(as_map(record.get("speed")).get("contexts"))
-    measured = _context_order(contexts)
-    if measured:
-        row["decode_ratio"] = real(as_map(as_map(contexts[measured[-1]]).get("decode")).get("ratio"))
-    return row
 
 
 # -- style ---------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
-from .fields import as_map, dumps, nodeid_of
+from .fields import dumps
+from .model import calibration_module, parse_record, run_facts
 
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
@@ -31,20 +32,19 @@ def write_json_report(path: Path, run: RunInfo, records: Sequence[GateRecord],
     from .verdicts import run_verdict
 
     path = Path(path)
-    interrupted = as_map(run.config.get("interrupted"))
-    gates = sorted(records, key=nodeid_of)
+    interrupted = run_facts(run).interrupted
+    read = sorted(((parse_record(r), r) for r in records), key=lambda pair: pair[0].nodeid)
     doc: dict[str, Any] = {
         "mlxgate_report": REPORT_VERSION,
-        "verdict": run_verdict((g.get("verdict") for g in gates if g.get("mode") != "score"),
-                               interrupted=bool(interrupted)),
-        "interrupted": bool(interrupted),
+        "verdict": run_verdict((r.verdict for r, _ in read if r.mode != "score"), interrupted=interrupted is not None),
+        "interrupted": interrupted is not None,
         "run": run.to_dict(),
-        "gates": gates,
+        "gates": [record for _, record in read],  # as written
     }
-    if interrupted:
-        doc["not_run"] = list(interrupted.get("not_run") or [])
+    if interrupted is not None:
+        doc["not_run"] = list(interrupted.not_run)
     if calibrations:
-        doc["calibrations"] = sorted(calibrations, key=lambda c: str(c.get("module")))
+        doc["calibrations"] = sorted(calibrations, key=calibration_module)
     data = (dumps(doc, indent=2) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, data, new_mode=0o644)  # a report is for everyone, not mkstemp's 0600

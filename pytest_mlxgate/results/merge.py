@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fields import as_map, nodeid_of
+from .model import RunFacts, Shard, nodeid_of, parse_record, report_contents, run_facts
 from .records import GateRecord, RunInfo, error_record
+from .score import SCORE_NODEID
 from .verdicts import RECORD_VERDICTS, verdict_rank
 
 __all__ = ["MergeError", "Merged", "Report", "merge_reports", "read_report", "verdict_rank", "worst"]
-
-_SCORE_NODEID = "mlxgate::capability_score"
 
 
 class MergeError(Exception):
@@ -40,8 +39,12 @@ class Report:
     calibrations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def shard(self) -> Mapping[str, Any]:
-        return as_map(self.run.config.get("shard"))
+    def facts(self) -> RunFacts:
+        return run_facts(self.run)
+
+    @property
+    def shard(self) -> Shard | None:
+        return self.facts.shard
 
 
 def read_report(path: Path) -> Report:
@@ -60,24 +63,20 @@ def read_report(path: Path) -> Report:
     if doc["mlxgate_report"] != REPORT_VERSION:
         raise MergeError(f"{path} is an mlxgate report of version {doc['mlxgate_report']}, this mlxgate reads "
                          f"version {REPORT_VERSION}: run the same pytest-mlxgate that wrote it")
-    run = as_map(doc.get("run"))
     try:
-        info = RunInfo(run_id=str(run["run_id"]), started=str(run["started"]), code_commit=run.get("code_commit"),
-                       code_dirty=run.get("code_dirty"), argv=list(run.get("argv") or []),
-                       config=dict(as_map(run.get("config"))), machine=dict(as_map(run.get("machine"))))
+        info, gates, calibrations = report_contents(doc)
     except KeyError as e:
         raise MergeError(f"{path}: its run lacks {e}; is it cut short?") from None
-    gates = [g for g in doc.get("gates") or [] if isinstance(g, dict)]
-    calibrations = [c for c in doc.get("calibrations") or [] if isinstance(c, dict)]
-    return Report(str(path), info, gates, calibrations)  # type: ignore[arg-type]  # records as written
+    return Report(str(path), info, gates, calibrations)
 
 
 def worst(records: Sequence[GateRecord]) -> GateRecord:
     """The record with the worst verdict; the first of equals."""
-    best = records[0]
+    best, best_rank = records[0], verdict_rank(parse_record(records[0]).verdict)
     for record in records[1:]:
-        if verdict_rank(record.get("verdict")) > verdict_rank(best.get("verdict")):
-            best = record
+        rank = verdict_rank(parse_record(record).verdict)
+        if rank > best_rank:
+            best, best_rank = record, rank
     return best
 
 
@@ -106,7 +105,7 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
     by_nodeid: dict[str, list[tuple[GateRecord, str]]] = {}
     for report in reports:
         for record in report.gates:
-            if nodeid_of(record) != _SCORE_NODEID:  # a shard's score covers its own tasks only: made again
+            if nodeid_of(record) != SCORE_NODEID:  # a shard's score covers its own tasks only: made again
                 by_nodeid.setdefault(nodeid_of(record), []).append((record, report.path))
         for module in _missing_modules(report):
             where = f"shard {_shard_name(report)} ({report.path})"
@@ -121,8 +120,8 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
         kept = worst([record for record, _ in found])
         records.append(kept)
         if len(found) > 1:
-            where = ", ".join(f"{record.get('verdict')} in {path}" for record, path in found)
-            notes.append(f"{nodeid} is in {len(found)} reports ({where}): kept the worst, {kept.get('verdict')}")
+            where = ", ".join(f"{parse_record(record).verdict} in {path}" for record, path in found)
+            notes.append(f"{nodeid} is in {len(found)} reports ({where}): kept the worst, {parse_record(kept).verdict}")
     score = _score(records)
     if score is not None:
         records.append(score)
@@ -131,17 +130,17 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
 
 
 def _shard_name(report: Report) -> str:
-    return f"{report.shard.get('index')}/{report.shard.get('count')}" if report.shard else "(unsharded)"
+    return report.shard.name if report.shard else "(unsharded)"
 
 
 def _missing_modules(report: Report) -> list[str]:
     """The modules the shard's plan lists with no record in its report, nor said to have run without one."""
-    planned = report.shard.get("modules")
-    if not isinstance(planned, list):
+    planned = report.shard.modules if report.shard else None
+    if planned is None:
         return []  # no plan of modules: nothing to check against
     recorded = {nodeid_of(r).split("::", 1)[0] for r in report.gates}  # each record's module, as the plan names it
-    without = as_map(report.run.config.get("without_records"))
-    return [str(m) for m in planned if str(m) not in recorded and str(m) not in without]
+    without = report.facts.without_records
+    return [m for m in planned if m not in recorded and m not in without]
 
 
 def _problems(reports: Sequence[Report]) -> list[str]:
@@ -150,19 +149,17 @@ def _problems(reports: Sequence[Report]) -> list[str]:
     out: list[str] = []
     for report in reports:
         where = f"{report.path}" + (f" (shard {_shard_name(report)})" if report.shard else "")
-        interrupted = as_map(report.run.config.get("interrupted"))
-        if interrupted:
-            not_run = [str(m) for m in interrupted.get("not_run") or []]
-            out.append(f"{where} was interrupted ({interrupted.get('reason') or 'interrupted'})"
-                       + (f"; did not run: {', '.join(not_run)}" if not_run else ""))
+        interrupted = report.facts.interrupted
+        if interrupted is not None:
+            out.append(f"{where} was interrupted ({interrupted.reason or 'interrupted'})"
+                       + (f"; did not run: {', '.join(interrupted.not_run)}" if interrupted.not_run else ""))
         missing = _missing_modules(report)
         if missing:
             empty = " (its report has no gates at all)" if not report.gates else ""
             out.append(f"{where}: planned module(s) without a record{empty}: {', '.join(missing)}")
-        for record in report.gates:
-            verdict = record.get("verdict")
-            if verdict not in RECORD_VERDICTS:
-                out.append(f"{where}: {nodeid_of(record)} has verdict {verdict!r}, not one mlxgate writes "
+        for record in (parse_record(r) for r in report.gates):
+            if record.verdict not in RECORD_VERDICTS:
+                out.append(f"{where}: {record.nodeid} has verdict {record.verdict!r}, not one mlxgate writes "
                            f"({', '.join(RECORD_VERDICTS)}): no pass")
     return out
 
@@ -171,15 +168,15 @@ def _check_shards(reports: Sequence[Report]) -> None:
     shards = [(r, r.shard) for r in reports if r.shard]
     if not shards:
         return
-    counts = {s.get("count") for _, s in shards}
-    plans = {s.get("plan") for _, s in shards}
-    named = "; ".join(f"{r.path} is shard {s.get('index')}/{s.get('count')} (plan {s.get('plan')})" for r, s in shards)
+    counts = {s.count for _, s in shards}
+    plans = {s.plan for _, s in shards}
+    named = "; ".join(f"{r.path} is shard {s.name} (plan {s.plan})" for r, s in shards)
     if len(counts) > 1:
         raise MergeError(f"the shards were cut in different numbers of pieces: {named}")
     if len(plans) > 1:
         raise MergeError(f"the shards were planned from different histories, so they need not cover every module "
                          f"exactly once: {named}. Give every shard the same --mlx-db file (or none) and re-run")
-    indices = [s.get("index") for _, s in shards]
+    indices = [s.index for _, s in shards]
     (count,) = counts
     repeated = sorted({i for i in indices if indices.count(i) > 1}, key=str)
     if repeated:
@@ -194,11 +191,12 @@ def _score(records: Sequence[GateRecord]) -> GateRecord | None:
     from ..capability.base import TASK_NAMES  # standard library only: the controller imports it too
     from .score import score_record
 
-    capability = sorted((r for r in records if r.get("mode") == "capability"),
-                        key=lambda r: (str(r.get("time") or ""), nodeid_of(r)))
-    score = score_record(capability, TASK_NAMES)
+    read = [(r, parse_record(r)) for r in records]
+    capability = sorted(((r, m) for r, m in read if m.mode == "capability"),
+                        key=lambda rm: (rm[1].time or "", rm[1].nodeid))
+    score = score_record([r for r, _ in capability], TASK_NAMES)
     if score is not None and capability:
-        score["time"] = max(str(r.get("time") or "") for r in capability)  # the merge, made again, is the same
+        score["time"] = max(m.time or "" for _, m in capability)  # the merge, made again, is the same
     return score
 
 
@@ -209,19 +207,18 @@ def _merged_run(reports: Sequence[Report]) -> RunInfo:
     dirty = [r.run.code_dirty for r in reports]
     code_dirty = True if True in dirty else None if None in dirty else False
     config = {k: v for k, v in first.config.items() if k not in ("shard", "interrupted", "without_records")}
-    stopped = [(r, as_map(r.run.config.get("interrupted"))) for r in reports if r.run.config.get("interrupted")]
+    stopped = [(r, i) for r in reports if (i := r.facts.interrupted) is not None]
     if stopped:  # the merged run did not run everything either
         config["interrupted"] = {
-            "reason": "; ".join(f"{r.path}: {i.get('reason') or 'interrupted'}" for r, i in stopped),
-            "not_run": sorted({str(m) for _, i in stopped for m in i.get("not_run") or []})}
-    if isinstance(config.get("gate"), dict):
+            "reason": "; ".join(f"{r.path}: {i.reason or 'interrupted'}" for r, i in stopped),
+            "not_run": sorted({m for _, i in stopped for m in i.not_run})}
+    if "gate" in config and isinstance(config["gate"], dict):
         config["gate"] = {**config["gate"], "shard": None, "report": None}
     config["merged"] = [{"run_id": r.run.run_id, "started": r.run.started, "report": r.path,
-                         "shard": f"{r.shard['index']}/{r.shard['count']}" if r.shard else None,
-                         "argv": list(r.run.argv)} for r in reports]
+                         "shard": r.shard.name if r.shard else None, "argv": list(r.run.argv)} for r in reports]
     machine: dict[str, str] = {}
     for key in first.machine:
-        values = list(dict.fromkeys(str(r.run.machine.get(key)) for r in reports if r.run.machine.get(key)))
+        values = list(dict.fromkeys(str(r.run.machine[key]) for r in reports if r.run.machine.get(key)))
         machine[key] = " | ".join(values)
     return RunInfo(run_id=run_id, started=min(r.run.started for r in reports), code_commit=first.code_commit,
                    code_dirty=code_dirty, argv=_without_shard(first.argv), config=config, machine=machine)

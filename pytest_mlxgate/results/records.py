@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Required, TypedDict
 
-from .fields import dumps
+from .fields import dumps, real
+from .verdicts import VERDICTS
 
 __all__ = [
     "Check",
@@ -26,6 +27,7 @@ __all__ = [
     "ERROR_CHARS",
     "ERROR_LINES",
     "RECORD_PROPERTY",
+    "RECORD_VERSION",
     "Mode",
     "RunInfo",
     "calibrations_in",
@@ -33,6 +35,8 @@ __all__ = [
     "error_record",
     "gate_name",
     "gate_record",
+    "migrate_check",
+    "migrate_record",
     "records_in",
     "utc_now",
 ]
@@ -55,40 +59,47 @@ class ModelRef(TypedDict):
 
 
 class Check(TypedDict, total=False):
-    """One limit of an assertion: the value, the confidence bound compared, the limit, the verdict."""
+    """One limit of an assertion. `lower` and `upper` are the two ends of the confidence interval of
+    `value`, in the metric's own units, the same meaning whatever the direction (None: no such end).
+    "max": must stay at or below `limit` (pass iff upper <= limit, fail iff lower > limit); "min": at or
+    above it (pass iff lower >= limit, fail iff upper < limit); otherwise inconclusive. A reader's
+    "passed" is verdict == "pass". Records before `record_version` 2 carried `bound`, `other_bound` and
+    `passed` instead: `migrate_check` reads them."""
 
     metric: Required[str]
     key: Required[str]
-    value: Any
-    bound: Any  # the bound on the passing side: compared with the limit for a pass
-    lower: Any  # a drop's lower bound (a regression is shown when it is above the limit)
-    upper: Any  # a score's upper bound (shown under a floor when below it)
-    other_bound: Any  # KL: the interval's far end
-    limit: Any
-    direction: str  # "max": must stay at or below the limit; "min": at or above
-    verdict: str  # "pass" | "fail" | "inconclusive" (results.verdicts)
-    n: int  # items or prompts the verdict rests on
-    n_needed: int | None  # inconclusive: about how many would tell
-    method: str
+    value: Required[float | None]
+    lower: Required[float | None]
+    upper: Required[float | None]
+    limit: Required[float]
+    direction: Required[Literal["max", "min"]]
+    verdict: Required[Literal["pass", "fail", "inconclusive"]]
+    n: Required[int]  # items or prompts the verdict rests on
+    n_needed: Required[int | None]  # inconclusive: about how many would tell
+    method: Required[str]
     p_value: float | None
-    passed: Required[bool]  # verdict == "pass"
+    context: int  # a speed or memory check: the context (tokens) it holds at
 
 
 class GateRecord(TypedDict, total=False):
-    """What one gate measured and decided. KL gates fill `stats`/`aa`/`tokens`; capability gates
-    `tasks`/`skipped`; the run's Capability Score `capability_score`; speed (any gate) `speed`."""
+    """What one gate measured and decided, as JSON (the wire form; `gate_record` builds it). KL gates fill
+    `stats`/`aa`/`tokens`/`kl_profile`; capability gates `tasks`/`skipped`; the run's Capability Score
+    `capability_score`; speed (any gate) `speed`; a gate that raised `error`. Readers never read these
+    dicts: `model.parse_record` turns a record into the typed read model (`model.Record`), whose classes
+    document each part (`Stats`, `KLProfile`, `Task`, `Speed`, …)."""
 
     nodeid: Required[str]
     gate: Required[str]
     mode: Required[Mode]
     verdict: Required[str]
     time: Required[str]
+    record_version: int  # RECORD_VERSION; none: a version-1 record (`migrate_record` reads it)
     candidate: ModelRef | None
     reference_model: ModelRef | None
     lever: dict[str, Any]
     path: str
     sizes: dict[str, Any]
-    stats: dict[str, Any]
+    stats: dict[str, Any]  # model.Stats
     bounds: dict[str, Any]
     checks: list[Check]
     durations: dict[str, float]
@@ -97,33 +108,15 @@ class GateRecord(TypedDict, total=False):
     reference_source: str
     forwards: dict[str, int]
     lever_calls: dict[str, int]  # a patch lever: calls of the patched site per arm that ran here (0 is refused)
-    aa: dict[str, Any] | None
+    aa: dict[str, Any] | None  # model.AA
     tokens: dict[str, str]
-    # What the HTML report plots (`stats/kl_profile.py`; records from before it lack it, and the plots
-    # say "not recorded"). Capped whatever the gate's size, floats to 4 significant digits (under 16 KB):
-    #   version: 1
-    #   histogram: {decades: [-8, 2], per_decade: 4, counts: [40 ints] (bin i: [10**(lo+i/4), 10**(lo+(i+1)/4))),
-    #               zero, under, over: tokens with KL exactly 0, below 10**lo, at or above 10**hi}
-    #   by_position: per bucket of neighbouring positions (at most 128): first, last (positions), n (tokens),
-    #                median, p90 (KL over prompts), flips, near_tie_flips (top-1 changes outside / at near ties)
-    #   prompts: per prompt (at most 128; beyond that the largest means): index, mean, ci ([lo, hi], t over
-    #            floor(sqrt(T)) block means; null ends: no interval), n_tokens; total (prompts with tokens),
-    #            confidence, method
-    #   worst_context: per stats.worst entry: prompt, position, before (<= 16 tokens, <= 200 chars),
-    #                  token (the text's token there), after (<= 4 tokens, <= 200 chars)
-    kl_profile: dict[str, Any]
-    # capability gates; each task's entry also holds `flipped`: {total, items: the first 20 items whose
-    # score changed, losses first, each {id, prompt (its tail, <= 600 chars), reference, candidate:
-    # {output (<= 400 chars), score, verdict}}}
+    kl_profile: dict[str, Any]  # model.KLProfile; capped whatever the gate's size (stats/kl_profile.py)
+    # capability gates: per task model.Task (with `flipped`: the first 20 items whose score changed)
     tasks: dict[str, Any]
     skipped: dict[str, str]
-    # the run's Capability Score
-    capability_score: dict[str, Any]
-    # speed and memory of both arms (speed gates, and any gate whose module asks for speed)
-    speed: dict[str, Any]
-    # a gate that raised (verdict "error", `error_record`): {type, message (its first lines), phase
-    # (setup, call or teardown)}
-    error: dict[str, Any]
+    capability_score: dict[str, Any]  # the run's Capability Score: model.CapabilityScore
+    speed: dict[str, Any]  # speed and memory of both arms: model.Speed
+    error: dict[str, Any]  # a gate that raised (verdict "error", `error_record`): model.ErrorInfo
 
 
 def utc_now(at: float | None = None) -> str:
@@ -147,8 +140,10 @@ def gate_record(
     gate: str | None = None,
     **fields: Any,
 ) -> GateRecord:
-    """The one constructor of a record: the fields every record has, then the measurement's own."""
-    unknown = set(fields) - set(GateRecord.__annotations__)
+    """The one constructor of a record: the fields every record has, then the measurement's own. Checks
+    in the version-1 shape (`bound`, `other_bound`, `passed`) are written in the current one
+    (`migrate_record`), so every record written is of RECORD_VERSION."""
+    unknown = set(fields) - set(GateRecord.__annotations__) | ({"record_version"} & set(fields))
     if unknown:
         raise TypeError(f"gate_record: not record fields: {sorted(unknown)}")
     record: dict[str, Any] = {
@@ -161,7 +156,74 @@ def gate_record(
         "verdict": verdict,
         "time": utc_now(),
     }
-    return record  # type: ignore[return-value]  # keys checked against GateRecord above
+    return migrate_record(record)
+
+
+# -- older records ---------------------------------------------------------------------------------
+
+#: `record_version` of the records `gate_record` writes. Records without it are version 1: their checks
+#: carried `bound` (the end compared), `other_bound` and `passed`; `migrate_record` reads them.
+RECORD_VERSION = 2
+
+
+def migrate_check(check: Mapping[str, Any]) -> Check:
+    """A check in the current shape: `lower`/`upper` the ends of the value's interval, `verdict` one of
+    pass/fail/inconclusive. A version-1 check carried `bound` (the end on the passing side: the upper
+    end of a "max" metric, the lower of a "min" one), the far end in `other_bound` (KL, speed) or in
+    `lower`/`upper` (capability), and `passed` (the only verdict of the oldest records)."""
+    out = {k: v for k, v in check.items() if k not in ("bound", "other_bound", "passed")}
+    if "bound" in check or "other_bound" in check:
+        far = check.get("other_bound")
+        if check.get("direction") == "min":
+            out["lower"], out["upper"] = check.get("bound"), far if far is not None else check.get("upper")
+        else:
+            out["lower"], out["upper"] = far if far is not None else check.get("lower"), check.get("bound")
+    if check.get("verdict") not in VERDICTS and ("verdict" in check or "passed" in check):
+        out["verdict"] = "pass" if check.get("passed") is True else "fail"
+    return out  # type: ignore[return-value]  # the current shape, from what the check holds
+
+
+def _flipped_from_items(items: Sequence[Any]) -> dict[str, Any]:
+    """Records from before `flipped`: the items whose score changed, from the task's paired items
+    (losses first, without their prompts)."""
+    pairs = [i for i in items if isinstance(i, Mapping)]
+
+    def score(item: Mapping[str, Any], arm: str) -> float | None:
+        answer = item.get(arm)
+        return real(answer.get("score")) if isinstance(answer, Mapping) else None
+
+    changed = [i for i in pairs if score(i, "reference") != score(i, "candidate")]
+    changed.sort(key=lambda i: (score(i, "candidate") or 0) - (score(i, "reference") or 0))
+    return {"total": len(changed), "items": changed}
+
+
+def migrate_record(record: Mapping[str, Any]) -> GateRecord:
+    """Any record, old or current, in the current shape (`record_version` RECORD_VERSION): checks as
+    `migrate_check` has them; a capability task without `flipped` gets it from its paired `items`. Read
+    from what the record holds, not only its version, so a hand-made record reads the same. A shallow
+    copy: the caller's record is not changed."""
+    out = dict(record)
+    out["record_version"] = RECORD_VERSION
+    if "checks" in record:
+        out["checks"] = [migrate_check(c) if isinstance(c, Mapping) else c for c in _items(record.get("checks"))]
+    tasks = record.get("tasks")
+    if isinstance(tasks, Mapping) and any(_without_flipped(t) for t in tasks.values()):
+        out["tasks"] = {name: {**t, "flipped": _flipped_from_items(_items(t.get("items")))} if _without_flipped(t)
+                        else t for name, t in tasks.items()}
+    return out  # type: ignore[return-value]  # the record's own keys, in the current shape
+
+
+def _without_flipped(task: Any) -> bool:
+    """A capability task from before `flipped` (or one that lost it), with the paired items to make it from."""
+    return isinstance(task, Mapping) and not _mapping(task.get("flipped")) and bool(_items(task.get("items")))
+
+
+def _items(value: Any) -> list[Any] | tuple[Any, ...]:
+    return value if isinstance(value, (list, tuple)) else ()
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 #: An error record keeps this much of the error's message: its first lines, for the summary and reports.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from .model import Task, parse_record
 from .records import GateRecord, gate_record
 
 __all__ = ["SCORE_NODEID", "capability_score", "score_record"]
@@ -36,18 +37,15 @@ def capability_score(task_scores: Mapping[str, float | None], tasks: Sequence[st
 
 def score_record(records: Sequence[GateRecord], tasks: Sequence[str]) -> GateRecord | None:
     """The run's Capability Score as a record of its own, from the latest result of each task."""
-    latest: dict[str, dict[str, object]] = {}  # only the six: a gate author's own tasks are not in the score
-    for record in records:
-        if record.get("mode") == "capability":
-            latest.update({t: v for t, v in (record.get("tasks") or {}).items() if t in tasks})
+    latest: dict[str, Task] = {}  # only the six: a gate author's own tasks are not in the score
+    for record in (parse_record(r) for r in records):
+        if record.mode == "capability":
+            latest.update({t: v for t, v in record.tasks.items() if t in tasks})
     if not latest:
         return None
-    field_of = {"reference": "ref_score", "candidate": "cand_score"}
-    arms = {arm: capability_score({t: latest[t][key] if t in latest else None  # type: ignore[misc]
-                                   for t in tasks}, tasks)
-            for arm, key in field_of.items()}
-    per_task = {t: {"reference": v["ref_score"], "candidate": v["cand_score"], "n": v["n"]}
-                for t, v in latest.items()}
+    arms = {"reference": capability_score({t: latest[t].ref_score if t in latest else None for t in tasks}, tasks),
+            "candidate": capability_score({t: latest[t].cand_score if t in latest else None for t in tasks}, tasks)}
+    per_task = {t: {"reference": v.ref_score, "candidate": v.cand_score, "n": v.n} for t, v in latest.items()}
     partial = arms["candidate"][1]
     return gate_record(
         nodeid=SCORE_NODEID, gate="Capability Score", mode="score",

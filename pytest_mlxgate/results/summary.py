@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..common.format import DASH, format_duration, percent, percent_distinct
-from .fields import as_map, integer, interval_end, nodeid_of, number, real
+from .fields import number
+from .model import CapabilityScore, CheckResult, Interrupted, Record, Stats, interrupted_of, parse_record
 from .records import GateRecord
-from .verdicts import check_verdict
 
-__all__ = ["format_limit", "format_value", "interrupted_line", "n_parts", "summary_lines"]
+__all__ = ["format_limit", "format_value", "interrupted_line", "n_parts", "speed_parts", "summary_lines"]
 
 _PERCENT_KEYS = frozenset({"top1", "same_top", "top1_lo", "same_top_lo"})
 _KL_KEYS = frozenset({"mean", "median", "p90", "p95", "p99", "p999", "max"})
@@ -61,7 +62,7 @@ def format_limit(key: str, value: Any) -> str:
 _Row = tuple[str, str, str, str, str]  # metric, value, bound, limit, verdict
 
 
-def _bound(direction: Any, key: str, value: Any) -> str:
+def _bound(direction: str | None, key: str, value: float | None) -> str:
     text = format_value(key, value)
     if text == DASH:
         return text
@@ -69,76 +70,68 @@ def _bound(direction: Any, key: str, value: Any) -> str:
     return sign + text
 
 
-def _check_rows(checks: Sequence[Any]) -> list[_Row]:
+def _check_rows(checks: Sequence[CheckResult]) -> list[_Row]:
     rows: list[_Row] = []
-    for check in checks:
-        c = as_map(check)
-        key = str(c.get("key") or "")
-        metric = str(c.get("metric") or key or DASH)
-        verdict = _verdict_label(check_verdict(c)) if ("verdict" in c or "passed" in c) else DASH
-        if verdict == "INCONCLUSIVE" and integer(c.get("n_needed")) is not None:
-            verdict += f" (n≈{integer(c.get('n_needed'))})"
-        rows.append((metric, format_value(key, c.get("value")), _bound(c.get("direction"), key, c.get("bound")),
-                     format_limit(key, c.get("limit")), verdict))
+    for c in checks:
+        key = c.key or ""
+        verdict = _verdict_label(c.verdict) if c.verdict is not None else DASH
+        if verdict == "INCONCLUSIVE" and c.n_needed is not None:
+            verdict += f" (n≈{c.n_needed})"
+        rows.append((c.label, format_value(key, c.value), _bound(c.direction, key, c.bound),
+                     format_limit(key, c.limit), verdict))
     return rows
 
 
-def _measured_rows(stats: Mapping[str, Any], verdict: str) -> list[_Row]:
+def _measured_rows(stats: Stats, verdict: str) -> list[_Row]:
     """Without checks: what the gate measured, with the CI side a bound would use."""
-    qci = as_map(stats.get("quantile_ci"))
     spec = (
-        ("mean KL", "mean", "max", interval_end(stats.get("mean_ci"), 1)),
-        ("p99 KL", "p99", "max", interval_end(qci.get("p99"), 1)),
+        ("mean KL", "mean", "max", stats.mean_ci.upper),
+        ("p99 KL", "p99", "max", stats.quantile_interval("p99").upper),
         ("max KL", "max", "max", None),
-        ("same-top", "same_top", "min", interval_end(stats.get("same_top_ci"), 0)),
+        ("same-top", "same_top", "min", stats.same_top_ci.lower),
     )
-    return [(metric, format_value(key, stats.get(key)), _bound(direction, key, bound), DASH, verdict)
-            for metric, key, direction, bound in spec if key in stats]
+    return [(metric, format_value(key, stats.figure(key)), _bound(direction, key, bound), DASH, verdict)
+            for metric, key, direction, bound in spec if stats.has(key)]
 
 
-def _floor_rows(aa: Mapping[str, Any]) -> list[_Row]:
-    floors = as_map(aa.get("floors"))
+def _floor_rows(floors: Mapping[str, float | None]) -> list[_Row]:
     order = [k for k in ("mean", "p99", "max") if k in floors] + sorted(k for k in floors
                                                                        if k not in ("mean", "p99", "max"))
     names = {"mean": "mean KL", "p99": "p99 KL", "max": "max KL"}
-    return [(names.get(k, str(k)), format_value(k, floors[k]), DASH, DASH, "floor") for k in order]
+    return [(names.get(k, k), format_value(k, floors[k]), DASH, DASH, "floor") for k in order]
 
 
-def _score_pair(d: Mapping[str, Any]) -> str:
+def _score_pair(reference: float | None, candidate: float | None) -> str:
     """`ref% → cand%` for the Capability Score rows."""
-    ref, cand = real(d.get("reference")), real(d.get("candidate"))
-    return f"{percent(ref, missing=DASH)} → {percent(cand, missing=DASH)}"
+    return f"{percent(reference, missing=DASH)} → {percent(candidate, missing=DASH)}"
 
 
-def _verdict_label(verdict: Any) -> str:
-    v = str(verdict or "")
+def _verdict_label(verdict: str | None) -> str:
+    v = verdict or ""
     return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured",
             "inconclusive": "INCONCLUSIVE"}.get(v, v or DASH)
 
 
-def _gate_rows(record: GateRecord) -> list[_Row]:
-    stats = as_map(record.get("stats"))
-    checks = record.get("checks")
-    verdict = record.get("verdict")
+def _gate_rows(record: Record) -> list[_Row]:
+    verdict = record.verdict
     rows: list[_Row]
-    has_checks = isinstance(checks, Sequence) and not isinstance(checks, str) and bool(checks)
-    error = as_map(record.get("error"))
-    if error:
-        rows = [(f"error in {error.get('phase') or 'call'}", DASH, DASH, DASH, "ERROR")]  # the words: under it
-    elif record.get("mode") == "score":
-        score = as_map(record.get("capability_score"))
-        rows = [(str(t), _score_pair(as_map(v)), DASH, DASH, "ran") for t, v in as_map(score.get("tasks")).items()]
-        rows.append(("score", _score_pair(score), DASH, DASH, "partial" if score.get("partial") else "complete"))
-    elif record.get("mode") == "aa" and has_checks:
+    if record.error is not None:
+        rows = [(f"error in {record.error.phase or 'call'}", DASH, DASH, DASH, "ERROR")]  # the words: under it
+    elif record.mode == "score":
+        score = record.capability_score or CapabilityScore()
+        rows = [(t, _score_pair(v.reference, v.candidate), DASH, DASH, "ran") for t, v in score.tasks.items()]
+        rows.append(("score", _score_pair(score.reference, score.candidate), DASH, DASH,
+                     "partial" if score.partial else "complete"))
+    elif record.mode == "aa" and record.checks:
         # A/A with limits: each limit against the noise floor it must sit above
         rows = [(m, v, DASH, lim, "above floor" if verdict_ == "pass" else verdict_)
-                for m, v, _, lim, verdict_ in _check_rows(checks)]  # type: ignore[arg-type]
-    elif record.get("mode") == "aa":
-        rows = _floor_rows(as_map(record.get("aa")))
-    elif isinstance(checks, Sequence) and not isinstance(checks, str) and checks:
-        rows = _check_rows(checks)
+                for m, v, _, lim, verdict_ in _check_rows(record.checks)]
+    elif record.mode == "aa":
+        rows = _floor_rows(record.floors)
+    elif record.checks:
+        rows = _check_rows(record.checks)
     else:
-        rows = _measured_rows(stats, _verdict_label(verdict or "measured"))
+        rows = _measured_rows(record.stats, _verdict_label(verdict or "measured"))
     if verdict in ("fail", "error", "inconclusive") and not any(
             r[4].startswith(("FAIL", "ERROR", "INCONCLUSIVE")) for r in rows):
         rows.append(("verdict", DASH, DASH, DASH, _verdict_label(verdict)))  # never show all-pass
@@ -147,53 +140,49 @@ def _gate_rows(record: GateRecord) -> list[_Row]:
     return rows
 
 
-def n_parts(record: GateRecord) -> list[str]:
-    stats = as_map(record.get("stats"))
-    sizes = as_map(record.get("sizes"))
+def n_parts(record: Record) -> list[str]:
+    """What the verdict rests on, in words: pairs, prompts or items, tokens, the reference's source, time."""
     parts: list[str] = []
-    if record.get("mode") == "speed":
-        shape = as_map(as_map(record.get("speed")).get("shape"))
-        if integer(shape.get("repetitions")) is not None:
-            parts.append(f"{shape['repetitions']} pairs per context, {shape.get('decode')} decoded")
-    n_prompts = integer(stats.get("n_prompts", sizes.get("prompts")))
-    if n_prompts is not None:
-        parts.append(f"{n_prompts} {'items' if record.get('mode') == 'capability' else 'prompts'}")
-    n_tokens = integer(stats.get("n_tokens"))
-    if n_tokens is not None:
-        parts.append(f"{n_tokens} tokens")
-    if record.get("mode") == "gate" and real(stats.get("max")) == 0.0 and real(stats.get("same_top")) == 1.0:
-        calls = integer(as_map(record.get("lever_calls")).get("candidate"))
+    speed = record.speed
+    if record.mode == "speed" and speed is not None and speed.repetitions is not None:
+        parts.append(f"{speed.repetitions} pairs per context, {speed.decode_tokens} decoded")
+    if record.n_prompts is not None:
+        parts.append(f"{record.n_prompts} {'items' if record.mode == 'capability' else 'prompts'}")
+    if record.stats.n_tokens is not None:
+        parts.append(f"{record.stats.n_tokens} tokens")
+    if record.mode == "gate" and record.stats.identical:
+        calls = record.lever_calls
         seen = f" ({calls:,} lever calls seen)" if calls else ""
         parts.append(f"identical on this backend{seen}")  # every distribution equal: nothing to bound
-    if record.get("reference_source"):
-        parts.append(f"ref: {record['reference_source']}")
-    total = real(as_map(record.get("durations")).get("total_s"))
-    if total is not None:
-        parts.append(format_duration(total))
+    if record.reference_source:
+        parts.append(f"ref: {record.reference_source}")
+    if record.total_s is not None:
+        parts.append(format_duration(record.total_s))
     return parts
 
 
-def _speed_parts(record: GateRecord, shown: set[str]) -> list[str]:
+def speed_parts(record: Record, shown: set[str]) -> list[str]:
     """A module's speed lines, under the first of its records that carries them (its gates share one
-    measurement)."""
+    measurement, `shown` holds the ids already said)."""
     from ..speed.text import speed_lines
 
-    speed = as_map(record.get("speed"))
-    if not speed:
+    speed = record.speed
+    if speed is None:
         return []
-    ident = str(speed.get("id") or id(speed))
+    ident = speed.id or str(id(speed))  # no id: this record's own (the caller holds every record it shows)
     if ident in shown:
         return []
     shown.add(ident)
-    return speed_lines(speed)
+    return speed_lines(speed.as_json)
 
 
-def _error_parts(record: GateRecord) -> list[str]:
+def _error_parts(record: Record) -> list[str]:
     """An error record's type and message under its block, line by line (at most 6: the reports keep the
     rest). pytest.fail's `Failed` is left out: its message is the whole story."""
-    error = as_map(record.get("error"))
-    kind = str(error.get("type") or "")
-    lines = [line for line in str(error.get("message") or "").splitlines() if line.strip()]
+    if record.error is None:
+        return []
+    kind = record.error.type or ""
+    lines = [line for line in (record.error.message or "").splitlines() if line.strip()]
     if lines and kind and kind != "Failed":
         lines[0] = f"{kind}: {lines[0]}"
     return lines[:6] + (["…"] if len(lines) > 6 else [])
@@ -211,9 +200,14 @@ def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
 
 
 def _name_lines(name: str, width: int) -> list[str]:
-    """A gate name too wide for its column, whole, on lines of its own above its rows: cut every `width`
-    characters, never shortened (a name clipped in the middle cannot tell two gates apart)."""
-    return [name[i:i + width] for i in range(0, len(name), max(1, width))]
+    """A gate name too wide for its column, whole, on lines of its own above its rows: on one line when it
+    fits the width, else broken after its `::` (the module, then the test name under it, as pytest's -rA
+    lists them) and a part still too long cut every `width` characters. Never shortened: a name clipped in
+    the middle cannot tell two gates apart."""
+    step = max(1, width)
+    if len(name) <= step:
+        return [name]
+    return [part[i:i + step] for part in re.split(r"(?<=::)", name) if part for i in range(0, len(part), step)]
 
 
 def _clip(text: str, width: int) -> str:
@@ -226,7 +220,8 @@ _MIN_GATE_WIDTH = 12
 
 def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[str]:
     """The controller's end-of-run table: a header, then one block per gate, columns aligned."""
-    confidences = {real(as_map(r.get("stats")).get("confidence")) for r in records} - {None}
+    read = sorted((parse_record(r) for r in records), key=lambda r: r.nodeid)
+    confidences = {r.stats.confidence for r in read} - {None}
     bound_title = "bound"
     if len(confidences) == 1:
         (c,) = confidences
@@ -236,9 +231,8 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
 
     blocks: list[tuple[str, list[_Row], list[str], list[str], list[str]]] = []
     speeds_shown: set[str] = set()
-    for record in sorted(records, key=nodeid_of):
-        name = str(record.get("gate") or record.get("nodeid") or DASH)
-        blocks.append((name, _gate_rows(record), n_parts(record), _speed_parts(record, speeds_shown),
+    for record in read:
+        blocks.append((record.name or DASH, _gate_rows(record), n_parts(record), speed_parts(record, speeds_shown),
                        _error_parts(record)))
 
     cols = [[row[i] for _, rows, _, _, _ in blocks for row in rows] for i in range(5)]
@@ -249,7 +243,8 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
     gate_width = min(gate_width, max(_MIN_GATE_WIDTH, width - rest))
 
     def line(cells: Sequence[str]) -> str:
-        padded = [c.ljust(w) for c, w in zip(cells, [gate_width, *widths])]
+        # a detail line has fewer cells than columns
+        padded = [c.ljust(w) for c, w in zip(cells, [gate_width, *widths], strict=False)]
         return _GAP.join(padded).rstrip()
 
     lines = [line(header)]
@@ -279,9 +274,10 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
 _SPEED_INDENT = "  "
 
 
-def interrupted_line(interrupted: Mapping[str, Any]) -> str:
+def interrupted_line(interrupted: Mapping[str, Any] | Interrupted) -> str:
     """A run's `interrupted` (its config's): `INTERRUPTED (KeyboardInterrupt): 2 module(s) did not run: a.py, b.py`."""
-    not_run = [str(m) for m in interrupted.get("not_run") or []]
+    facts = interrupted if isinstance(interrupted, Interrupted) else interrupted_of(interrupted) or Interrupted()
+    not_run = facts.not_run
     shown = ", ".join(not_run[:10]) + (f" and {len(not_run) - 10} more" if len(not_run) > 10 else "")
-    return (f"INTERRUPTED ({interrupted.get('reason') or 'interrupted'}): "
+    return (f"INTERRUPTED ({facts.reason or 'interrupted'}): "
             + (f"{len(not_run)} module(s) did not run: {shown}" if not_run else "every collected test had run"))

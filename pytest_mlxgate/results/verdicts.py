@@ -7,19 +7,30 @@ or `xfail` lets exploratory runs go on, with the record still saying "inconclusi
 A record has more words: *error* (the gate raised before it decided: a setup error, NaN logits, a
 lever that raised; worse than fail), *floor* (A/A: every limit above the noise floor), *measured*
 (measured, nothing asserted) and the Capability Score's *complete* / *partial*. A word not listed
-here (or none) is no pass: it counts as a failure wherever a verdict decides. Standard library only
-(the summary reads the words on the controller); pytest is imported when acting.
+here (or none) is no pass: it counts as a failure wherever a verdict decides (a capability gate whose
+every task was skipped records *skipped*, `SKIPPED`, which this list lacks on purpose: nothing was
+tested). Standard library only (the summary reads the words on the controller); pytest is imported
+when acting.
+
+This is the one vocabulary: the statistics (`stats/verdicts.py`, `stats/sequential.py`), the
+assertions' pipeline (`verdicts/conclude.py`) and every reader take their words and rules from here.
+A check's verdict is read off its interval by `bounds_verdict`, the one rule of every limit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["ERROR", "INCONCLUSIVE_POLICIES", "NOT_FAILING", "RECORD_VERDICTS", "VERDICTS", "check_verdict",
-           "is_failing", "overall_verdict", "run_verdict", "settle_inconclusive", "verdict_rank", "worst_verdict"]
+__all__ = ["ERROR", "INCONCLUSIVE_POLICIES", "NOT_FAILING", "RECORD_VERDICTS", "SKIPPED", "VERDICTS", "Direction",
+           "Verdict", "bounds_verdict", "check_verdict", "is_failing", "overall_verdict", "run_verdict",
+           "settle_inconclusive", "three_way", "verdict_rank", "worst_verdict"]
 
-VERDICTS = ("pass", "fail", "inconclusive")
+#: A check's verdict (and a gate's, once its checks are in).
+Verdict = Literal["pass", "fail", "inconclusive"]
+VERDICTS: tuple[Verdict, ...] = ("pass", "fail", "inconclusive")
+#: Which side of its limit a value must stay on: "max" at or below it, "min" at or above it.
+Direction = Literal["max", "min"]
 INCONCLUSIVE_POLICIES = ("fail", "warn", "xfail")
 #: A gate that raised before it decided (setup error, non-finite logits, a lever that raised, a model
 #: that cannot load, a timeout): its record says so, with the error's message. Never a pass.
@@ -28,11 +39,32 @@ ERROR = "error"
 RECORD_VERDICTS = (*VERDICTS, ERROR, "floor", "measured", "complete", "partial")
 #: The record verdicts that are no failure ("inconclusive" depends on the run's policy: `is_failing`).
 NOT_FAILING = frozenset({"pass", "floor", "measured", "complete", "partial"})
+#: A capability gate none of whose tasks could run here: recorded, then the test skips. Not a record
+#: verdict of RECORD_VERDICTS: it never reads as pass.
+SKIPPED = "skipped"
 #: Worse verdicts rank higher: error > fail > inconclusive > a word this list lacks > measured (nothing
 #: asserted) > the others. An unknown word never beats a failure and never hides behind a pass (and
 #: `is_failing` fails it).
 _RANK = {ERROR: 5, "fail": 4, "inconclusive": 3, "measured": 1, "pass": 0, "floor": 0, "complete": 0, "partial": 0}
 _UNKNOWN_RANK = 2
+
+
+def three_way(*, within: bool, beyond: bool) -> Verdict:
+    """`within`: the bound on the good side clears the limit; `beyond`: the other side was shown."""
+    if within and beyond:  # only when the bounds cross: nothing consistent was shown
+        return "inconclusive"
+    return "pass" if within else "fail" if beyond else "inconclusive"
+
+
+def bounds_verdict(lower: float | None, upper: float | None, limit: float, direction: Direction) -> Verdict:
+    """The rule of every limit, read off the value's interval [lower, upper] (None: no such end).
+
+    "max" (stay at or below the limit): pass iff upper <= limit, fail iff lower > limit; "min" (at or
+    above it): pass iff lower >= limit, fail iff upper < limit; otherwise inconclusive. A missing end
+    shows nothing on its side."""
+    if direction == "max":
+        return three_way(within=upper is not None and upper <= limit, beyond=lower is not None and lower > limit)
+    return three_way(within=lower is not None and lower >= limit, beyond=upper is not None and upper < limit)
 
 
 def check_verdict(check: Mapping[str, Any]) -> str:
@@ -51,15 +83,16 @@ def overall_verdict(checks: Iterable[Mapping[str, Any]]) -> str:
     return "inconclusive" if "inconclusive" in verdicts else "pass"
 
 
-def settle_inconclusive(message: str, policy: str) -> None:
-    """Act on an inconclusive verdict: fail the test (default), warn, or xfail; never pass silently."""
+def settle_inconclusive(message: str, policy: str, *, stacklevel: int = 3) -> None:
+    """Act on an inconclusive verdict: fail the test (default), warn, or xfail; never pass silently.
+    `stacklevel`: the warning's, so it names the gate's line (the assertion's caller)."""
     __tracebackhide__ = True
     if policy == "warn":
         import warnings
 
         from ..errors import InconclusiveGateWarning
 
-        warnings.warn(InconclusiveGateWarning(message), stacklevel=3)
+        warnings.warn(InconclusiveGateWarning(message), stacklevel=stacklevel)
         return
     if policy == "xfail":
         import pytest

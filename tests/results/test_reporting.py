@@ -643,6 +643,33 @@ def test_summary_never_clips_a_gate_name_it_wraps_it_above_its_rows() -> None:
         assert any("mean KL" in line for line in block)  # its rows follow its name
 
 
+def test_at_a_narrow_width_a_long_name_reads_as_its_module_then_its_test_names() -> None:
+    """`./dev gates` printed `test_c…le::test_drift`. A name too wide for the gate column goes above its
+    rows, whole on one line when it fits the width; wider than that, its module on one line and the test
+    name under it (as pytest's -rA lists them), a test name longer than the width cut every width
+    characters, never shortened."""
+    module = "test_capability_and_drift_of_the_kv_cache_quantiser"
+    params = "test_drift[kv8-g64-from-token-0-with-a-rather-long-parametrisation-id]"
+    records = [make_record(f"gates/{module}.py::test_drift", gate=f"{module}::test_drift"),
+               make_record(f"gates/{module}.py::test_capability", gate=f"{module}::test_capability"),
+               make_record(f"gates/{module}.py::{params}", gate=f"{module}::{params}"),
+               make_record("gates/test_kv.py::test_drift_of_the_cache", gate="test_kv::test_drift_of_the_cache")]
+    width = 60
+    lines = summary_lines(records, width=width)
+    assert all(len(line) <= width for line in lines) and not any("…" in line for line in lines)
+    heads = [i for i, line in enumerate(lines) if line == f"{module}::"]  # the module alone on its line
+    assert len(heads) == 3 and not any(line.startswith(f"{module}::test") for line in lines)
+    assert sorted(lines[i + 1] for i in heads) == sorted(["test_capability", "test_drift", params[:width]])
+    j = lines.index(params[:width])
+    assert "".join(lines[j:j + 2]) == params and "mean KL" in lines[j + 2]  # cut at the width, whole; its rows
+    i = lines.index("test_drift")
+    assert "mean KL" in lines[i + 1]  # each test name right above its rows
+    assert "test_kv::test_drift_of_the_cache" in lines  # too wide for its column, not for the width: one line
+    wide = summary_lines(records, width=250)  # wide enough: each name whole in its column, as before
+    assert sorted(line.split("  ")[0] for line in wide if line.startswith(("test_c", "test_kv"))) == sorted(
+        r["gate"] for r in records)
+
+
 def test_summary_header_without_a_common_confidence_says_bound() -> None:
     other = make_record("gates/test_b.py::t")
     other["stats"]["confidence"] = 0.99
