@@ -57,7 +57,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     state = MlxgateSession(config, read_settings(config))
     config.stash[SESSION_KEY] = state
-    config.pluginmanager.register(state, "mlxgate-session")
+    for name, plugin in state.plugins().items():  # the session and each concern with hooks (session/state.py)
+        config.pluginmanager.register(plugin, name)
     if config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin"):
         config.pluginmanager.register(XdistHooks(state), "mlxgate-xdist")
     state.warn_if_reference_blas()
@@ -195,10 +196,19 @@ def paired(request: pytest.FixtureRequest) -> Iterator[Paired]:
         message = str(e)
     else:
         if value.run.calibrate:
-            try:
-                value.calibrate()  # skips: a calibration run measures and suggests, it gives no verdict
+            from .authoring.calibration_run import keep_calibration
+
+            failed = None
+            try:  # skips: a calibration run measures and suggests, it gives no verdict; it writes the file
+                value.calibrate(keep=keep_calibration)
             except MlxgateError as e:
-                pytest.fail(str(e), pytrace=False)
+                failed = str(e)
+            if failed is not None:  # outside `except`: no chained tracebacks in the report
+                pytest.fail(failed, pytrace=False)
+        elif value.run.aa:
+            from .authoring.calibration_run import check_before_aa
+
+            check_before_aa(request.node)  # the test's limits against its calibration file, if it has one
         yield value
         value.finish()
         return

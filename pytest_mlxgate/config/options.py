@@ -223,9 +223,11 @@ OPTIONS: tuple[Option, ...] = (
            "that one); 'none': no cap. Default: 2GiB", "gate", metavar="SIZE", type=cache_max_arg),
     Option("--mlx-refresh-reference", "recompute the reference arm even when the reference cache has it", "gate"),
     Option("--mlx-aa", "A/A calibration: run each gate's reference arm against itself (and with another "
-           "prefill chunk size) and check every limit sits above that noise floor", "gate"),
+           "prefill chunk size) and check every limit sits above that noise floor; a module with a calibration file "
+           "(calibration/<module>.json) is first held to it (a stale file warns)", "gate"),
     Option("--mlx-calibrate", "size a gate's limits: measure each module's lever drift, its A/A floor, speed and "
-           "memory, print suggested limits as code (and the rule) and give no verdict (its tests skip)", "gate",
+           "memory, print suggested limits as code (and the rule) and give no verdict (its tests skip); write what "
+           "was measured to calibration/<module>.json beside the module", "gate",
            in_rerun=False),
     # Not carried by a re-run of one gate: an investigation must not overwrite the run's report with
     # a report of one gate, nor add rows to a history file chosen for the whole run.

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from ..speed.shape import SpeedShape
     from .paired import PairedRun
 
-__all__ = ["RunContext", "build_paired_run", "check_context", "gate_lever", "gate_shape", "gate_speed_shape"]
+__all__ = ["RunContext", "build_paired_run", "check_context", "check_lever_override", "gate_lever", "gate_shape",
+           "gate_speed_shape"]
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
@@ -42,6 +43,27 @@ def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
             "or pass --mlx-lever NAME --mlx-ref-value V --mlx-cand-value V"
         )
     return declared
+
+
+def check_lever_override(gate: GateSettings | None, items: list[pytest.Item]) -> None:
+    """A bare `--mlx-lever NAME` that no collected gate module declares is a usage error: it would
+    override nothing (and, before, turned every module's lever into an environment variable)."""
+    if gate is None or gate.lever is None:
+        return
+    from ..errors import MlxgateUsageError
+    from ..levers.parsing import check_override_targets
+
+    declared: dict[str, str | None] = {}
+    for item in items:
+        if "paired" not in getattr(item, "fixturenames", ()):
+            continue
+        mark = item.get_closest_marker("mlx_lever")
+        name = mark.args[0] if mark is not None and mark.args and isinstance(mark.args[0], str) else None
+        declared[item.nodeid.split("::")[0]] = name
+    try:
+        check_override_targets(gate.lever, declared)
+    except MlxgateUsageError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def gate_shape(item: pytest.Item, gate: GateSettings, lever: Lever) -> tuple[RunShape, int]:
