@@ -10,28 +10,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .authoring.known_bad import assert_known_bad_fails
-    from .capability.assertions import assert_capability_at_least
-    from .capability.base import Budget
-    from .capability.user_tasks import jsonl_task, register_task
-    from .config.names import CandidateSpec, parse_name
+if TYPE_CHECKING:  # `name as name`: the names a type checker sees exported (mypy --strict in gates too)
+    from .authoring.known_bad import assert_known_bad_fails as assert_known_bad_fails
+    from .capability.assertions import assert_capability_at_least as assert_capability_at_least
+    from .capability.base import Budget as Budget
+    from .capability.user_tasks import jsonl_task as jsonl_task, register_task as register_task
+    from .config.names import CandidateSpec as CandidateSpec, parse_name as parse_name
     from .errors import (
-        InconclusiveGateWarning,
-        MlxgateError,
-        MlxgateUsageError,
-        MlxgateWarning,
-        ModelNameError,
-        ModelUnavailableError,
+        InconclusiveGateWarning as InconclusiveGateWarning,
+        MlxgateError as MlxgateError,
+        MlxgateUsageError as MlxgateUsageError,
+        MlxgateWarning as MlxgateWarning,
+        ModelNameError as ModelNameError,
+        ModelUnavailableError as ModelUnavailableError,
     )
-    from .hub import HubError, snapshot_download, verify_snapshot
-    from .kl.assertions import assert_kl_below
-    from .kl.result import KLResult
-    from .levers.lever import Lever
-    from .models.device import blas_in_use, mlx_device
-    from .models.materialize import ResolvedSnapshot, materialize
-    from .session.paired import Paired
-    from .speed.assertions import assert_faster
+    from .hub import HubError as HubError, snapshot_download as snapshot_download, verify_snapshot as verify_snapshot
+    from .kl.assertions import assert_kl_below as assert_kl_below
+    from .kl.result import KLResult as KLResult
+    from .levers.lever import Lever as Lever
+    from .models.device import blas_in_use as blas_in_use, mlx_device as mlx_device
+    from .models.materialize import ResolvedSnapshot as ResolvedSnapshot, materialize as materialize
+    from .session.paired import Paired as Paired
+    from .speed.assertions import assert_faster as assert_faster, assert_smaller as assert_smaller
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {
@@ -44,6 +44,7 @@ _LAZY: dict[str, str] = {
     "assert_capability_at_least": "capability.assertions",
     "assert_faster": "speed.assertions",
     "assert_kl_below": "kl.assertions",
+    "assert_smaller": "speed.assertions",
     "assert_known_bad_fails": "authoring.known_bad",
     "jsonl_task": "capability.user_tasks",
     "register_task": "capability.user_tasks",

@@ -27,6 +27,8 @@ __all__ = [
     "ArmTimeoutError",
     "ContextLengthError",
     "ChatTemplateMissingError",
+    "CalibrationError",
+    "StaleCalibrationWarning",
 ]
 
 
@@ -102,3 +104,13 @@ class MlxgateWarning(pytest.PytestWarning):
 
 class InconclusiveGateWarning(MlxgateWarning):
     """A gate could not tell (--mlx-inconclusive=warn): it did not pass; its record says inconclusive."""
+
+
+class CalibrationError(MlxgateError):
+    """--mlx-calibrate measured, but not what the calibration file may hold (a known-bad variant that
+    could not be measured, sizes other than the gate's): the file on disk is kept, and the message says why."""
+
+
+class StaleCalibrationWarning(MlxgateWarning):
+    """A gate's calibration file was measured on other serving code, another lever or other versions:
+    its figures may not be what this code measures; the message names the command that refreshes it."""

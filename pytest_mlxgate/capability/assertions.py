@@ -12,20 +12,36 @@ alpha / k over k tasks). A gate passes only when every check passed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import pytest
 
 from ..common.format import percent, points
+from ..results.records import Check
+from ..results.verdicts import SKIPPED
+from ..stats import paired_tests as S
+from ..stats import verdicts as V
+from ..stats.intervals import wilson_interval
+from ..stats.sequential import bounds_from_diffs
+from ..verdicts.conclude import Conclusion, Target, check, conclude
+from .base import Budget, TaskSkipped
+from .result import CapabilityRun
 
-if TYPE_CHECKING:
-    from .base import Budget
-    from .result import CapabilityRun
+__all__ = ["CapabilitySubject", "assert_capability_at_least", "capability_checks", "flipped_items"]
 
-__all__ = ["assert_capability_at_least", "capability_checks", "flipped_items"]
+
+class CapabilitySubject(Target, Protocol):
+    """What `assert_capability_at_least` needs of the `paired` fixture (`session.paired.Paired` is one)."""
+
+    def capability(self, task: str, *, n: int | Budget | None = None,
+                   sequential: Mapping[str, float | None] | None = None) -> CapabilityRun: ...
 
 
 def assert_capability_at_least(
-    result: Any,
+    result: CapabilitySubject | Mapping[str, CapabilityRun],
     task: str | Sequence[str],
     *,
     floor: float | None = None,
@@ -44,11 +60,39 @@ def assert_capability_at_least(
     the reason. Returns the runs.
     """
     __tracebackhide__ = True
-    import pytest
-
-    from .base import Budget, TaskSkipped
-
     tasks = [task] if isinstance(task, str) else list(task)
+    budget = _validated(result, floor=floor, max_drop=max_drop, n=n, alpha=alpha)
+    sequential = {"max_drop": max_drop, "alpha": alpha, "fail_alpha": alpha / max(1, len(tasks))}
+    runs: dict[str, CapabilityRun] = {}
+    skipped: dict[str, str] = {}
+    for name in tasks:
+        try:
+            runs[name] = result[name] if isinstance(result, Mapping) else result.capability(
+                name, n=n, sequential=sequential if budget is not None else None)
+        except TaskSkipped as e:
+            skipped[name] = str(e)
+    checks, stats = capability_checks(runs, floor=floor, max_drop=max_drop, alpha=alpha)
+    n_items = sum(int(t["n"]) for t in stats.values())
+    bounds = {"floor": floor, "max_drop": max_drop, "alpha": alpha,
+              "budget": budget.to_json() if budget is not None else None}
+    conclusion = Conclusion(
+        mode="capability", checks=checks, bounds={k: v for k, v in bounds.items() if v is not None},
+        verdict="" if runs else SKIPPED,
+        fields={"sizes": {"prompts": n_items}, "stats": {"n_prompts": n_items}, "tasks": stats, "skipped": skipped,
+                "durations": {"total_s": round(sum(sum(t["durations"].values()) for t in stats.values()), 3)}})
+
+    def message(*, verdict: str, nodeid: str, rerun: str) -> str:
+        return failure_report(runs, stats, checks, verdict=verdict, rerun=rerun, nodeid=nodeid)
+
+    conclude(None if isinstance(result, Mapping) else result, conclusion, message)
+    if skipped and not runs:
+        pytest.skip("; ".join(skipped.values()))
+    return runs
+
+
+def _validated(result: object, *, floor: float | None, max_drop: float | None, n: int | Budget | None,
+               alpha: float) -> Budget | None:
+    """The limits and sizes checked (TypeError / ValueError saying the fix); the Budget, if `n` is one."""
     if floor is None and max_drop is None:
         raise TypeError("assert_capability_at_least needs floor= and/or max_drop=")
     for name, value in (("floor", floor), ("max_drop", max_drop)):
@@ -61,50 +105,17 @@ def assert_capability_at_least(
     budget = n if isinstance(n, Budget) else None
     if budget is not None and max_drop is None:
         raise TypeError("n=Budget(...) sizes the drop test, so it needs max_drop= (a floor alone takes a count)")
-    if budget is not None and not hasattr(result, "capability"):
+    if budget is not None and isinstance(result, Mapping):
         raise TypeError("n=Budget(...) runs the arms batch by batch: pass the `paired` fixture, not finished runs")
     if n is not None and budget is None and not (isinstance(n, int) and n >= 1):
         raise ValueError(f"n={n!r}: a positive number of items per task, or n=Budget(items=..., seconds=...)")
-
-    fail_alpha = alpha / max(1, len(tasks))
-    runs: dict[str, CapabilityRun] = {}
-    skipped: dict[str, str] = {}
-    for name in tasks:
-        try:
-            if budget is not None:
-                runs[name] = result.capability(name, n=budget, sequential={
-                    "max_drop": max_drop, "alpha": alpha, "fail_alpha": fail_alpha})
-            else:
-                runs[name] = result.capability(name, n=n) if hasattr(result, "capability") else result[name]
-        except TaskSkipped as e:
-            skipped[name] = str(e)
-    checks, stats = capability_checks(runs, floor=floor, max_drop=max_drop, alpha=alpha)
-    from ..results.verdicts import overall_verdict, settle_inconclusive
-
-    verdict = overall_verdict(checks) if runs else "skipped"
-    publish = getattr(result, "publish_capability", None)
-    if publish is not None:
-        publish(tasks=stats, checks=checks, verdict=verdict, skipped=skipped,
-                bounds={"floor": floor, "max_drop": max_drop, "alpha": alpha,
-                        "budget": budget.to_json() if budget is not None else None})
-    if verdict in ("fail", "inconclusive"):
-        message = failure_report(runs, stats, checks, verdict=verdict, rerun=getattr(result, "rerun", ""),
-                                 nodeid=getattr(result, "nodeid", ""))
-        if verdict == "fail":
-            raise AssertionError(message)
-        settle_inconclusive(message, getattr(result, "inconclusive", "fail"))
-    if skipped and not runs:
-        pytest.skip("; ".join(skipped.values()))
-    return runs
+    return budget
 
 
 def capability_checks(
-    runs: dict[str, CapabilityRun], *, floor: float | None, max_drop: float | None, alpha: float
-) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    runs: Mapping[str, CapabilityRun], *, floor: float | None, max_drop: float | None, alpha: float
+) -> tuple[list[Check], dict[str, dict[str, Any]]]:
     """Per task: scores with intervals, the drop's bounds and verdict, the floor's; one check per limit."""
-    from ..stats import paired_tests as S
-    from ..stats.intervals import wilson_interval
-
     per_task: dict[str, dict[str, Any]] = {}
     p_values: dict[str, float] = {}
     for name, run in runs.items():
@@ -133,7 +144,7 @@ def capability_checks(
     k = len(p_values)
     shown = S.holm(p_values, alpha=alpha) if k > 1 else {key: p < alpha for key, p in p_values.items()}
     fail_alpha = alpha / max(1, len(runs))
-    checks: list[dict[str, Any]] = []
+    checks: list[Check] = []
     for name, info in per_task.items():
         run = runs[name]
         if max_drop is not None:
@@ -142,19 +153,17 @@ def capability_checks(
                     else _fixed_drop(run, info, max_drop=max_drop, alpha=alpha, fail_alpha=fail_alpha,
                                      shown=shown[name]))
             info["drop_verdict"] = drop
-            checks.append({"metric": f"{name} drop", "key": "drop", "value": drop["value"], "bound": drop["upper"],
-                           "lower": drop["lower"], "limit": max_drop, "direction": "max",
-                           "p_value": info.get("drop_test", {}).get("p_value"), "n": run.n,
-                           "n_needed": drop["n_needed"], "method": drop["method"], "verdict": drop["verdict"],
-                           "passed": drop["verdict"] == "pass"})
+            checks.append(check(metric=f"{name} drop", key="drop", value=drop["value"], lower=drop["lower"],
+                                upper=drop["upper"], limit=max_drop, direction="max", n=run.n,
+                                n_needed=drop["n_needed"], method=drop["method"], verdict=drop["verdict"],
+                                p_value=info.get("drop_test", {}).get("p_value")))
         if floor is not None:
             fl = _floor(run, floor=floor, alpha=alpha)
             info["cand_lower"] = fl["lower"]
             info["floor_verdict"] = fl
-            checks.append({"metric": f"{name} score", "key": "score", "value": info["cand_score"],
-                           "bound": fl["lower"], "upper": fl["upper"], "limit": floor, "direction": "min",
-                           "n": run.n, "n_needed": fl["n_needed"], "method": fl["method"], "verdict": fl["verdict"],
-                           "passed": fl["verdict"] == "pass"})
+            checks.append(check(metric=f"{name} score", key="score", value=info["cand_score"], lower=fl["lower"],
+                                upper=fl["upper"], limit=floor, direction="min", n=run.n, n_needed=fl["n_needed"],
+                                method=fl["method"], verdict=fl["verdict"]))
     return checks, per_task
 
 
@@ -184,17 +193,11 @@ def _clip(text: str, n: int) -> str:
 def _fixed_drop(run: CapabilityRun, info: dict[str, Any], *, max_drop: float, alpha: float, fail_alpha: float,
                 shown: bool) -> dict[str, Any]:
     """One look at n items: pass = upper bound <= margin; fail = the drop test rejected (Holm)."""
-    import statistics
-
-    from ..stats import verdicts as V
-
     ref, cand = run.scores("reference"), run.scores("candidate")
     test = info["drop_test"]
     if run.graded:
-        from ..stats.paired_tests import drop_test_graded
-
-        lower, upper = drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha,
-                                        ci_confidence=1 - 2 * alpha).drop_ci
+        lower, upper = S.drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha,
+                                          ci_confidence=1 - 2 * alpha).drop_ci
         method = "paired bootstrap"
     else:
         lower, upper = V.binary_drop_bounds(test["b"], test["c"], run.n, alpha=alpha, fail_alpha=fail_alpha)
@@ -203,7 +206,7 @@ def _fixed_drop(run: CapabilityRun, info: dict[str, Any], *, max_drop: float, al
     needed = None
     if verdict == "inconclusive":
         if run.graded:
-            diffs = [r - c for r, c in zip(ref, cand)]
+            diffs = [r - c for r, c in zip(ref, cand, strict=True)]
             sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
             needed = V.drop_n_needed_graded(test["drop"], sd, run.n, max_drop=max_drop, alpha=alpha,
                                             fail_alpha=fail_alpha)
@@ -224,21 +227,13 @@ def _sequential_drop(seq: dict[str, Any]) -> dict[str, Any]:
 
 def _floor(run: CapabilityRun, *, floor: float, alpha: float) -> dict[str, Any]:
     """The candidate's score against an absolute floor: pass = lower bound >= floor; fail = upper < floor."""
-    from ..stats import verdicts as V
-
     cand = run.scores("candidate")
     needed = None
     if run.sequential is not None:  # the items were drawn until the drop was shown: an anytime-valid bound
-        import numpy as np
-
-        from ..stats.sequential import bounds_from_diffs
-
         lower, upper = bounds_from_diffs(np.asarray(cand, dtype=np.float64), alpha=alpha)
         method = "betting confidence sequence, anytime-valid"
     elif run.graded:
-        from ..stats.paired_tests import mean_interval_bootstrap
-
-        lower, upper = mean_interval_bootstrap(cand, confidence=1 - 2 * alpha)
+        lower, upper = S.mean_interval_bootstrap(cand, confidence=1 - 2 * alpha)
         method = "bootstrap"
     else:
         k = sum(1 for x in cand if x >= 1)
@@ -262,7 +257,7 @@ def _needed_text(needed: int | None, n: int, goal: str, rates: str) -> str:
 
 
 def failure_report(
-    runs: dict[str, CapabilityRun], stats: dict[str, dict[str, Any]], checks: list[dict[str, Any]], *,
+    runs: Mapping[str, CapabilityRun], stats: Mapping[str, dict[str, Any]], checks: Sequence[Check], *,
     verdict: str = "fail", rerun: str, nodeid: str,
 ) -> str:
     """Per check that did not pass: its verdict, bound, margin, n and the n that would tell; scores with

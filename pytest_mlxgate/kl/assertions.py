@@ -12,18 +12,20 @@ floor (the reference against itself), or the gate would fail on noise alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from ..common.format import percent
+from ..results.records import Check
+from ..results.verdicts import Direction
+from ..speed.text import speed_lines
+from ..verdicts.conclude import Target, check, conclude, given_limits
+from .result import KLResult
 
-if TYPE_CHECKING:
-    from .result import KLResult
-
-__all__ = ["assert_kl_below", "kl_checks"]
+__all__ = ["KLSubject", "assert_kl_below", "kl_checks"]
 
 #: keyword -> (label, direction): "max" means the value must stay at or below the limit.
-_METRICS: dict[str, tuple[str, str]] = {
+_METRICS: dict[str, tuple[str, Direction]] = {
     "mean": ("mean KL", "max"),
     "median": ("median KL", "max"),
     "p90": ("p90 KL", "max"),
@@ -35,26 +37,30 @@ _METRICS: dict[str, tuple[str, str]] = {
     "top1": ("top-1", "min"),
     "same_top": ("same top", "min"),
 }
+_METHOD = "95% interval over prompts"
 
 
-def kl_checks(stats: Mapping[str, Any], bounds: Mapping[str, float]) -> list[dict[str, Any]]:
+class KLSubject(Target, Protocol):
+    """What `assert_kl_below` needs of the `paired` fixture (`session.paired.Paired` is one)."""
+
+    def kl(self) -> KLResult: ...
+
+    def speed_if_asked(self) -> dict[str, Any] | None: ...
+
+
+def kl_checks(stats: Mapping[str, Any], bounds: Mapping[str, float]) -> list[Check]:
     """One check per bound: the value, both ends of its interval, the limit, and the verdict."""
     checks = []
     n = int(stats.get("n_prompts") or 0)
     for key, limit in bounds.items():
         label, direction = _METRICS[key]
-        value, bound = _value_and_bound(stats, key)
-        other = _other_end(stats, key)
-        if bound is None or math.isnan(bound):
-            verdict = "inconclusive"  # an undefined bound (e.g. one prompt) shows nothing either way
-        elif direction == "max":
-            verdict = "pass" if bound <= limit else "fail" if other is not None and other > limit else "inconclusive"
-        else:
-            verdict = "pass" if bound >= limit else "fail" if other is not None and other < limit else "inconclusive"
-        needed = _prompts_needed(value, bound, limit, n, direction) if verdict == "inconclusive" else None
-        checks.append({"metric": label, "key": key, "value": value, "bound": bound, "other_bound": other,
-                       "limit": float(limit), "direction": direction, "n": n, "n_needed": needed,
-                       "verdict": verdict, "passed": verdict == "pass"})
+        value, lower, upper = _interval(stats, key)
+        made = check(metric=label, key=key, value=value, lower=lower, upper=upper, limit=limit,
+                     direction=direction, n=n, method="observed maximum" if key == "max" else _METHOD)
+        if made["verdict"] == "inconclusive":
+            made["n_needed"] = _prompts_needed(value, made["upper"] if direction == "max" else made["lower"],
+                                               limit, n, direction)
+        checks.append(made)
     return checks
 
 
@@ -69,7 +75,7 @@ def _prompts_needed(value: float, bound: float | None, limit: float, n: int, dir
 
 
 def assert_kl_below(
-    result: Any,
+    result: KLSubject | KLResult,
     *,
     mean: float | None = None,
     median: float | None = None,
@@ -91,90 +97,64 @@ def assert_kl_below(
     `KLResult`. Returns the result, so a gate can go on to look at it.
     """
     __tracebackhide__ = True
-    given = {"mean": mean, "median": median, "p90": p90, "p95": p95, "p99": p99, "p999": p999,
-             "max": max, "top1": top1, "same_top": same_top, "ln_ppl": ln_ppl}
-    bounds = {k: float(v) for k, v in given.items() if v is not None}
-    if not bounds:
-        raise TypeError("assert_kl_below needs at least one limit, e.g. assert_kl_below(paired, mean=1e-3)")
-    for key, value in bounds.items():
-        if math.isnan(value) or value < 0 or (_METRICS[key][1] == "min" and value > 1):
-            raise ValueError(f"assert_kl_below: {key}={value} is not a usable limit")
-
-    publish = getattr(result, "publish", None)
-    kl: KLResult = result.kl() if hasattr(result, "kl") else result
-    stats = kl.stats.to_json()
-    from ..results.verdicts import overall_verdict, settle_inconclusive
-
+    bounds = given_limits("assert_kl_below", {
+        "mean": mean, "median": median, "p90": p90, "p95": p95, "p99": p99, "p999": p999, "max": max,
+        "top1": top1, "same_top": same_top, "ln_ppl": ln_ppl},
+        example="at least one limit, e.g. assert_kl_below(paired, mean=1e-3)",
+        usable=lambda key, value: value >= 0 and not (_METRICS[key][1] == "min" and value > 1))
+    subject = None if isinstance(result, KLResult) else result
+    kl = result if isinstance(result, KLResult) else result.kl()
     if kl.aa is not None:
-        checks = _floor_checks(kl.aa["floors"], bounds)
-        verdict = "floor" if all(c["passed"] for c in checks) else "fail"
+        checks = _floor_checks(kl.aa["floors"], bounds, kl.stats.n_prompts)
+        conclusion = kl.conclusion(bounds=bounds, checks=checks,
+                                   verdict="floor" if all(c["verdict"] == "pass" for c in checks) else "fail")
     else:
-        checks = kl_checks(stats, bounds)
-        verdict = overall_verdict(checks)
-    rerun = getattr(result, "rerun", "")
-    if publish is not None:
-        publish(bounds=bounds, checks=checks, verdict=verdict)
-    if verdict in ("fail", "inconclusive"):
-        message = failure_report(kl, checks, nodeid=getattr(result, "nodeid", ""), rerun=rerun, verdict=verdict)
-        speed = result.speed_if_asked() if hasattr(result, "speed_if_asked") else None
-        if speed:
-            from ..speed.text import speed_lines
+        conclusion = kl.conclusion(bounds=bounds, checks=kl_checks(kl.stats.to_json(), bounds))
+    speed = subject.speed_if_asked() if subject is not None else None
 
-            message += "".join(f"\n  {line}" for line in speed_lines(speed))
-        if verdict == "fail":
-            raise AssertionError(message)
-        settle_inconclusive(message, getattr(result, "inconclusive", "fail"))
+    def message(*, verdict: str, nodeid: str, rerun: str) -> str:
+        text = failure_report(kl, conclusion.checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
+        if speed:
+            text += "".join(f"\n  {line}" for line in speed_lines(speed))
+        return text
+
+    conclude(subject, conclusion, message)
     return kl
 
 
-def _value_and_bound(stats: Mapping[str, Any], key: str) -> tuple[float, float | None]:
-    if key == "mean":
-        return stats["mean"], stats["mean_ci"][1]
-    if key in ("median", "p90", "p95", "p99", "p999"):
-        return stats[key], stats["quantile_ci"][key][1]
+def _interval(stats: Mapping[str, Any], key: str) -> tuple[float, float | None, float | None]:
+    """The statistic's value and the two ends of its 95% interval (a max is observed: both ends are it)."""
     if key == "max":
-        return stats["max"], stats["max"]
-    if key == "ln_ppl":
-        return stats["ln_ppl_ratio"], stats["ln_ppl_ratio_ci"][1]
-    return stats[key], stats[f"{key}_ci"][0]
+        return stats["max"], stats["max"], stats["max"]
+    if key in ("median", "p90", "p95", "p99", "p999"):
+        lower, upper = stats["quantile_ci"][key]
+        return stats[key], lower, upper
+    name = "ln_ppl_ratio" if key == "ln_ppl" else key
+    lower, upper = stats[f"{name}_ci"]
+    return stats[name], lower, upper
 
 
-def _other_end(stats: Mapping[str, Any], key: str) -> float | None:
-    """The interval's end on the far side of the limit: beyond it, a crossing is shown."""
-    if key == "mean":
-        end = stats["mean_ci"][0]
-    elif key in ("median", "p90", "p95", "p99", "p999"):
-        end = stats["quantile_ci"][key][0]
-    elif key == "max":
-        end = stats["max"]  # observed, not estimated: a max over the limit is shown
-    elif key == "ln_ppl":
-        end = stats["ln_ppl_ratio_ci"][0]
-    else:
-        end = stats[f"{key}_ci"][1]
-    return None if end is None or (isinstance(end, float) and math.isnan(end)) else float(end)
-
-
-def _floor_checks(floors: Mapping[str, float], bounds: Mapping[str, float]) -> list[dict[str, Any]]:
+def _floor_checks(floors: Mapping[str, float], bounds: Mapping[str, float], n: int) -> list[Check]:
     """A/A: each limit must leave room above the noise floor (below it, for agreement rates)."""
     checks = []
     for key, limit in bounds.items():
         label, direction = _METRICS[key]
         floor = floors.get(key)
-        passed = floor is not None and (limit > floor if direction == "max" else limit < floor)
-        checks.append({"metric": f"{label} floor", "key": key, "value": floor, "bound": floor,
-                       "limit": float(limit), "direction": direction, "passed": bool(passed)})
+        roomy = floor is not None and (limit > floor if direction == "max" else limit < floor)
+        checks.append(check(metric=f"{label} floor", key=key, value=floor, lower=floor, upper=floor, limit=limit,
+                            direction=direction, n=n, method="A/A noise floor (the reference against itself)",
+                            verdict="pass" if roomy else "fail"))
     return checks
 
 
-def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, rerun: str,
-                   verdict: str = "fail") -> str:
+def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun: str, verdict: str = "fail") -> str:
     """The assertion message: a small report that says what failed, where, on what, and how to re-run."""
     s = kl.stats.to_json()
     name = nodeid.split("/")[-1] if nodeid else "gate"
     if kl.aa is not None:
         lines = [f"KL gate bounds sit below the A/A noise floor: {name}"]
         for c in checks:
-            if not c["passed"]:
+            if c["verdict"] != "pass":
                 rel = "≤" if c["direction"] == "max" else "≥"
                 lines.append(f"  {c['key']} limit {_fmt(c['limit'])} {rel} A/A floor {_fmt(c['value'])} "
                              f"(reference vs itself, prefill chunk {kl.aa['chunk']}): the gate would fail on noise")
@@ -183,8 +163,8 @@ def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, r
         lines = [f"KL gate {head}: {name}"]
         n = f"over {s['n_prompts']} prompts, {s['n_tokens']} tokens"
         for c in checks:
-            mark = {"pass": "", "fail": "  ✗ fail", "inconclusive": "  ? inconclusive"}.get(
-                c.get("verdict", "pass" if c["passed"] else "fail"), "")
+            passed = c["verdict"] == "pass"
+            mark = {"pass": "", "fail": "  ✗ fail", "inconclusive": "  ? inconclusive"}[c["verdict"]]
             if c["key"] == "mean":
                 lo, hi = s["mean_ci"]
                 text = f"mean KL {_fmt(s['mean'])} (95% interval {_fmt(lo)}–{_fmt(hi)} {n})"
@@ -195,11 +175,11 @@ def failure_report(kl: KLResult, checks: list[dict[str, Any]], *, nodeid: str, r
             elif c["key"] == "max":
                 text = f"max KL {_fmt(c['value'])}"
             else:
-                text = f"{c['metric']} {_fmt(c['value'])} (95% upper bound {_fmt(c['bound'])})"
-            rel = ("≤" if c["passed"] else ">") if c["direction"] == "max" else ("≥" if c["passed"] else "<")
+                text = f"{c['metric']} {_fmt(c['value'])} (95% upper bound {_fmt(c['upper'])})"
+            rel = ("≤" if passed else ">") if c["direction"] == "max" else ("≥" if passed else "<")
             limit = percent(c["limit"]) if c["direction"] == "min" else _fmt(c["limit"])
             lines.append(f"  {text} {rel} limit {limit}{mark}")
-            if c.get("verdict") == "inconclusive":
+            if c["verdict"] == "inconclusive":
                 need = (f"about {c['n_needed']} prompts at the observed spread would tell" if c.get("n_needed")
                         else "more prompts would not bring it inside the limit" if s["n_prompts"] > 1
                         else "one prompt gives no interval: use at least 2 (--mlx-kl-prompts)")

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..results.records import GateRecord, ModelRef, gate_record
+from ..results.records import Check, ModelRef
+from ..verdicts.conclude import Conclusion
 
 if TYPE_CHECKING:
     from ..levers.lever import Lever
@@ -42,25 +43,17 @@ class KLResult:
     def token(self, token_id: int) -> str:
         return self.token_text.get(token_id, f"<{token_id}>")
 
-    def record(
-        self,
-        *,
-        nodeid: str,
-        bounds: Mapping[str, float],
-        checks: Sequence[Mapping[str, Any]],
-        verdict: str,
-        rerun: str,
-    ) -> GateRecord:
-        """The plain-JSON record that rides the test report to the controller (report, DB, summary)."""
+    def conclusion(self, *, bounds: Mapping[str, float], checks: Sequence[Check], verdict: str = "") -> Conclusion:
+        """What a KL gate decided, with everything its record carries (`verdict` "": the checks' worst)."""
+        return Conclusion(mode="aa" if self.aa is not None else "gate", checks=checks, bounds=bounds,
+                          verdict=verdict, fields=self.record_fields())
+
+    def record_fields(self) -> dict[str, Any]:
+        """The record's fields this measurement fills (`results.records.gate_record`'s keywords)."""
         extra: dict[str, Any] = {"kl_profile": self.profile} if self.profile is not None else {}
         if self.counters.lever_calls:
             extra["lever_calls"] = dict(self.counters.lever_calls)
-        return gate_record(
-            nodeid=nodeid,
-            mode="aa" if self.aa is not None else "gate",
-            verdict=verdict,
-            checks=checks,
-            bounds=bounds,
+        return dict(
             candidate=self.candidate,
             reference_model=self.reference_model,
             lever=self.lever.to_json(),
@@ -75,7 +68,6 @@ class KLResult:
                       "candidate": self.counters.candidate_forwards},
             aa=self.aa,
             tokens={str(k): v for k, v in self.token_text.items()},
-            rerun=rerun,
             **extra,
         )
 

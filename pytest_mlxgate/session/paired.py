@@ -7,23 +7,28 @@ runs the arms once: KL through `kl.measure`, capability tasks through `capabilit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import VocabularyMismatchError
 from ..kl.shape import ArmCounters, RunShape
 from ..results.records import CALIBRATION_PROPERTY, RECORD_PROPERTY, gate_record
+from ..verdicts.conclude import Conclusion
 from .transport import stage
 
 if TYPE_CHECKING:
+    from ..capability.assertions import CapabilitySubject
     from ..capability.base import Budget
+    from ..capability.result import CapabilityRun
     from ..capability.runner import ArmProgress
+    from ..kl.assertions import KLSubject
     from ..kl.prompts import TokenSequence
     from ..kl.refcache import ReferenceCache
     from ..kl.result import KLResult
     from ..levers.lever import Arm, Lever
     from ..models.loaded import LoadedModel
+    from ..speed.assertions import SpeedSubject
     from ..speed.shape import SpeedShape
     from .watch import Watcher
 
@@ -53,7 +58,7 @@ class PairedRun:
     speed_shape: SpeedShape | None = None  # None: the module's speed is not asked for (mlx_speed, --mlx-speed)
     watch: Watcher | None = None  # the arms' progress lines, time limit and the run's speed-trial lock
     counters: ArmCounters = field(default_factory=ArmCounters)
-    _capability: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    _capability: dict[tuple[Any, ...], CapabilityRun] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
     _untrained: str | None = None
@@ -90,7 +95,7 @@ class PairedRun:
         return self._result
 
     def capability(self, task: str, *, n: int | Budget | None = None, tier: str | None = None,
-                   sequential: Mapping[str, float | None] | None = None) -> Any:
+                   sequential: Mapping[str, float | None] | None = None) -> CapabilityRun:
         """Both arms of one capability task on the same items (once per module, task, tier and n).
 
         With `n=Budget(...)`, `sequential` holds the gate's max_drop, alpha and fail_alpha: the
@@ -259,9 +264,6 @@ class PairedRun:
 
         return meter
 
-def _speed_field(speed: dict[str, Any] | None) -> dict[str, Any]:
-    return {} if speed is None else {"speed": speed}
-
 
 #: How a capability run's reference arm was obtained, in the progress line's words.
 _SOURCE_WORDS = {"cache": "from the reference cache", "computed": "computed", "mixed": "partly cached"}
@@ -271,7 +273,7 @@ class Paired:
     """What the `paired` fixture hands a gate: its module's arms, run on first use, and where the
     gate's numbers go (the test's report, from which the controller writes results)."""
 
-    def __init__(self, run: PairedRun, item: Any, rerun: str) -> None:
+    def __init__(self, run: PairedRun, item: Any, rerun: str) -> None:  # a pytest.Function (test's item)
         self.run = run
         self.item = item
         self.nodeid: str = item.nodeid
@@ -296,33 +298,13 @@ class Paired:
         return self.run.kl()
 
     def capability(self, task: str, *, n: int | Budget | None = None,
-                   sequential: Mapping[str, float | None] | None = None) -> Any:
+                   sequential: Mapping[str, float | None] | None = None) -> CapabilityRun:
         """Both arms of a capability task on the same items (`--mlx-tier` picks smoke or full)."""
         tier = None
         mark = self.item.get_closest_marker("mlx_tier")
         if mark is not None and mark.args and not self.run.capability_options.get("tier_from_cli"):
             tier = str(mark.args[0])
         return self.run.capability(task, n=n, tier=tier, sequential=sequential)
-
-    def publish_capability(self, *, tasks: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], verdict: str,
-                           skipped: Mapping[str, str], bounds: Mapping[str, Any]) -> None:
-        """A capability gate's record: per-task scores, paired tests, the checks and the verdict."""
-        n_items = sum(int(t["n"]) for t in tasks.values())
-        run = self.run
-        record = gate_record(
-            nodeid=self.nodeid, mode="capability", verdict=verdict, checks=checks,
-            bounds={k: v for k, v in bounds.items() if v is not None},
-            candidate=run.candidate.describe(),
-            reference_model=run.reference.describe() if self.lever.two_models and run.reference else None,
-            lever=self.lever.to_json(), path=self.shape.path,
-            sizes={"prompts": n_items}, stats={"n_prompts": n_items},
-            tasks=dict(tasks), skipped=dict(skipped),
-            **_speed_field(run.speed_if_asked()),
-            durations={"total_s": round(sum(sum(t["durations"].values()) for t in tasks.values()), 3)},
-            rerun=self.rerun,
-        )
-        stage(self.item, RECORD_PROPERTY, record)
-        self.published = True
 
     def speed(self) -> dict[str, Any]:
         """Both arms' speed and memory on the serving path (once per module), as its record carries it."""
@@ -331,31 +313,27 @@ class Paired:
     def speed_if_asked(self) -> dict[str, Any] | None:
         return self.run.speed_if_asked()
 
-    def publish(self, *, bounds: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
-        record = self.kl().record(nodeid=self.nodeid, bounds=bounds, checks=checks, verdict=verdict,
-                                  rerun=self.rerun)
-        speed = self.run.speed_if_asked()
+    def publish(self, conclusion: Conclusion) -> None:
+        """The one way a gate's numbers leave it: the conclusion of an assertion (`verdicts.conclude`) becomes
+        the test's record, with the arms (model, lever, path) and the re-run command where the measurement
+        does not give them, and the module's speed when it asks for it."""
+        run = self.run
+        arms: dict[str, Any] = {
+            "candidate": run.candidate.describe(),
+            "reference_model": run.reference.describe() if self.lever.two_models and run.reference else None,
+            "lever": self.lever.to_json(), "path": self.shape.path}
+        record = gate_record(nodeid=self.nodeid, mode=conclusion.mode, verdict=conclusion.verdict,
+                             checks=conclusion.checks, bounds=conclusion.bounds, rerun=self.rerun,
+                             **{**arms, **conclusion.fields})
+        speed = run.speed_if_asked() if "speed" not in record else None
         if speed is not None:
             record["speed"] = speed
         stage(self.item, RECORD_PROPERTY, record)
         self.published = True
 
-    def publish_speed(self, *, goals: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
-        """A speed gate's record: the goals, their checks and the whole measurement."""
-        run = self.run
-        speed = run.speed()
-        record = gate_record(
-            nodeid=self.nodeid, mode="aa" if run.aa else "speed", verdict=verdict, checks=checks, bounds=goals,
-            candidate=run.candidate.describe(),
-            reference_model=run.reference.describe() if self.lever.two_models and run.reference else None,
-            lever=self.lever.to_json(), path="serving", speed=speed,
-            durations={"total_s": float(speed.get("duration_s") or 0.0)}, rerun=self.rerun,
-        )
-        stage(self.item, RECORD_PROPERTY, record)
-        self.published = True
-
-    def calibrate(self) -> None:
-        """--mlx-calibrate: measure (once per module), hand the first test the calibration, skip every test."""
+    def calibrate(self, keep: Callable[[Paired, dict[str, Any]], None] | None = None) -> None:
+        """--mlx-calibrate: measure (once per module), hand the first test the calibration, skip every test.
+        `keep` (the calibration file's writer, `authoring.calibration_run`) sees the measurement once, first."""
         import pytest
 
         from ..authoring.calibrate import accept_broken_from
@@ -364,6 +342,8 @@ class Paired:
         first = run._calibration is None
         calibration = run.calibration(self.nodeid.split("::")[0], accept_broken_from(self.item))
         if first:
+            if keep is not None:
+                keep(self, calibration)
             stage(self.item, CALIBRATION_PROPERTY, calibration)
             pytest.skip("--mlx-calibrate: measured, no verdict; the suggested limits are in the mlxgate "
                         "calibration section")
@@ -374,9 +354,17 @@ class Paired:
         if self.published:
             return
         if self.run._result is not None:
-            self.publish(bounds={}, checks=[], verdict="measured")
+            self.publish(self.run._result.conclusion(bounds={}, checks=[], verdict="measured"))
         elif self.run._speed is not None:
-            self.publish_speed(goals={}, checks=[], verdict="measured")
+            from ..speed.assertions import speed_conclusion
+
+            self.publish(speed_conclusion(self.run._speed, {}, [], verdict="measured"))
 
     def __repr__(self) -> str:
         return f"<paired {self.run.lever.describe()}>"
+
+
+if TYPE_CHECKING:
+    def _takes_every_assertion(paired: Paired) -> tuple[KLSubject, SpeedSubject, CapabilitySubject]:
+        """mypy checks here that `Paired` offers what each assertion asks of the `paired` fixture."""
+        return paired, paired, paired

@@ -59,13 +59,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 
 from .intervals import normal_cdf, z_two_sided
 
 __all__ = [
+    "DropOptions",
     "DropTest",
     "PairedBinary",
     "Scores",
@@ -412,48 +413,39 @@ def drop_test_graded(
     )
 
 
-def _dispatch(
-    ref: Scores, cand: Scores, kind: Kind, max_drop: float,
-    alpha: float, resamples: int, seed: int, alternative: Alternative,
-) -> DropTest:
+class DropOptions(TypedDict, total=False):
+    """`drop_exceeds`/`drop_within`'s options: `alpha` (0.05); `kind` ("auto", the default: the binary
+    tests when every score is 0/1, the graded bootstrap otherwise); the bootstrap's `resamples`
+    (10000) and `seed` (0)."""
+
+    alpha: float
+    kind: Kind
+    resamples: int
+    seed: int
+
+
+def _dispatch(ref: Scores, cand: Scores, max_drop: float, alternative: Alternative, options: DropOptions) -> DropTest:
+    unknown = sorted(set(options) - set(DropOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    alpha, kind = options.get("alpha", 0.05), options.get("kind", "auto")
     if kind == "auto":
         r, c = _pair(ref, cand)
         kind = "binary" if _is_binary(r) and _is_binary(c) else "graded"
     if kind == "binary":
         return drop_test_binary(ref, cand, max_drop=max_drop, alpha=alpha, alternative=alternative)
-    return drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha, resamples=resamples, seed=seed,
-                            alternative=alternative)
+    return drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha, resamples=options.get("resamples", 10000),
+                            seed=options.get("seed", 0), alternative=alternative)
 
 
-def drop_exceeds(
-    ref: Scores,
-    cand: Scores,
-    *,
-    max_drop: float,
-    alpha: float = 0.05,
-    kind: Kind = "auto",
-    resamples: int = 10000,
-    seed: int = 0,
-) -> DropTest:
-    """The gate's test, H0: drop <= max_drop; `rejected` (the gate fails) = the drop is significantly larger.
-
-    kind "auto" uses the binary tests when every score is 0/1 and the graded bootstrap otherwise.
-    """
-    return _dispatch(ref, cand, kind, max_drop, alpha, resamples, seed, "exceeds")
+def drop_exceeds(ref: Scores, cand: Scores, *, max_drop: float, **options: Unpack[DropOptions]) -> DropTest:
+    """The gate's test, H0: drop <= max_drop; `rejected` (the gate fails) = the drop is significantly larger."""
+    return _dispatch(ref, cand, max_drop, "exceeds", options)
 
 
-def drop_within(
-    ref: Scores,
-    cand: Scores,
-    *,
-    max_drop: float,
-    alpha: float = 0.05,
-    kind: Kind = "auto",
-    resamples: int = 10000,
-    seed: int = 0,
-) -> DropTest:
+def drop_within(ref: Scores, cand: Scores, *, max_drop: float, **options: Unpack[DropOptions]) -> DropTest:
     """Non-inferiority proper, H0: drop >= max_drop; `rejected` = the drop is shown smaller than max_drop."""
-    return _dispatch(ref, cand, kind, max_drop, alpha, resamples, seed, "within")
+    return _dispatch(ref, cand, max_drop, "within", options)
 
 
 # --- power -----------------------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..results.verdicts import Verdict
 from .paired_tests import Scores, score_array
 
 __all__ = [
@@ -111,7 +112,6 @@ __all__ = [
 ]
 
 Side = Literal["upper", "lower"]
-Verdict = Literal["pass", "fail", "inconclusive"]
 #: What `run_sequential`'s `next_batch(k)` returns: up to k (ref, cand) pairs (a list, a (k, 2) array),
 #: fewer or none (empty, None) once the items are exhausted.
 PairBatch = Sequence[tuple[float, float]] | np.ndarray | None

@@ -13,6 +13,7 @@ Bounds (fixed n, one look):
   reduces to z^2 / (n + z^2), i.e. 25 agreeing items bound a drop at 0.10;
 * graded items: the paired bootstrap's interval (hull of basic and percentile-t) at 1 - 2 alpha;
 * a score's floor: one-sided Wilson bounds.
+The words and the three-way rule are the one vocabulary's (`results/verdicts.py`), re-exported here.
 `n_needed` projects the observed rates to a larger n (same discordance, same mean and spread) and
 returns the first n whose bound would clear the margin: a planning figure, not a promise.
 """
@@ -22,9 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from ..results.verdicts import Verdict, three_way
 from .intervals import normal_quantile, wilson_bounds
+from .paired_tests import tango_interval
 
 __all__ = [
     "N_NEEDED_CAP",
@@ -38,7 +41,6 @@ __all__ = [
     "three_way",
 ]
 
-Verdict = Literal["pass", "fail", "inconclusive"]
 #: Projections stop here; beyond it the message says "more than N_NEEDED_CAP".
 N_NEEDED_CAP = 100_000
 
@@ -61,17 +63,8 @@ class VerdictOutcome:
                 "upper": self.upper, "limit": self.limit, "n_needed": self.n_needed, "method": self.method}
 
 
-def three_way(*, within: bool, beyond: bool) -> Verdict:
-    """`within`: the bound on the good side clears the limit; `beyond`: the other side was shown."""
-    if within and beyond:  # only when the bounds cross: nothing consistent was shown
-        return "inconclusive"
-    return "pass" if within else "fail" if beyond else "inconclusive"
-
-
 def binary_drop_bounds(b: float, c: float, n: float, *, alpha: float, fail_alpha: float | None = None) -> tuple[float, float]:
     """(lower at 1 - fail_alpha, upper at 1 - alpha), one-sided Tango score bounds of P(loss) - P(win)."""
-    from .paired_tests import tango_interval
-
     upper = tango_interval(b, c, n, 1.0 - 2.0 * alpha)[1]  # type: ignore[arg-type]
     lower = tango_interval(b, c, n, 1.0 - 2.0 * (fail_alpha or alpha))[0]  # type: ignore[arg-type]
     return lower, upper

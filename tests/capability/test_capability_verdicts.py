@@ -11,6 +11,8 @@ from pytest_mlxgate import assert_capability_at_least
 from pytest_mlxgate.capability.base import Budget, Item, ItemResult
 from pytest_mlxgate.capability.result import CapabilityRun
 from pytest_mlxgate.errors import InconclusiveGateWarning
+from pytest_mlxgate.results.records import gate_record
+from pytest_mlxgate.verdicts.conclude import Conclusion
 
 
 def run_of(ref: list[float], cand: list[float], *, task: str = "gsm8k", graded: bool = False) -> CapabilityRun:
@@ -25,7 +27,8 @@ def run_of(ref: list[float], cand: list[float], *, task: str = "gsm8k", graded: 
 
 
 class FakePaired:
-    """What a gate's `paired` fixture offers the assertion: runs, a record sink, the policy."""
+    """What a gate's `paired` fixture offers the assertion: runs, the one publish (kept as the record it
+    makes), the policy."""
 
     def __init__(self, runs: dict[str, CapabilityRun], inconclusive: str = "fail") -> None:
         self.runs = runs
@@ -39,8 +42,10 @@ class FakePaired:
         self.asked.append((name, n, sequential))
         return self.runs[name]
 
-    def publish_capability(self, **record: Any) -> None:
-        self.records.append(record)
+    def publish(self, conclusion: Conclusion) -> None:
+        self.records.append(dict(gate_record(
+            nodeid=self.nodeid, mode=conclusion.mode, verdict=conclusion.verdict, checks=conclusion.checks,
+            bounds=conclusion.bounds, rerun=self.rerun, **conclusion.fields)))
 
 
 def agree(n: int) -> tuple[list[float], list[float]]:
@@ -53,8 +58,9 @@ def test_pass_needs_the_upper_bound_inside_the_margin_and_says_what_n_would_tell
     paired = FakePaired({"gsm8k": run_of(ref, cand)})
     assert_capability_at_least(paired, "gsm8k", max_drop=0.10)
     check = paired.records[-1]["checks"][0]
-    assert paired.records[-1]["verdict"] == "pass" and check["verdict"] == "pass" and check["passed"] is True
-    assert check["bound"] == pytest.approx(0.0977, abs=1e-4) and check["n"] == 25 and check["n_needed"] is None
+    assert paired.records[-1]["verdict"] == "pass" and check["verdict"] == "pass" and "passed" not in check
+    assert check["upper"] == pytest.approx(0.0977, abs=1e-4) and check["n"] == 25 and check["n_needed"] is None
+    assert check["direction"] == "max" and check["lower"] < 0 < check["upper"] and "bound" not in check
 
     ref, cand = agree(24)  # one fewer: 10.1 points, not shown
     paired = FakePaired({"gsm8k": run_of(ref, cand)})
@@ -68,8 +74,9 @@ def test_pass_needs_the_upper_bound_inside_the_margin_and_says_what_n_would_tell
     assert "an inconclusive gate fails" in text and "re-run: pytest gates/test_x.py::test_capability" in text
     record = paired.records[-1]
     assert record["verdict"] == "inconclusive"
-    assert record["checks"][0] | {"bound": None} == record["checks"][0] | {
-        "verdict": "inconclusive", "passed": False, "n": 24, "n_needed": 25, "limit": 0.10, "bound": None}
+    assert record["checks"][0] | {"upper": None} == record["checks"][0] | {
+        "verdict": "inconclusive", "n": 24, "n_needed": 25, "limit": 0.10, "upper": None}
+    assert record["checks"][0]["upper"] > 0.10 and "passed" not in record["checks"][0]
 
 
 def test_a_regression_is_shown_only_when_the_drop_test_rejects_at_the_margin() -> None:
@@ -139,8 +146,9 @@ def test_graded_scores_use_the_paired_bootstrap_bounds() -> None:
 def test_inconclusive_warns_or_xfails_on_request_and_never_passes_silently() -> None:
     ref, cand = agree(8)
     paired = FakePaired({"gsm8k": run_of(ref, cand)}, inconclusive="warn")
-    with pytest.warns(InconclusiveGateWarning, match="inconclusive: n=8 bounds the drop at 25.3 points"):
+    with pytest.warns(InconclusiveGateWarning, match="inconclusive: n=8 bounds the drop at 25.3 points") as warned:
         assert_capability_at_least(paired, "gsm8k", max_drop=0.10)
+    assert warned[0].filename == __file__  # the warning names the gate's line, not the package's
     assert paired.records[-1]["verdict"] == "inconclusive"  # the record still says so
     paired = FakePaired({"gsm8k": run_of(ref, cand)}, inconclusive="xfail")
     with pytest.raises(pytest.xfail.Exception, match="inconclusive"):

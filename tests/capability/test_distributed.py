@@ -197,7 +197,7 @@ def test_two_ranks_on_the_ring_backend_equal_one_process_item_by_item(ring: None
         assert 0 < sum(ref_s) < len(ref_s) and 0 < sum(cand_s) < len(cand_s), name
         assert ref_s != cand_s, name
     (drop,) = [c for c in single["checks"] if c["metric"] == "pick drop"]
-    assert drop["lower"] < drop["value"] < drop["bound"]
+    assert drop["lower"] < drop["value"] < drop["upper"]
     assert single["sequential"]["verdict"]["n"] == rank0["sequential"]["verdict"]["n"] > 16
 
     # rank 0 stored the reference arm under the whole item list's key: one process finds it

@@ -26,12 +26,17 @@ def verdict(s: dict[str, Any], **bounds: float) -> tuple[str, list[dict[str, Any
 
 def test_a_bound_inside_every_limit_passes() -> None:
     v, checks = verdict(stats((1e-5, 3e-5)), mean=1e-4, p99=1e-3, top1=0.98, max=1e-2)
-    assert v == "pass" and all(c["verdict"] == "pass" and c["passed"] for c in checks)
+    assert v == "pass" and all(c["verdict"] == "pass" and "passed" not in c for c in checks)
+    mean, p99, top1, max_kl = checks  # each interval's two ends, in the metric's units, whatever the direction
+    assert (mean["lower"], mean["upper"], mean["direction"]) == (1e-5, 3e-5, "max")
+    assert (p99["lower"], p99["upper"]) == (1e-4, 2e-4) and (top1["lower"], top1["upper"], top1["direction"]) == (
+        0.99, 1.0, "min")
+    assert max_kl["lower"] == max_kl["upper"] == max_kl["value"] == 1e-3  # observed, not estimated
 
 
 def test_an_interval_wholly_beyond_a_limit_is_a_fail() -> None:
     v, checks = verdict(stats((2e-4, 4e-4)), mean=1e-4)
-    assert v == "fail" and checks[0]["other_bound"] == 2e-4 and checks[0]["n_needed"] is None
+    assert v == "fail" and checks[0]["lower"] == 2e-4 and checks[0]["n_needed"] is None
     v, _ = verdict(stats((1e-5, 2e-5), top1_ci=(0.90, 0.95), top1=0.93), top1=0.97)
     assert v == "fail"
     v, _ = verdict(stats((1e-5, 2e-5), max_kl=0.5), max=0.1)  # an observed max over the limit is shown
@@ -40,7 +45,7 @@ def test_an_interval_wholly_beyond_a_limit_is_a_fail() -> None:
 
 def test_an_interval_straddling_a_limit_is_inconclusive_with_the_prompts_it_would_take() -> None:
     v, checks = verdict(stats((2e-5, 1.4e-4), mean=6e-5, n=16), mean=1e-4)
-    assert v == "inconclusive" and checks[0]["verdict"] == "inconclusive" and not checks[0]["passed"]
+    assert v == "inconclusive" and checks[0]["verdict"] == "inconclusive" and "passed" not in checks[0]
     # half-width 8e-5 against room 4e-5: four times the prompts (1/sqrt(n))
     assert checks[0]["n_needed"] == 64
     v, checks = verdict(stats((2e-5, 1.4e-4), mean=1.2e-4), mean=1e-4)  # point value over the limit
@@ -53,6 +58,7 @@ def test_one_prompt_has_no_interval_and_shows_nothing() -> None:
     s = stats((float("nan"), float("nan")), mean=1e-5, n=1)
     v, checks = verdict(s, mean=1e-4)
     assert v == "inconclusive" and checks[0]["n_needed"] is None
+    assert checks[0]["lower"] is None and checks[0]["upper"] is None  # no interval: no ends (JSON null, not NaN)
 
 
 def test_fail_outranks_inconclusive_across_limits() -> None:

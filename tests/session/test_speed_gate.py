@@ -1,5 +1,6 @@
 """Speed and memory in a gate session: a module with `mlx_speed` measures once and every record of
-it carries the figures (summary once, JSON, DB columns); assert_faster's verdicts end tests;
+it carries the figures (summary once, JSON, DB columns); assert_faster's and assert_smaller's verdicts
+end tests (assert_faster's memory goals still work, with a DeprecationWarning);
 --mlx-speed on/off and the size options apply; bad sizes are usage errors."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 GATE = '''
 import pytest
-from pytest_mlxgate import assert_faster, assert_kl_below
+from pytest_mlxgate import assert_faster, assert_kl_below, assert_smaller
 
 pytestmark = [
     pytest.mark.mlx_lever("kv8", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
@@ -27,11 +28,19 @@ def test_drift(paired):
 
 
 def test_memory(paired):
+    assert_smaller(paired, kv=0.3, at="all")
+
+
+def test_memory_as_before(paired):
     assert_faster(paired, kv=0.3, at="all")
 
 
 def test_impossible_speed_up(paired):
     assert_faster(paired, decode=100.0)
+
+
+def test_impossible_saving(paired):
+    assert_smaller(paired, kv=0.01)
 '''
 
 PLAIN = '''
@@ -55,9 +64,11 @@ def test_a_speed_module_measures_once_and_every_record_carries_it(
     report, db = tmp_path / "r.json", tmp_path / "h.sqlite"
     result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly",
                                            f"--mlx-report={report}", f"--mlx-db={db}")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=3, failed=2, warnings=1)
     out = result.stdout.str()
     assert "speed gate failed (shown short of a goal): test_kv.py::test_impossible_speed_up" in out
+    assert "memory gate failed (shown over a goal): test_kv.py::test_impossible_saving" in out
+    assert "DeprecationWarning: assert_faster(kv=0.3): memory goals are assert_smaller's now" in out
     assert out.count("speed @40: prefill ×") == 1 and out.count("speed @16: prefill ×") == 1  # once per module
     assert "speed (both arms interleaved): contexts 16, 40 tokens, 3 decoded, 3 pairs each" in out
     records = {r["nodeid"].split("::")[1]: r for r in json.loads(report.read_text())["gates"]}
@@ -68,12 +79,17 @@ def test_a_speed_module_measures_once_and_every_record_carries_it(
     assert sorted(speed["contexts"]) == ["16", "40"]
     assert all(len(speed["contexts"][c][arm]["trials"]) == 3 for c in ("16", "40") for arm in ("reference", "candidate"))
     assert [c["verdict"] for c in records["test_memory"]["checks"]] == ["pass", "pass"]
+    old, new = records["test_memory_as_before"], records["test_memory"]
+    assert old["checks"] == new["checks"]
+    assert (old["mode"], old["verdict"], old["bounds"]) == ("speed", "pass", {"kv": 0.3})
     assert records["test_impossible_speed_up"]["verdict"] == "fail"
+    saving = records["test_impossible_saving"]
+    assert (saving["mode"], saving["verdict"]) == ("speed", "fail")
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT mode, speed_context, decode_ratio, ref_kv_bytes > cand_kv_bytes FROM quality_runs"
                             ).fetchall()
     conn.close()
-    assert len(rows) == 3 and all(r[1] == 40 and r[2] is not None and r[3] == 1 for r in rows)
+    assert len(rows) == 5 and all(r[1] == 40 and r[2] is not None and r[3] == 1 for r in rows)
 
 
 @pytest.mark.slow  # two pytester sessions
@@ -108,7 +124,7 @@ def test_bad_speed_sizes_are_usage_errors(pytester: pytest.Pytester) -> None:
 
 WEIGHTS = '''
 import pytest
-from pytest_mlxgate import assert_faster, assert_kl_below
+from pytest_mlxgate import assert_kl_below, assert_smaller
 
 pytestmark = [
     pytest.mark.mlx_lever("weights", weights=True, ref=None, cand={"bits": 4, "group_size": 64}),
@@ -122,7 +138,7 @@ def test_drift(paired):
 
 
 def test_memory(paired):
-    assert_faster(paired, weights=0.35)
+    assert_smaller(paired, weights=0.35)
 '''
 
 

@@ -3,11 +3,12 @@ when it is shown short, inconclusive (never a pass) in between, with the pairs t
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 
-from pytest_mlxgate import assert_faster
+from pytest_mlxgate import assert_faster, assert_smaller
 from pytest_mlxgate.speed.assertions import speed_checks
 
 
@@ -29,14 +30,16 @@ def _speed(decode: tuple[float, float, float], *, kv: float = 0.5, peak: tuple[f
 def test_decode_goal_verdicts(decode: tuple[float, float, float], verdict: str) -> None:
     (check,) = speed_checks(_speed(decode), {"decode": 1.05}, None)
     assert check["verdict"] == verdict and check["metric"] == "decode tok/s @512"
-    assert check["bound"] == decode[1] and check["other_bound"] == decode[2]
+    assert (check["lower"], check["upper"], check["direction"]) == (decode[1], decode[2], "min")
+    assert not {"bound", "other_bound", "passed"} & set(check)
     assert (check["n_needed"] is not None and check["n_needed"] > 9) == (verdict == "inconclusive")
 
 
 def test_memory_goals_bound_from_above_and_kv_is_exact() -> None:
     checks = speed_checks(_speed((1, 1, 1), kv=0.28, peak=(0.55, 0.50, 0.58)), {"memory": 0.6, "kv": 0.3}, None)
     assert [c["verdict"] for c in checks] == ["pass", "pass"]
-    assert checks[0]["bound"] == 0.58  # the upper end is what must stay under the goal
+    assert (checks[0]["lower"], checks[0]["upper"]) == (0.50, 0.58)  # the upper end must stay under the goal
+    assert checks[1]["lower"] == checks[1]["upper"] == checks[1]["value"] == 0.28  # counted: exact
     checks = speed_checks(_speed((1, 1, 1), kv=0.31, peak=(0.62, 0.55, 0.70)), {"memory": 0.6, "kv": 0.3}, None)
     assert [c["verdict"] for c in checks] == ["inconclusive", "fail"]
     (unmeasured,) = speed_checks(_speed((1, 1, 1)), {"memory": 0.6}, None)
@@ -61,3 +64,85 @@ def test_the_failure_message_says_goal_interval_figures_and_what_would_tell() ->
         assert_faster(_speed((1, 1, 1)))
     with pytest.raises(ValueError, match="not a usable ratio"):
         assert_faster(_speed((1, 1, 1)), decode=0)
+
+
+def test_memory_goals_are_assert_smallers_and_fail_as_a_memory_gate() -> None:
+    speed = _speed((1.3, 1.2, 1.4), kv=0.31, peak=(0.55, 0.50, 0.58))
+    speed["weights_bytes"] = {"reference": 1000, "candidate": 290}
+    assert assert_smaller(speed, kv=0.35, memory=0.6, weights=0.31) is not None
+    with pytest.raises(AssertionError) as info:
+        assert_smaller(speed, kv=0.3, weights=0.31)
+    text = str(info.value)
+    assert text.startswith("memory gate failed (shown over a goal): gate") and "speed gate" not in text
+    assert "KV bytes @512: candidate/reference ×0.310, asked ≤ ×0.3  ✗ fail" in text
+    assert "weight bytes: candidate/reference ×0.290, asked ≤ ×0.31\n" in text  # passed: no mark
+    with pytest.raises(AssertionError, match=r"^memory gate inconclusive \(an interval straddles a goal\)"):
+        assert_smaller(speed, memory=0.56)
+    with pytest.raises(TypeError, match=r"assert_smaller needs a goal, e.g. assert_smaller\(paired, kv=0.3\)"):
+        assert_smaller(speed)
+    with pytest.raises(TypeError):
+        assert_smaller(speed, decode=1.05)  # type: ignore[call-arg]  # speed is assert_faster's
+    with pytest.raises(ValueError, match="assert_smaller: kv=0.0 is not a usable ratio"):
+        assert_smaller(speed, kv=0)
+    with pytest.raises(ValueError, match=r"assert_smaller\(at=8192\): speed was measured at \[128, 512\]"):
+        assert_smaller(speed, kv=0.3, at=8192)
+
+
+def test_assert_faster_is_speed_only_and_keeps_memory_goals_one_release_with_a_deprecation_warning() -> None:
+    speed = _speed((1.3, 1.2, 1.4), kv=0.31)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a speed goal alone warns of nothing
+        assert_faster(speed, decode=1.05)
+        with pytest.raises(AssertionError, match=r"^speed gate failed \(shown short of a goal\)"):
+            assert_faster(speed, decode=1.5)
+    with pytest.warns(DeprecationWarning, match=r"assert_faster\(kv=0\.3\): memory goals are assert_smaller's now; "
+                                                r"write assert_smaller\(paired, kv=0\.3\)") as warned:
+        with pytest.raises(AssertionError) as info:
+            assert_faster(speed, kv=0.3)
+    assert warned[0].filename == __file__  # it names the gate's own line
+    with pytest.raises(AssertionError) as smaller:
+        assert_smaller(speed, kv=0.3)
+    assert str(info.value) == str(smaller.value)  # the same verdict and message as the memory gate's
+    # one call with both kinds of goal: one verdict over every check, named by what missed
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(AssertionError, match=r"^memory gate failed .*\n  decode tok/s @512: .*asked ≥ ×1.05\n"):
+            assert_faster(speed, decode=1.05, kv=0.3)
+    with pytest.warns(DeprecationWarning):
+        with pytest.raises(AssertionError, match=r"^speed and memory gate failed \(shown past a goal\)"):
+            assert_faster(speed, decode=1.5, kv=0.3)
+    with pytest.warns(DeprecationWarning, match=r"assert_faster\(memory=0\.9, weights=0\.5\)"):
+        with pytest.raises(AssertionError, match="weight bytes"):
+            assert_faster(speed, memory=0.9, weights=0.5)  # no weights measured: inconclusive, never a pass
+
+
+class _Subject:
+    """A `paired` as the speed assertions see it: its measurement, and the conclusions published."""
+
+    def __init__(self, speed: dict[str, Any], inconclusive: str = "fail") -> None:
+        self.measured, self.inconclusive = speed, inconclusive
+        self.nodeid, self.rerun = "gates/test_x.py::test_memory", "pytest gates/test_x.py::test_memory"
+        self.published: list[Any] = []
+
+    def speed(self) -> dict[str, Any]:
+        return self.measured
+
+    def publish(self, conclusion: Any) -> None:
+        self.published.append(conclusion)
+
+
+def test_each_speed_assertion_publishes_one_conclusion_before_it_raises() -> None:
+    speed = _speed((1.3, 1.2, 1.4), kv=0.31)
+    speed["arms"] = {"reference": "reference", "candidate": "candidate"}
+    subject = _Subject(speed)
+    with pytest.raises(AssertionError, match="memory gate failed .*: test_x.py::test_memory\n(.|\n)*"
+                                             "re-run: pytest gates/test_x.py::test_memory"):
+        assert_smaller(subject, kv=0.3, at="all")
+    (conclusion,) = subject.published
+    assert (conclusion.mode, conclusion.verdict, dict(conclusion.bounds)) == ("speed", "fail", {"kv": 0.3})
+    assert [(c["key"], c["context"], c["verdict"]) for c in conclusion.checks] == [
+        ("speed.kv", 128, "fail"), ("speed.kv", 512, "fail")]
+    assert conclusion.fields["speed"] == speed and conclusion.fields["path"] == "serving"
+    speed["arms"] = {"reference": "reference", "candidate": "reference"}  # A/A: both sides the reference arm
+    subject = _Subject(speed, inconclusive="warn")
+    assert_faster(subject, decode=1.05)
+    assert [(c.mode, c.verdict) for c in subject.published] == [("aa", "pass")]

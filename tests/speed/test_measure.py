@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_mlxgate import assert_faster
+from pytest_mlxgate import assert_faster, assert_smaller
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.speed.measure import ArmModel, measure_speed
 from pytest_mlxgate.speed.shape import SpeedShape
@@ -152,9 +152,9 @@ def test_kv_bytes_are_the_caches_own_arrays_counted_by_hand(tiny: Any, tiny_kv_m
         assert ctx["reference"]["kv_bytes"] == _expected_kv_bytes(config, tokens, None)
         assert ctx["candidate"]["kv_bytes"] == _expected_kv_bytes(config, tokens, 8)
         assert ctx["kv"]["ratio"] == pytest.approx(72 / 256)  # (16 words + scale + bias) / 64 floats, x4 bytes
-    assert_faster(speed, kv=0.3, at="all")
-    with pytest.raises(AssertionError, match="KV bytes @300"):
-        assert_faster(speed, kv=0.25)
+    assert_smaller(speed, kv=0.3, at="all")
+    with pytest.raises(AssertionError, match="(?s)memory gate failed.*KV bytes @300"):
+        assert_smaller(speed, kv=0.25)
 
 
 def test_a_planted_allocation_shows_in_the_peak(tiny: Any) -> None:
@@ -183,9 +183,9 @@ def test_a_planted_allocation_shows_in_the_peak(tiny: Any) -> None:
     ctx = speed["contexts"]["64"]
     grown = ctx["candidate"]["peak_bytes"] - ctx["reference"]["peak_bytes"]
     assert grown == pytest.approx(hog_bytes, rel=0.10)
-    assert_faster(speed, memory=100.0)  # +32 MiB over ~1 MiB of activations: ~x34
-    with pytest.raises(AssertionError, match="peak memory @64"):
-        assert_faster(speed, memory=10.0)
+    assert_smaller(speed, memory=100.0)  # +32 MiB over ~1 MiB of activations: ~x34
+    with pytest.raises(AssertionError, match="(?s)memory gate failed.*peak memory @64"):
+        assert_smaller(speed, memory=10.0)
 
 
 def test_an_aa_run_reads_as_no_difference_and_abba_cancels_a_drifting_machine(tiny: Any, clock: FakeClock) -> None:
