@@ -159,13 +159,14 @@ def kernel_backend() -> Backend | None:
         module = getattr(mx, name, None)
         is_available = getattr(module, "is_available", None)
         if callable(is_available) and is_available():
-            return name  # type: ignore[return-value]
+            return name
     return None
 
 
 def _this_machine() -> str:
     device = mx.default_device()
-    return f"{platform.system()} {platform.machine()}, mlx {mx.__version__}, default device {device.type.name}"
+    version = mx.__version__  # type: ignore[attr-defined]  # mlx.core's stubs lack it
+    return f"{platform.system()} {platform.machine()}, mlx {version}, default device {device.type.name}"
 
 
 #: Why the gate cannot run here: what it needs, and what this machine has.

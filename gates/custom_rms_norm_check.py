@@ -32,7 +32,7 @@ TINY = {mx.float32: 1.2e-38, mx.float16: 6.2e-5, mx.bfloat16: 1.2e-38}
 
 def cases() -> list[tuple[str, tuple[int, ...], Any, str, bool]]:
     """(label, x shape, x dtype, weight kind: 'same' | 'none' | 'float32', strided x)."""
-    out = []
+    out: list[tuple[str, tuple[int, ...], Any, str, bool]] = []
     for d in (64, 576, 2048, 2560, 4097):
         for dtype in (mx.float32, mx.float16, mx.bfloat16):
             for weight in ("same", "none") + (("float32",) if dtype != mx.float32 else ()):
@@ -101,7 +101,8 @@ def main() -> int:
     if backend is None:
         print(f"custom_rms_norm_check: skipped: {SKIP_REASON}")
         return 0
-    print(f"custom_rms_norm_check: backend {backend}, mlx {mx.__version__}, {mx.default_device()}")
+    version = mx.__version__  # type: ignore[attr-defined]  # mlx.core's stubs lack it
+    print(f"custom_rms_norm_check: backend {backend}, mlx {version}, {mx.default_device()}")
     failed = 0
     for i, (label, shape, dtype, weight, strided) in enumerate(cases()):
         try:

@@ -5,27 +5,22 @@ block. The reference arm swaps the fused kernel for `pytest_mlxgate.reference_op
 float32 softmax version everywhere it is bound (mlx_lm's model files import it by name); the
 candidate arm runs the original kernel.
 
-How the limits were set (re-measure: `./dev gates --mlx-aa` checks every limit against the floor;
-`./dev gates` shows the drift; both measured on the embedded model, 16 prompts x 128 tokens):
-- A/A floor (the reference arm against itself: 0; with the prompt fed in chunks of a third through a
-  KV cache): mean KL 3.3e-10, p99 1.6e-10, top-1 99.8% (95% bounds). The limits sit >= 10^5 x above it.
-- On Linux CPU, mx.fast's attention *is* composed ops, so this lever measures exactly 0 here; on
-  Metal and CUDA the fused kernels sum in another order, so expect small non-zero values (not
-  measured here: no GPU). The limits (mean 1e-4, p99 1e-3, top-1 99%) accept rounding-order
-  noise and nothing a real bug produces.
-- A known-bad kernel must fail: a softmax scale off by 10% (patch the candidate with such a
-  function via `--mlx-lever attention --mlx-ref-value ... --mlx-cand-value mymod:sdpa`) measures
-  mean KL 1.5e-2, p99 0.12, top-1 93.1%.
+Limits: `gates/calibration/test_attention.json` holds what they were set from (`pytest
+gates/test_attention.py --mlx-calibrate` measures it again; the calibration files' test checks the
+limits against it). On Linux CPU mx.fast's attention *is* composed ops, so the lever measures exactly 0
+and the limits come from the A/A floor alone (the reference against itself, and with the prompt fed
+in chunks through a KV cache); on Metal and CUDA the fused kernels sum in another order, so expect
+small non-zero values there and calibrate on that machine before trusting a failure as a bug. The
+limits accept rounding-order noise and nothing a real bug produces: KNOWN_BAD, a softmax scale 10%
+off (`gates/known_bad_ops.py`), must fail them.
 
 Capability (smoke tier, both arms on the same items): ARC-Easy and SciQ scored by the log-probability
-of each whole answer (the cloze form), where the embedded 135M model sits well off the floor
-(ARC-Easy 50.0%, SciQ 42.2% on the 64 smoke items; on MMLU's lettered form it is at chance and
-on IFEval at 12.5%, where no lever can show a drop). The gate passes only when the drop is shown to
-be at most 10 points: `Budget` adds 16 items at a time until the anytime-valid bound clears the
-margin either way. Here the lever is exact, so no pair differs and each task stops after 48 items
-(a drop bounded at 0.079). A lost softmax scale (uniform attention) is a regression this shows:
-ARC-Easy 50.0% -> 26.6% (tests/capability/test_planted_regression.py). `--mlx-tier full` runs the
-full sets.
+of each whole answer (the cloze form), where the embedded 135M model sits well off the floor (on
+MMLU's lettered form it is at chance, and IFEval is near it, where no lever can show a drop). The
+gate passes only when the drop is shown to be at most 10 points: `Budget` adds 16 items at a time
+until the anytime-valid bound clears the margin either way; an exact lever stops early, as no pair
+differs. A lost softmax scale (uniform attention) is a regression this shows
+(tests/capability/test_planted_regression.py). `--mlx-tier full` runs the full sets.
 """
 
 from __future__ import annotations
@@ -45,9 +40,11 @@ pytestmark = [
     pytest.mark.mlx_kl(prompts=16, tokens=128),
 ]
 
+KNOWN_BAD = "known_bad_ops:attention_scale_off"  # the softmax scale 10% off (gates/known_bad_ops.py)
+
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=1e-4, p99=1e-3, top1=0.99)
+    assert_kl_below(paired, mean=1e-4, p99=1e-3, top1=0.98)
 
 
 def test_capability(paired: Paired) -> None:

@@ -40,7 +40,9 @@ float32-accumulated RMSNorms can differ by.
 - A known-bad kernel must fail, not yet shown: plant one (`--mlx-lever custom_rms_norm
   --mlx-ref-value original --mlx-cand-value mymod:broken_rms_norm`) and record what it measures.
 - Size them on the hardware: `pytest gates/test_custom_kernel.py --mlx-calibrate` on a Mac or a CUDA
-  machine measures the lever's drift, the A/A floor and speed, and prints the calls to paste here.
+  machine measures the lever's drift, the A/A floor and speed, prints the calls to paste here, and
+  writes them to `gates/calibration/test_custom_kernel.json` (none yet: the calibration files' test
+  skips this module where it does not run).
 
 Speed: `assert_faster(paired, decode=0.95)`, a "not slower" guard, not a speed-up claim. This
 kernel does what MLX's does (one row per group, a two-level float32 reduction) without its vector

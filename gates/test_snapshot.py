@@ -8,6 +8,8 @@ has one right answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pytest_mlxgate import ResolvedSnapshot, verify_snapshot
@@ -30,7 +32,7 @@ def test_snapshot_is_intact(mlx_snapshot: ResolvedSnapshot) -> None:
     )
 
 
-def test_model_answers(mlx_trained_model: tuple[object, object]) -> None:
+def test_model_answers(mlx_trained_model: tuple[Any, Any]) -> None:
     """A chat model is asked through its chat template; a base model (no template) completes a plain
     sentence whose one right ending is the same answer."""
     import mlx_lm
@@ -41,7 +43,7 @@ def test_model_answers(mlx_trained_model: tuple[object, object]) -> None:
         has_template = getattr(tokenizer, "chat_template", None) is not None
     if has_template:
         question = "What is the capital of France?"
-        prompt = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], add_generation_prompt=True)
         asked = f"greedy answer to {question!r}"
     else:

@@ -13,8 +13,9 @@ So every suggestion is capped by absolute quality bounds (`QUALITY_BOUNDS`), wha
 still means whatever the lever: mean KL <= 2 nats, p99 KL <= 10 nats, top-1 agreement >= 30%.
 Anchors: llama.cpp's Llama-3-8B figures are mean KL 0.00136 / same top 97.7% at q8_0 and 0.0313 /
 91.9% at q4_K_M; the loosest lever this project gates, 4-bit weights on the 135M embedded model,
-measures mean 0.66 (upper 0.78), p99 2.8 (upper 3.0), top-1 55.9% (lower 46.2%), and its gate asks
-mean 1.5, p99 6, top-1 35%: every gate in gates/ sits inside the bounds. A mean KL of 2 nats is
+measures mean 0.66 (upper 0.78), p99 2.8 (upper 3.0), top-1 55.9% (lower 46.2%)
+(gates/calibration/test_weights.json), and its gate asks mean 2, p99 6, top-1 30%, the bounds
+themselves where the check's room asks for them: every gate in gates/ sits inside the bounds. A mean KL of 2 nats is
 most of the embedded model's own next-token entropy (its mean NLL is 2.4 nats): past it the
 candidate is another distribution, not a perturbation of the reference; below 30% top-1 most greedy
 tokens change. Broken levers measured here sit far beyond: 2-bit weights mean 15.1 / top-1 0.0%,
@@ -39,6 +40,8 @@ from ..common.format import percent
 from ..errors import MlxgateUsageError
 
 __all__ = [
+    "CHECK_ROOM",
+    "CHECK_RULE",
     "FLOOR_FACTOR",
     "LEVER_FACTOR",
     "QUALITY_BOUNDS",
@@ -47,6 +50,9 @@ __all__ = [
     "accept_broken_reason",
     "beyond_quality_bounds",
     "calibration_lines",
+    "check_kl_limit",
+    "check_speed_goal",
+    "least_kl_limit",
     "known_bad_lines",
     "known_bad_step",
     "nice_ceil",
@@ -68,11 +74,25 @@ ACCEPT_MARKER = "mlx_calibrate"
 _ACCEPT_HOW = (f'add pytest.mark.{ACCEPT_MARKER}(accept_broken="why this much change is what you mean to ship") to '
                "the module's pytestmark and calibrate again (the suggestion and the record then carry the reason)")
 
+#: The least room a gate's limit must leave the lever it was calibrated on (what `--mlx-aa` and the
+#: calibration files' test check): its 95% bound at most 1/CHECK_ROOM of the limit (KL), of the
+#: disagreement the limit allows (top-1). Suggestions aim for LEVER_FACTOR, twice as much, so a
+#: re-measured lever whose bound doubles still passes the check.
+CHECK_ROOM = LEVER_FACTOR / 2
+#: Agreement rates: their limits are lower bounds, and the rule scales their complement (disagreement).
+AGREEMENT_METRICS = frozenset({"top1", "same_top"})
+
 RULE = (f"rule: each KL limit >= {LEVER_FACTOR:g}x the lever's 95% upper bound and >= {FLOOR_FACTOR:g}x the A/A "
         f"floor, rounded up to 1/1.5/2/3/5/7 x 10^k; top-1 by the same rule on 1 - top-1; all capped by the "
         f"quality bounds (mean KL <= {QUALITY_BOUNDS['mean']:g}, p99 KL <= {QUALITY_BOUNDS['p99']:g}, top-1 >= "
         f"{QUALITY_BOUNDS['top1']:.0%}); speed goals half the speed-up the interval's lower end shows; bytes (KV, "
         "weights) their exact ratio + 10%")
+
+
+CHECK_RULE = (f"check: each KL limit >= {FLOOR_FACTOR:g}x the A/A floor and >= {CHECK_ROOM:g}x the lever's 95% "
+              f"bound (or at its quality bound, where no looser limit is allowed); agreement rates (top-1) by the "
+              f"same rule on their disagreement; never beyond the quality bounds; speed goals at or below the "
+              f"lower end of the lever's interval, byte limits at or above its exact ratio")
 
 
 def nice_ceil(x: float) -> float:
@@ -238,6 +258,93 @@ def _kl_limit(key: str, label: str, lever_bound: float, floor: float | None, *, 
     return rule
 
 
+#: Float rounding: 10 x 3e-9 is 3.0000000000000004e-8, and a limit of 3e-8 keeps the rule.
+_AT_LEAST = 1 - 1e-9
+
+
+def check_kl_limit(key: str, limit: float, *, lever_bound: float | None, floor: float | None) -> list[str]:
+    """What is wrong with a gate's KL limit `key=limit` against its calibration (`CHECK_RULE`): the
+    lever's 95% bound on the gate's side (upper for KL, lower for agreement rates) and the A/A floor
+    at the same bound. One sentence each (what, and why it matters); empty when the limit keeps the
+    rule. Every limit `suggest_limits` gives keeps it, but one capped at a quality bound whose
+    floor is too close (its note says so)."""
+    agreement = key in AGREEMENT_METRICS
+
+    def room(x: float) -> float:  # what the rule scales: KL itself, or an agreement rate's complement
+        return 1 - x if agreement else x
+
+    def text(x: float) -> str:
+        return percent(x) if agreement else _sci(x)
+
+    problems: list[str] = []
+    cap = QUALITY_BOUNDS.get(key)
+    at_cap = cap is not None and math.isclose(limit, cap, rel_tol=1e-9)
+    least = least_kl_limit(key, lever_bound, floor) if lever_bound is not None and math.isfinite(lever_bound) else None
+    fix = (f" (the tightest limit the check accepts here: {key}={_code_number(least)})" if least is not None else
+           " (no limit within the quality bound keeps the rule here: the lever is too close to it)")
+    if cap is not None and not at_cap and (limit < cap if agreement else limit > cap):
+        problems.append(f"{key}={_code_number(limit)} is beyond the quality bound {text(cap)}: a gate this loose "
+                        "passes a lever that breaks the model")
+    if lever_bound is None or not math.isfinite(lever_bound):
+        problems.append(f"{key}: the calibration has no 95% bound for the lever (too few prompts), so the limit's "
+                        "room is unknown")
+    elif room(lever_bound) > room(limit):
+        problems.append(f"{key}={_code_number(limit)}: the lever's 95% bound {text(lever_bound)} is beyond it, so "
+                        "the gate does not pass the lever it was calibrated on" + fix)
+    elif not at_cap and room(lever_bound) * CHECK_ROOM > room(limit) / _AT_LEAST:
+        problems.append(f"{key}={_code_number(limit)} leaves the lever's 95% bound {text(lever_bound)} only "
+                        f"x{room(limit) / room(lever_bound):.2g} of room, less than x{CHECK_ROOM:g}: the gate may "
+                        "flip on a noisier run of the same lever" + fix)
+    if floor is not None and math.isfinite(floor) and room(floor) * FLOOR_FACTOR > room(limit) / _AT_LEAST:
+        times = f"x{room(limit) / room(floor):.2g}" if room(floor) > 0 else "no"
+        problems.append(f"{key}={_code_number(limit)} sits {times} above the A/A floor {text(floor)}, less than "
+                        f"x{FLOOR_FACTOR:g}: the gate's verdict may be decided by noise (the reference against itself)"
+                        + fix)
+    return problems
+
+
+def least_kl_limit(key: str, lever_bound: float, floor: float | None) -> float | None:
+    """The tightest round limit (`nice_ceil`) `check_kl_limit` accepts for a lever with this 95% bound
+    and A/A floor; the quality bound where only it is left; None where no limit within it keeps the rule."""
+    agreement = key in AGREEMENT_METRICS
+
+    def room(x: float) -> float:
+        return 1 - x if agreement else x
+
+    floor_room = room(floor) if floor is not None and math.isfinite(floor) else 0.0
+    need = max(CHECK_ROOM * room(lever_bound), FLOOR_FACTOR * floor_room)
+    cap = QUALITY_BOUNDS.get(key)
+    if need <= 0:
+        return None
+    step = nice_ceil(need)
+    limit = float(f"{1 - step:.12g}") if agreement else step  # 1 - 2e-9 stays below 1
+    if cap is not None and (limit < cap if agreement else limit > cap):
+        keeps_cap = room(lever_bound) <= room(cap) and FLOOR_FACTOR * floor_room <= room(cap) / _AT_LEAST
+        return cap if keeps_cap else None
+    return None if agreement and limit <= 0 else limit
+
+
+def check_speed_goal(key: str, goal: float, *, ratio: float | None, lower: float | None,
+                     upper: float | None, where: str) -> list[str]:
+    """What is wrong with a speed or memory goal against the lever's calibrated measurement at one
+    context (`where`): tokens/s goals (`decode`, `prefill`) must sit at or below the interval's lower
+    end, peak memory (`memory`) at or above its upper end, bytes (`kv`, `weights`: exact) at or above
+    the ratio. Empty when the lever as calibrated meets the goal."""
+    if key in ("decode", "prefill"):
+        if lower is None or not math.isfinite(lower):
+            return [f"{key}={goal:g} {where}: the calibration has no interval for the lever's {key} speed"]
+        if lower < goal * _AT_LEAST:
+            return [f"{key}={goal:g} {where}: the lever's interval lower end is x{lower:.3g} (x{ratio or 0:.3g}), "
+                    "so it is not shown to meet the goal it is gated on"]
+        return []
+    bound = upper if key == "memory" else ratio
+    if bound is None or not math.isfinite(bound):
+        return [f"{key}={goal:g} {where}: the calibration did not measure the lever's {key} ratio"]
+    if bound > goal / _AT_LEAST:
+        return [f"{key}={goal:g} {where}: the lever measures x{bound:.3g}, over the goal it is gated on"]
+    return []
+
+
 def _breaks(kl: Mapping[str, Any], beyond: list[dict[str, Any]], tokens: Mapping[str, str], *,
             accepted: str | None) -> dict[str, Any]:
     """Why a lever beyond the quality bounds gets no limits (its figures, its worst tokens) and how to
@@ -362,7 +469,43 @@ def _sci(x: float) -> str:
 
 def calibration_lines(calibration: Mapping[str, Any]) -> list[str]:
     """The terminal's calibration block for one gate module (a record written before the quality bounds
-    reads as it did then)."""
+    reads as it did then): the measurement, the suggestion, the known-bad variant's result and the
+    calibration file (`authoring.calibration_run`)."""
+    bad = calibration.get("known_bad_result")
+    if isinstance(bad, Mapping) and bad.get("declared") and isinstance(calibration.get("suggested"), Mapping):
+        # the module declares its known-bad variant, measured below: no step to plant one
+        calibration = {**calibration, "suggested": {**calibration["suggested"], "known_bad": None}}
+    return _suggestion_lines(calibration) + _kept_lines(calibration)
+
+
+def _kept_lines(calibration: Mapping[str, Any]) -> list[str]:
+    lines = []
+    bad = calibration.get("known_bad_result")
+    if isinstance(bad, Mapping) and bad.get("declared"):
+        if bad.get("non_finite"):
+            lines.append(f"  known-bad KNOWN_BAD = {bad.get('value')!r}: NaN or inf logits (the gate goes red on them)")
+        else:
+            metrics = (bad.get("drift") or {}).get("metrics") or {}
+            figures = ", ".join(f"{label} {_num_text(key, (metrics.get(key) or {}).get('value'))} "
+                                f"[{_num_text(key, (metrics.get(key) or {}).get('lower'))}, "
+                                f"{_num_text(key, (metrics.get(key) or {}).get('upper'))}]"
+                                for key, label, _ci, _side in KL_METRICS)
+            then = bad.get("verdict_when_measured") or {}
+            caught = {"fail": "fails the gate's limits (caught)", "pass": "PASSES the gate's limits",
+                      "inconclusive": "is NOT shown to fail the gate's limits"}.get(str(then.get("verdict")),
+                                                                                   "measured")
+            lines.append(f"  known-bad KNOWN_BAD = {bad.get('value')!r}: {figures}: {caught}")
+    file = calibration.get("file")
+    if isinstance(file, Mapping):
+        if file.get("written"):
+            lines.append(f"  calibration file: {file.get('path')} written (commit it; --mlx-aa and the calibration "
+                         "files' test check the limits against it)")
+        else:
+            lines.append(f"  calibration file: {file.get('path')} {file.get('why')}")
+    return lines
+
+
+def _suggestion_lines(calibration: Mapping[str, Any]) -> list[str]:
     s = calibration["suggested"]
     shape = calibration.get("shape") or {}
     lines = [f"{calibration['module']} — calibration, no verdict ({calibration['lever']}; "

@@ -19,16 +19,23 @@ that has no limits yet, it fails and says which. `mlxgate new-gate` writes both 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MlxgateUsageError
+import pytest
+
+from ..errors import MlxgateError, MlxgateUsageError, NonFiniteLogitsError
+from ..levers.parsing import lever_from_marker
+from ..levers.weights import quantized_copy
 from ..session.paired import Paired
+from .calibrate import known_bad_step
 
 if TYPE_CHECKING:
     from ..levers.lever import Lever
+    from ..results.records import Check
     from ..session.paired import PairedRun
+    from ..verdicts.conclude import Conclusion
 
 __all__ = ["assert_known_bad_fails", "known_bad_paired"]
 
@@ -40,21 +47,11 @@ class _KnownBadPaired(Paired):
     def __init__(self, run: PairedRun, item: Any, rerun: str) -> None:
         super().__init__(run, item, rerun)
         self.verdicts: list[str] = []
-        self.checks: list[Mapping[str, Any]] = []
+        self.checks: list[Check] = []
 
-    def _keep(self, checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
-        self.verdicts.append(verdict)
-        self.checks.extend(checks)
-
-    def publish(self, *, bounds: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
-        self._keep(checks, verdict)
-
-    def publish_capability(self, *, tasks: Mapping[str, Any], checks: Sequence[Mapping[str, Any]], verdict: str,
-                           skipped: Mapping[str, str], bounds: Mapping[str, Any]) -> None:
-        self._keep(checks, verdict)
-
-    def publish_speed(self, *, goals: Mapping[str, float], checks: Sequence[Mapping[str, Any]], verdict: str) -> None:
-        self._keep(checks, verdict)
+    def publish(self, conclusion: Conclusion) -> None:
+        self.verdicts.append(conclusion.verdict)
+        self.checks.extend(conclusion.checks)
 
     def speed_if_asked(self) -> dict[str, Any] | None:
         return None
@@ -66,7 +63,7 @@ class _KnownBadPaired(Paired):
         return f"<paired known-bad {self.run.lever.describe()}>"
 
 
-def known_bad_paired(paired: Paired, bad: object) -> Paired:
+def known_bad_paired(paired: Paired, bad: object) -> _KnownBadPaired:
     """`paired` with its lever's candidate value replaced by `bad`: same model, prompts, sizes and
     reference arm. MlxgateUsageError (a LeverError) when `bad` is no value for this lever."""
     run = paired.run
@@ -92,8 +89,6 @@ def assert_known_bad_fails(paired: Paired, bad: object, check: Callable[[Paired]
     the test, saying which and what to do. A skip (an untrained model) skips; under --mlx-aa the test
     skips (the A/A run has no candidate arm)."""
     __tracebackhide__ = True
-    import pytest
-
     paired.published = True  # this test's outcome is the known-bad verdict, not a second copy of the module's
     name = getattr(check, "__name__", "the check")
     module = paired.nodeid.split("::")[0]
@@ -112,12 +107,9 @@ def assert_known_bad_fails(paired: Paired, bad: object, check: Callable[[Paired]
         pytest.fail(message, pytrace=False)
 
 
-def _verdict(bad_paired: Any, bad: object, check: Callable[[Paired], object], name: str, module: str) -> str | None:
+def _verdict(bad_paired: _KnownBadPaired, bad: object, check: Callable[[Paired], object], name: str,
+             module: str) -> str | None:
     """None when the check failed the known-bad arm; otherwise what went wrong."""
-    import pytest
-
-    from ..errors import MlxgateError, NonFiniteLogitsError
-
     try:
         check(bad_paired)
     except NonFiniteLogitsError:
@@ -154,9 +146,10 @@ def _inconclusive(bad: object, name: str, error: BaseException | None) -> str:
             f"shown to fail; run more prompts (--mlx-kl-prompts) or tighten the limits{detail}")
 
 
-def _check_text(check: Mapping[str, Any]) -> str:
-    rel = "<=" if check.get("direction") == "max" else ">="
-    return f"{check.get('metric')} 95% bound {_num(check.get('bound'))} {rel} limit {_num(check.get('limit'))}"
+def _check_text(check: Check) -> str:
+    """The bound a pass compared with the limit: the upper end for a "max" limit, the lower for a "min"."""
+    bound, rel = (check.get("upper"), "<=") if check.get("direction") == "max" else (check.get("lower"), ">=")
+    return f"{check.get('metric')} 95% bound {_num(bound)} {rel} limit {_num(check.get('limit'))}"
 
 
 def _num(x: object) -> str:
@@ -164,8 +157,6 @@ def _num(x: object) -> str:
 
 
 def _none_yet(lever: Lever, module: str, name: str) -> str:
-    from .calibrate import known_bad_step
-
     step = known_bad_step(module, lever.to_json())
     return (f"no known-bad variant shown to fail yet: set KNOWN_BAD in {module} to a variant with a bug {name}'s "
             f"limits must catch, {step['what']}; the test then runs {name} on it and passes only when {name} "
@@ -174,10 +165,6 @@ def _none_yet(lever: Lever, module: str, name: str) -> str:
 
 def _bad_lever(lever: Lever, bad: object, *, base_dir: Any) -> Lever:
     """The module's lever with `bad` as its candidate value, built through the marker's own checks."""
-    import pytest
-
-    from ..levers.parsing import lever_from_marker
-
     if lever.kind == "model":
         raise MlxgateUsageError(
             f"lever {lever.name!r} compares two models: its known-bad variant is another model, not a value; check "
@@ -191,8 +178,6 @@ def _bad_lever(lever: Lever, bad: object, *, base_dir: Any) -> Lever:
 
 def _quantized_candidate(run: PairedRun, lever: Lever) -> Any:
     """A weights lever's known-bad arm: the weights as loaded, quantized as `bad` says."""
-    from ..levers.weights import quantized_copy
-
     spec = lever.weights_spec("candidate")
     if lever.weights_spec("reference") is not None or run.reference is None:
         raise MlxgateUsageError(

@@ -54,21 +54,21 @@ ${lever}
 
 ${path}
 
-How the limits were set (`${calibrate}` measures each of these and prints
-suggested limits as code; paste them into the tests below and fill in the TODOs with what it printed,
-naming the model and the sizes it measured on):
-- A/A floor (the reference arm against itself, and with the prompt fed in chunks): TODO mean KL, p99,
-  top-1 (95% bounds). Every limit must sit well above it, so noise never decides a verdict.
-- This lever's drift: TODO mean KL (95% upper bound), p99, top-1 (lower bound), and how much room the
-  limits leave above it.
-- A known-bad variant must fail: TODO what it gets wrong, and what it measures. Declare it as
+How the limits were set (`${calibrate}` measures each of these, prints
+suggested limits as code to paste into the tests below, and writes the figures to
+`calibration/${stem}.json` beside this module: commit it; --mlx-aa and the calibration files' check
+hold the limits to it). Keep here why each limit is where it is, not the numbers the file holds:
+- A/A floor (the reference arm against itself, and with the prompt fed in chunks): TODO why every
+  limit sits well above it, so noise never decides a verdict.
+- This lever's drift: TODO what the lever changes, and how much room the limits leave above it.
+- A known-bad variant must fail: TODO what it gets wrong. Declare it as
   KNOWN_BAD below (test_known_bad runs test_drift on it and passes only when that fails), or plant
   it once by hand with
   `${plant}
   ${plant_values}`
   (${plant_note}).
-- Speed and memory (`mlx_speed`: both arms on the serving path, interleaved): TODO the decode and
-  prefill ratios with their intervals, peak memory and KV bytes, and the backend they were measured on.
+- Speed and memory (`mlx_speed`: both arms on the serving path, interleaved): TODO which goal is
+  asserted and why, and the backend it was sized on.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ def test_drift(paired: Paired) -> None:
 
 def test_speed(paired: Paired) -> None:
     # No limits yet: run CALIBRATE and replace the pytest.fail below with the call it prints, of this shape
-    # (with `from pytest_mlxgate import assert_faster` above; memory=/kv= for a lever that saves memory):
+    # (with `from pytest_mlxgate import assert_faster` above; a lever that saves memory asserts it with
+    # `assert_smaller(paired, kv=..., weights=..., memory=...)`, a memory gate):
     #     assert_faster(paired, decode=...)
     pytest.fail(
         f"test_speed has no limits yet, and a gate never passes without them: run `{CALIBRATE}` and put the "
@@ -351,6 +352,7 @@ def render_gate(spec: GateSpec, *, shown_path: str) -> str:
         plant=_doc(plant),
         plant_values=_doc(plant_args),
         plant_note=_doc(plant_note),
+        stem=_doc(Path(shown_path).stem),
         marker=marker,
     )
 

@@ -1,0 +1,560 @@
+"""A gate module's calibration as data: `<module dir>/calibration/<module stem>.json`, and its check.
+
+`--mlx-calibrate` writes the file (`authoring.calibration_run`, in the worker that measured): the model,
+the machine and versions, the code commit, the A/A floor, the lever's drift with its intervals, the
+known-bad variant's (where the module declares `KNOWN_BAD`), speed and memory, and two digests that
+say what it was measured on. `--mlx-aa` and a fast test read it back (`module_findings`) and check
+the gate's limits, as its source declares them, against it by `calibrate.CHECK_RULE` (the rule
+`suggest_limits` sizes by, with half its room): a limit the file shows wrong is a problem; a file
+measured on other serving code, another lever or other sizes is stale, which says so and names
+the command that refreshes it.
+
+The serving code digest covers the code that changes the numbers (`SERVING_CODE`), each file by
+the sha256 of its syntax tree without docstrings, so that formatting, comments and docstrings do
+not make a calibration stale, and the file names the files that changed. Only the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import platform
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from ..common.atomic import atomic_write_bytes
+from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal
+
+__all__ = [
+    "CALIBRATION_DIR",
+    "FORMAT",
+    "SERVING_CODE",
+    "Findings",
+    "GateSource",
+    "Limit",
+    "calibration_path",
+    "code_digests",
+    "compact_drift",
+    "known_bad_verdict",
+    "module_findings",
+    "read_calibration",
+    "render",
+    "serving_code",
+    "unusable",
+    "write_calibration",
+]
+
+#: Bump when a field's meaning changes: a file of another format is stale.
+FORMAT = 1
+CALIBRATION_DIR = "calibration"
+PACKAGE = Path(__file__).resolve().parents[1]
+#: The package code that changes what a calibration measured (paths under pytest_mlxgate/; `FILE::NAME`
+#: is one top-level definition of a file whose rest does not): the arms' logits and the serving loop
+#: (kl/arms.py, serving/), how each lever changes an arm (levers/: patching, KV plans, weights
+#: quantization, the plain-ops kernels), which token ids are scored (kl/prompts.py and its default
+#: set, kl/shape.py's step sizes), the per-token KL (kl/divergence.py), the arms and the A/A variant
+#: (kl/measure.py's measure_kl, _aa, aa_chunk) and its floors (kl/result.py's aa_floors), the
+#: intervals the limits compare (stats/intervals.py, stats/kl_stats.py) and the speed and memory
+#: trials (speed/). Not the assertions, reports or records: they read the numbers, they do not make them.
+SERVING_CODE = (
+    "kl/arms.py", "kl/divergence.py", "kl/measure.py::measure_kl", "kl/measure.py::_aa", "kl/measure.py::aa_chunk",
+    "kl/prompts.py", "kl/prompts_default.jsonl", "kl/result.py::aa_floors", "kl/shape.py", "serving/batch.py",
+    "serving/caches.py", "levers/kvcache.py", "levers/lever.py", "levers/patching.py", "levers/reference_ops.py",
+    "levers/weights.py", "stats/intervals.py", "stats/kl_stats.py", "speed/measure.py", "speed/shape.py",
+)
+#: The metrics a drift table holds, as `assert_kl_below` names them.
+KL_KEYS = ("mean", "median", "p90", "p95", "p99", "p999", "max", "ln_ppl", "top1", "same_top")
+#: The assertions whose keyword arguments are a gate's limits.
+KL_ASSERTION = "assert_kl_below"
+SPEED_ASSERTIONS = frozenset({"assert_faster", "assert_smaller"})
+#: The top-level order of a calibration file (everything nested is sorted): what, on what, then the figures.
+_FIELDS = ("calibration_format", "module", "command", "measured_at", "code", "serving_code", "gate", "model",
+           "machine", "versions", "lever", "shape", "aa_floor", "drift", "known_bad", "speed", "limits",
+           "suggested", "check_rule")
+
+
+# -- the code a calibration was measured on -------------------------------------------------------
+
+class _WhatItComputes(ast.NodeTransformer):
+    """A syntax tree without what does not change what the code computes: docstrings, imports (where
+    a name is imported from: the files that compute are digested themselves), `if TYPE_CHECKING:`
+    blocks and type annotations. So moving an import, typing a function or rewording a docstring
+    leaves a calibration fresh; changing an expression does not."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                body = body[1:]
+            node.body = body or [ast.Pass()]  # type: ignore[attr-defined]
+        return node
+
+    def visit_Import(self, node: ast.Import) -> None:
+        return None
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        return None
+
+    def visit_If(self, node: ast.If) -> ast.AST | None:
+        test = node.test
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+                (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            return None
+        return self.generic_visit(node)
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        node.annotation = None
+        return node
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        node.returns = None
+        return self.generic_visit(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+        node.returns = None
+        return self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:  # a bare declaration (a dataclass field): its name counts, not its type
+            return ast.Expr(value=node.target)
+        return self.generic_visit(ast.Assign(targets=[node.target], value=node.value, lineno=0))
+
+
+def source_digest(path: Path, name: str | None = None) -> str:
+    """sha256 of a Python file's syntax tree without docstrings, imports, type annotations and
+    `TYPE_CHECKING` blocks (`_WhatItComputes`; formatting and comments do not count either), or of
+    its top-level definition `name` alone; of the bytes for any other file; "absent" for a file or
+    definition that is not there."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "absent"
+    if path.suffix != ".py":
+        return hashlib.sha256(data).hexdigest()
+    try:
+        tree = ast.parse(data, filename=str(path))
+    except SyntaxError:
+        return hashlib.sha256(data).hexdigest()
+    if name is not None:
+        found = [stmt for stmt in tree.body if _defines(stmt) == name]
+        if not found:
+            return "absent"
+        tree = ast.Module(body=found, type_ignores=[])
+    return hashlib.sha256(ast.dump(_WhatItComputes().visit(tree)).encode()).hexdigest()
+
+
+def _defines(stmt: ast.stmt) -> str | None:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return stmt.name
+    return _assigned(stmt)
+
+
+def code_digests(root: Path, files: Iterable[str]) -> dict[str, Any]:
+    """{"digest": one sha256 over them all, "files": {entry: sha256}} of `files` under `root` (an
+    entry `FILE::NAME`: that file's top-level definition NAME)."""
+    digests = {entry: source_digest(root / entry.partition("::")[0], entry.partition("::")[2] or None)
+               for entry in files}
+    whole = hashlib.sha256("".join(f"{n}\0{d}\n" for n, d in sorted(digests.items())).encode()).hexdigest()
+    return {"digest": whole, "files": digests}
+
+
+def serving_code() -> dict[str, Any]:
+    """The serving code digest of the installed package (`SERVING_CODE`)."""
+    return code_digests(PACKAGE, SERVING_CODE)
+
+
+# -- what a gate module declares --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit a gate's source declares: `assertion(paired, key=value, at=at)` in `test`."""
+
+    test: str
+    assertion: str
+    key: str
+    value: float
+    at: object = None  # assert_faster's `at`: a context, "all", or None (the longest)
+
+
+@dataclass
+class GateSource:
+    """What a gate module's source declares, read without importing it."""
+
+    path: Path
+    limits: list[Limit]
+    not_literal: list[str]  # limits given as expressions, which the check cannot read
+    declares_known_bad: bool
+    known_bad: object  # its literal value (None where not declared or not a literal)
+    digest: dict[str, Any]  # the lever, sizes and known-bad as declared, and the local modules it imports
+
+    @classmethod
+    def read(cls, path: Path) -> GateSource:
+        source = path.read_text()
+        tree = ast.parse(source, filename=str(path))
+        limits: list[Limit] = []
+        not_literal: list[str] = []
+        for fn in tree.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                name = _call_name(node)
+                if name != KL_ASSERTION and name not in SPEED_ASSERTIONS:
+                    continue
+                assert isinstance(node, ast.Call)
+                keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
+                at = _literal(keywords.pop("at")) if "at" in keywords else None
+                for key, value_node in keywords.items():
+                    value = _literal(value_node)
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        limits.append(Limit(fn.name, name, key, float(value), at))
+                    else:
+                        not_literal.append(f"{fn.name}: {name}({key}={ast.unparse(value_node)})")
+        declared: dict[str, str] = {}
+        known_bad: object = None
+        declares_known_bad = False
+        for stmt in tree.body:
+            target = _assigned(stmt)
+            if target in ("pytestmark", "KNOWN_BAD"):
+                declared[target] = ast.dump(stmt)
+            if target == "KNOWN_BAD" and isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                known_bad = _literal(stmt.value)
+                declares_known_bad = known_bad is not None
+        names = _imported(tree)
+        if isinstance(known_bad, str) and ":" in known_bad:  # "mymod:broken": the known-bad kernel's own file
+            names.append(known_bad.partition(":")[0].partition(".")[0])
+        local = {f"{name}.py": source_digest(path.parent / f"{name}.py") for name in sorted(set(names))
+                 if (path.parent / f"{name}.py").is_file()}
+        parts = {**{k: hashlib.sha256(v.encode()).hexdigest() for k, v in declared.items()}, **local}
+        whole = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        return cls(path, limits, not_literal, declares_known_bad, known_bad, {"digest": whole, "parts": parts})
+
+    def limits_of(self, test: str | None = None, *, kl: bool | None = None) -> list[Limit]:
+        """The limits of one test (all of them: None), KL ones only (True) or speed ones only (False)."""
+        return [lim for lim in self.limits if (test is None or lim.test == test)
+                and (kl is None or (lim.assertion == KL_ASSERTION) == kl)]
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _literal(node: ast.expr) -> object:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
+
+
+_NOT_LITERAL = object()
+
+
+def _assigned(stmt: ast.stmt) -> str | None:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+        return stmt.target.id
+    return None
+
+
+def _imported(tree: ast.Module) -> list[str]:
+    names: list[str] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            names.extend(alias.name.partition(".")[0] for alias in stmt.names)
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
+            names.append(stmt.module.partition(".")[0])
+    return sorted(set(names))
+
+
+# -- the file ---------------------------------------------------------------------------------------
+
+def calibration_path(module: Path) -> Path:
+    """Where a gate module's calibration lives: beside it, in `calibration/<stem>.json`."""
+    return module.parent / CALIBRATION_DIR / f"{module.stem}.json"
+
+
+def compact_drift(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """A KL statistics record (`KLStats.to_json()`) as the file's table: each metric's value and the two
+    ends of its 95% interval (None where there is none; `max` is observed, so both ends are it)."""
+    table: dict[str, Any] = {}
+    for key in KL_KEYS:
+        if key == "mean":
+            value, interval = stats.get("mean"), stats.get("mean_ci")
+        elif key == "max":
+            value = stats.get("max")
+            interval = [value, value]
+        elif key == "ln_ppl":
+            value, interval = stats.get("ln_ppl_ratio"), stats.get("ln_ppl_ratio_ci")
+        elif key in AGREEMENT_METRICS:
+            value, interval = stats.get(key), stats.get(f"{key}_ci")
+        else:
+            value, interval = stats.get(key), (stats.get("quantile_ci") or {}).get(key)
+        lower, upper = (list(interval) + [None, None])[:2] if isinstance(interval, (list, tuple)) else (None, None)
+        if value is None and lower is None and upper is None:
+            continue
+        table[key] = {"value": _finite(value), "lower": _finite(lower), "upper": _finite(upper)}
+    return {"n_prompts": stats.get("n_prompts"), "n_tokens": stats.get("n_tokens"), "metrics": table}
+
+
+def _finite(x: object) -> float | None:
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return float(x)
+    return None
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _sorted(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, (list, tuple)):
+        return [_sorted(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN: a missing figure
+    return value
+
+
+def render(doc: Mapping[str, Any]) -> bytes:
+    """The file's bytes: top-level fields in `_FIELDS` order, everything nested sorted, so one
+    calibration always writes the same bytes and a diff shows only what was re-measured."""
+    ordered = {k: _sorted(doc[k]) for k in _FIELDS if k in doc}
+    ordered.update({k: _sorted(doc[k]) for k in sorted(doc) if k not in ordered})
+    return (json.dumps(ordered, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def unusable(doc: Mapping[str, Any]) -> str | None:
+    """Why a measurement must not replace a calibration file (None: it may): no interval for the
+    lever's mean KL (too few prompts), or no A/A floor."""
+    metrics = ((doc.get("drift") or {}).get("metrics") or {})
+    mean = metrics.get("mean") or {}
+    if mean.get("upper") is None or mean.get("lower") is None:
+        return "the lever's mean KL has no 95% interval (too few prompts): nothing to check a limit against"
+    if not doc.get("aa_floor"):
+        return "no A/A floor was measured"
+    return None
+
+
+def write_calibration(path: Path, doc: Mapping[str, Any]) -> None:
+    """Write `doc` at `path` atomically (a reader sees the old file or the new one); ValueError, and
+    the file on disk untouched, when the measurement is `unusable`."""
+    why = unusable(doc)
+    if why is not None:
+        raise ValueError(why)
+    data = render(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, data)
+
+
+def read_calibration(path: Path) -> dict[str, Any] | None:
+    """The calibration at `path`; None where there is none; ValueError naming the file when it is not
+    a calibration this code reads."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e}); calibrate again to rewrite it") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("calibration_format"), int):
+        raise ValueError(f"{path}: not a calibration file (no calibration_format); calibrate again to rewrite it")
+    return doc
+
+
+# -- the check --------------------------------------------------------------------------------------
+
+@dataclass
+class Findings:
+    """A gate module against its calibration file: `problems` (limits the file shows wrong: the gate
+    is not trustworthy as written), `stale` (why the file may no longer describe the code), `notes`."""
+
+    module: str
+    file: Path
+    refresh: str  # the command that measures it again
+    shown_file: str = ""  # the file as messages name it: beside the module as `module` names it
+    missing: bool = False
+    problems: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def problem_text(self) -> str:
+        file = self.shown_file or self.file
+        lines = [f"{self.module}: its limits break the calibration rule against {file}:"]
+        lines += [f"  {p}" for p in self.problems]
+        lines.append(f"  ({CHECK_RULE})")
+        if self.stale:
+            lines.append(f"  the file is stale ({'; '.join(self.stale)}): refresh it first: {self.refresh}")
+        lines.append(f"  fix: set the limits the calibration suggests ({file}: suggested.code), or "
+                     f"re-measure with {self.refresh}")
+        return "\n".join(lines)
+
+    def stale_text(self) -> str:
+        return (f"{self.shown_file or self.file} is stale: {'; '.join(self.stale)}. Its figures may not be what "
+                f"this code measures; refresh it: {self.refresh}")
+
+
+def known_bad_verdict(drift: Mapping[str, Any], limits: Sequence[Limit]) -> tuple[str, list[str]]:
+    """A known-bad variant's drift table against KL limits, by the agreed check rule ("max": fail iff
+    the interval's lower end is beyond the limit; "min": iff its upper end is): ("fail", the limits
+    shown crossed) when one is, else ("pass"/"inconclusive", the limits it was not shown to cross)."""
+    crossed, unclear, passed = [], [], []
+    metrics = drift.get("metrics") or {}
+    for lim in limits:
+        row = metrics.get(lim.key) or {}
+        lower, upper = row.get("lower"), row.get("upper")
+        agreement = lim.key in AGREEMENT_METRICS
+        near, far = (upper, lower) if not agreement else (lower, upper)
+        text = f"{lim.key} [{_num(lower)}, {_num(upper)}] vs limit {lim.value:g}"
+        if far is not None and _beyond(far, lim.value, agreement):
+            crossed.append(text)
+        elif near is not None and not _beyond(near, lim.value, agreement):
+            passed.append(text)
+        else:
+            unclear.append(text)
+    if crossed:
+        return "fail", crossed
+    return ("inconclusive" if unclear else "pass"), unclear + passed
+
+
+def _beyond(x: float, limit: float, agreement: bool) -> bool:
+    """On the failing side of a limit: below it for an agreement rate, above it for KL."""
+    return x < limit if agreement else x > limit
+
+
+def _num(x: object) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else "—"
+
+
+def module_findings(module: Path, *, shown_as: str | None = None, test: str | None = None) -> Findings:
+    """Check the limits `module` declares (one test's: `test`) against its calibration file; say
+    whether that file is stale. `shown_as`: the module's path as messages name it (default: as given)."""
+    name = shown_as or str(module)
+    path = calibration_path(module)
+    findings = Findings(module=name, file=path, refresh=f"pytest {shlex.quote(name)} --mlx-calibrate",
+                        shown_file=str(Path(name).parent / CALIBRATION_DIR / path.name))
+    try:
+        doc = read_calibration(path)
+    except ValueError as e:
+        findings.problems.append(str(e))
+        return findings
+    if doc is None:
+        findings.missing = True
+        return findings
+    gate = GateSource.read(module)
+    findings.stale = _stale(doc, gate)
+    limits = gate.limits_of(test)
+    findings.notes.extend(f"not checked (not a literal): {text}" for text in gate.not_literal)
+    suggested = doc.get("suggested") or {}
+    breaks = suggested.get("breaks")
+    if breaks and not suggested.get("accepted") and limits:
+        findings.problems.append(f"the calibration shows the lever breaks the model: {breaks.get('message')}")
+    drift = (doc.get("drift") or {}).get("metrics") or {}
+    floors = doc.get("aa_floor") or {}
+    for lim in limits:
+        if lim.assertion == KL_ASSERTION:
+            row = drift.get(lim.key) or {}
+            side = "lower" if lim.key in AGREEMENT_METRICS else "upper"
+            floor = floors.get(lim.key)
+            findings.problems.extend(check_kl_limit(lim.key, lim.value, lever_bound=row.get(side),
+                                                    floor=float(floor) if isinstance(floor, (int, float)) else None))
+        else:
+            findings.problems.extend(_speed_problems(lim, doc.get("speed") or {}))
+    if test is None or gate.limits_of(test, kl=True):
+        findings.problems.extend(_known_bad_problems(doc, gate))
+    return findings
+
+
+def _stale(doc: Mapping[str, Any], gate: GateSource) -> list[str]:
+    reasons = []
+    if doc.get("calibration_format") != FORMAT:
+        reasons.append(f"written in calibration format {doc.get('calibration_format')}, this code reads {FORMAT}")
+    then = (doc.get("serving_code") or {}).get("files") or {}
+    now = serving_code()["files"]
+    changed = sorted(n for n in set(then) | set(now) if then.get(n) != now.get(n))
+    if changed:
+        reasons.append(f"the serving code changed since it was measured ({', '.join(changed)}; serving code digest "
+                       f"{str((doc.get('serving_code') or {}).get('digest'))[:12]} then, "
+                       f"{serving_code()['digest'][:12]} now)")
+    parts_then = (doc.get("gate") or {}).get("parts") or {}
+    changed_gate = sorted(n for n in set(parts_then) | set(gate.digest["parts"])
+                          if parts_then.get(n) != gate.digest["parts"].get(n))
+    if changed_gate:
+        reasons.append(f"the gate's own declarations changed since ({', '.join(changed_gate)})")
+    versions = doc.get("versions") or {}
+    for dist, key in (("mlx", "mlx"), ("mlx-lm", "mlx_lm")):
+        then_v = versions.get(key)
+        try:
+            now_v = version(dist)
+        except PackageNotFoundError:
+            now_v = None
+        if then_v and now_v and then_v != now_v:
+            reasons.append(f"measured with {dist} {then_v}, installed here: {now_v}")
+    return reasons
+
+
+def _speed_problems(lim: Limit, speed: Mapping[str, Any]) -> list[str]:
+    if lim.key == "weights":
+        w = speed.get("weights") or {}
+        return check_speed_goal("weights", lim.value, ratio=w.get("ratio"), lower=None, upper=None,
+                                where="(weights)")
+    contexts = speed.get("contexts") or {}
+    if not contexts:
+        return [f"{lim.test}: {lim.assertion}({lim.key}={lim.value:g}): the calibration measured no speed"]
+    if lim.at == "all":
+        chosen = sorted(contexts, key=int)
+    elif isinstance(lim.at, int):
+        chosen = [str(lim.at)] if str(lim.at) in contexts else []
+        if not chosen:
+            return [f"{lim.key}={lim.value:g} at={lim.at}: the calibration did not measure that context "
+                    f"(it has {', '.join(sorted(contexts, key=int))})"]
+    else:
+        chosen = [max(contexts, key=int)]
+    problems = []
+    for ctx in chosen:
+        row = contexts[ctx]
+        if lim.key == "kv":
+            est = {"ratio": (row.get("kv") or {}).get("ratio")}
+        else:
+            est = row.get("peak" if lim.key == "memory" else lim.key) or {}
+        problems.extend(check_speed_goal(lim.key, lim.value, ratio=est.get("ratio"), lower=est.get("lower"),
+                                         upper=est.get("upper"), where=f"@{ctx} tokens"))
+    return problems
+
+
+def _known_bad_problems(doc: Mapping[str, Any], gate: GateSource) -> list[str]:
+    known_bad = doc.get("known_bad")
+    kl_limits = gate.limits_of(kl=True)
+    if not isinstance(known_bad, Mapping) or not kl_limits or not gate.declares_known_bad:
+        return []
+    drift = known_bad.get("drift")
+    if known_bad.get("non_finite"):
+        return []  # NaN or inf logits: the gate goes red on them
+    if not isinstance(drift, Mapping):
+        return [f"KNOWN_BAD = {known_bad.get('value')!r}: the calibration holds no measurement of it"]
+    verdict, why = known_bad_verdict(drift, kl_limits)
+    if verdict == "fail":
+        return []
+    return [f"KNOWN_BAD = {known_bad.get('value')!r} is not shown to fail the gate's KL limits ({verdict}: "
+            f"{'; '.join(why)}): limits that pass a broken variant may pass a broken kernel"]
+
+
+def machine_versions(machine: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(machine, versions) as the file holds them, from a run's machine facts."""
+    versions = {"mlx": machine.get("mlx", "unknown"), "mlx_lm": machine.get("mlx-lm", machine.get("mlx_lm", "unknown")),
+                "python": platform.python_version()}
+    try:
+        versions["pytest_mlxgate"] = version("pytest-mlxgate")
+    except PackageNotFoundError:
+        versions["pytest_mlxgate"] = "unknown"
+    return ({"device": machine.get("device", "unknown"), "blas": machine.get("blas", "unknown"), **versions},
+            versions)
