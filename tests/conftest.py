@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import httpcore  # noqa: F401  # see below
@@ -106,3 +107,14 @@ def tiny_gemma4_multimodal_dir(tmp_path_factory: pytest.TempPathFactory) -> Path
     from tinygemma import build_tiny_gemma4
 
     return build_tiny_gemma4(tmp_path_factory.mktemp("tiny-gemma4-mm"), form="multimodal")
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    """The embedded SmolLM2 tokenizer (ChatML template), as mlx_lm loads it: what the prompt, task
+    and rendering tests encode with. tests/models/test_embedded_model.py has its own (the converted one)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    return load_tokenizer(ensure_embedded_snapshot())  # type: ignore[no-untyped-call]

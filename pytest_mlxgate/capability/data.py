@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from .. import hub
+
 __all__ = ["cached_hub_dataset", "package_file"]
 
 
@@ -32,9 +34,7 @@ def cached_hub_dataset(repo_id: str) -> Path | None:
     Offline only: never touches the network. "Not cached", a partial or unreadable snapshot
     (HubError) and filesystem errors all mean None: the dataset is simply not a source here.
     """
-    from ..hub import HubError, snapshot_download
-
     try:
-        return snapshot_download(repo_id, repo_type="dataset", offline=True)
-    except (HubError, OSError):
+        return hub.snapshot_download(repo_id, repo_type="dataset", offline=True)
+    except (hub.HubError, OSError):
         return None

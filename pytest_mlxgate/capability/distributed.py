@@ -27,18 +27,19 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ..errors import DistributedRunError
+from .base import ItemResult, TaskSkipped, prompt_hash
+from .result import CapabilityRun
+from .sandbox import SandboxUnavailable
 
 if TYPE_CHECKING:
     from mlx.core.distributed import Group
 
-    from ..levers.lever import Arm, Lever
-    from .base import Budget, Item, Tier
-    from .refcache import CapabilityCache
-    from .result import CapabilityRun
-    from .runner import ArmProgress
+    from .base import Tier
+    from .runner import CapabilityArgs
 
 __all__ = ["RANK_VARIABLES", "exchange", "interleave", "launch_rank", "run_capability_distributed",
            "run_capability_sequential_distributed", "shared_clock"]
@@ -102,31 +103,15 @@ def shared_clock(group: Group) -> Callable[[], float]:
     return clock
 
 
-def run_capability_distributed(
-    name: str,
-    tier: Tier,
-    *,
-    n: int | None,
-    reference: tuple[Any, Any],
-    candidate: tuple[Any, Any],
-    lever: Lever,
-    max_new_tokens: int | None = None,
-    batch_size: int = 16,
-    allow_unsandboxed: bool = False,
-    progress_for: Callable[[Arm, int], ArmProgress] | None = None,
-    reference_cache: CapabilityCache | None = None,
-    reference_key: Mapping[str, Any] | None = None,
-    refresh_reference: bool = False,
-    items: Sequence[Item] | None = None,
-    group: Group | None = None,
-) -> CapabilityRun:
+def run_capability_distributed(name: str, tier: Tier, *, group: Group | None = None,
+                               **args: Unpack[CapabilityArgs]) -> CapabilityRun:
     """`run_capability` with the items split over the ranks of `group` (default: `mx.distributed.init()`).
 
     With one rank it is `run_capability`. Otherwise every rank returns the same whole run, in the
     items' original order. The reference cache is keyed over the whole item list, exactly as one
     process keys it (either serves the other); it is used when every rank finds the entry, and
     only rank 0 stores one. `progress_for` counts this rank's share."""
-    from .runner import run_capability
+    from .runner import prepare, run_capability
 
     if group is None:
         import mlx.core as mx
@@ -134,34 +119,17 @@ def run_capability_distributed(
         group = mx.distributed.init()
     size, rank = group.size(), group.rank()
     if size == 1:
-        return run_capability(name, tier, n=n, reference=reference, candidate=candidate, lever=lever,
-                              max_new_tokens=max_new_tokens, batch_size=batch_size, allow_unsandboxed=allow_unsandboxed,
-                              progress_for=progress_for, reference_cache=reference_cache, reference_key=reference_key,
-                              refresh_reference=refresh_reference, items=items)
-    from ..common.refstore import store_or_warn
-    from .base import ItemResult, RunOptions, TaskSkipped, prompt_hash
-    from .result import CapabilityRun
-    from .runner import _cache_key, _load_items, load_task, run_arm
-    from .sandbox import SandboxUnavailable
+        return run_capability(name, tier, **args)
 
     where = f"capability {name} ({tier}) over {size} ranks"
     # 1. every rank loads and renders the whole tier (deterministic), then they compare what they hold
     failure: Exception | None = None
-    said: dict[str, Any] = {"task": name, "tier": tier, "n": n}
+    said: dict[str, Any] = {"task": name, "tier": tier, "n": args["n"]}
     try:
-        task = load_task(name, RunOptions(allow_unsandboxed=allow_unsandboxed))
-        every = list(items) if items is not None else _load_items(task, name, tier, n)
-        rendered = {it.id: task.render(it, reference[1]) for it in every}
-        key: dict[str, Any] | None = None
-        cached: list[ItemResult] | None = None
-        if reference_cache is not None and reference_key is not None:
-            key = _cache_key(task, name, tier, n, every, rendered, dict(reference_key),
-                             max_new_tokens=max_new_tokens, batch_size=batch_size, lever=lever)
-            if not refresh_reference:
-                cached = reference_cache.load(key, len(every))
-        said["items"] = _digest([(it.id, prompt_hash(rendered[it.id])) for it in every])
-        said["count"] = len(every)
-        said["cached"] = cached is not None
+        run = prepare(name, tier, args)
+        said["items"] = _digest([(it.id, prompt_hash(run.rendered[it.id])) for it in run.items])
+        said["count"] = len(run.items)
+        said["cached"] = run.cached is not None
     except TaskSkipped as e:
         said["skip"] = str(e)
     except Exception as e:  # noqa: BLE001 - reported to every rank, then raised here as itself
@@ -172,21 +140,13 @@ def run_capability_distributed(
     from_cache = all(v["cached"] for v in views)
 
     # 2. both arms on this rank's share, then every rank's results to every rank
-    mine = every[rank::size]
+    mine = run.items[rank::size]
     done: dict[str, Any] = {}
     try:
-        def arm(model_tok: tuple[Any, Any], which: Arm, inputs: Mapping[str, str] | None) -> list[ItemResult]:
-            meter = progress_for(which, len(mine)) if progress_for else None
-            out, _ = run_arm(task, mine, *model_tok, lever, which, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, progress=meter, rendered=inputs)
-            if meter is not None:
-                meter.finish("scored")
-            return out
-
         t0 = time.perf_counter()
-        ref_part = None if from_cache else arm(reference, "reference", {it.id: rendered[it.id] for it in mine})
+        ref_part = None if from_cache else run.arm("reference", mine, {it.id: run.rendered[it.id] for it in mine})[0]
         t1 = time.perf_counter()
-        cand_part = arm(candidate, "candidate", None)  # rendered with the candidate's tokenizer, as run_capability
+        cand_part, _ = run.arm("candidate", mine)  # rendered with the candidate's tokenizer, as run_capability
         t2 = time.perf_counter()
         done = {"reference": None if ref_part is None else [r.to_json() for r in ref_part],
                 "candidate": [r.to_json() for r in cand_part], "seconds": [t1 - t0, t2 - t1]}
@@ -204,37 +164,25 @@ def run_capability_distributed(
 
     candidates = joined("candidate")
     if from_cache:
-        assert cached is not None
-        references = cached
+        assert run.cached is not None
+        references = run.cached
     else:
         references = joined("reference")
-        if rank == 0 and reference_cache is not None and key is not None:
-            store_or_warn(reference_cache, key, references)
+        if rank == 0:
+            run.store(references)
     return CapabilityRun(
-        task=name, tier=tier, graded=task.graded, items=every, reference=references, candidate=candidates,
+        task=name, tier=tier, graded=run.task.graded, items=run.items, reference=references, candidate=candidates,
         # wall time of each phase: the slowest rank's
         durations={"reference_s": round(max(p["seconds"][0] for p in parts), 3),
                    "candidate_s": round(max(p["seconds"][1] for p in parts), 3)},
-        rendered=rendered, reference_source="cache" if from_cache else "computed", ranks=size,
+        rendered=run.rendered, reference_source="cache" if from_cache else "computed", ranks=size,
     )
 
 
-def run_capability_sequential_distributed(
-    name: str,
-    tier: Tier,
-    *,
-    budget: Budget,
-    max_drop: float,
-    alpha: float,
-    fail_alpha: float | None = None,
-    say: Callable[[str], None] | None = None,
-    group: Group | None = None,
-    **arms: Any,
-) -> CapabilityRun:
-    """`run_capability_sequential` with each batch split over the ranks; every rank stops after the
-    same batch (the same gathered pairs, and a time budget read on `shared_clock`)."""
-    from functools import partial
-
+def run_capability_sequential_distributed(name: str, tier: Tier, *, group: Group | None = None,
+                                          **args: Any) -> CapabilityRun:
+    """`run_capability_sequential` (`args`: its keyword arguments) with each batch split over the ranks;
+    every rank stops after the same batch (the same gathered pairs, and a time budget read on `shared_clock`)."""
     from .runner import run_capability_sequential
 
     if group is None:
@@ -242,11 +190,9 @@ def run_capability_sequential_distributed(
 
         group = mx.distributed.init()
     if group.size() == 1:
-        return run_capability_sequential(name, tier, budget=budget, max_drop=max_drop, alpha=alpha,
-                                         fail_alpha=fail_alpha, say=say, **arms)
-    return run_capability_sequential(name, tier, budget=budget, max_drop=max_drop, alpha=alpha, fail_alpha=fail_alpha,
-                                     say=say, batch_runner=partial(run_capability_distributed, group=group),
-                                     clock=shared_clock(group), **arms)
+        return run_capability_sequential(name, tier, **args)
+    return run_capability_sequential(name, tier, batch_runner=partial(run_capability_distributed, group=group),
+                                     clock=shared_clock(group), **args)
 
 
 def _digest(pairs: Sequence[tuple[str, str]]) -> str:
@@ -255,8 +201,6 @@ def _digest(pairs: Sequence[tuple[str, str]]) -> str:
 
 def _settle(views: Sequence[Mapping[str, Any]], where: str, failure: Exception | None) -> None:
     """Stop every rank alike: a rank's error fails all (this rank's own error raised as itself), a skip skips all."""
-    from .base import TaskSkipped
-
     errors = [(r, v["error"]) for r, v in enumerate(views) if "error" in v]
     if failure is not None:
         raise failure

@@ -17,6 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
+from mlx_lm import batch_generate, stream_generate
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from ..levers.kvcache import shared_kv_sources
+from ..serving.batch import batchable, greedy_batch
+
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
 
@@ -70,8 +77,6 @@ def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, m
                         kv: KVPlan | None = None) -> list[str]:
     """One prompt at a time through `stream_generate` (the benchmark's baseline for batching), with
     `kv`'s uniform quantization when it has one."""
-    from mlx_lm import stream_generate
-
     spec = kv.default if kv is not None and kv.is_uniform else None
     extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
                                      "quantized_kv_start": spec.start}
@@ -85,8 +90,6 @@ def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, m
 def choice_logprobs(model: Any, tokenizer: Any, text: str, choices: Sequence[str]) -> list[float]:
     """Log-probability of each continuation after `text`: one forward when every choice is one
     token after the prompt (MMLU's letters), else one forward per choice (summed over its tokens)."""
-    import mlx.core as mx
-
     plan = _choice_plan(tokenizer, text, choices)
     prompt, suffixes = plan.prompt, plan.suffixes
     if all(len(s) == 1 for s in suffixes):
@@ -116,8 +119,6 @@ def choice_logprobs_many(
     runs only its own suffix from a copy of it, and the suffixes run batched (right-padded, so
     causal attention keeps every row's real positions exact). Both arms take this same path.
     """
-    import mlx.core as mx
-
     plans = [_choice_plan(tokenizer, text, item_choices) for text, item_choices in zip(texts, choices)]
     out: list[list[float | None]] = [[None] * len(c) for c in choices]
     head = _split_head(model)
@@ -179,8 +180,6 @@ def _split_head(model: Any) -> _Head | None:
         return _Head(body, linear)
 
     def capped(h: Any) -> Any:
-        import mlx.core as mx
-
         return mx.tanh(linear(h) / cap) * cap
 
     return _Head(body, capped)
@@ -188,8 +187,6 @@ def _split_head(model: Any) -> _Head | None:
 
 def _logits_at(head: _Head, tokens: Any, cache: Any, index: Any) -> Any:
     """Logits of `tokens` (B, T) only at `index` (B, P) positions: (B, P, vocabulary)."""
-    import mlx.core as mx
-
     hidden = head.body(tokens, cache=cache)
     return head.project(mx.take_along_axis(hidden, index[..., None], axis=1))
 
@@ -208,8 +205,6 @@ class _Row:
 
     def read(self, logp: Any, at: dict[int, int]) -> list[float]:
         """Each choice's summed log-probability from `logp` (rows = the positions `at` maps to)."""
-        import mlx.core as mx
-
         picked = [logp[mx.array([at[p] for p in positions]), mx.array(ids)].sum() for positions, ids in self.reads]
         values: Any = mx.stack(picked).tolist()
         return [float(v) for v in values]
@@ -287,9 +282,6 @@ def _prefill(model: Any, tokens: list[int]) -> list[Any] | None:
     """The shared prefix through a plain KV cache, evaluated once: its per-layer (keys, values,
     offset). None for models whose caches are not all plain (sliding windows, state-space layers):
     their items run whole."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
     cache = make_prompt_cache(model)
     if not all(type(c) is KVCache for c in cache):
         return None
@@ -302,9 +294,6 @@ def _prefill(model: Any, tokens: list[int]) -> list[Any] | None:
 def _batched_cache(prefix: list[Any], rows: int) -> list[Any]:
     """A fresh plain cache per layer holding the shared prefix for `rows` rows (a copy: the prefix
     itself is never written, so the next batch starts from the same state)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
     caches = []
     for keys, values, offset in prefix:
         c = KVCache()  # type: ignore[no-untyped-call]
@@ -353,8 +342,6 @@ def _encode(tokenizer: Any, text: str, *, special: bool = True) -> list[int]:
 
 def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, batch_size: int,
              progress: Progress | None = None) -> list[str]:
-    from mlx_lm import batch_generate
-
     out: list[str] = []
     for start in range(0, len(ids), batch_size):
         chunk = ids[start : start + batch_size]
@@ -369,8 +356,6 @@ def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: i
 def _batched_plan(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, kv: KVPlan,
                   batch_size: int, progress: Progress | None = None) -> list[str]:
     """Batches of similar length (less padding), each through `greedy_batch`; outputs in order."""
-    from ..serving.batch import greedy_batch
-
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     out: dict[int, str] = {}
@@ -387,8 +372,6 @@ def generation_route(model: Any, plans: Sequence[KVPlan], lengths: Sequence[int]
     """The one loop every plan of a gate runs: "batched" (`serving.batch`, plain-cache models),
     "batch_generate" (every plan plain), "stream" (`mlx_lm.stream_generate`, uniform plans mlx_lm
     can quantize), else "per_layer" (the project's loop with the plans' caches, one prompt at a time)."""
-    from ..serving.batch import batchable
-
     if all(batchable(model, p, lengths) for p in plans):
         return "batched"
     if all(p.is_plain for p in plans):
@@ -401,25 +384,17 @@ def generation_route(model: Any, plans: Sequence[KVPlan], lengths: Sequence[int]
 def _mlx_lm_quantizes(model: Any) -> bool:
     """mlx_lm's own `generate(kv_bits=...)` runs this model: every cache is a plain `KVCache` and no
     layer shares another's K/V (sliding windows and KV-shared layers take the project's caches)."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    from ..levers.kvcache import shared_kv_sources
-
     cache = make_prompt_cache(model)
     return all(type(c) is KVCache for c in cache) and not shared_kv_sources(model, len(cache))
 
 
 def _stream(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, spec: Any) -> str:
-    from mlx_lm import stream_generate
-
     extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
                                                      "quantized_kv_start": spec.start}
     return "".join(r.text for r in stream_generate(model, tokenizer, ids, max_tokens=max_new_tokens, **extra))
 
 
 def _per_layer(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, kv: KVPlan) -> str:
-    import mlx.core as mx
-
     cache = kv.make_cache(model)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     x = mx.array(ids)

@@ -26,6 +26,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+try:
+    import langdetect  # type: ignore[import-not-found, import-untyped, unused-ignore]
+except ImportError:  # the language instruction is then unverifiable: its items are dropped
+    langdetect = None
+
 __all__ = [
     "INSTRUCTION_TYPES",
     "IfevalVerdict",
@@ -193,11 +198,9 @@ def treebank_words(text: str) -> list[str]:
 @lru_cache(maxsize=1)
 def language_detection_available() -> bool:
     """Whether `langdetect` (the reference's detector) is installed; seeds it for determinism."""
-    try:
-        from langdetect import DetectorFactory  # type: ignore[import-not-found, import-untyped, unused-ignore]
-    except ImportError:
+    if langdetect is None:
         return False
-    DetectorFactory.seed = 0
+    langdetect.DetectorFactory.seed = 0
     return True
 
 
@@ -205,8 +208,6 @@ def detect_language(text: str) -> str | None:
     """ISO code of `text`'s language; "" when undetectable (no features), None without langdetect."""
     if not language_detection_available():
         return None
-    import langdetect  # type: ignore[import-not-found, import-untyped, unused-ignore]
-
     try:
         return str(langdetect.detect(text))
     except langdetect.LangDetectException:

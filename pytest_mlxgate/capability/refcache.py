@@ -22,6 +22,9 @@ from typing import Any
 
 from ..common.keys import canonical_json, key_digest
 from ..common.refstore import DEFAULT_CACHE_MAX_BYTES, EntryStore
+from ..levers import kvcache
+from ..serving import batch, caches
+from . import generate
 from .base import ItemResult
 
 __all__ = ["CAPABILITY_CACHE_FORMAT", "CapabilityCache", "generation_code_digest", "task_code_digest"]
@@ -54,10 +57,6 @@ def task_code_digest(task: object) -> str:
 def generation_code_digest() -> str:
     """sha256 of the code that turns a rendered prompt into an arm's output (greedy generation,
     choice scoring, the batched serving loop): a changed path is a miss, even for an unchanged task."""
-    from ..levers import kvcache
-    from ..serving import batch, caches
-    from . import generate
-
     modules = (generate, batch, caches, kvcache)
     digests = [hashlib.sha256(Path(m.__file__ or "").read_bytes()).hexdigest() for m in modules]
     return hashlib.sha256(" ".join(digests).encode()).hexdigest()

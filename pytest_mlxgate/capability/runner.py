@@ -8,11 +8,17 @@ reason (never silently passed).
 from __future__ import annotations
 
 import importlib
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, Required, TypedDict, Unpack
 
-from ..errors import MlxgateUsageError
+from ..common.refstore import store_or_warn
+from ..errors import MlxgateUsageError, VacuousLeverError
+from ..levers.kvcache import require_kv_difference
+from ..stats.sequential import run_sequential
+from . import refcache
 from .base import (
     EXTRA_TASK_NAMES,
     TASK_NAMES,
@@ -25,16 +31,18 @@ from .base import (
     Tier,
     prompt_hash,
 )
+from .generate import Progress, choice_logprobs_many, generate_greedy, prompt_length
 from .result import CapabilityRun
 from .sandbox import SandboxUnavailable
+from .user_tasks import find_user_task, registered_names
 
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
     from .base import Task
-    from .generate import Progress
     from .refcache import CapabilityCache
 
-__all__ = ["ArmProgress", "load_task", "run_arm", "run_capability", "run_capability_sequential", "sequential_order"]
+__all__ = ["ArmProgress", "CapabilityArgs", "PreparedRun", "load_task", "prepare", "run_arm", "run_capability",
+           "run_capability_sequential", "sequential_order"]
 
 
 class ArmProgress(Protocol):
@@ -52,8 +60,6 @@ def load_task(name: str, options: RunOptions | None = None) -> Task:
     if name in TASK_NAMES or name in EXTRA_TASK_NAMES:
         task = importlib.import_module(f"{__package__}.tasks.{name}").TASK
     else:
-        from .user_tasks import find_user_task, registered_names
-
         found = find_user_task(name)
         if found is None:
             known = ", ".join([*TASK_NAMES, *EXTRA_TASK_NAMES, *registered_names()])
@@ -81,8 +87,6 @@ def run_arm(
 ) -> tuple[list[ItemResult], dict[str, str]]:
     """Score every item on one arm: choice items by their choices' log-probabilities (a prefix the
     items share prefilled once), the rest by greedy generation (batched), each output scored by the task."""
-    from .generate import choice_logprobs_many, generate_greedy
-
     rendered = dict(rendered) if rendered is not None else {it.id: task.render(it, tokenizer) for it in items}
     budget = _budget(task, max_new_tokens)
     if lever.kind == "kv" and arm == "candidate" and items:
@@ -117,10 +121,6 @@ def _require_kv_exercised(task: Task, items: Sequence[Item], rendered: Mapping[s
                           tokenizer: Any, lever: Lever, budget: int) -> None:
     """Refuse a KV lever on a task it cannot change: choices are scored by one plain teacher-forced
     prefill (no KV plan), and generation must run past a quantized spec's start."""
-    from ..errors import VacuousLeverError
-    from ..levers.kvcache import require_kv_difference
-    from .generate import prompt_length
-
     gen = [it for it in items if it.kind != "choice"]
     if not gen:
         raise VacuousLeverError(
@@ -134,68 +134,104 @@ def _require_kv_exercised(task: Task, items: Sequence[Item], rendered: Mapping[s
                           where=f"capability task {task.name}'s generation")
 
 
-def run_capability(
-    name: str,
-    tier: Tier,
-    *,
-    n: int | None,
-    reference: tuple[Any, Any],
-    candidate: tuple[Any, Any],
-    lever: Lever,
-    max_new_tokens: int | None = None,
-    batch_size: int = 16,
-    allow_unsandboxed: bool = False,
-    progress_for: Callable[[Arm, int], ArmProgress] | None = None,
-    reference_cache: CapabilityCache | None = None,
-    reference_key: Mapping[str, Any] | None = None,
-    refresh_reference: bool = False,
-    items: Sequence[Item] | None = None,
-) -> CapabilityRun:
-    """Both arms of one task; raises TaskSkipped when the task cannot run here.
+class CapabilityArgs(TypedDict, total=False):
+    """The keyword arguments of `run_capability`, which `distributed.run_capability_distributed` takes
+    too. `reference`/`candidate`: (model, tokenizer); `max_new_tokens` lowers the task's budget;
+    `batch_size` (default 16) of generation; `progress_for(arm, total)` reports an arm's progress.
+    With `reference_cache` and `reference_key` (what the reference model and lever contribute), the
+    reference arm's results come from the cache when the whole key matches, and are stored after a
+    run otherwise; `refresh_reference` recomputes them. `items` (already loaded, e.g. one batch of a
+    sequential run) replaces loading the tier's."""
 
-    With `reference_cache` and `reference_key` (what the reference model and lever contribute),
-    the reference arm's results come from the cache when the whole key matches, and are stored
-    after a run otherwise; `refresh_reference` recomputes them. `items` (already loaded, e.g. one
-    batch of a sequential run) replaces loading the tier's."""
-    task = load_task(name, RunOptions(allow_unsandboxed=allow_unsandboxed))
-    if items is None:
-        items = _load_items(task, name, tier, n)
+    n: Required[int | None]
+    reference: Required[tuple[Any, Any]]
+    candidate: Required[tuple[Any, Any]]
+    lever: Required[Lever]
+    max_new_tokens: int | None
+    batch_size: int
+    allow_unsandboxed: bool
+    progress_for: Callable[[Arm, int], ArmProgress] | None
+    reference_cache: CapabilityCache | None
+    reference_key: Mapping[str, Any] | None
+    refresh_reference: bool
+    items: Sequence[Item] | None
 
-    def arm(model_tok: tuple[Any, Any], which: Arm, rendered: Mapping[str, str] | None = None,
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """One capability run up to its arms: the task, its items, the reference arm's rendered inputs
+    (the cache key hashes them), the key and what the reference cache holds under it (None: run it).
+    `run_capability` runs both arms on it; `distributed` runs each rank's share of the items."""
+
+    name: str
+    tier: Tier
+    args: CapabilityArgs
+    task: Task
+    items: list[Item]
+    rendered: dict[str, str]
+    key: dict[str, Any] | None
+    cached: list[ItemResult] | None
+
+    def arm(self, which: Arm, items: Sequence[Item], rendered: Mapping[str, str] | None = None,
             ) -> tuple[list[ItemResult], dict[str, str]]:
+        """`run_arm` of `which` over `items` (rendered with that arm's tokenizer unless given)."""
+        progress_for = self.args.get("progress_for")
         meter = progress_for(which, len(items)) if progress_for else None
-        out = run_arm(task, items, *model_tok, lever, which, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        out = run_arm(self.task, items, *self.args[which], self.args["lever"], which,
+                      max_new_tokens=self.args.get("max_new_tokens"), batch_size=self.args.get("batch_size", 16),
                       progress=meter, rendered=rendered)
         if meter is not None:
             meter.finish("scored")
         return out
 
+    def store(self, reference: list[ItemResult]) -> None:
+        """Keep the reference arm's results under the key (no cache or no key: nothing to keep)."""
+        cache = self.args.get("reference_cache")
+        if cache is not None and self.key is not None:
+            store_or_warn(cache, self.key, reference)
+
+
+def prepare(name: str, tier: Tier, args: CapabilityArgs) -> PreparedRun:
+    """The task configured for the run, its items (loaded unless given) rendered for the reference
+    arm, and the reference cache's entry; raises TaskSkipped when the task cannot run here."""
+    unknown = sorted(set(args) - set(CapabilityArgs.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    task = load_task(name, RunOptions(allow_unsandboxed=args.get("allow_unsandboxed", False)))
+    given = args.get("items")
+    items = list(given) if given is not None else _load_items(task, name, tier, args["n"])
+    rendered = {it.id: task.render(it, args["reference"][1]) for it in items}  # once: the key hashes it too
+    cache, base = args.get("reference_cache"), args.get("reference_key")
     key: dict[str, Any] | None = None
     cached: list[ItemResult] | None = None
-    ref_rendered = {it.id: task.render(it, reference[1]) for it in items}  # once: the key hashes it too
-    if reference_cache is not None and reference_key is not None:
-        key = _cache_key(task, name, tier, n, items, ref_rendered, dict(reference_key),
-                         max_new_tokens=max_new_tokens, batch_size=batch_size, lever=lever)
-        if not refresh_reference:
-            cached = reference_cache.load(key, len(items))
+    if cache is not None and base is not None:
+        key = _cache_key(task, name, tier, args["n"], items, rendered, dict(base),
+                         max_new_tokens=args.get("max_new_tokens"), batch_size=args.get("batch_size", 16),
+                         lever=args["lever"])
+        if not args.get("refresh_reference"):
+            cached = cache.load(key, len(items))
+    return PreparedRun(name, tier, args, task, items, rendered, key, cached)
+
+
+def run_capability(name: str, tier: Tier, **args: Unpack[CapabilityArgs]) -> CapabilityRun:
+    """Both arms of one task over the same items (`CapabilityArgs`: the models, the lever, the
+    reference cache...); raises TaskSkipped when the task cannot run here."""
+    run = prepare(name, tier, args)
     t0 = time.perf_counter()
     try:
-        if cached is not None:
-            ref, rendered = cached, ref_rendered
+        if run.cached is not None:
+            ref, rendered = run.cached, run.rendered
         else:
-            ref, rendered = arm(reference, "reference", ref_rendered)
-            if reference_cache is not None and key is not None:
-                from ..common.refstore import store_or_warn
-
-                store_or_warn(reference_cache, key, ref)
+            ref, rendered = run.arm("reference", run.items, run.rendered)
+            run.store(ref)
         t1 = time.perf_counter()
-        cand, _ = arm(candidate, "candidate")
+        cand, _ = run.arm("candidate", run.items)
     except SandboxUnavailable as e:
         raise TaskSkipped(f"{name}: {e}") from None
     t2 = time.perf_counter()
-    return CapabilityRun(task=name, tier=tier, graded=task.graded, items=list(items), reference=ref, candidate=cand,
+    return CapabilityRun(task=name, tier=tier, graded=run.task.graded, items=run.items, reference=ref, candidate=cand,
                          durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},
-                         rendered=rendered, reference_source="cache" if cached is not None else "computed")
+                         rendered=rendered, reference_source="cache" if run.cached is not None else "computed")
 
 
 def _load_items(task: Task, name: str, tier: Tier, n: int | None) -> list[Item]:
@@ -213,8 +249,6 @@ def sequential_order(name: str, items: Sequence[Item]) -> list[Item]:
 
     The anytime-valid bound needs items whose outcomes do not drift with their position; task
     loaders may group items (MMLU by subject, for prefix reuse), so the order is shuffled here."""
-    import random
-
     order = list(items)
     random.Random(f"mlxgate-sequential:{name}").shuffle(order)
     return order
@@ -240,8 +274,6 @@ def run_capability_sequential(
     The returned run carries every item scored and `sequential`, the procedure's verdict.
     `batch_runner` (default `run_capability`) and `clock` (of the time budget) let
     `distributed.py` split each batch over ranks that all stop after the same one."""
-    from ..stats.sequential import run_sequential
-
     task = load_task(name, RunOptions(allow_unsandboxed=bool(arms.get("allow_unsandboxed"))))
     pool = sequential_order(name, _load_items(task, name, tier, budget.items))
     batches: list[CapabilityRun] = []
@@ -281,10 +313,8 @@ def run_capability_sequential(
 def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], rendered: Mapping[str, str],
                base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int, lever: Lever) -> dict[str, Any]:
     """Everything the reference arm's results depend on, beyond the model and lever in `base`."""
-    from .refcache import CAPABILITY_CACHE_FORMAT, generation_code_digest, task_code_digest
-
-    return {**base, "format": CAPABILITY_CACHE_FORMAT, "task": name, "task_code": task_code_digest(task),
-            "generation_code": generation_code_digest(),
+    return {**base, "format": refcache.CAPABILITY_CACHE_FORMAT, "task": name,
+            "task_code": refcache.task_code_digest(task), "generation_code": refcache.generation_code_digest(),
             # the generation loop is chosen from both arms' KV plans (generate.generation_route)
             "kv_plans": [lever.kv_plan(a).source for a in ("reference", "candidate")] if lever.kind == "kv" else [],
             "tier": tier, "n": n, "max_new_tokens": _budget(task, max_new_tokens), "batch_size": batch_size,
@@ -298,6 +328,4 @@ def _budget(task: Task, max_new_tokens: int | None) -> int:
 
 def _stamp(result: ItemResult, rendered: str) -> ItemResult:
     """Every result carries the hash of the exact rendered input it answered (the runner knows it)."""
-    from dataclasses import replace
-
     return replace(result, prompt_hash=prompt_hash(rendered))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from ..errors import MlxgateWarning
 from .atomic import atomic_write_bytes
 
 __all__ = [
@@ -149,8 +150,6 @@ class EntryStore:
         if self.report is not None:
             self.report(line)
         else:
-            from ..errors import MlxgateWarning
-
             warnings.warn(MlxgateWarning(line), stacklevel=3)
 
     def evict(self, *, keep: Path | None = None) -> list[Path]:
@@ -161,8 +160,6 @@ class EntryStore:
         try:
             return self._evict(keep)
         except Exception as e:  # noqa: BLE001 - a cap missed this once is better than a run crashed
-            from ..errors import MlxgateWarning
-
             warnings.warn(MlxgateWarning(f"reference cache {self.root}: eviction skipped ({type(e).__name__}: {e}); "
                                          "the cache may exceed --mlx-reference-cache-max until the next store"),
                           stacklevel=3)
@@ -293,8 +290,6 @@ class _Store(Protocol):
 def store_or_warn(cache: _Store, key: Mapping[str, Any], value: Any) -> bool:
     """`cache.store(key, value)`; on an OS error (read-only checkout, full disk) a warning with the
     fix instead, and the gate goes on with the arm it just computed. True when stored."""
-    from ..errors import MlxgateWarning
-
     try:
         cache.store(key, value)
     except OSError as e:

@@ -224,7 +224,7 @@ def _download(
             raise HubRetryError(f"{file.path}: gave up after {stats.requests} requests ({_last(stats)})")
         stats.requests += 1
         try:
-            failure = _one_request(client, file, url, partial, stats, progress, use_range)
+            failure = _one_request(client, url, partial, stats, progress, use_range)
         except TransientError as exc:
             failure = exc
         if failure is not None:
@@ -257,14 +257,15 @@ def _last(stats: FetchStats) -> str:
 
 def _one_request(
     client: HubClient,
-    file: RepoFile,
     url: str,
     partial: _Partial,
     stats: FetchStats,
     progress: Progress | None,
     use_range: bool,
 ) -> TransientError | None:
-    """One GET; returns None when it made the attempt cleanly (full or short body), else the failure."""
+    """One GET of `partial`'s file; returns None when it made the attempt cleanly (full or short body),
+    else the failure."""
+    file = partial.file
     headers = {}
     start = partial.size if use_range else 0
     if start:
@@ -303,7 +304,7 @@ def _one_request(
                 stats.restarts += 1
         else:
             raise HubProtocolError(f"{file.path}: unexpected status {response.status_code} for a download")
-        _stream_body(response, file, partial, stats, progress, client.policy)
+        _stream_body(response, partial, stats, progress, client.policy)
     finally:
         response.close()
     return None
@@ -311,12 +312,12 @@ def _one_request(
 
 def _stream_body(
     response: httpx.Response,
-    file: RepoFile,
     partial: _Partial,
     stats: FetchStats,
     progress: Progress | None,
     policy: RetryPolicy,
 ) -> None:
+    file = partial.file
     window_start = time.monotonic()
     window_bytes = 0
     # Pieces arrive 64 KiB at a time; writing, hashing and reporting them in 1 MiB batches keeps

@@ -16,16 +16,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
 
 from ..errors import NonFiniteLogitsError
+from .divergence import RefDistributions, TokenScores, compact_reference, compare, first_nonfinite_row
 from .shape import SERVING_PREFILL_STEP, ArmCounters, RunShape
 
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
     from ..levers.lever import Arm, Lever
     from ..session.watch import ArmWatch
-    from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
 __all__ = ["SERVING_BATCH_BYTES", "SequenceLogits", "run_candidate", "run_reference", "sequence_logits",
@@ -45,8 +47,6 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan,
                     tick: Callable[[int], None] | None = None) -> tuple[SequenceLogits, int]:
     """Run one sequence on `shape.path`; returns its logits and the number of model calls made.
     `tick(positions)` after each model call (an arm's progress and time limit)."""
-    import mlx.core as mx
-
     tokens = shape.tokens
     if len(ids) != tokens + 1:
         raise ValueError(f"a sequence must hold tokens + 1 = {tokens + 1} ids, got {len(ids)}")
@@ -61,8 +61,6 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan,
             if tick is not None:
                 tick(tokens)
         else:
-            from mlx_lm.models.cache import make_prompt_cache
-
             cache = make_prompt_cache(model)
             parts, calls, dtype = [], 0, "float32"
             for start in range(0, tokens, shape.chunk):
@@ -87,8 +85,6 @@ def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape, 
 
     Equal lengths need no padding or masks, so mlx_lm's own caches (plain, rotating, quantized,
     KV-shared readers) hold a batch as they hold one row; each row's numbers are its own."""
-    import mlx.core as mx
-
     tokens = shape.tokens
     for ids in batch:
         if len(ids) != tokens + 1:
@@ -145,8 +141,6 @@ def run_reference(
     watch: ArmWatch | None = None,
 ) -> list[RefDistributions]:
     """The reference arm, compacted per sequence (what the reference cache stores)."""
-    from .divergence import compact_reference
-
     refs = []
     with lever.applied(arm, on_call=site_counter(lever, counters, arm)):
         kv = lever.kv_plan(arm)
@@ -174,8 +168,6 @@ def run_candidate(
     `arm`/`override_shape` let the A/A calibration run the reference configuration again, or
     with another chunk size, through this same scoring path.
     """
-    from .divergence import compare
-
     if len(refs) != len(sequences):
         raise ValueError(f"{len(refs)} reference sequences for {len(sequences)} candidate sequences")
     scores = []
@@ -233,8 +225,6 @@ def _batches(model: Any, sequences: Sequence[TokenSequence], shape: RunShape, kv
 
 
 def _check_finite(seq: TokenSequence, out: SequenceLogits, arm: Arm, lever: Lever) -> None:
-    from .divergence import first_nonfinite_row
-
     bad = first_nonfinite_row(out.logits)
     if bad is not None:
         row = out.logits[bad]
@@ -247,8 +237,6 @@ def _check_finite(seq: TokenSequence, out: SequenceLogits, arm: Arm, lever: Leve
 
 
 def _to_numpy(x: Any) -> np.ndarray:
-    import mlx.core as mx
-
     return np.asarray(x.astype(mx.float32))
 
 

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.refstore import store_or_warn
 from ..errors import VocabularyMismatchError
+from ..levers.kvcache import require_kv_difference
+from ..models.identity import model_identity
+from ..stats.kl_profile import kl_profile
+from ..stats.kl_stats import KLStats, summarize
+from . import divergence
 from .arms import run_candidate, run_reference
+from .refcache import CACHE_FORMAT, ReferenceCache
 from .result import KLResult, aa_floors
 from .shape import ArmCounters, RunShape
 
@@ -22,10 +28,8 @@ if TYPE_CHECKING:
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
     from ..session.watch import ArmWatch, Watcher
-    from ..stats.kl_stats import KLStats
     from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
-    from .refcache import ReferenceCache
 
 __all__ = ["aa_chunk", "check_same_vocabulary", "measure_kl", "reference_key"]
 
@@ -49,12 +53,7 @@ def measure_kl(
 ) -> KLResult:
     """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize.
     `watch`: each arm's progress lines and time limit (none: silent, unlimited)."""
-    from ..stats.kl_profile import kl_profile
-    from ..stats.kl_stats import summarize
-
     if lever.kind == "kv" and not aa:
-        from ..levers.kvcache import require_kv_difference
-
         require_kv_difference(lever.name, lever.kv_plan("reference"), lever.kv_plan("candidate"),
                               candidate.model, shape.tokens, where="the serving path")
     started = time.perf_counter()
@@ -117,8 +116,6 @@ def _aa(
     watch: Watcher | None = None,
 ) -> tuple[list[TokenScores], dict[str, Any]]:
     """Reference vs itself, and vs itself with another prefill chunk size: the noise floor."""
-    from ..stats.kl_stats import summarize
-
     chunk = aa_chunk(shape)
     say("A/A: reference arm again")
     arm_watch = _arm_watch(watch, "A/A reference arm again", sequences, shape)
@@ -163,10 +160,6 @@ def reference_key(
     machine: Mapping[str, str],
 ) -> dict[str, Any]:
     """Everything the reference arm's distributions depend on (see `refcache`)."""
-    from ..models.identity import model_identity
-    from . import divergence
-    from .refcache import CACHE_FORMAT
-
     return {
         "format": CACHE_FORMAT,
         **model_identity(model),

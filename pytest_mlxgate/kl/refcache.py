@@ -16,15 +16,13 @@ import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..common.keys import canonical_json, key_digest
 from ..common.refstore import DEFAULT_CACHE_MAX_BYTES, EntryStore
-
-if TYPE_CHECKING:
-    from .divergence import RefDistributions
+from .divergence import RefDistributions
 
 __all__ = ["CACHE_FORMAT", "ReferenceCache"]
 
@@ -72,8 +70,6 @@ class ReferenceCache:
 
 def _decode(payload: bytes, key: Mapping[str, Any], n_sequences: int) -> list[RefDistributions] | None:
     """The sequences of a checked payload; None when it was written for another key."""
-    from .divergence import RefDistributions
-
     with np.load(io.BytesIO(payload), allow_pickle=False) as data:
         stored = json.loads(bytes(data["key"]).decode())
         if stored != json.loads(canonical_json(key)) or int(data["n"]) != n_sequences:

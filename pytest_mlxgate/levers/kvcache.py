@@ -44,12 +44,12 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import LeverError
+from ..errors import LeverError, VacuousLeverError
 
 __all__ = [
     "KV_BITS",
@@ -143,8 +143,6 @@ class KVPlan:
     def fake_quant(self) -> KVPlan:
         """The same plan in float: each quantized layer stores its K/V quantized then dequantized
         and attends with the float kernel. Against the real plan, what differs is the kernels."""
-        from dataclasses import replace
-
         return replace(self, fake=True, source=f"fake-quant {self.source}")
 
     def make_cache(self, model: Any) -> list[Any]:
@@ -261,8 +259,6 @@ def require_kv_difference(name: str, reference: KVPlan, candidate: KVPlan, model
     ref, cand = reference.quantized_within(model, positions), candidate.quantized_within(model, positions)
     if ref != cand:
         return
-    from ..errors import VacuousLeverError
-
     late = sorted({spec.start for plan in (reference, candidate)
                    for spec in (plan.default, *plan.layers.values(), *plan.types.values())
                    if spec is not None and spec.start > positions - 1})

@@ -17,6 +17,7 @@ from .kvcache import parse_kv_value
 from .lever import LEVER_PATHS, Lever, LeverKind, LeverPath
 from .naming import IDENT, object_name
 from .patching import OBJECT_NAME
+from .weights import parse_weights_value
 
 __all__ = ["check_override_targets", "lever_from_marker", "lever_from_options", "override_applies"]
 
@@ -275,8 +276,6 @@ def _convert_value(where: str, kind: LeverKind, value: object, base_dir: Path | 
             raise LeverError(f"{where}: {e}") from None
         return value
     if kind == "weights":
-        from .weights import parse_weights_value
-
         try:
             parse_weights_value(value)  # fail at collection, not after loading a model
         except LeverError as e:

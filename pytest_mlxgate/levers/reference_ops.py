@@ -16,6 +16,7 @@ mlx is imported inside each function: importing this module stays free.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
@@ -306,8 +307,6 @@ def compiled(value: object) -> AbstractContextManager[None]:
 
 @contextmanager
 def _compile_disabled() -> Iterator[None]:
-    import os
-
     import mlx.core as mx
 
     mx.disable_compile()

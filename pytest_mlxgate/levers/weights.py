@@ -11,15 +11,14 @@ Values: None / "float" (as loaded), a bit count (group 64), "bits=4,group_size=6
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ..errors import LeverError, LeverNotApplicableError
-
-if TYPE_CHECKING:
-    from ..models.loaded import LoadedModel
+from ..models.loaded import LoadedModel, load_mlx
 
 __all__ = ["WeightsSpec", "parse_weights_value", "quantized_copy"]
 
@@ -83,13 +82,8 @@ def _whole(x: object, key: str, value: object) -> int:
 
 def quantized_copy(loaded: LoadedModel, spec: WeightsSpec) -> LoadedModel:
     """The same snapshot loaded again and quantized as `mlx_lm.convert -q --q-bits B --q-group-size G`."""
-    import json
-    from dataclasses import replace
-
     import mlx.core as mx
     from mlx_lm.utils import quantize_model
-
-    from ..models.loaded import load_mlx
 
     model = load_mlx(loaded.snapshot)[0]  # unreadable weights: ModelUnavailableError naming the file
     config_path = loaded.snapshot.dir / "config.json"

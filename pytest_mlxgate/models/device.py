@@ -6,10 +6,13 @@ Only these functions import mlx, and only when called.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 __all__ = [
@@ -32,8 +35,6 @@ REFERENCE_BLAS = "reference BLAS"
 
 def installed_versions(dists: Iterable[str] = ("mlx", "mlx-lm")) -> dict[str, str]:
     """Distribution name -> installed version ("absent" when not installed), without importing it."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for dist in dists:
         try:
@@ -48,9 +49,6 @@ def machine_facts(*, in_subprocess: bool = False) -> tuple[str, str]:
     must not load mlx itself (the xdist controller only prints the header; its workers run gates)."""
     if not in_subprocess:
         return mlx_device(), blas_in_use()
-    import json
-    import subprocess
-
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     code = ("import json; from pytest_mlxgate.models.device import blas_in_use, mlx_device; "

@@ -9,10 +9,14 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ..hub.cache import RepoCache
+from filelock import FileLock
+
+from ..common.atomic import fsync_dir
+from ..hub.cache import RepoCache, RepoFile
+from ..hub.environment import resolve_cache_dir
+from ..hub.hashing import hash_file
+from ..hub.integrity import write_stamp
 
 EMBEDDED_REPO_ID = "mlxgate/SmolLM2-135M-Instruct-f32"
 EMBEDDED_ALIAS = "smollm2-135m"
@@ -37,13 +41,6 @@ def ensure_embedded_snapshot(
     here build it once (a file lock); the publish itself is hash-named and atomic, so a lock that does
     nothing costs only time.
     """
-    from filelock import FileLock
-
-    from ..common.atomic import fsync_dir
-    from ..hub.cache import RepoCache, RepoFile
-    from ..hub.environment import resolve_cache_dir
-    from ..hub.hashing import hash_file
-    from ..hub.integrity import write_stamp
     from .gguf import convert_gguf, find_embedded_gguf
 
     gguf = find_embedded_gguf()
@@ -95,8 +92,6 @@ def _set_damaged_aside(cache: RepoCache, commit: str) -> None:
 
 def _gguf_identity(gguf: Path) -> str:
     """sha256 of the GGUF: the source's identity (98 MB hashes in ~0.1 s, cheap enough per run)."""
-    from ..hub.hashing import hash_file
-
     return hash_file(gguf, "sha256")
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-if TYPE_CHECKING:  # pragma: no cover
-    import mlx.core as mx
-    from tokenizers import Tokenizer
+import mlx.core as mx
+import numpy as np
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 __all__ = [
     "EMBEDDED_GGUF_NAME",
@@ -100,8 +100,6 @@ def _scalar(metadata: Mapping[str, Any], key: str, default: Any = None) -> Any:
 
 def _clean_float(value: float) -> float:
     """Shortest decimal that round-trips through float32 (1e-05, not 9.99999974e-06)."""
-    import numpy as np
-
     return float(str(np.float32(value)))
 
 
@@ -157,8 +155,6 @@ def _special_ids(metadata: Mapping[str, Any]) -> dict[str, int]:
 
 def _dequantize(weights: Mapping[str, mx.array], base: str) -> mx.array:
     """The float32 value of GGUF tensor ``base`` (quantized as weight/scales/biases or plain)."""
-    import mlx.core as mx
-
     weight = weights[f"{base}.weight"]
     if f"{base}.scales" not in weights:
         if not mx.issubdtype(weight.dtype, mx.floating):
@@ -199,8 +195,6 @@ def _convert_weights(
     weights: Mapping[str, mx.array], hp: Mapping[str, Any], dtype: str
 ) -> dict[str, mx.array]:
     """All GGUF tensors as dequantized, HF-named, HF-laid-out arrays of ``dtype``."""
-    import mlx.core as mx
-
     target = getattr(mx, dtype)
     heads = {"attn_q": hp["num_attention_heads"], "attn_k": hp["num_key_value_heads"]}
     out: dict[str, mx.array] = {}
@@ -220,8 +214,6 @@ def _convert_weights(
 
 def _build_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     """Byte-level BPE tokenizer (SmolLM2 / GPT-2 style) from the GGUF vocab and merges."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
     model_kind = _scalar(metadata, "tokenizer.ggml.model")
     if model_kind != "gpt2":
         raise GGUFConversionError(f"only byte-level BPE ('gpt2') tokenizers are supported, not {model_kind!r}")
@@ -304,16 +296,12 @@ def _write_json(path: pathlib.Path, data: Mapping[str, Any]) -> None:
 
 def _write_safetensors(path: pathlib.Path, tensors: Mapping[str, mx.array]) -> None:
     """Write the weights with fixed metadata and sorted insertion order."""
-    import mlx.core as mx
-
     ordered = {name: tensors[name] for name in sorted(tensors)}
     mx.save_safetensors(str(path), ordered, metadata={"format": "mlx"})
 
 
 def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path, *, dtype: str = "float32") -> list[str]:
     """Convert a llama GGUF into an ``mlx_lm.load``-able directory; return the files written."""
-    import mlx.core as mx
-
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, not {dtype!r}")
     gguf_path, out_dir = pathlib.Path(gguf_path), pathlib.Path(out_dir)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .loaded import LoadedModel
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .loaded import LoadedModel
 
 __all__ = ["model_dtype", "model_fingerprint", "model_identity", "tokenizer_fingerprint"]
 
@@ -50,9 +52,6 @@ def model_identity(model: LoadedModel) -> dict[str, str]:
 
 
 def model_dtype(model: Any) -> str:
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     leaves: Any = tree_flatten(model.parameters())
     for _, value in leaves:
         if mx.issubdtype(value.dtype, mx.floating):  # quantized weights are uint32; their scales say

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ModelUnavailableError
+from .device import installed_versions
+from .readable import unreadable_file
+
 if TYPE_CHECKING:
     from ..results.records import ModelRef
     from .materialize import ResolvedSnapshot
@@ -33,22 +37,16 @@ def load_mlx(snapshot: ResolvedSnapshot, role: str = "candidate") -> tuple[Any, 
     try:
         loaded = mlx_lm.load(snapshot.path)
     except Exception as e:  # mlx raises RuntimeError, ValueError, KeyError, OSError...: all mean "can't load"
-        from ..errors import ModelUnavailableError
-
         raise ModelUnavailableError(load_failure(snapshot, role, e)) from e
     return loaded[0], loaded[1]
 
 
 def load_failure(snapshot: ResolvedSnapshot, role: str, error: Exception) -> str:
     """What could not be loaded, which file and why (read from the files themselves), and the fix."""
-    from .readable import unreadable_file
-
     named = f"'{snapshot.name}'" + (f" ({snapshot.path})" if snapshot.kind == "local"
                                     else f" ({snapshot.pinned} at {snapshot.path})")
     bad = unreadable_file(snapshot.dir)
     if bad is None:
-        from .device import installed_versions
-
         version = installed_versions(("mlx-lm",))["mlx-lm"]
         return (f"mlxgate: mlx_lm.load could not load the {role} {named}: {type(error).__name__}: {error}. "
                 f"Its files read whole, so mlx-lm {version} does not take this model as it is: check its "

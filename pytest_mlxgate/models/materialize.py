@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from ..common.commits import is_commit
 from ..config.names import CandidateSpec
+from ..hub import snapshot_download
+from .embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
 
 __all__ = ["ProgressFn", "ResolvedSnapshot", "materialize"]
 
@@ -78,14 +80,10 @@ def materialize(
         assert spec.path is not None
         path, repo_id, source = spec.path, None, "local"
     elif spec.kind == "embedded":
-        from .embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
-
         path = ensure_embedded_snapshot(cache_dir, progress=seen)
         repo_id = EMBEDDED_REPO_ID
         source = "built" if seen.done else "cached"
     else:
-        from ..hub import snapshot_download
-
         assert spec.repo_id is not None
         path = snapshot_download(
             spec.repo_id,

@@ -13,6 +13,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import mlx.core as mx
+
+from ..kl.prompts import default_prompts
+
 __all__ = ["SAMPLE_SEQUENCES", "SAMPLE_TOKENS", "UNTRAINED_SHARE", "mean_nll", "untrained_reason", "untrained_reason_for_prompts"]
 
 #: Untrained: a mean NLL at least this share of ln V (a uniform guess). Trained models sit far below
@@ -25,8 +29,6 @@ SAMPLE_TOKENS = 128
 
 def mean_nll(model: Any, sequences: Sequence[Sequence[int]]) -> tuple[float, int]:
     """(mean next-token NLL in nats, vocabulary size) of `model` over `sequences` (each >= 2 ids)."""
-    import mlx.core as mx
-
     total, count, vocab = 0.0, 0, 0
     for ids in sequences:
         x = mx.array([list(ids)])
@@ -56,7 +58,5 @@ def untrained_reason(model: Any, sequences: Sequence[Sequence[int]]) -> str | No
 
 def untrained_reason_for_prompts(model: Any, tokenizer: Any) -> str | None:
     """`untrained_reason` over the built-in KL prompts, tokenized with `tokenizer`."""
-    from ..kl.prompts import default_prompts
-
     texts = [p.text or str((p.messages or [{}])[-1].get("content", "")) for p in default_prompts()[:SAMPLE_SEQUENCES]]
     return untrained_reason(model, [list(tokenizer.encode(t))[:SAMPLE_TOKENS] for t in texts])

@@ -18,6 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
 
@@ -38,8 +42,6 @@ class BatchQuantizedKVCache:
     step = 256
 
     def __init__(self, left_padding: Any, *, group_size: int, bits: int) -> None:
-        import mlx.core as mx
-
         self.keys: tuple[Any, Any, Any] | None = None
         self.values: tuple[Any, Any, Any] | None = None
         self.left_padding = mx.array(left_padding)
@@ -49,8 +51,6 @@ class BatchQuantizedKVCache:
         self.bits = bits
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-        import mlx.core as mx
-
         steps = keys.shape[2]
         prev = self._idx
         if self.keys is None or self.values is None or prev + steps > self.keys[0].shape[2]:
@@ -66,8 +66,6 @@ class BatchQuantizedKVCache:
         return self._fetch()
 
     def _grow(self, keys: Any, values: Any, needed: int) -> None:
-        import mlx.core as mx
-
         size = (needed + self.step - 1) // self.step * self.step
 
         def empty(like: Any, have: tuple[Any, Any, Any] | None) -> tuple[Any, Any, Any]:
@@ -89,8 +87,6 @@ class BatchQuantizedKVCache:
         return (tuple(x[..., :cut, :] for x in self.keys), tuple(x[..., :cut, :] for x in self.values))
 
     def make_mask(self, n: int, return_array: bool = False, **kwargs: Any) -> Any:
-        from mlx_lm.models.base import create_causal_mask
-
         return create_causal_mask(n, offset=self._idx, left_padding=self.left_padding, **kwargs)
 
     @property
@@ -108,8 +104,6 @@ class BatchQuantizedKVCache:
 
 def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuantizedKVCache:
     """A `BatchKVCache`'s contents, quantized (what `KVCache.to_quantized` does for one row)."""
-    import mlx.core as mx
-
     out = BatchQuantizedKVCache(cache.left_padding, group_size=group_size, bits=bits)
     keys, values = cache.keys[..., : cache._idx, :], cache.values[..., : cache._idx, :]
     out._grow(keys, values, cache._idx)
@@ -128,8 +122,6 @@ def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
     a plain `KVCache` (no sliding window or recurrent state), no prompt is longer than one prefill
     chunk, and every quantized layer starts at or before the shortest prompt's prefill end (so all
     rows quantize at the same call, right after the prefill, as they would alone)."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
     if not lengths or max(lengths) - 1 > PREFILL_STEP or min(lengths) < 2:
         return False
     caches = make_prompt_cache(model)
@@ -143,9 +135,6 @@ def greedy_batch(model: Any, ids: Sequence[list[int]], *, max_new_tokens: int, k
                  eos: set[int], on_token: Callable[[int], None] | None = None) -> list[list[int]]:
     """Greedy continuations of the token lists `ids` (one batch; see `batchable`), each cut at its
     first end-of-sequence token. `on_token(step)` after each decode step."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
-
     width = max(len(x) for x in ids)
     padding = [width - len(x) for x in ids]
     tokens = mx.array([[0] * p + x for p, x in zip(padding, ids)])

@@ -21,6 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
 __all__ = [
     "SharedKVReader",
     "attention_type",
@@ -30,13 +33,14 @@ __all__ = [
 ]
 
 Parts = tuple[Any, Any, Any]  # (packed ints, scales, biases): mx.quantize's output
+# mlx_lm's cache classes, untyped: subclassed and called through Any.
+_RotatingBase: Any = RotatingKVCache
+_PlainBase: Any = KVCache
 
 
 def attention_type(cache: Any) -> str | None:
     """The attention a cache serves, by its mlx_lm class: a sliding window or full attention; None
     for caches that hold no K/V (recurrent state) or that this project does not know."""
-    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
-
     if isinstance(cache, RotatingKVCache):
         return "sliding_attention"
     if isinstance(cache, (KVCache, QuantizedKVCache)):
@@ -46,8 +50,6 @@ def attention_type(cache: Any) -> str | None:
 
 def quantized_form(cache: Any) -> str | None:
     """The name of the quantized cache that replaces `cache`, or None when it has none."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
-
     if type(cache) is KVCache:
         return "QuantizedKVCache"
     if type(cache) is RotatingKVCache:
@@ -58,8 +60,6 @@ def quantized_form(cache: Any) -> str | None:
 def quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
     """`cache` with its contents quantized: mlx_lm's own conversion for `KVCache`, ours for
     `RotatingKVCache`. Raises TypeError for anything else (check `quantized_form` first)."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
-
     if type(cache) is KVCache:
         return cache.to_quantized(group_size=group_size, bits=bits)
     if type(cache) is RotatingKVCache:
@@ -69,8 +69,6 @@ def quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
 
 def fake_quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
     """`cache` as a float cache that stores every K/V quantized then dequantized (see module doc)."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache
-
     if type(cache) is KVCache:
         out: Any = FakeQuantKVCache(group_size=group_size, bits=bits)
     elif type(cache) is RotatingKVCache:
@@ -87,8 +85,6 @@ def fake_quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
 
 
 def _round_trip(x: Any, group_size: int, bits: int) -> Any:
-    import mlx.core as mx
-
     return mx.dequantize(*mx.quantize(x, group_size=group_size, bits=bits), group_size=group_size, bits=bits)
 
 
@@ -134,19 +130,7 @@ class SharedKVReader:
         return True
 
 
-def _base_rotating() -> Any:
-    from mlx_lm.models.cache import RotatingKVCache
-
-    return RotatingKVCache
-
-
-def _base_plain() -> Any:
-    from mlx_lm.models.cache import KVCache
-
-    return KVCache
-
-
-class QuantizedRotatingKVCache(_base_rotating()):  # type: ignore[misc]
+class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
     """`RotatingKVCache` whose keys and values are stored quantized (`Parts` per array)."""
 
     keys: Any  # Parts, or None before the first update
@@ -166,8 +150,6 @@ class QuantizedRotatingKVCache(_base_rotating()):  # type: ignore[misc]
         return out
 
     def _quantize(self, x: Any) -> Parts:
-        import mlx.core as mx
-
         packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
         return packed, scales, biases
 
@@ -177,25 +159,21 @@ class QuantizedRotatingKVCache(_base_rotating()):  # type: ignore[misc]
         return tuple(fn(p, o) for p, o in zip(parts, other))
 
     def _update_concat(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
-        base = _base_rotating()
         new_k, new_v = self._quantize(keys), self._quantize(values)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
         else:  # temporal order, then trim so every new token still sees max_size of context
-            self.keys = self._each(lambda p: base._temporal_order(self, p), self.keys)
-            self.values = self._each(lambda p: base._temporal_order(self, p), self.values)
+            self.keys = self._each(lambda p: _RotatingBase._temporal_order(self, p), self.keys)
+            self.values = self._each(lambda p: _RotatingBase._temporal_order(self, p), self.values)
             self._idx = self.keys[0].shape[2]
             trim = self._idx - self.max_size + 1
-            self.keys = self._each(lambda p, a: base._trim(self, trim, p, a), self.keys, new_k)
-            self.values = self._each(lambda p, a: base._trim(self, trim, p, a), self.values, new_v)
+            self.keys = self._each(lambda p, a: _RotatingBase._trim(self, trim, p, a), self.keys, new_k)
+            self.values = self._each(lambda p, a: _RotatingBase._trim(self, trim, p, a), self.values, new_v)
         self.offset += keys.shape[2]
         self._idx = self.keys[0].shape[2]
         return self.keys, self.values
 
     def _update_in_place(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
-        import mlx.core as mx
-
-        base = _base_rotating()
         steps = keys.shape[2]
         prev = self.offset
         new_k, new_v = self._quantize(keys), self._quantize(values)
@@ -212,8 +190,8 @@ class QuantizedRotatingKVCache(_base_rotating()):  # type: ignore[misc]
             self._idx = prev
         trim = self.keys[0].shape[2] - self.max_size
         if trim > 0:
-            self.keys = self._each(lambda p: base._trim(self, trim, p), self.keys)
-            self.values = self._each(lambda p: base._trim(self, trim, p), self.values)
+            self.keys = self._each(lambda p: _RotatingBase._trim(self, trim, p), self.keys)
+            self.values = self._each(lambda p: _RotatingBase._trim(self, trim, p), self.values)
             self._idx = self.max_size
         if self._idx == self.max_size:  # rotate
             self._idx = self.keep
@@ -241,7 +219,7 @@ class QuantizedRotatingKVCache(_base_rotating()):  # type: ignore[misc]
         return sum(int(p.nbytes) for p in (*self.keys, *self.values))
 
 
-class FakeQuantKVCache(_base_plain()):  # type: ignore[misc]
+class FakeQuantKVCache(_PlainBase):  # type: ignore[misc]
     """A plain `KVCache` that stores K/V quantized then dequantized (float storage, float kernels)."""
 
     def __init__(self, *, group_size: int, bits: int) -> None:
@@ -254,7 +232,7 @@ class FakeQuantKVCache(_base_plain()):  # type: ignore[misc]
         return super().update_and_fetch(_round_trip(keys, g, b), _round_trip(values, g, b))
 
 
-class FakeQuantRotatingKVCache(_base_rotating()):  # type: ignore[misc]
+class FakeQuantRotatingKVCache(_RotatingBase):  # type: ignore[misc]
     """A `RotatingKVCache` that stores K/V quantized then dequantized."""
 
     def __init__(self, max_size: int, keep: int = 0, *, group_size: int, bits: int) -> None:

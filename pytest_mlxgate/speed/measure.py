@@ -17,12 +17,17 @@ processes still did on the cores meanwhile is sampled around the trials (`speed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
+
 from ..kl.shape import SERVING_PREFILL_STEP
+from .load import load_seen, sample
 from .result import ContextSpeed, SpeedResult, Trial
 from .shape import SpeedShape
 
@@ -54,10 +59,6 @@ def measure_speed(
     """Both arms at every context of `shape`, interleaved; `reference`/`candidate` may name the same
     arm (an A/A run measures the noise of the measurement itself). `watch`: progress lines, the
     time limit (checked between decode steps) and the run's trial lock."""
-    import contextlib
-
-    from .load import load_seen, sample
-
     if not token_ids:
         raise ValueError("speed needs token ids to feed the model")
     probe = memory_probe()
@@ -102,8 +103,6 @@ def pair_order(rep: int) -> tuple[str, str]:
 
 
 def _ids(pool: Sequence[int], n: int) -> Any:
-    import mlx.core as mx
-
     reps = -(-n // len(pool))
     return mx.array((list(pool) * reps)[:n], dtype=mx.int32)[None]
 
@@ -112,8 +111,6 @@ def _trial(side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, pr
            meter: ArmWatch | None = None) -> Trial:
     """One timed trial; `meter.check()` (a clock read) between calls keeps the time limit, and the
     trial counts as done (a progress line, maybe) only after its timed spans."""
-    import mlx.core as mx
-
     model = side.model
     with lever.applied(side.arm):
         kv = lever.kv_plan(side.arm)
@@ -197,15 +194,11 @@ class _MlxAllocatorProbe(MemoryProbe):
     method = "mlx allocator peak (mx.get_peak_memory)"
 
     def reset(self) -> None:
-        import mlx.core as mx
-
         mx.synchronize()
         self._base = int(mx.get_active_memory())
         mx.reset_peak_memory()
 
     def peak(self) -> int:
-        import mlx.core as mx
-
         mx.synchronize()
         return max(0, int(mx.get_peak_memory()) - self._base)
 
@@ -240,10 +233,6 @@ class _NoMemoryProbe(MemoryProbe):
 def memory_probe() -> MemoryProbe:
     """The allocator's peak where MLX tracks it (Metal, CUDA and CPU in MLX >= 0.24), else RSS on
     Linux, else nothing (the record says so)."""
-    import os
-
-    import mlx.core as mx
-
     if hasattr(mx, "get_peak_memory") and hasattr(mx, "reset_peak_memory") and mx.get_active_memory() > 0:
         return _MlxAllocatorProbe()
     if os.path.exists("/proc/self/clear_refs"):

@@ -454,19 +454,10 @@ def test_parser_never_raises(text: str) -> None:
 
 # ---- presentation ----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def embedded_tokenizer() -> Any:
-    from mlx_lm.utils import load_tokenizer
-
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    return load_tokenizer(ensure_embedded_snapshot())  # type: ignore[no-untyped-call]
-
-
-def test_embedded_prompt_lists_the_functions(embedded_tokenizer: Any, sample: list[Item]) -> None:
-    assert supports_tools(embedded_tokenizer) is False  # SmolLM2's ChatML template has no `tools`
+def test_embedded_prompt_lists_the_functions(tokenizer: Any, sample: list[Item]) -> None:
+    assert supports_tools(tokenizer) is False  # SmolLM2's ChatML template has no `tools`
     for item in sample[::4]:
-        text = TASK.render(item, embedded_tokenizer)
+        text = TASK.render(item, tokenizer)
         assert text.startswith("<|im_start|>system\nYou are an expert in composing functions.")
         assert text.endswith("<|im_start|>assistant\n")
         assert "func_name1(params_name1=params_value1" in text

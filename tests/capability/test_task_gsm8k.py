@@ -30,17 +30,6 @@ def full() -> list[Item]:
     return TASK.load("full")
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    """The embedded SmolLM2 tokenizer (ChatML template), as mlx_lm loads it."""
-    import mlx_lm.utils
-
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    load: Any = mlx_lm.utils.load_tokenizer  # untyped upstream
-    return load(ensure_embedded_snapshot())
-
-
 # ------------------------------------------------------------------ data and sampling
 
 

@@ -27,16 +27,6 @@ from pytest_mlxgate.capability.tasks.hashhop import (
 __all__: list[str] = []
 
 
-@pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    """The embedded SmolLM2 tokenizer, as mlx_lm loads it."""
-    from mlx_lm.utils import load_tokenizer
-
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    return load_tokenizer(ensure_embedded_snapshot())  # type: ignore[no-untyped-call]
-
-
 def ntok(tokenizer: Any, text: str) -> int:
     return len(tokenizer.encode(text)) - len(tokenizer.encode(""))
 

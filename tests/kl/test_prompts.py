@@ -53,16 +53,6 @@ SCRIPTS = {
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    """The embedded SmolLM2 tokenizer (ChatML template), as mlx_lm loads it."""
-    from mlx_lm.utils import load_tokenizer
-
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    return load_tokenizer(ensure_embedded_snapshot())
-
-
-@pytest.fixture(scope="session")
 def prompts() -> tuple[Prompt, ...]:
     return default_prompts()
 

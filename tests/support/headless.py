@@ -206,7 +206,7 @@ class Browser:
         self.call("Runtime.evaluate", {"expression": f"new Promise(r => setTimeout(r, {int(settle * 1000)}))",
                                        "awaitPromise": True}, session=session)
         page = Page(self, session)
-        kept = []
+        kept: list[dict[str, Any]] = []
         for event in self._events:
             (page.messages if event.get("sessionId") == session else kept).append(event)
         self._events = kept

@@ -51,7 +51,7 @@ class HfEnv:
                  "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
         for k, v in {**quiet, **({} if xet else {"HF_HUB_DISABLE_XET": "1"})}.items():
             mp.setenv(k, v)
-        hf = pytest.importorskip("huggingface_hub")
+        hf: ModuleType = pytest.importorskip("huggingface_hub")
         from huggingface_hub import constants
 
         mp.setattr(constants, "HF_HUB_OFFLINE", False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ class Import:
     target: str  # the imported module, dotted (an internal one trimmed to a module that exists)
     line: int
     module_level: bool  # run when the source is imported (not in a function, not under TYPE_CHECKING)
+    in_function: bool = False  # inside a function or lambda body: run only when that is called
 
 
 def modules(package_dir: Path) -> dict[str, Path]:
@@ -37,19 +38,20 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _walk(node: ast.AST, module_level: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+def _walk(node: ast.AST, module_level: bool, in_function: bool = False,
+          ) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
-            yield child, module_level
+            yield child, module_level, in_function
         elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            yield from _walk(child, False)
+            yield from _walk(child, False, True)
         elif isinstance(child, ast.If) and _is_type_checking(child):
             for stmt in child.body:
-                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), False)
+                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), False, in_function)
             for stmt in child.orelse:
-                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), module_level)
+                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), module_level, in_function)
         else:
-            yield from _walk(child, module_level)
+            yield from _walk(child, module_level, in_function)
 
 
 @functools.cache
@@ -59,7 +61,7 @@ def imports(package_dir: Path) -> tuple[Import, ...]:
     found = []
     for name, path in mods.items():
         is_package = path.name == "__init__.py"
-        for node, module_level in _walk(ast.parse(path.read_text(), str(path)), True):
+        for node, module_level, in_function in _walk(ast.parse(path.read_text(), str(path)), True):
             targets: list[str]
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -70,12 +72,14 @@ def imports(package_dir: Path) -> tuple[Import, ...]:
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                targets = [target] + [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in mods]
+                # `from pkg import mod`: the module, as `import pkg.mod` (pkg itself runs first either way)
+                targets = subs if len(subs) == len(node.names) else [target, *subs]
             for target in targets:
                 if target == root or target.startswith(root + "."):
                     while target not in mods and "." in target:
                         target = target.rsplit(".", 1)[0]
-                found.append(Import(name, target, node.lineno, module_level))
+                found.append(Import(name, target, node.lineno, module_level, in_function))
     return tuple(found)
 
 
@@ -154,3 +158,34 @@ def third_party_reached(package_dir: Path, start: str, *, allowed: set[str] = HO
         if imp.source == start and outside(imp.target):
             chains.setdefault(imp.target, [start, f"{imp.target} (line {imp.line}, inside a function)"])
     return chains
+
+
+def layer_of(module: str, layers: Sequence[str]) -> int | None:
+    """The index of `module`'s layer: the longest entry that is the module or a package above it."""
+    best: int | None = None
+    for i, entry in enumerate(layers):
+        if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > len(layers[best])):
+            best = i
+    return best
+
+
+def upward_imports(package_dir: Path, layers: Sequence[str]) -> list[str]:
+    """Every import (any kind: module level, in a function, under TYPE_CHECKING) of a module in a
+    higher layer than its importer's, each as a sentence naming both and the rule it breaks."""
+    root = package_dir.name
+    out = []
+    for imp in imports(package_dir):
+        if not (imp.target == root or imp.target.startswith(root + ".")):
+            continue
+        source, target = layer_of(imp.source, layers), layer_of(imp.target, layers)
+        if source is None or target is None:
+            out.append(f"{imp.source} (line {imp.line}) imports {imp.target}: one of them is in no layer")
+        elif target > source:
+            out.append(f"{imp.source} (line {imp.line}) imports {imp.target}: layer {source} ({layers[source]}) "
+                       f"may import its own layer and those below it, not layer {target} ({layers[target]})")
+    return out
+
+
+def function_level(package_dir: Path) -> list[Import]:
+    """The imports inside function bodies, every one counted (a statement naming two modules: two)."""
+    return [imp for imp in imports(package_dir) if imp.in_function]

@@ -80,7 +80,7 @@ def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text"
 
     text = tiny_gemma4_config(vocab=vocab, layers=layers, shared=shared, **overrides)
     mx.random.seed(seed)
-    model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(text))
+    model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(text))  # type: ignore[no-untyped-call]
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
     weights = dict(tree_flatten(model.parameters()))
     if form == "multimodal":

@@ -39,7 +39,7 @@ def build_tiny_model(out: Path, *, seed: int = 0, scale: float = 2.0, **override
 
     mx.random.seed(seed)
     config = {**TINY_CONFIG, **overrides}
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = llama.Model(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
     model.model.embed_tokens.weight = model.model.embed_tokens.weight * scale
     weights = dict(tree_flatten(model.parameters()))
     return write_snapshot(out, config, weights)
