@@ -212,8 +212,10 @@ def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Ma
             if accepted is not None:
                 line += f"  # beyond the quality bounds, accepted: {accepted}"
             code.append(line)
-        if goals:
-            code.append("assert_faster(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in goals.items()) + ")")
+        for assertion, kinds in (("assert_faster", _SPEED_UP), ("assert_smaller", _SAVED)):
+            asked = {k: v for k, v in goals.items() if k in kinds}
+            if asked:
+                code.append(f"{assertion}(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in asked.items()) + ")")
     else:
         goals = {}  # a gate for a broken lever gets nothing to paste that could pass
     return {"rule": RULE, "quality_bounds": dict(QUALITY_BOUNDS), "rows": rows + speed_rows, "kl_limits": limits,
@@ -408,6 +410,11 @@ def known_bad_step(module: str | None, lever: Mapping[str, Any] | None) -> dict[
     return {"what": what, "declare": declare, "command": command}
 
 
+#: The goals suggested from a speed measurement: speed-ups are assert_faster's, byte savings assert_smaller's.
+_SPEED_UP = ("prefill", "decode")
+_SAVED = ("kv", "weights")
+
+
 def _speed_goals(speed: Mapping[str, Any] | None, notes: list[str]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     if not speed or not speed.get("contexts"):
         return {}, []
@@ -416,7 +423,7 @@ def _speed_goals(speed: Mapping[str, Any] | None, notes: list[str]) -> tuple[dic
     ctx = contexts[longest]
     goals: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
-    for key in ("prefill", "decode"):
+    for key in _SPEED_UP:
         est = ctx.get(key) or {}
         ratio, interval = est.get("ratio"), est.get("ratio_ci") or [None, None]
         rows.append({"metric": f"{key} tok/s @{longest}", "key": key, "value": ratio, "interval": list(interval)})

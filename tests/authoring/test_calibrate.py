@@ -276,7 +276,7 @@ def test_speed_goals_keep_half_the_shown_speed_up_at_the_longest_context() -> No
     s = suggest_limits(_kl((1e-3, 2e-3), (1e-2, 2e-2), (0.99, 0.98)), {}, _speed((1.5, 1.4, 1.6), 0.28, (100, 25)))
     assert s["speed_goals"] == {"decode": 1.2, "kv": 0.31, "weights": 0.28}  # not @64's x9: the longest context
     assert "prefill" not in s["speed_goals"] and any("prefill @256: not shown faster" in n for n in s["notes"])
-    assert s["code"][1] == "assert_faster(paired, decode=1.2, kv=0.31, weights=0.28)"
+    assert s["code"][1:] == ["assert_faster(paired, decode=1.2)", "assert_smaller(paired, kv=0.31, weights=0.28)"]
 
 
 def test_a_slower_lever_gets_no_speed_goal() -> None:
@@ -287,7 +287,7 @@ def test_a_slower_lever_gets_no_speed_goal() -> None:
 
 CAL_GATE = '''
 import pytest
-from pytest_mlxgate import assert_faster, assert_kl_below
+from pytest_mlxgate import assert_faster, assert_kl_below, assert_smaller
 
 pytestmark = [
     pytest.mark.mlx_lever("kv4", kv=True, ref="plain", cand={{"bits": 4, "group_size": 64}}, path="serving"),
@@ -318,7 +318,7 @@ def test_calibration_measures_suggests_and_its_suggestions_pass_the_gate(
     out = result.stdout.str()
     assert "mlxgate calibration" in out and "test_kv.py — calibration, no verdict" in out
     assert "A/A: reference arm with prefill chunk" in out and "speed (both arms interleaved)" in out
-    code = [line.strip() for line in out.splitlines() if line.strip().startswith(("assert_kl_below(", "assert_faster("))]
+    code = [line.strip() for line in out.splitlines() if line.strip().startswith(("assert_kl_below(", "assert_faster(", "assert_smaller("))]
     assert code and code[0].startswith("assert_kl_below(paired, mean=")
     assert "this lever breaks the model" not in out  # 4-bit KV keeps the tiny model: within the quality bounds
     assert "known-bad step" in out and "--mlx-lever kv4 --mlx-ref-value plain --mlx-cand-value 2" in out
@@ -328,8 +328,8 @@ def test_calibration_measures_suggests_and_its_suggestions_pass_the_gate(
     assert cal["suggested"]["code"] == code and cal["floors"]["mean"] >= 0 and cal["speed"]["contexts"]["16"]
     assert not db.exists() or sqlite3.connect(db).execute("SELECT count(*) FROM quality_runs").fetchone() == (0,)
 
-    kv_goal = [c for c in code if c.startswith("assert_faster(")]
-    assert kv_goal and re.search(r"kv=0\.\d+", kv_goal[0])  # 4-bit KV is shown smaller: a bytes goal
+    kv_goal = [c for c in code if c.startswith("assert_smaller(")]  # a bytes goal is a memory gate's
+    assert kv_goal and re.search(r"kv=0\.\d+", kv_goal[0])  # 4-bit KV is shown smaller
     pytester.makepyfile(test_kv=CAL_GATE.format(drift=code[0], speed=kv_goal[0]))
     result = pytester.runpytest_subprocess(*common)
     result.assert_outcomes(passed=2)  # the same lever, measured again, clears what its calibration suggested

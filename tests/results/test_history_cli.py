@@ -65,7 +65,7 @@ def test_drift(paired):
 
 KV = '''
 import pytest
-from pytest_mlxgate import assert_faster, assert_kl_below
+from pytest_mlxgate import assert_kl_below, assert_smaller
 
 pytestmark = [
     pytest.mark.mlx_lever("kv8", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
@@ -80,7 +80,7 @@ def test_drift(paired):
 
 
 def test_memory(paired):
-    assert_faster(paired, kv=0.5)
+    assert_smaller(paired, kv=0.5)
 '''
 
 GATES = ["test_drift.py::test_drift", "test_kv.py::test_drift", "test_kv.py::test_memory",

@@ -14,7 +14,7 @@ import pytest
 
 GATE = '''
 import pytest
-from pytest_mlxgate import assert_faster, assert_kl_below
+from pytest_mlxgate import assert_kl_below, assert_smaller
 
 pytestmark = [
     pytest.mark.mlx_lever("kv8", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
@@ -29,7 +29,7 @@ def test_drift(paired):
 
 
 def test_memory(paired):
-    assert_faster(paired, kv=0.3, at="all")
+    assert_smaller(paired, kv=0.3, at="all")
 '''
 
 
