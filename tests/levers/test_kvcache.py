@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError
 from pytest_mlxgate.levers.kvcache import PLAIN, KVPlan, KVSpec, parse_kv_value
@@ -281,3 +283,72 @@ def test_make_cache_refuses_plan_for_more_layers(model: Any, tmp_path: Path) -> 
     plan = parse_kv_value(_write(tmp_path / "kv.json", {"layers": [8, 8, 8, 8]}))
     with pytest.raises(LeverError, match="model has 3 layers"):
         plan.make_cache(model)
+
+
+# --- what a plan quantizes within a length, and what it refuses ---------------------------------
+
+_specs = st.none() | st.builds(KVSpec, bits=st.sampled_from([4, 8]), group_size=st.sampled_from([32, 64]),
+                               start=st.integers(0, 12))
+
+
+def _replaced_after(model: Any, plan: KVPlan, positions: int) -> dict[int, Any]:
+    """The oracle: the caches `maybe_quantize` replaces once the first positions - 1 tokens are in,
+    so the forward at the last position reads them quantized."""
+    cache = plan.make_cache(model)
+    before = list(cache)
+    model(_tokens(positions - 1), cache=cache)
+    plan.maybe_quantize(cache)
+    return {i: c for i, (old, c) in enumerate(zip(before, cache, strict=True)) if c is not old}
+
+
+@settings(max_examples=40, deadline=None)
+@given(default=_specs, layers=st.dictionaries(st.integers(0, 2), _specs, max_size=3),
+       types=st.dictionaries(st.just("full_attention"), _specs, max_size=1), fake=st.booleans(),
+       positions=st.integers(2, 15))
+def test_quantized_within_names_the_layers_the_serving_path_quantizes(
+        model: Any, default: KVSpec | None, layers: dict[int, KVSpec | None], types: dict[str, KVSpec | None],
+        fake: bool, positions: int) -> None:
+    """Per-layer specs over per-type specs over the default, each from its own start: the layers (and
+    their bits and group size) are those the plan's own caches turn quantized within `positions`."""
+    plan = KVPlan(default=default, layers=layers, types=types, source="test", fake=fake)
+    within = plan.quantized_within(model, positions)
+    replaced = _replaced_after(model, plan, positions)
+    assert set(within) == set(replaced)
+    for i, c in replaced.items():
+        spec = plan.for_layer(i, "full_attention")
+        assert spec is not None
+        assert within[i] == f"{spec.bits}-bit g{spec.group_size}" + ("-fake" if fake else "")
+        if not fake:  # a real quantized cache carries its own bits and group size
+            assert (c.bits, c.group_size) == (spec.bits, spec.group_size)
+
+
+def test_check_caches_lists_every_problem_of_the_plan(model: Any) -> None:
+    """Each problem once, in order, joined by '; ', then where the format is described."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    plan = KVPlan(default=None, layers={1: KVSpec(8)}, types={"sliding_attention": KVSpec(4)}, source="two.json")
+    with pytest.raises(LeverError) as info:
+        plan.check_caches(make_prompt_cache(model), {1: 0}, n_layers=3)
+    head, _, rest = str(info.value).partition(": ")
+    assert head == "KV plan two.json cannot run on this model"
+    assert rest.endswith(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
+    problems = rest.removesuffix(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)").split("; ")
+    assert problems == [
+        ("layers [1] are KV-shared and keep no cache (1 reads layer 0): quantize their source layers instead, "
+         "and set these to null"),
+        "it sets attention types ['sliding_attention'], but the model's cached layers are ['full_attention']",
+    ]
+
+
+@pytest.mark.parametrize("start", [True, False, 1.5, "3", None, -1])
+def test_a_start_that_is_no_token_count_is_refused(start: object) -> None:
+    with pytest.raises(LeverError, match=rf"^KV spec: start={start!r} must be a token count >= 0"):
+        KVSpec(bits=8, start=start)  # type: ignore[arg-type]
+    with pytest.raises(LeverError, match=r"start=.* must be a token count >= 0"):
+        parse_kv_value({"bits": 8, "start": start})
+
+
+@pytest.mark.parametrize(("field", "value"), [("bits", 7), ("group_size", 48), ("group_size", True)])
+def test_a_spec_built_directly_names_itself_and_the_field(field: str, value: object) -> None:
+    with pytest.raises(LeverError, match=rf"^KV spec: {field}={value!r} is not supported; use one of \["):
+        KVSpec(**{"bits": 8, field: value})  # type: ignore[arg-type]

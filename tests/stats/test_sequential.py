@@ -573,3 +573,9 @@ def test_log_capital_refuses_bad_differences_by_name() -> None:
         log_capital(np.float64(0.5), 0.1, side="upper")
     with pytest.raises(ValueError, match=r"paired differences must lie in \[-1, 1\]"):
         log_capital(np.array([0.5, 1.5]), 0.1, side="upper")
+
+
+def test_no_items_is_refused_in_these_words() -> None:
+    """The whole message, not a fragment of it: what a caller with an empty task reads."""
+    with pytest.raises(ValueError, match=r"^no items to compare$"):
+        decide([], [], max_drop=0.05)

@@ -1,0 +1,149 @@
+"""What `capability.runner` promises any task, seen by a probe task that records what it is handed:
+choice items are scored from their log-probabilities with no generated text, generated items from
+their output; every load of the task is configured with the run's options (the sequential path
+too); the run says whether the task is graded; a patch lever's site is counted during the arm."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate.capability import runner, user_tasks
+from pytest_mlxgate.capability.base import Budget, Item, ItemResult, RunOptions
+from pytest_mlxgate.errors import VacuousLeverError
+from pytest_mlxgate.levers.lever import Lever
+
+LEVER = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="0")
+WORDS = ["red", "blue", "green", "cat", "dog", "sun", "tree", "rock"]
+
+
+@dataclass
+class Probe:
+    """A user task with choice and generated items that records every call the runner makes."""
+
+    name: str = "probe"
+    graded: bool = False
+    max_new_tokens: int = 3
+    options: RunOptions | None = None
+    configured_with: list[RunOptions] = field(default_factory=list)
+    scored: list[tuple[str, str, int | None]] = field(default_factory=list)  # (id, output, #logprobs)
+
+    def configured(self, options: RunOptions) -> Probe:
+        self.configured_with.append(options)
+        task = copy.copy(self)  # shares the records
+        task.options = options
+        return task
+
+    def load(self, tier: Any, *, n: int | None = None, seed: int = 0) -> list[Item]:
+        items = []
+        for i in range(8):
+            a, b = WORDS[i % 8], WORDS[(i * 3 + 1) % 8]
+            if i % 2:
+                items.append(
+                    Item(id=f"c{i}", text=f"Pick {a} or {b}:", kind="choice", choices=(f" {a}", f" {b}"), target=0)
+                )
+            else:
+                items.append(Item(id=f"g{i}", text=f"Say {a} then {b}:", target=a))
+        return items[:n] if n else items
+
+    def render(self, item: Item, tokenizer: Any) -> str:
+        return str(item.text)
+
+    def score(self, item: Item, output: str, *, choice_logprobs: Sequence[float] | None = None) -> ItemResult:
+        self.scored.append((item.id, output, None if choice_logprobs is None else len(choice_logprobs)))
+        if item.kind == "choice":
+            assert choice_logprobs is not None
+            ok = max(range(len(choice_logprobs)), key=lambda k: choice_logprobs[k]) == item.target
+            return ItemResult(item.id, "", item.choices[0], float(ok), "correct" if ok else "wrong", {})
+        return ItemResult(item.id, "", output, float(bool(output)), "correct" if output else "wrong", {})
+
+
+@pytest.fixture(scope="module")
+def arm(tiny_model_dir: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(tiny_model_dir))[:2]
+    return model, tokenizer
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> Probe:
+    monkeypatch.setattr(user_tasks, "_REGISTRY", {})
+    task = Probe()
+    user_tasks.register_task(task)
+    return task
+
+
+def test_choices_are_scored_without_output_and_generations_with_theirs(arm: tuple[Any, Any], probe: Probe) -> None:
+    from pytest_mlxgate.capability.generate import generate_greedy
+    from pytest_mlxgate.levers.kvcache import PLAIN
+
+    model, tok = arm
+    items = probe.load("full", n=4)
+    results, rendered = runner.run_arm(probe, items, model, tok, LEVER, "candidate")
+    assert [r.item_id for r in results] == [it.id for it in items]
+    by_id = {it_id: (out, n) for it_id, out, n in probe.scored}
+    gen = [it for it in items if it.kind != "choice"]
+    expected = generate_greedy(
+        model, tok, [rendered[it.id] for it in gen], max_new_tokens=probe.max_new_tokens, kv=PLAIN
+    )
+    for it in items:
+        if it.kind == "choice":
+            assert by_id[it.id] == ("", len(it.choices))  # nothing was generated for a choice item
+    assert [by_id[it.id] for it in gen] == [(out, None) for out in expected]
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_a_run_says_whether_its_task_is_graded(arm: tuple[Any, Any], probe: Probe, graded: bool) -> None:
+    probe.graded = graded
+    run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER)
+    assert run.graded is graded
+    seq = runner.run_capability_sequential(
+        "probe",
+        "full",
+        budget=Budget(items=4, batch=2),
+        max_drop=0.1,
+        alpha=0.05,
+        reference=arm,
+        candidate=arm,
+        lever=LEVER,
+    )
+    assert seq.graded is graded and seq.n == 4
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_every_load_of_the_task_is_configured_with_the_runs_options(
+    arm: tuple[Any, Any], probe: Probe, allow: bool
+) -> None:
+    """The sequential path loads the pool itself, then runs each batch: each time with the run's options."""
+    runner.run_capability_sequential(
+        "probe",
+        "full",
+        budget=Budget(items=4, batch=2),
+        max_drop=0.1,
+        alpha=0.05,
+        reference=arm,
+        candidate=arm,
+        lever=LEVER,
+        allow_unsandboxed=allow,
+    )
+    assert len(probe.configured_with) == 1 + 2  # the pool, then one per batch
+    assert probe.configured_with == [RunOptions(allow_unsandboxed=allow)] * 3
+
+
+def test_a_patch_levers_site_is_counted_during_the_arm(arm: tuple[Any, Any], probe: Probe) -> None:
+    model, tok = arm
+    items = probe.load("full", n=4)
+    called = Lever(
+        name="sdpa", kind="patch", target="mlx_lm.models.llama:scaled_dot_product_attention", ref=None, cand=None
+    )
+    results, _ = runner.run_arm(probe, items, model, tok, called, "candidate")
+    assert len(results) == len(items)
+    never = Lever(name="norm", kind="patch", target="mlx.core.fast.layer_norm", ref=None, cand=None)
+    with pytest.raises(VacuousLeverError, match="never called during the candidate arm's capability task probe"):
+        runner.run_arm(probe, items, model, tok, never, "candidate")

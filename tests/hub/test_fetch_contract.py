@@ -1,0 +1,99 @@
+"""One blob through `fetch_blob` against the fake hub on loopback: what its retry loop promises.
+
+`snapshot_download` repairs most mistakes of the loop by fetching again (the final hash), so these
+tests read what one fetch reports (`FetchStats`) and how it gives up: a restart after a failed check
+is counted as one, the ground after it starts at byte 0, a clean answer that brings nothing counts
+against the retry budget, the error names the 416 it last saw, and a slow but steady body is no stall.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from pathlib import Path
+
+import pytest
+from fakehub import Fault
+
+from pytest_mlxgate.hub.cache import RepoCache, RepoFile
+from pytest_mlxgate.hub.errors import HubRetryError
+from pytest_mlxgate.hub.fetch import FetchStats, fetch_blob
+from pytest_mlxgate.hub.transport import HubClient, RetryPolicy
+
+BIG = "model.safetensors"
+
+
+def _repo(hub, name: str, size: int = 200_000) -> tuple[RepoFile, bytes]:
+    content = random.Random(name).randbytes(size)
+    hub.add_repo(name, {BIG: content})
+    return RepoFile(path=BIG, size=size, etag=hashlib.sha256(content).hexdigest(), algo="sha256"), content
+
+
+def _fetch(hub, cache_dir: Path, name: str, file: RepoFile, policy: RetryPolicy) -> FetchStats:
+    cache = RepoCache(cache_dir, name, "model")
+    with HubClient(hub.endpoint, None, policy) as client:
+        return fetch_blob(client, cache, file, hub.file_url(name, BIG))
+
+
+def _gets(hub, name: str) -> list[tuple[str | None, int, int]]:
+    return [
+        (r.headers.get("range"), r.status, r.body_bytes)
+        for r in hub.log
+        if r.file == ("model", name, BIG) and r.method == "GET" and r.status != 302
+    ]
+
+
+def test_a_failed_check_then_a_good_body_is_one_restart(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    file, content = _repo(hub, "org/contract-one-restart")
+    hub.inject("org/contract-one-restart", BIG, Fault.corrupt(777))
+    stats = _fetch(hub, cache_dir, "org/contract-one-restart", file, fast_policy)
+    assert (stats.checksum_failures, stats.restarts, stats.requests) == (1, 1, 2)
+    assert stats.bytes_received == 2 * file.size and stats.resumed_from == 0
+    assert (cache_dir / "models--org--contract-one-restart" / "blobs" / file.etag).read_bytes() == content
+
+
+def test_after_a_restart_the_first_bytes_are_new_ground(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    """With no retry in a row allowed, a body cut short after a restart still counts as progress (the
+    restart threw every byte away), so the next request resumes instead of giving up."""
+    file, content = _repo(hub, "org/contract-new-ground")
+    hub.inject("org/contract-new-ground", BIG, Fault.corrupt(777), Fault.truncate(1))
+    stats = _fetch(hub, cache_dir, "org/contract-new-ground", file, dataclasses.replace(fast_policy, max_retries=0))
+    assert (stats.checksum_failures, stats.restarts, stats.requests) == (1, 1, 3)
+    assert _gets(hub, "org/contract-new-ground")[1:] == [(None, 200, 1), ("bytes=1-", 206, file.size - 1)]
+    assert (cache_dir / "models--org--contract-new-ground" / "blobs" / file.etag).read_bytes() == content
+
+
+def test_clean_answers_that_bring_nothing_use_up_the_retries(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    """An empty 200, again and again, is no progress: it ends after max_retries + 1 such answers, not
+    at the last-resort request cap, and says the bytes kept are the ones to resume from."""
+    file, _ = _repo(hub, "org/contract-empty-answers")
+    hub.inject("org/contract-empty-answers", BIG, Fault.short_length(0).forever())
+    policy = dataclasses.replace(fast_policy, max_retries=2)
+    with pytest.raises(HubRetryError, match=r"gave up after 3 tries in a row without progress") as info:
+        _fetch(hub, cache_dir, "org/contract-empty-answers", file, policy)
+    assert f"0 of {file.size} bytes are kept" in str(info.value)
+    assert len(_gets(hub, "org/contract-empty-answers")) == 3 < policy.max_attempts
+
+
+def test_giving_up_on_416_names_the_range_refused(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    file, _ = _repo(hub, "org/contract-416")
+    hub.inject("org/contract-416", BIG, Fault.truncate(50_000), Fault.range_416().forever())
+    with pytest.raises(HubRetryError, match="without progress") as info:
+        _fetch(hub, cache_dir, "org/contract-416", file, dataclasses.replace(fast_policy, max_retries=1))
+    # the Range was dropped after the first 416: the last request asked from byte 0, and was refused too
+    assert str(info.value).endswith(
+        f"({BIG}: 416 for bytes=0-); 0 of {file.size} bytes are kept and the next run resumes there"
+    )
+    assert [asked for asked, _, _ in _gets(hub, "org/contract-416")] == [None, "bytes=50000-", None]
+
+
+def test_a_slow_but_steady_body_outlasts_many_watchdog_windows(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    """The watchdog judges each window afresh: a body that takes several windows but brings enough
+    bytes in every one of them is fetched in one request."""
+    file, content = _repo(hub, "org/contract-steady")
+    hub.inject("org/contract-steady", BIG, Fault.trickle(16_384, 0.03))
+    policy = dataclasses.replace(fast_policy, stall_window=0.2, min_bytes_per_window=1)
+    stats = _fetch(hub, cache_dir, "org/contract-steady", file, policy)
+    assert (stats.requests, stats.errors) == (1, [])
+    assert (cache_dir / "models--org--contract-steady" / "blobs" / file.etag).read_bytes() == content

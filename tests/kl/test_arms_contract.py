@@ -1,0 +1,79 @@
+"""What the KL arms promise beyond the serving path's numbers (tests/kl/test_serving_path.py): the
+prefill path fed in chunks is the one forward in pieces, and a patch lever's site is counted in
+each arm that ran (the record's `lever_calls`), so a site the model never calls is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_mlxgate.errors import VacuousLeverError
+from pytest_mlxgate.kl import arms
+from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
+from pytest_mlxgate.kl.shape import ArmCounters, RunShape
+from pytest_mlxgate.levers.kvcache import PLAIN
+from pytest_mlxgate.levers.lever import Lever
+
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dir: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(tiny_model_dir))[:2]
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 12, 23])
+def test_a_chunked_prefill_is_the_one_forward_in_pieces(llama: tuple[Any, Any], chunk: int) -> None:
+    """Through a KV cache, `chunk` tokens per call: the same logits as the model's own single forward
+    (float rounding only), one call per chunk, and row i predicting id i + 1 at position i."""
+    import mlx.core as mx
+
+    model, tok = llama
+    (seq,) = build_sequences(default_prompts(), tok, n=1, tokens=TOKENS)
+    ids = list(seq.ids)
+    out, calls = arms.sequence_logits(model, ids, RunShape(path="prefill", tokens=TOKENS, decode=0, chunk=chunk), PLAIN)
+    whole = np.asarray(model(mx.array([ids[:TOKENS]]))[0].astype(mx.float32))
+    assert calls == -(-TOKENS // chunk)
+    assert out.logits.shape == whole.shape and np.abs(out.logits - whole).max() <= 1e-4
+    np.testing.assert_array_equal(out.positions, np.arange(TOKENS))
+    np.testing.assert_array_equal(out.next_tokens, ids[1:])
+    assert out.next_tokens.dtype == np.int32 and out.positions.dtype == np.int32  # as SequenceLogits documents
+    single, one = arms.sequence_logits(model, ids, RunShape(path="prefill", tokens=TOKENS, decode=0), PLAIN)
+    assert one == 1 and single.next_tokens.dtype == np.int32
+    np.testing.assert_array_equal(single.next_tokens, out.next_tokens)
+
+
+def _patch(target: str) -> Lever:
+    return Lever(name="site", kind="patch", target=target, ref=None, cand=None, path="prefill")
+
+
+def test_a_patch_levers_site_is_counted_in_each_arm(llama: tuple[Any, Any]) -> None:
+    """Both arms run the original attention here, so each counts one call per layer per forward."""
+    model, tok = llama
+    seqs = build_sequences(default_prompts(), tok, n=3, tokens=TOKENS)
+    shape = RunShape(path="prefill", tokens=TOKENS, decode=0)
+    lever = _patch("mlx_lm.models.llama:scaled_dot_product_attention")
+    counters = ArmCounters()
+    refs = arms.run_reference(model, seqs, shape, lever, counters=counters)
+    arms.run_candidate(model, seqs, shape, lever, refs, counters=counters)
+    per_arm = len(seqs) * len(model.layers)  # one forward per sequence on the prefill path
+    assert counters.lever_calls == {"reference": per_arm, "candidate": per_arm}
+    assert counters.reference_forwards == counters.candidate_forwards == len(seqs)
+
+
+def test_a_patch_lever_the_model_never_calls_is_refused(llama: tuple[Any, Any]) -> None:
+    model, tok = llama
+    seqs = build_sequences(default_prompts(), tok, n=2, tokens=TOKENS)
+    shape = RunShape(path="prefill", tokens=TOKENS, decode=0)
+    lever = _patch("mlx.core.fast.layer_norm")  # a llama normalizes with rms_norm only
+    counters = ArmCounters()
+    refs = arms.run_reference(model, seqs, shape, lever, counters=counters)
+    with pytest.raises(VacuousLeverError, match="never called during the candidate arm's prefill path"):
+        arms.run_candidate(model, seqs, shape, lever, refs, counters=counters)
+    assert counters.lever_calls == {"reference": 0, "candidate": 0}
