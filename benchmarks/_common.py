@@ -89,7 +89,11 @@ class HubProcess:
         env.pop("LD_PRELOAD", None)  # the server needs no BLAS
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks._hubproc"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
         )
         try:
             ready = self._send(self.spec)

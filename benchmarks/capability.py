@@ -44,8 +44,10 @@ def throughput(n: int, tokens: int, kv_value: str = "plain") -> None:
     header(f"capability generation: {n} prompts x {tokens} new tokens, KV {kv_value}, batched vs sequential (greedy)")
     model, tokenizer = _load()
     texts = [p.text or p.messages[-1]["content"] for p in default_prompts()]  # type: ignore[index]
-    prompts = [chat_render(tokenizer, [{"role": "user", "content": "Continue this:\n" + t[:300]}])
-               for t in (texts * (n // len(texts) + 1))[:n]]
+    prompts = [
+        chat_render(tokenizer, [{"role": "user", "content": "Continue this:\n" + t[:300]}])
+        for t in (texts * (n // len(texts) + 1))[:n]
+    ]
     kv = parse_kv_value(kv_value)
     generate_greedy(model, tokenizer, prompts[:2], max_new_tokens=4, kv=kv)  # warm-up
     t0 = time.perf_counter()

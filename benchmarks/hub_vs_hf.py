@@ -22,8 +22,9 @@ import resource
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ._common import HubProcess, header, isolate_hub_env, median, mib, verdict
 
@@ -34,8 +35,12 @@ GOAL = 1.0
 
 def repo_spec(shard_mib: int, shards: int) -> dict[str, Any]:
     files = [
-        {"path": f"model-{i + 1:05d}-of-{shards:05d}.safetensors", "size": shard_mib << 20, "gen": "random",
-         "seed": 100 + i}
+        {
+            "path": f"model-{i + 1:05d}-of-{shards:05d}.safetensors",
+            "size": shard_mib << 20,
+            "gen": "random",
+            "seed": 100 + i,
+        }
         for i in range(shards)
     ]
     files += [
@@ -82,15 +87,19 @@ def main(argv: list[str]) -> None:
         with HubProcess(repo_spec(args.shard_mib, args.shards)) as hub:
             files = hub.repos[REPO]["files"]
             total = sum(f["size"] for f in files.values())
-            print(f"repo: {len(files)} files, {mib(total)} (served from pid {hub.proc.pid}, "
-                  f"set up in {time.perf_counter() - t0:.1f}s); huggingface_hub {huggingface_hub.__version__}")
+            print(
+                f"repo: {len(files)} files, {mib(total)} (served from pid {hub.proc.pid}, "
+                f"set up in {time.perf_counter() - t0:.1f}s); huggingface_hub {huggingface_hub.__version__}"
+            )
             print(f"parallelism: ours RetryPolicy.workers={policy.workers}, hf max_workers={WORKERS}")
 
             clients: dict[str, Callable[[Path], Path]] = {
-                "ours": lambda cache: our_snapshot_download(REPO, endpoint=hub.endpoint, cache_dir=cache,
-                                                            policy=policy),
-                "hf": lambda cache: Path(hf_snapshot_download(REPO, endpoint=hub.endpoint, cache_dir=cache,
-                                                              max_workers=WORKERS)),
+                "ours": lambda cache: our_snapshot_download(
+                    REPO, endpoint=hub.endpoint, cache_dir=cache, policy=policy
+                ),
+                "hf": lambda cache: Path(
+                    hf_snapshot_download(REPO, endpoint=hub.endpoint, cache_dir=cache, max_workers=WORKERS)
+                ),
             }
             times: dict[str, list[float]] = {"ours": [], "hf": []}
             last: dict[str, float] = {}
@@ -116,19 +125,26 @@ def main(argv: list[str]) -> None:
                     if rep >= 0:
                         times[name].append(elapsed)
                         cpu[name].append(cpu_used)
-                print(f"  {f'repeat {rep + 1}' if rep >= 0 else 'warm-up'} ({' then '.join(order)}): "
-                      + ", ".join(f"{n} {last[n]:.3f}s" for n in ("ours", "hf")), flush=True)
+                print(
+                    f"  {f'repeat {rep + 1}' if rep >= 0 else 'warm-up'} ({' then '.join(order)}): "
+                    + ", ".join(f"{n} {last[n]:.3f}s" for n in ("ours", "hf")),
+                    flush=True,
+                )
 
         for name in ("ours", "hf"):
             served, reqs = traffic[name]
-            print(f"{name:>4}: median {median(times[name]):.3f}s over {len(times[name])} "
-                  f"(min {min(times[name]):.3f}, max {max(times[name]):.3f}); "
-                  f"{total / median(times[name]) / (1 << 20):.0f} MiB/s; client CPU (user+sys) median "
-                  f"{median(cpu[name]):.3f}s; server sent {mib(served)}; "
-                  f"requests {dict(sorted(reqs.items()))}")
+            print(
+                f"{name:>4}: median {median(times[name]):.3f}s over {len(times[name])} "
+                f"(min {min(times[name]):.3f}, max {max(times[name]):.3f}); "
+                f"{total / median(times[name]) / (1 << 20):.0f} MiB/s; client CPU (user+sys) median "
+                f"{median(cpu[name]):.3f}s; server sent {mib(served)}; "
+                f"requests {dict(sorted(reqs.items()))}"
+            )
         ratio = median(times["ours"]) / median(times["hf"])
         paired = median([o / h for o, h in zip(times["ours"], times["hf"])])
-        print(f"ratio ours/hf = {ratio:.2f} (median of per-repeat ratios: {paired:.2f}); "
-              f"goal <= {GOAL:.1f}: {verdict(ratio <= GOAL)}")
+        print(
+            f"ratio ours/hf = {ratio:.2f} (median of per-repeat ratios: {paired:.2f}); "
+            f"goal <= {GOAL:.1f}: {verdict(ratio <= GOAL)}"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

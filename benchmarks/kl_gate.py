@@ -49,8 +49,9 @@ def _load(path: Path | None = None) -> Any:
 
     path = path or ensure_embedded_snapshot()
     model, tokenizer = mlx_lm.load(str(path))
-    snap = ResolvedSnapshot(name="smollm2-135m", kind="embedded", repo_id=EMBEDDED_REPO_ID, commit=path.name,
-                            path=str(path))
+    snap = ResolvedSnapshot(
+        name="smollm2-135m", kind="embedded", repo_id=EMBEDDED_REPO_ID, commit=path.name, path=str(path)
+    )
     return LoadedModel(model, tokenizer, snap)
 
 
@@ -61,10 +62,17 @@ def _run(loaded: Any, lever: Any, shape: Any, n: int, cache_dir: Path | None) ->
     from pytest_mlxgate.session.paired import PairedRun
 
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=n, tokens=shape.tokens)
-    return PairedRun(lever=lever, shape=shape, sequences=seqs, sequences_digest=sequences_digest(seqs),
-                     candidate=loaded, reference=None, machine={"device": "cpu", "blas": blas_in_use()},
-                     cache=ReferenceCache(cache_dir) if cache_dir else None,
-                     allow_untrained=True)  # the random-weight gemma-4 measures the machinery
+    return PairedRun(
+        lever=lever,
+        shape=shape,
+        sequences=seqs,
+        sequences_digest=sequences_digest(seqs),
+        candidate=loaded,
+        reference=None,
+        machine={"device": "cpu", "blas": blas_in_use()},
+        cache=ReferenceCache(cache_dir) if cache_dir else None,
+        allow_untrained=True,
+    )  # the random-weight gemma-4 measures the machinery
 
 
 def _neutral(path: str = "prefill") -> Any:
@@ -102,10 +110,14 @@ def wall_time(n: int, tokens: int, repeats: int) -> None:
             assert result.reference_source == "cache"
     r, c, h = median(raw), median(computed), median(cached)
     print(f"raw forward (1 arm): median {r:.2f} s   [{', '.join(f'{x:.2f}' for x in raw)}]")
-    print(f"KL gate, reference computed: median {c:.2f} s -> {c / (2 * r):.3f} x (2 x raw)  "
-          f"goal <= {TIME_GOAL}: {verdict(c / (2 * r) <= TIME_GOAL)}")
-    print(f"KL gate, reference cached:   median {h:.2f} s -> {h / (2 * r):.3f} x (2 x raw)  "
-          f"goal <= {CACHED_GOAL}: {verdict(h / (2 * r) <= CACHED_GOAL)}")
+    print(
+        f"KL gate, reference computed: median {c:.2f} s -> {c / (2 * r):.3f} x (2 x raw)  "
+        f"goal <= {TIME_GOAL}: {verdict(c / (2 * r) <= TIME_GOAL)}"
+    )
+    print(
+        f"KL gate, reference cached:   median {h:.2f} s -> {h / (2 * r):.3f} x (2 x raw)  "
+        f"goal <= {CACHED_GOAL}: {verdict(h / (2 * r) <= CACHED_GOAL)}"
+    )
 
 
 def _vm(field: str) -> int:
@@ -129,20 +141,36 @@ def rss_child(n: int, tokens: int, model_dir: str | None = None) -> None:
     t0 = time.perf_counter()
     result = _run(loaded, _neutral(), RunShape(path="prefill", tokens=tokens, decode=1), n, None).kl()
     seconds = time.perf_counter() - t0
-    print(json.dumps({"peak_kib": _vm("VmHWM"), "after_load_kib": before, "seconds": seconds,
-                      "positions": int(result.stats.n_tokens)}))
+    print(
+        json.dumps(
+            {
+                "peak_kib": _vm("VmHWM"),
+                "after_load_kib": before,
+                "seconds": seconds,
+                "positions": int(result.stats.n_tokens),
+            }
+        )
+    )
 
 
 def peak_rss(tokens: int) -> None:
     header(f"kl_gate peak RSS: 64 vs 16 prompts x {tokens} tokens, each in a fresh process")
     out = {}
     for n in (16, 64):
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.kl_gate", "--rss-child", str(n), "--tokens", str(tokens)],
-                              cwd=REPO_ROOT, capture_output=True, text=True, check=True, env=os.environ.copy())
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.kl_gate", "--rss-child", str(n), "--tokens", str(tokens)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ.copy(),
+        )
         out[n] = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{n:>3} prompts: peak RSS during the gate {out[n]['peak_kib'] / 1024:.0f} MiB "
-              f"(model loaded: {out[n]['after_load_kib'] / 1024:.0f} MiB; "
-              f"growth {(out[n]['peak_kib'] - out[n]['after_load_kib']) / 1024:.0f} MiB)")
+        print(
+            f"{n:>3} prompts: peak RSS during the gate {out[n]['peak_kib'] / 1024:.0f} MiB "
+            f"(model loaded: {out[n]['after_load_kib'] / 1024:.0f} MiB; "
+            f"growth {(out[n]['peak_kib'] - out[n]['after_load_kib']) / 1024:.0f} MiB)"
+        )
     ratio = out[64]["peak_kib"] / out[16]["peak_kib"]
     print(f"ratio 64/16: {ratio:.3f}  goal <= {RSS_GOAL}: {verdict(ratio <= RSS_GOAL)}")
 
@@ -169,8 +197,10 @@ def big_vocabulary(tokens: int) -> None:
             runs = {n: _child(n, tokens, model_dir) for n in (16, 64)}
             for n, r in runs.items():
                 growth = (r["peak_kib"] - r["after_load_kib"]) / 1024
-                print(f"{label:24} {n:>3} prompts: peak RSS growth {growth:6.0f} MiB (peak {r['peak_kib'] / 1024:.0f} "
-                      f"MiB), {1000 * r['seconds'] / r['positions']:.2f} ms per scored position")
+                print(
+                    f"{label:24} {n:>3} prompts: peak RSS growth {growth:6.0f} MiB (peak {r['peak_kib'] / 1024:.0f} "
+                    f"MiB), {1000 * r['seconds'] / r['positions']:.2f} ms per scored position"
+                )
             ratio = runs[64]["peak_kib"] / runs[16]["peak_kib"]
             print(f"{label:24} peak RSS 64/16: {ratio:.3f}  goal <= {RSS_GOAL}: {verdict(ratio <= RSS_GOAL)}")
 
@@ -188,13 +218,25 @@ def compaction_error(n: int, tokens: int) -> None:
     header(f"kl_gate compaction error: exact vs compact-reference KL, {n} prompts x {tokens} tokens")
     loaded = _load()
     cases = [
-        ("kv 8-bit (serving)", Lever(name="kv", kind="kv", target=None, ref="plain", cand="bits=8,group_size=64,start=0",
-                                     path="serving")),
-        ("kv 4-bit (serving)", Lever(name="kv", kind="kv", target=None, ref="plain", cand="bits=4,group_size=64,start=0",
-                                     path="serving")),
-        ("attention, softmax scale +2% (prefill)", Lever(
-            name="attention", kind="patch", target="mlx.core.fast.scaled_dot_product_attention",
-            ref=None, cand="benchmarks.kl_gate:slightly_hot_attention", path="prefill")),
+        (
+            "kv 8-bit (serving)",
+            Lever(name="kv", kind="kv", target=None, ref="plain", cand="bits=8,group_size=64,start=0", path="serving"),
+        ),
+        (
+            "kv 4-bit (serving)",
+            Lever(name="kv", kind="kv", target=None, ref="plain", cand="bits=4,group_size=64,start=0", path="serving"),
+        ),
+        (
+            "attention, softmax scale +2% (prefill)",
+            Lever(
+                name="attention",
+                kind="patch",
+                target="mlx.core.fast.scaled_dot_product_attention",
+                ref=None,
+                cand="benchmarks.kl_gate:slightly_hot_attention",
+                path="prefill",
+            ),
+        ),
     ]
     for label, lever in cases:
         shape = RunShape(path=lever.path, tokens=tokens, decode=min(32, tokens // 2))
@@ -214,12 +256,14 @@ def compaction_error(n: int, tokens: int) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             refs = [compact_reference(*_ref(loaded, lever, shape, s)) for s in run.sequences[:4]]
             size = ReferenceCache(Path(tmp)).store({"bench": label}, refs).stat().st_size / (4 * shape.scored)
-        print(f"{label}: mean KL exact {e.mean():.3e} vs compact {a.mean():.3e} "
-              f"(relative {abs(e.mean() - a.mean()) / max(e.mean(), 1e-30):.2e}); per-token max |err| {err.max():.2e}, "
-              f"p99 KL exact {np.quantile(e, 0.99):.3e} vs {np.quantile(a, 0.99):.3e}; "
-              f"kept {np.median(np.concatenate(kept)):.0f} ids/position (median), "
-              f"{size / 1024:.1f} KiB per position on disk (x 16,384 positions for 64 x 256)  "
-              f"goal <5% of mean: {verdict(abs(e.mean() - a.mean()) <= 0.05 * e.mean())}")
+        print(
+            f"{label}: mean KL exact {e.mean():.3e} vs compact {a.mean():.3e} "
+            f"(relative {abs(e.mean() - a.mean()) / max(e.mean(), 1e-30):.2e}); per-token max |err| {err.max():.2e}, "
+            f"p99 KL exact {np.quantile(e, 0.99):.3e} vs {np.quantile(a, 0.99):.3e}; "
+            f"kept {np.median(np.concatenate(kept)):.0f} ids/position (median), "
+            f"{size / 1024:.1f} KiB per position on disk (x 16,384 positions for 64 x 256)  "
+            f"goal <5% of mean: {verdict(abs(e.mean() - a.mean()) <= 0.05 * e.mean())}"
+        )
 
 
 def slightly_hot_attention(q: Any, k: Any, v: Any, *, scale: float, **kw: Any) -> Any:

@@ -79,8 +79,13 @@ def run_child(model: Path, preload: bool, repeats: int) -> dict[str, Any]:
     else:
         env.pop("LD_PRELOAD", None)
     arg = json.dumps({"model": str(model), "tokens": PROMPT_TOKENS, "repeats": repeats})
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "prefill_blas", "--child", arg],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "prefill_blas", "--child", arg],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"prefill child (preload={preload}) failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,23 +112,30 @@ def main(argv: list[str]) -> None:
 
         t0 = time.perf_counter()
         model = ensure_embedded_snapshot(cache_dir=tmp / "cache")
-        print(f"model converted from the embedded GGUF in {time.perf_counter() - t0:.1f}s (float32); "
-              f"{os.cpu_count()} CPUs; parent LD_PRELOAD={os.environ.get('LD_PRELOAD', '(unset)')}")
+        print(
+            f"model converted from the embedded GGUF in {time.perf_counter() - t0:.1f}s (float32); "
+            f"{os.cpu_count()} CPUs; parent LD_PRELOAD={os.environ.get('LD_PRELOAD', '(unset)')}"
+        )
         results = {}
         for preload in (True, False):
             r = run_child(model, preload, args.fast_repeats if preload else args.repeats)
             results[preload] = r
             tps = [r["tokens"] / t for t in r["times"]]
             name = "with OpenBLAS" if preload else "without (reference BLAS)"
-            print(f"  {name}: BLAS in use = {r['blas']}; warm-up ({WARMUP_TOKENS} tokens) {r['warmup_s']:.2f}s; "
-                  f"runs {', '.join(f'{t:.2f}s' for t in r['times'])}; "
-                  f"median {median(tps):.0f} tokens/s", flush=True)
+            print(
+                f"  {name}: BLAS in use = {r['blas']}; warm-up ({WARMUP_TOKENS} tokens) {r['warmup_s']:.2f}s; "
+                f"runs {', '.join(f'{t:.2f}s' for t in r['times'])}; "
+                f"median {median(tps):.0f} tokens/s",
+                flush=True,
+            )
         fast = median([results[True]["tokens"] / t for t in results[True]["times"]])
         slow = median([results[False]["tokens"] / t for t in results[False]["times"]])
         ratio = fast / slow
         ok = results[True]["blas"] == "OpenBLAS" and results[False]["blas"] != "OpenBLAS"
-        print(f"prefill: with OpenBLAS {fast:.0f} tokens/s, without {slow:.0f} tokens/s; "
-              f"ratio with/without = {ratio:.1f}x (goal >= {GOAL:.0f}x): {verdict(ratio >= GOAL and ok)}"
-              + ("" if ok else " (the children did not get the BLAS asked for)"))
+        print(
+            f"prefill: with OpenBLAS {fast:.0f} tokens/s, without {slow:.0f} tokens/s; "
+            f"ratio with/without = {ratio:.1f}x (goal >= {GOAL:.0f}x): {verdict(ratio >= GOAL and ok)}"
+            + ("" if ok else " (the children did not get the BLAS asked for)")
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -47,16 +47,24 @@ GOAL = 64 << 20
 
 
 def spec() -> dict[str, Any]:
-    return {"repos": [
-        {"repo_id": REPO, "files": [
-            {"path": FILE, "size": SIZE, "gen": "pattern", "seed": SEED},
-            {"path": "config.json", "size": 600, "gen": "text", "seed": 1},
-        ]},
-        {"repo_id": TINY, "files": [
-            {"path": "weights.bin", "size": 64 << 10, "gen": "random", "seed": 5},
-            {"path": "config.json", "size": 300, "gen": "text", "seed": 2},
-        ]},
-    ]}
+    return {
+        "repos": [
+            {
+                "repo_id": REPO,
+                "files": [
+                    {"path": FILE, "size": SIZE, "gen": "pattern", "seed": SEED},
+                    {"path": "config.json", "size": 600, "gen": "text", "seed": 1},
+                ],
+            },
+            {
+                "repo_id": TINY,
+                "files": [
+                    {"path": "weights.bin", "size": 64 << 10, "gen": "random", "seed": 5},
+                    {"path": "config.json", "size": 300, "gen": "text", "seed": 2},
+                ],
+            },
+        ]
+    }
 
 
 def write_partial(path: Path) -> str:
@@ -88,11 +96,21 @@ def child(args: dict[str, Any]) -> None:
     snap = snapshot_download(REPO, endpoint=endpoint, cache_dir=cache)
     elapsed = time.perf_counter() - t0
     after = proc_status()
-    print(json.dumps({
-        "rss_before": before["VmRSS"], "hwm_before": before["VmHWM"], "hwm_after": after["VmHWM"],
-        "rss_after": after["VmRSS"], "hwm_reset": reset_ok, "seconds": elapsed, "snapshot": str(snap),
-        "rss_at_start": at_start["VmRSS"], "hwm_warmed": warmed["VmHWM"],
-    }))
+    print(
+        json.dumps(
+            {
+                "rss_before": before["VmRSS"],
+                "hwm_before": before["VmHWM"],
+                "hwm_after": after["VmHWM"],
+                "rss_after": after["VmRSS"],
+                "hwm_reset": reset_ok,
+                "seconds": elapsed,
+                "snapshot": str(snap),
+                "rss_at_start": at_start["VmRSS"],
+                "hwm_warmed": warmed["VmHWM"],
+            }
+        )
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -111,13 +129,17 @@ def main(argv: list[str]) -> None:
         if free < need:
             print(f"SKIPPED: {mib(free)} free under {tmp}, need {mib(need)}")
             return
-        print(f"disk: {free / (1 << 30):.1f} GiB free under {tmp.parent}; file {SIZE} bytes, "
-              f"partial {PREFIX} bytes, suffix {SIZE - PREFIX} bytes")
+        print(
+            f"disk: {free / (1 << 30):.1f} GiB free under {tmp.parent}; file {SIZE} bytes, "
+            f"partial {PREFIX} bytes, suffix {SIZE - PREFIX} bytes"
+        )
         t0 = time.perf_counter()
         with HubProcess(spec()) as hub:
             sha = hub.repos[REPO]["files"][FILE]["sha256"]
-            print(f"fake hub: pid {hub.proc.pid}, set up in {time.perf_counter() - t0:.1f}s, "
-                  f"server RSS {mib(hub.call('rss')['VmRSS'])} (not counted)")
+            print(
+                f"fake hub: pid {hub.proc.pid}, set up in {time.perf_counter() - t0:.1f}s, "
+                f"server RSS {mib(hub.call('rss')['VmRSS'])} (not counted)"
+            )
             cache = tmp / "cache"
             blobs = cache / "models--bench--resume" / "blobs"
             blobs.mkdir(parents=True)
@@ -134,8 +156,14 @@ def main(argv: list[str]) -> None:
             for k in ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN_PATH"):
                 env.pop(k, None)
             env.pop("LD_PRELOAD", None)
-            cmd = [sys.executable, "-m", "benchmarks", "resume_rss", "--child",
-                   json.dumps({"endpoint": hub.endpoint, "cache": str(cache)})]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks",
+                "resume_rss",
+                "--child",
+                json.dumps({"endpoint": hub.endpoint, "cache": str(cache)}),
+            ]
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
             wall = time.perf_counter() - t0
@@ -152,13 +180,19 @@ def main(argv: list[str]) -> None:
 
             ok_blob = hash_file(blob, "sha256") == sha
         growth = r["hwm_after"] - r["rss_before"]
-        print(f"client (child pid, fresh process): RSS before call {mib(r['rss_before'])}, "
-              f"peak during call {mib(r['hwm_after'])} (peak mark reset before the call: {r['hwm_reset']}); "
-              f"child RSS after imports {mib(r['rss_at_start'])}, peak through the warm-up {mib(r['hwm_warmed'])}")
-        print(f"resume call: {r['seconds']:.2f}s (child process wall {wall:.2f}s incl. start-up and warm-up); "
-              f"blob published, {SIZE} bytes, sha256 checked: {ok_blob}")
-        print(f"server sent {served} bytes of {FILE} (suffix = {SIZE - PREFIX}): "
-              f"{'suffix only' if served == SIZE - PREFIX else 'MORE THAN THE SUFFIX'}; requests incl. the warm-up repo {reqs}")
+        print(
+            f"client (child pid, fresh process): RSS before call {mib(r['rss_before'])}, "
+            f"peak during call {mib(r['hwm_after'])} (peak mark reset before the call: {r['hwm_reset']}); "
+            f"child RSS after imports {mib(r['rss_at_start'])}, peak through the warm-up {mib(r['hwm_warmed'])}"
+        )
+        print(
+            f"resume call: {r['seconds']:.2f}s (child process wall {wall:.2f}s incl. start-up and warm-up); "
+            f"blob published, {SIZE} bytes, sha256 checked: {ok_blob}"
+        )
+        print(
+            f"server sent {served} bytes of {FILE} (suffix = {SIZE - PREFIX}): "
+            f"{'suffix only' if served == SIZE - PREFIX else 'MORE THAN THE SUFFIX'}; requests incl. the warm-up repo {reqs}"
+        )
         print(f"peak RSS growth = {mib(growth)} (goal <= {mib(GOAL)}): {verdict(growth <= GOAL and ok_blob)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

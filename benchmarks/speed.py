@@ -31,8 +31,14 @@ def _setup(prompts: int) -> tuple[Any, Any, Any, Any]:
     from .kl_gate import _load
 
     loaded = _load()
-    lever = Lever(name="kv_cache", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
-                  path="serving")
+    lever = Lever(
+        name="kv_cache",
+        kind="kv",
+        target=None,
+        ref="plain",
+        cand={"bits": 8, "group_size": 64, "start": 0},
+        path="serving",
+    )
     shape = RunShape(path="serving", tokens=128, decode=32)
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=prompts, tokens=shape.tokens)
     return loaded, lever, shape, seqs
@@ -43,9 +49,13 @@ def _speed(loaded: Any, lever: Any, seqs: Any) -> dict[str, Any]:
     from pytest_mlxgate.speed.shape import SpeedShape, default_contexts, default_decode
 
     shape = SpeedShape(contexts=default_contexts("cpu"), decode=default_decode("cpu"))
-    return measure_speed(lever=lever, reference=ArmModel(loaded.model, "reference"),
-                         candidate=ArmModel(loaded.model, "candidate"),
-                         token_ids=[t for s in seqs for t in s.ids], shape=shape).to_json()
+    return measure_speed(
+        lever=lever,
+        reference=ArmModel(loaded.model, "reference"),
+        candidate=ArmModel(loaded.model, "candidate"),
+        token_ids=[t for s in seqs for t in s.ids],
+        shape=shape,
+    ).to_json()
 
 
 def _kl_arms(loaded: Any, lever: Any, shape: Any, seqs: Any) -> float:
@@ -77,9 +87,12 @@ def repeatability(loaded: Any, lever: Any, seqs: Any, runs: int) -> None:
             inside = all(e["ratio_ci"][0] <= o["ratio"] <= e["ratio_ci"][1] for e in est for o in est)
             sd = statistics.stdev(logs)
             goal = f" — goal sd <= {SPREAD_GOAL}: {verdict(sd <= SPREAD_GOAL)}" if what == "decode" else ""
-            print(f"@{context} {what}: ratios " + ", ".join(f"{e['ratio']:.3f}" for e in est)
-                  + f"; min {min(e['ratio'] for e in est):.3f} max {max(e['ratio'] for e in est):.3f}, "
-                  f"sd of logs {sd:.3f}; every interval holds every estimate: {inside}{goal}")
+            print(
+                f"@{context} {what}: ratios "
+                + ", ".join(f"{e['ratio']:.3f}" for e in est)
+                + f"; min {min(e['ratio'] for e in est):.3f} max {max(e['ratio'] for e in est):.3f}, "
+                f"sd of logs {sd:.3f}; every interval holds every estimate: {inside}{goal}"
+            )
 
 
 def serving(loaded: Any, lever: Any, shape: Any, seqs: Any, repeats: int) -> None:
@@ -98,8 +111,10 @@ def serving(loaded: Any, lever: Any, shape: Any, seqs: Any, repeats: int) -> Non
             times[batched].append(time.perf_counter() - t0)
     positions = len(seqs) * shape.decode
     one, many = median(times[False]), median(times[True])
-    print(f"one at a time {positions / one:.1f} positions/s ({one:.1f} s); batched {positions / many:.1f} positions/s "
-          f"({many:.1f} s): {one / many:.2f}x — goal >= {BATCH_GOAL}x: {verdict(one / many >= BATCH_GOAL)}")
+    print(
+        f"one at a time {positions / one:.1f} positions/s ({one:.1f} s); batched {positions / many:.1f} positions/s "
+        f"({many:.1f} s): {one / many:.2f}x — goal >= {BATCH_GOAL}x: {verdict(one / many >= BATCH_GOAL)}"
+    )
 
 
 def main(argv: list[str]) -> None:

@@ -154,7 +154,7 @@ CUDA_SOURCE = """
 
 @functools.cache
 def kernel_backend() -> Backend | None:
-    """"metal" where MLX has its Metal backend, "cuda" where it has CUDA, otherwise None."""
+    """ "metal" where MLX has its Metal backend, "cuda" where it has CUDA, otherwise None."""
     for name in ("metal", "cuda"):
         module = getattr(mx, name, None)
         is_available = getattr(module, "is_available", None)
@@ -193,11 +193,13 @@ def template_args(x_dtype: Any, w_dtype: Any, out_dtype: Any, has_weight: bool) 
 def build_kernel(backend: Backend) -> Any:
     """Build (not compile: that happens on the first call) the kernel object for `backend`."""
     if backend == "metal":
-        return mx.fast.metal_kernel(name="mlxgate_rms_norm", input_names=list(INPUT_NAMES),
-                                    output_names=list(OUTPUT_NAMES), source=METAL_SOURCE)
+        return mx.fast.metal_kernel(
+            name="mlxgate_rms_norm", input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES), source=METAL_SOURCE
+        )
     if backend == "cuda":
-        return mx.fast.cuda_kernel(name="mlxgate_rms_norm", input_names=list(INPUT_NAMES),
-                                   output_names=list(OUTPUT_NAMES), source=CUDA_SOURCE)
+        return mx.fast.cuda_kernel(
+            name="mlxgate_rms_norm", input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES), source=CUDA_SOURCE
+        )
     raise ValueError(f"backend {backend!r} is neither 'metal' nor 'cuda'")
 
 
@@ -230,8 +232,9 @@ def rms_norm(x: Any, weight: Any, eps: float, *, stream: Any = None) -> Any:
         raise ValueError("rms_norm: x must have at least 1 dimension (the normalized last axis); got a scalar")
     d = x.shape[-1]
     if weight is not None and (weight.ndim != 1 or weight.shape[0] != d):
-        raise ValueError(f"rms_norm: weight must be one-dimensional with x's last dimension ({d}); "
-                         f"got shape {weight.shape}")
+        raise ValueError(
+            f"rms_norm: weight must be one-dimensional with x's last dimension ({d}); got shape {weight.shape}"
+        )
     out_dtype = x.dtype if weight is None else mx.result_type(x, weight)
     if not mx.issubdtype(out_dtype, mx.floating):
         raise ValueError(f"rms_norm: the result dtype {out_dtype} is not a floating type; pass floating arrays")
@@ -240,8 +243,10 @@ def rms_norm(x: Any, weight: Any, eps: float, *, stream: Any = None) -> Any:
     rows = x.size // d
     threads = launch_threads(d)
     if rows * threads > _MAX_GRID:
-        raise ValueError(f"rms_norm: {rows} rows x {threads} threads exceed one launch's grid ({_MAX_GRID} "
-                         "threads); normalize the rows in slices")
+        raise ValueError(
+            f"rms_norm: {rows} rows x {threads} threads exceed one launch's grid ({_MAX_GRID} "
+            "threads); normalize the rows in slices"
+        )
     w = weight if weight is not None else _no_weight(x.dtype)
     (out,) = _kernel(backend)(
         inputs=[x.reshape(rows, d), w, _eps_array(float(eps))],

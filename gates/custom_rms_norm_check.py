@@ -87,8 +87,10 @@ def compare(x: Any, w: Any, ours: Any, eps: float = EPS) -> tuple[bool, str]:
     err_mlx, err_exact = np.abs(o - t), np.abs(o - exact)
     ok = bool(np.all(np.isfinite(o)) and np.all(err_mlx <= vs_mlx) and np.all(err_exact <= vs_exact))
     worst = int(np.argmax(err_mlx / vs_mlx))
-    return ok, (f"max |ours - mx.fast| {err_mlx.max():.3g}, max |ours - float64| {err_exact.max():.3g} "
-                f"(worst vs mx.fast at flat index {worst}: {o.flat[worst]:.6g} vs {t.flat[worst]:.6g})")
+    return ok, (
+        f"max |ours - mx.fast| {err_mlx.max():.3g}, max |ours - float64| {err_exact.max():.3g} "
+        f"(worst vs mx.fast at flat index {worst}: {o.flat[worst]:.6g} vs {t.flat[worst]:.6g})"
+    )
 
 
 def run_case(shape: tuple[int, ...], dtype: Any, weight_kind: str, strided: bool, key: int) -> tuple[bool, str]:
@@ -133,8 +135,10 @@ def decode_timing(calls: int = 500) -> str:
         for _ in range(calls):
             mx.eval(fn(x, w, EPS))
         timings[name] = (time.perf_counter() - start) / calls * 1e6
-    return (f"timing (not a verdict): (1, 1, 576) float16, {calls} calls evaluated one by one: ours "
-            f"{timings['ours']:.1f} us, mx.fast {timings['mx.fast']:.1f} us per call")
+    return (
+        f"timing (not a verdict): (1, 1, 576) float16, {calls} calls evaluated one by one: ours "
+        f"{timings['ours']:.1f} us, mx.fast {timings['mx.fast']:.1f} us per call"
+    )
 
 
 if __name__ == "__main__":

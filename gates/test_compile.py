@@ -28,8 +28,9 @@ import pytest
 from pytest_mlxgate import Paired, assert_kl_below
 
 pytestmark = [
-    pytest.mark.mlx_lever("mx_compile", context="pytest_mlxgate.reference_ops:compiled", ref="off", cand="on",
-                          path="serving"),
+    pytest.mark.mlx_lever(
+        "mx_compile", context="pytest_mlxgate.reference_ops:compiled", ref="off", cand="on", path="serving"
+    ),
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(contexts=(256,)),
 ]

@@ -62,8 +62,7 @@ from pytest_mlxgate import Paired, assert_faster, assert_kl_below
 
 pytestmark = [
     pytest.mark.skipif(kernel_backend() is None, reason=SKIP_REASON),
-    pytest.mark.mlx_lever("custom_rms_norm", patch="mlx.core.fast.rms_norm", ref=None, cand=rms_norm,
-                          path="serving"),
+    pytest.mark.mlx_lever("custom_rms_norm", patch="mlx.core.fast.rms_norm", ref=None, cand=rms_norm, path="serving"),
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(),
 ]

@@ -29,8 +29,9 @@ import pytest
 from pytest_mlxgate import Paired, assert_kl_below
 
 pytestmark = [
-    pytest.mark.mlx_lever("fused_norms_rope", context="pytest_mlxgate.reference_ops:fast_ops", ref="plain",
-                          cand="fused", path="serving"),
+    pytest.mark.mlx_lever(
+        "fused_norms_rope", context="pytest_mlxgate.reference_ops:fast_ops", ref="plain", cand="fused", path="serving"
+    ),
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(contexts=(256,)),
 ]

@@ -36,8 +36,9 @@ import pytest
 from pytest_mlxgate import Paired, assert_capability_at_least, assert_kl_below, assert_smaller
 
 pytestmark = [
-    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
-                          path="serving"),
+    pytest.mark.mlx_lever(
+        "kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}, path="serving"
+    ),
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(),
 ]

@@ -27,7 +27,8 @@ def test_snapshot_is_intact(mlx_snapshot: ResolvedSnapshot) -> None:
     )
     assert report.files_checked > 0
     assert report.ok, (
-        f"{mlx_snapshot.pinned}: the cached snapshot is corrupt:\n  " + "\n  ".join(report.problems)
+        f"{mlx_snapshot.pinned}: the cached snapshot is corrupt:\n  "
+        + "\n  ".join(report.problems)
         + f"\nfix: mlxgate verify {mlx_snapshot.name} --repair, then run again to fetch the damaged files"
     )
 
@@ -43,8 +44,7 @@ def test_model_answers(mlx_trained_model: tuple[Any, Any]) -> None:
         has_template = getattr(tokenizer, "chat_template", None) is not None
     if has_template:
         question = "What is the capital of France?"
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         asked = f"greedy answer to {question!r}"
     else:
         prompt = "The capital of France is"

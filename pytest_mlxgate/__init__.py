@@ -14,24 +14,41 @@ if TYPE_CHECKING:  # `name as name`: the names a type checker sees exported (myp
     from .authoring.known_bad import assert_known_bad_fails as assert_known_bad_fails
     from .capability.assertions import assert_capability_at_least as assert_capability_at_least
     from .capability.base import Budget as Budget
-    from .capability.user_tasks import jsonl_task as jsonl_task, register_task as register_task
-    from .config.names import CandidateSpec as CandidateSpec, parse_name as parse_name
+    from .capability.user_tasks import jsonl_task as jsonl_task
+    from .capability.user_tasks import register_task as register_task
+    from .config.names import CandidateSpec as CandidateSpec
+    from .config.names import parse_name as parse_name
     from .errors import (
         InconclusiveGateWarning as InconclusiveGateWarning,
+    )
+    from .errors import (
         MlxgateError as MlxgateError,
+    )
+    from .errors import (
         MlxgateUsageError as MlxgateUsageError,
+    )
+    from .errors import (
         MlxgateWarning as MlxgateWarning,
+    )
+    from .errors import (
         ModelNameError as ModelNameError,
+    )
+    from .errors import (
         ModelUnavailableError as ModelUnavailableError,
     )
-    from .hub import HubError as HubError, snapshot_download as snapshot_download, verify_snapshot as verify_snapshot
+    from .hub import HubError as HubError
+    from .hub import snapshot_download as snapshot_download
+    from .hub import verify_snapshot as verify_snapshot
     from .kl.assertions import assert_kl_below as assert_kl_below
     from .kl.result import KLResult as KLResult
     from .levers.lever import Lever as Lever
-    from .models.device import blas_in_use as blas_in_use, mlx_device as mlx_device
-    from .models.materialize import ResolvedSnapshot as ResolvedSnapshot, materialize as materialize
+    from .models.device import blas_in_use as blas_in_use
+    from .models.device import mlx_device as mlx_device
+    from .models.materialize import ResolvedSnapshot as ResolvedSnapshot
+    from .models.materialize import materialize as materialize
     from .session.paired import Paired as Paired
-    from .speed.assertions import assert_faster as assert_faster, assert_smaller as assert_smaller
+    from .speed.assertions import assert_faster as assert_faster
+    from .speed.assertions import assert_smaller as assert_smaller
 
 #: public name -> the module that defines it
 _LAZY: dict[str, str] = {

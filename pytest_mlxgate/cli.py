@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="mlxgate",
         description="Verified model snapshots, new gates, and the results history, for pytest-mlxgate.",
     )
-    sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{get,verify,new-gate,history,compare,report,merge}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{get,verify,new-gate,history,compare,report,merge}"
+    )
     for name, help_ in (
         ("get", "download (or build) a snapshot and print its path"),
         ("verify", "re-hash a cached snapshot and report each problem"),
@@ -65,13 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--revision", metavar="R", help="branch, tag or commit (default: main)")
         p.add_argument("--dataset", action="store_true", help="NAME is a dataset repo")
-        p.add_argument(
-            "--cache-dir", metavar="D", type=cache_dir_arg, help="hub cache (default: HF_HUB_CACHE, ...)"
-        )
+        p.add_argument("--cache-dir", metavar="D", type=cache_dir_arg, help="hub cache (default: HF_HUB_CACHE, ...)")
         if name == "get":
             p.add_argument(
-                "--offline", action="store_true", default=None,
-                help="use the cache only (a file changed since it was verified is an error, exit 1)"
+                "--offline",
+                action="store_true",
+                default=None,
+                help="use the cache only (a file changed since it was verified is an error, exit 1)",
             )
             p.add_argument("--endpoint", metavar="URL", type=endpoint_arg, help="hub endpoint")
         else:
@@ -94,13 +95,16 @@ def _add_new_gate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--patch", metavar="MOD.ATTR", help="the attribute the lever replaces, e.g. mlx.core.fast.rms_norm")
     p.add_argument("--env", metavar="VAR", help="the environment variable the lever sets (needs --ref and --cand)")
     p.add_argument(
-        "--ref", metavar="V",
+        "--ref",
+        metavar="V",
         help="reference arm: an object name (--patch; default: pytest_mlxgate.reference_ops' plain version of "
         "an mlx fused op; 'original': the unpatched one) or the variable's value (--env; 'unset')",
     )
     p.add_argument("--cand", metavar="V", help="candidate arm, as --ref (--patch default: the original)")
     p.add_argument(
-        "--path", choices=("prefill", "serving"), default="prefill",
+        "--path",
+        choices=("prefill", "serving"),
+        default="prefill",
         help="where the drift is measured: prefill (one forward) or serving (the KV cache, then decode); "
         "default: prefill",
     )
@@ -111,8 +115,9 @@ def _new_gate(args: argparse.Namespace) -> int:
     from .authoring.new_gate import new_gate, next_steps
 
     try:
-        path = new_gate(args.name, patch=args.patch, env=args.env, ref=args.ref, cand=args.cand, path=args.path,
-                        directory=args.dir)
+        path = new_gate(
+            args.name, patch=args.patch, env=args.env, ref=args.ref, cand=args.cand, path=args.path, directory=args.dir
+        )
     except MlxgateUsageError as e:
         print(f"mlxgate: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -126,9 +131,7 @@ def _new_gate(args: argparse.Namespace) -> int:
 def _spec(args: argparse.Namespace) -> CandidateSpec:
     cwd = Path.cwd()
     aliases = load_aliases(find_pyproject(cwd))
-    spec = parse_name(args.name, aliases=aliases, base_dir=cwd, role="model").with_revision(
-        args.revision
-    )
+    spec = parse_name(args.name, aliases=aliases, base_dir=cwd, role="model").with_revision(args.revision)
     if args.dataset and spec.kind != "hub":
         raise MlxgateUsageError(f"--dataset needs a hub repo id org/name, not '{args.name}'")
     return spec
@@ -168,8 +171,7 @@ def _get(spec: CandidateSpec, args: argparse.Namespace) -> int:
 def _verify(spec: CandidateSpec, args: argparse.Namespace) -> int:
     if spec.kind == "local":
         print(
-            f"mlxgate: error: '{spec.name}' is a local directory: there are no hub checksums to "
-            "verify it against",
+            f"mlxgate: error: '{spec.name}' is a local directory: there are no hub checksums to verify it against",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpcore  # noqa: F401  # see below
 import pytest
@@ -33,7 +33,7 @@ for _var in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "GITHUB_WORKSPACE"):
 
 
 @pytest.fixture(scope="session")
-def fakehub() -> Iterator["FakeHub"]:  # noqa: F821
+def fakehub() -> Iterator[FakeHub]:  # noqa: F821
     """One real HTTP hub (and CDN) on 127.0.0.1 for the whole session; tests add their own repos."""
     from fakehub import FakeHub
 
@@ -42,7 +42,7 @@ def fakehub() -> Iterator["FakeHub"]:  # noqa: F821
 
 
 @pytest.fixture
-def hub(fakehub: "FakeHub") -> "FakeHub":  # noqa: F821
+def hub(fakehub: FakeHub) -> FakeHub:  # noqa: F821
     """The session's fake hub with an empty request log and no faults left over."""
     fakehub.reset_log()
     fakehub.clear_faults()
@@ -50,7 +50,7 @@ def hub(fakehub: "FakeHub") -> "FakeHub":  # noqa: F821
 
 
 @pytest.fixture
-def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> "HfEnv":  # noqa: F821
+def hf_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> HfEnv:  # noqa: F821
     """The one isolated HF_* environment: every HF_* variable removed, HF_HOME a fresh folder (no token
     file, no default cache), HF_ENDPOINT refusing connections, not offline (tests/support/hfenv.py).
 
@@ -68,12 +68,19 @@ def cache_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def fast_policy() -> "RetryPolicy":  # noqa: F821
+def fast_policy() -> RetryPolicy:  # noqa: F821
     """Real retry logic with sleeps short enough for tests."""
     from pytest_mlxgate.hub.transport import RetryPolicy
 
-    return RetryPolicy(backoff_base=0.01, backoff_max=0.05, max_retry_after=0.05, stall_window=0.5,
-                       min_bytes_per_window=4096, connect_timeout=2.0, workers=4)
+    return RetryPolicy(
+        backoff_base=0.01,
+        backoff_max=0.05,
+        max_retry_after=0.05,
+        stall_window=0.5,
+        min_bytes_per_window=4096,
+        connect_timeout=2.0,
+        workers=4,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,12 @@ pytestmark = pytest.mark.usefixtures("hf_env")
 def mlxgate(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     code = "from pytest_mlxgate.cli import main; raise SystemExit(main())"
     return subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=cwd, env={**os.environ, **(env or {})},
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from import_graph import function_level, internal_cycle, layer_of, modules, third_party_reached, upward_imports
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_mlxgate"
@@ -55,31 +54,46 @@ _ELSEWHERE = "owned elsewhere in this change"
 #: Function-level imports kept outside the boundaries: module (or folder) -> (the imported modules,
 #: "*" for all, and why they wait for the function). Everything else imports at module level.
 LAZY: dict[str, tuple[tuple[str, ...], str]] = {
-    "pytest_mlxgate.cli": (("*",), "the `mlxgate` console script: each subcommand imports its implementation "
-                                   "when it runs, so `mlxgate history` loads neither mlx nor httpx"),
+    "pytest_mlxgate.cli": (
+        ("*",),
+        "the `mlxgate` console script: each subcommand imports its implementation "
+        "when it runs, so `mlxgate history` loads neither mlx nor httpx",
+    ),
     "pytest_mlxgate.capability.distributed": (
         ("mlx", "numpy", "pytest_mlxgate.capability.runner"),
         "session/state.py asks launch_rank at configure time, on the controller too: mlx, numpy and the runner "
-        "(which imports mlx) load when a distributed run starts"),
+        "(which imports mlx) load when a distributed run starts",
+    ),
     "pytest_mlxgate.levers.kvcache": (
         ("mlx_lm", "pytest_mlxgate.serving.caches"),
         "session/ and authoring/ import levers.lever, and it this, at module level (the controller among them): "
-        "a KV plan parses without mlx; its caches (mlx_lm) load when the plan meets a model"),
+        "a KV plan parses without mlx; its caches (mlx_lm) load when the plan meets a model",
+    ),
     "pytest_mlxgate.levers.reference_ops": (
-        ("mlx",), "gate modules import these kernels while pytest collects (tests/levers/test_levers.py): "
-                  "loading it loads no mlx"),
+        ("mlx",),
+        "gate modules import these kernels while pytest collects (tests/levers/test_levers.py): "
+        "loading it loads no mlx",
+    ),
     "pytest_mlxgate.levers.weights": (
-        ("mlx", "mlx_lm"), "levers.lever imports it (the controller too): a weights value parses without mlx, "
-                           "quantizing a copy of the model needs it"),
+        ("mlx", "mlx_lm"),
+        "levers.lever imports it (the controller too): a weights value parses without mlx, "
+        "quantizing a copy of the model needs it",
+    ),
     "pytest_mlxgate.models.device": (
-        ("mlx",), "the controller reads installed_versions and machine_facts for the header and the reports; "
-                  "mlx_device says 'no mlx' where it is not installed"),
+        ("mlx",),
+        "the controller reads installed_versions and machine_facts for the header and the reports; "
+        "mlx_device says 'no mlx' where it is not installed",
+    ),
     "pytest_mlxgate.models.embedded": (
-        ("pytest_mlxgate.models.gguf",), "the controller publishes the embedded snapshot; the GGUF converter "
-                                         "(numpy, mlx, tokenizers) loads only when it converts"),
+        ("pytest_mlxgate.models.gguf",),
+        "the controller publishes the embedded snapshot; the GGUF converter "
+        "(numpy, mlx, tokenizers) loads only when it converts",
+    ),
     "pytest_mlxgate.models.loaded": (
-        ("mlx_lm",), "levers.weights imports it (the controller too); mlx_lm loads with the first model "
-                     "(tests/session/test_plugin.py stands a fake mlx_lm in sys.modules for that load)"),
+        ("mlx_lm",),
+        "levers.weights imports it (the controller too); mlx_lm loads with the first model "
+        "(tests/session/test_plugin.py stands a fake mlx_lm in sys.modules for that load)",
+    ),
     "pytest_mlxgate.authoring": (("*",), _ELSEWHERE),
     "pytest_mlxgate.session": (("*",), _ELSEWHERE),
 }
@@ -120,17 +134,22 @@ def test_a_planted_cycle_through_a_function_level_import_is_found(tmp_path: Path
 
 
 def test_a_planted_numpy_on_the_controller_side_is_found_with_its_chain(tmp_path: Path) -> None:
-    root = _package(tmp_path, {
-        "results/report.py": "from ..stats import mean\n",
-        "stats/__init__.py": "",
-        "stats/mean.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import mlx\nimport numpy\n",
-        "results/lazy.py": "def f():\n    import httpx\n",
-        "results/clean.py": "import json\nimport pytest\ndef f():\n    from ..stats import mean\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "results/report.py": "from ..stats import mean\n",
+            "stats/__init__.py": "",
+            "stats/mean.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import mlx\nimport numpy\n",
+            "results/lazy.py": "def f():\n    import httpx\n",
+            "results/clean.py": "import json\nimport pytest\ndef f():\n    from ..stats import mean\n",
+        },
+    )
     reached = third_party_reached(root, "pkg.results.report")
     assert set(reached) == {"numpy"}  # mlx only under TYPE_CHECKING: not run
-    assert reached["numpy"][-2:] == ["pkg.stats.mean (line 1 of pkg.results.report)",
-                                     "numpy (line 4 of pkg.stats.mean)"]
+    assert reached["numpy"][-2:] == [
+        "pkg.stats.mean (line 1 of pkg.results.report)",
+        "numpy (line 4 of pkg.stats.mean)",
+    ]
     assert set(third_party_reached(root, "pkg.results.lazy")) == {"httpx"}  # its own, even in a function
     assert third_party_reached(root, "pkg.results.clean") == {}  # a lazy import elsewhere is not run
 
@@ -142,9 +161,12 @@ def _within(name: str, entry: str) -> bool:
 def test_imports_go_down_the_layers() -> None:
     """A new upward import (results/ reaching into kl/, models/ into session/...) fails here by name."""
     upward = upward_imports(PACKAGE, LAYERS)
-    assert not upward, ("imports against the layers (tests/test_layering.py LAYERS, bottom first):\n"
-                        + "\n".join(upward) + "\nMove what is imported down a layer, or import it from "
-                        "where it belongs; reorder LAYERS only when the design changes.")
+    assert not upward, (
+        "imports against the layers (tests/test_layering.py LAYERS, bottom first):\n"
+        + "\n".join(upward)
+        + "\nMove what is imported down a layer, or import it from "
+        "where it belongs; reorder LAYERS only when the design changes."
+    )
 
 
 def test_every_layer_names_a_module_or_folder_that_exists() -> None:
@@ -173,11 +195,16 @@ def _boundary(source: str) -> bool:
 def test_imports_are_at_module_level_outside_the_lazy_boundaries() -> None:
     """An import inside a function hides a dependency (the layering, mypy's import order and the
     reader all see it late): only the boundaries and LAZY's reasons keep one."""
-    lazy = [f"{imp.source} (line {imp.line}) imports {imp.target} inside a function" for imp in function_level(PACKAGE)
-            if not _boundary(imp.source) and _lazy_reason(imp.source, imp.target) is None]
-    assert not lazy, ("\n".join(lazy) + "\nImport it at module level; where the module must load without it "
-                      "(the controller imports the module, mlx at load time...), add it to LAZY in "
-                      "tests/test_layering.py with the reason.")
+    lazy = [
+        f"{imp.source} (line {imp.line}) imports {imp.target} inside a function"
+        for imp in function_level(PACKAGE)
+        if not _boundary(imp.source) and _lazy_reason(imp.source, imp.target) is None
+    ]
+    assert not lazy, (
+        "\n".join(lazy) + "\nImport it at module level; where the module must load without it "
+        "(the controller imports the module, mlx at load time...), add it to LAZY in "
+        "tests/test_layering.py with the reason."
+    )
 
 
 def test_every_lazy_entry_is_still_needed() -> None:
@@ -194,27 +221,36 @@ def test_every_lazy_entry_is_still_needed() -> None:
 
 
 def test_a_planted_upward_import_is_named_with_the_rule(tmp_path: Path) -> None:
-    root = _package(tmp_path, {
-        "low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .high import x\n",
-        "high.py": "from . import low\n",
-        "mid/__init__.py": "", "mid/base.py": "from .. import low\n", "mid/top.py": "from . import base\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .high import x\n",
+            "high.py": "from . import low\n",
+            "mid/__init__.py": "",
+            "mid/base.py": "from .. import low\n",
+            "mid/top.py": "from . import base\n",
+        },
+    )
     layers = ("pkg.low", "pkg.mid.base", "pkg.mid", "pkg")
     assert layer_of("pkg.mid.top", layers) == 2 and layer_of("pkg.mid.base", layers) == 1
     assert upward_imports(root, layers) == [
         "pkg.low (line 3) imports pkg.high: layer 0 (pkg.low) may import its own layer and those below it, "
-        "not layer 3 (pkg)"]  # TYPE_CHECKING counts; `from . import low` is pkg.low, not pkg itself
+        "not layer 3 (pkg)"
+    ]  # TYPE_CHECKING counts; `from . import low` is pkg.low, not pkg itself
     assert upward_imports(root, ("pkg.low", "pkg.high", "pkg")) != []
     clean = _package(tmp_path / "ok", {"low.py": "import json\n", "high.py": "from . import low\n"})
     assert upward_imports(clean, ("pkg.low", "pkg")) == []
 
 
 def test_a_planted_function_level_import_is_found(tmp_path: Path) -> None:
-    root = _package(tmp_path, {
-        "a.py": "import json\ndef f():\n    import numpy\n    g = lambda: __import__('x')\n",
-        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import numpy\ntry:\n    import mlx\n"
-                "except ImportError:\n    mlx = None\nclass C:\n    def m(self):\n        from . import a\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "a.py": "import json\ndef f():\n    import numpy\n    g = lambda: __import__('x')\n",
+            "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import numpy\ntry:\n    import mlx\n"
+            "except ImportError:\n    mlx = None\nclass C:\n    def m(self):\n        from . import a\n",
+        },
+    )
     found = sorted((imp.source, imp.target, imp.line) for imp in function_level(root))
     assert found == [("pkg.a", "numpy", 3), ("pkg.b", "pkg.a", 10)]  # not TYPE_CHECKING, not a module-level try
 

@@ -55,22 +55,32 @@ def test_the_layout_table_lists_every_folder_and_module_and_nothing_else() -> No
     missing, wrong = missing_and_wrong(ROOT, PACKAGE.name, layout_rows((ROOT / "README.md").read_text()))
     assert (missing, wrong) == ([], []), (
         f"README.md's Layout table: not named: {', '.join(missing) or 'none'}; named but not there: "
-        f"{', '.join(wrong) or 'none'}. Add a few words for each new module to its folder's row; drop what went.")
+        f"{', '.join(wrong) or 'none'}. Add a few words for each new module to its folder's row; drop what went."
+    )
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    for name in ("pkg/__init__.py", "pkg/plugin.py", "pkg/sub/__init__.py", "pkg/sub/a.py", "pkg/sub/deep/__init__.py",
-                 "pkg/sub/deep/x.py", "docs/notes.md"):
+    for name in (
+        "pkg/__init__.py",
+        "pkg/plugin.py",
+        "pkg/sub/__init__.py",
+        "pkg/sub/a.py",
+        "pkg/sub/deep/__init__.py",
+        "pkg/sub/deep/x.py",
+        "docs/notes.md",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     return tmp_path
 
 
 def test_a_planted_table_is_checked_both_ways(tree: Path) -> None:
-    readme = ("# x\n\n## Layout\n\n| folder | what |\n|---|---|\n| `pkg/` | `plugin.py` |\n"
-              "| `pkg/sub/` | `a.py`, `deep/` (nested: named, its modules not) |\n| `docs/` | `notes.md` |\n\n## Next\n"
-              "| `gone/` | not in the layout section |\n")
+    readme = (
+        "# x\n\n## Layout\n\n| folder | what |\n|---|---|\n| `pkg/` | `plugin.py` |\n"
+        "| `pkg/sub/` | `a.py`, `deep/` (nested: named, its modules not) |\n| `docs/` | `notes.md` |\n\n## Next\n"
+        "| `gone/` | not in the layout section |\n"
+    )
     rows = layout_rows(readme)
     assert set(rows) == {"pkg/", "pkg/sub/", "docs/"}
     assert missing_and_wrong(tree, "pkg", rows) == ([], [])
@@ -79,5 +89,7 @@ def test_a_planted_table_is_checked_both_ways(tree: Path) -> None:
     (tree / "pkg/new/__init__.py").write_text("")
     (tree / "pkg/plugin.py").unlink()
     rows["lost/"] = " nothing "
-    assert missing_and_wrong(tree, "pkg", rows) == (["pkg/new/", "pkg/sub/b.py"],
-                                                    ["plugin.py (row pkg/)", "the row lost/"])
+    assert missing_and_wrong(tree, "pkg", rows) == (
+        ["pkg/new/", "pkg/sub/b.py"],
+        ["plugin.py (row pkg/)", "the row lost/"],
+    )

@@ -71,8 +71,10 @@ _STEPS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0)
 KL_METRICS = (("mean", "mean KL", "mean_ci", 1), ("p99", "p99 KL", "quantile_ci", 1), ("top1", "top-1", "top1_ci", 0))
 #: The marker by which a module accepts a lever beyond the quality bounds, and its one argument.
 ACCEPT_MARKER = "mlx_calibrate"
-_ACCEPT_HOW = (f'add pytest.mark.{ACCEPT_MARKER}(accept_broken="why this much change is what you mean to ship") to '
-               "the module's pytestmark and calibrate again (the suggestion and the record then carry the reason)")
+_ACCEPT_HOW = (
+    f'add pytest.mark.{ACCEPT_MARKER}(accept_broken="why this much change is what you mean to ship") to '
+    "the module's pytestmark and calibrate again (the suggestion and the record then carry the reason)"
+)
 
 #: The least room a gate's limit must leave the lever it was calibrated on (what `--mlx-aa` and the
 #: calibration files' test check): its 95% bound at most 1/CHECK_ROOM of the limit (KL), of the
@@ -82,17 +84,21 @@ CHECK_ROOM = LEVER_FACTOR / 2
 #: Agreement rates: their limits are lower bounds, and the rule scales their complement (disagreement).
 AGREEMENT_METRICS = frozenset({"top1", "same_top"})
 
-RULE = (f"rule: each KL limit >= {LEVER_FACTOR:g}x the lever's 95% upper bound and >= {FLOOR_FACTOR:g}x the A/A "
-        f"floor, rounded up to 1/1.5/2/3/5/7 x 10^k; top-1 by the same rule on 1 - top-1; all capped by the "
-        f"quality bounds (mean KL <= {QUALITY_BOUNDS['mean']:g}, p99 KL <= {QUALITY_BOUNDS['p99']:g}, top-1 >= "
-        f"{QUALITY_BOUNDS['top1']:.0%}); speed goals half the speed-up the interval's lower end shows; bytes (KV, "
-        "weights) their exact ratio + 10%")
+RULE = (
+    f"rule: each KL limit >= {LEVER_FACTOR:g}x the lever's 95% upper bound and >= {FLOOR_FACTOR:g}x the A/A "
+    f"floor, rounded up to 1/1.5/2/3/5/7 x 10^k; top-1 by the same rule on 1 - top-1; all capped by the "
+    f"quality bounds (mean KL <= {QUALITY_BOUNDS['mean']:g}, p99 KL <= {QUALITY_BOUNDS['p99']:g}, top-1 >= "
+    f"{QUALITY_BOUNDS['top1']:.0%}); speed goals half the speed-up the interval's lower end shows; bytes (KV, "
+    "weights) their exact ratio + 10%"
+)
 
 
-CHECK_RULE = (f"check: each KL limit >= {FLOOR_FACTOR:g}x the A/A floor and >= {CHECK_ROOM:g}x the lever's 95% "
-              f"bound (or at its quality bound, where no looser limit is allowed); agreement rates (top-1) by the "
-              f"same rule on their disagreement; never beyond the quality bounds; speed goals at or below the "
-              f"lower end of the lever's interval, byte limits at or above its exact ratio")
+CHECK_RULE = (
+    f"check: each KL limit >= {FLOOR_FACTOR:g}x the A/A floor and >= {CHECK_ROOM:g}x the lever's 95% "
+    f"bound (or at its quality bound, where no looser limit is allowed); agreement rates (top-1) by the "
+    f"same rule on their disagreement; never beyond the quality bounds; speed goals at or below the "
+    f"lower end of the lever's interval, byte limits at or above its exact ratio"
+)
 
 
 def nice_ceil(x: float) -> float:
@@ -140,8 +146,16 @@ def beyond_quality_bounds(kl: Mapping[str, Any]) -> list[dict[str, Any]]:
         value = None if value is None or not math.isfinite(float(value)) else float(value)
         judged = bound if bound is not None else value
         if _beyond(key, judged):
-            out.append({"metric": label, "key": key, "value": value, "bound": bound,
-                        "quality_bound": QUALITY_BOUNDS[key], "point_beyond": _beyond(key, value)})
+            out.append(
+                {
+                    "metric": label,
+                    "key": key,
+                    "value": value,
+                    "bound": bound,
+                    "quality_bound": QUALITY_BOUNDS[key],
+                    "point_beyond": _beyond(key, value),
+                }
+            )
     return out
 
 
@@ -150,12 +164,16 @@ def accept_broken_reason(args: tuple[Any, ...], kwargs: Mapping[str, Any], where
     is wrong (the caller wraps it in its usage error)."""
     unknown = sorted(set(kwargs) - {"accept_broken"})
     if args or unknown or "accept_broken" not in kwargs:
-        raise ValueError(f"{where}: takes only accept_broken=\"why\" (the reason a lever beyond the quality bounds "
-                         f"is acceptable); got {', '.join([*map(repr, args), *unknown]) or 'nothing'}")
+        raise ValueError(
+            f'{where}: takes only accept_broken="why" (the reason a lever beyond the quality bounds '
+            f"is acceptable); got {', '.join([*map(repr, args), *unknown]) or 'nothing'}"
+        )
     reason = kwargs["accept_broken"]
     if not isinstance(reason, str) or not reason.strip():
-        raise ValueError(f"{where}: accept_broken={reason!r}: give the reason as text, e.g. "
-                         "accept_broken=\"2-bit weights: we ship them knowingly for on-device drafts\"")
+        raise ValueError(
+            f"{where}: accept_broken={reason!r}: give the reason as text, e.g. "
+            'accept_broken="2-bit weights: we ship them knowingly for on-device drafts"'
+        )
     if not one_line(reason):
         raise ValueError(f"{where}: accept_broken={reason!r}: give the reason as printable text")
     return one_line(reason)
@@ -166,9 +184,16 @@ def one_line(text: str) -> str:
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
-def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Mapping[str, Any] | None, *,
-                   module: str | None = None, lever: Mapping[str, Any] | None = None,
-                   accept_broken: str | None = None, tokens: Mapping[str, str] | None = None) -> dict[str, Any]:
+def suggest_limits(
+    kl: Mapping[str, Any],
+    floors: Mapping[str, float],
+    speed: Mapping[str, Any] | None,
+    *,
+    module: str | None = None,
+    lever: Mapping[str, Any] | None = None,
+    accept_broken: str | None = None,
+    tokens: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The measurement side by side with the limits the rule gives, and the code to paste.
 
     `kl` is the lever's KL statistics (`KLStats.to_json()`), `floors` the A/A floors (`aa_floors`),
@@ -186,15 +211,25 @@ def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Ma
     accept_broken = (one_line(accept_broken) or None) if accept_broken else None  # it ends up in a pasted comment
     accepted = accept_broken if beyond else None
     if accept_broken and not beyond:
-        notes.append(f"{ACCEPT_MARKER}(accept_broken=...) is set but this lever is within the quality bounds: the "
-                     "acceptance is not needed (remove it, so it cannot hide a later break)")
+        notes.append(
+            f"{ACCEPT_MARKER}(accept_broken=...) is set but this lever is within the quality bounds: the "
+            "acceptance is not needed (remove it, so it cannot hide a later break)"
+        )
     sized = not beyond or accepted is not None
     for key, label, ci, side in KL_METRICS:
         lever_bound = _bound(kl, key, ci, side)
         floor = floors.get(key)
         floor = None if floor is None or not math.isfinite(floor) else float(floor)
-        rows.append({"metric": label, "key": key, "value": kl.get(key), "bound": lever_bound, "floor": floor,
-                     "quality_bound": QUALITY_BOUNDS[key]})
+        rows.append(
+            {
+                "metric": label,
+                "key": key,
+                "value": kl.get(key),
+                "bound": lever_bound,
+                "floor": floor,
+                "quality_bound": QUALITY_BOUNDS[key],
+            }
+        )
         if not sized:
             continue
         if lever_bound is None:
@@ -215,16 +250,28 @@ def suggest_limits(kl: Mapping[str, Any], floors: Mapping[str, float], speed: Ma
         for assertion, kinds in (("assert_faster", _SPEED_UP), ("assert_smaller", _SAVED)):
             asked = {k: v for k, v in goals.items() if k in kinds}
             if asked:
-                code.append(f"{assertion}(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in asked.items()) + ")")
+                code.append(
+                    f"{assertion}(paired, " + ", ".join(f"{k}={_code_number(v)}" for k, v in asked.items()) + ")"
+                )
     else:
         goals = {}  # a gate for a broken lever gets nothing to paste that could pass
-    return {"rule": RULE, "quality_bounds": dict(QUALITY_BOUNDS), "rows": rows + speed_rows, "kl_limits": limits,
-            "speed_goals": goals, "notes": notes, "code": code, "breaks": breaks, "accepted": accepted,
-            "known_bad": known_bad_step(module, lever) if limits else None}
+    return {
+        "rule": RULE,
+        "quality_bounds": dict(QUALITY_BOUNDS),
+        "rows": rows + speed_rows,
+        "kl_limits": limits,
+        "speed_goals": goals,
+        "notes": notes,
+        "code": code,
+        "breaks": breaks,
+        "accepted": accepted,
+        "known_bad": known_bad_step(module, lever) if limits else None,
+    }
 
 
-def _kl_limit(key: str, label: str, lever_bound: float, floor: float | None, *, capped: bool,
-              notes: list[str]) -> float | None:
+def _kl_limit(
+    key: str, label: str, lever_bound: float, floor: float | None, *, capped: bool, notes: list[str]
+) -> float | None:
     """One metric's limit by the rule, capped by its quality bound unless the module accepted a break."""
     cap = QUALITY_BOUNDS[key]
     if key == "top1":
@@ -234,9 +281,11 @@ def _kl_limit(key: str, label: str, lever_bound: float, floor: float | None, *, 
             return None
         rule = 1 - nice_ceil(miss)
         if capped and rule < cap:
-            notes.append(f"{label}: capped at the quality bound {percent(cap)} (the rule's room would allow "
-                         f"{'any agreement' if rule <= 0 else percent(rule)}); the lever's lower bound "
-                         f"{percent(lever_bound)} leaves less room than x{LEVER_FACTOR:g}")
+            notes.append(
+                f"{label}: capped at the quality bound {percent(cap)} (the rule's room would allow "
+                f"{'any agreement' if rule <= 0 else percent(rule)}); the lever's lower bound "
+                f"{percent(lever_bound)} leaves less room than x{LEVER_FACTOR:g}"
+            )
             return round(cap, 6)
         if rule <= 0:
             notes.append(f"{label}: the lever disagrees too often for a top-1 limit to mean anything")
@@ -244,18 +293,25 @@ def _kl_limit(key: str, label: str, lever_bound: float, floor: float | None, *, 
         return round(rule, 6)
     size = max(LEVER_FACTOR * lever_bound, FLOOR_FACTOR * floor if floor is not None else 0.0)
     if size <= 0:
-        notes.append(f"{label}: 0 for the lever and the A/A floor alike (identical on this backend): "
-                     "calibrate where the lever differs (e.g. Metal, CUDA), or set the limit from the "
-                     "precision you accept")
+        notes.append(
+            f"{label}: 0 for the lever and the A/A floor alike (identical on this backend): "
+            "calibrate where the lever differs (e.g. Metal, CUDA), or set the limit from the "
+            "precision you accept"
+        )
         return None
     rule = nice_ceil(size)
     if capped and rule > cap:
         room = f"x{cap / lever_bound:.1f}" if lever_bound > 0 else "all the"
-        floor_text = (f"; it is only x{cap / floor:.1f} above the A/A floor {_sci(floor)}"
-                      if floor and cap < FLOOR_FACTOR * floor else "")
-        notes.append(f"{label}: capped at the quality bound {_code_number(cap)} (the rule asks {_code_number(rule)}): "
-                     f"{room} room above the lever's 95% bound {_sci(lever_bound)}, not x{LEVER_FACTOR:g}, so a "
-                     f"noisier run may not tell{floor_text}")
+        floor_text = (
+            f"; it is only x{cap / floor:.1f} above the A/A floor {_sci(floor)}"
+            if floor and cap < FLOOR_FACTOR * floor
+            else ""
+        )
+        notes.append(
+            f"{label}: capped at the quality bound {_code_number(cap)} (the rule asks {_code_number(rule)}): "
+            f"{room} room above the lever's 95% bound {_sci(lever_bound)}, not x{LEVER_FACTOR:g}, so a "
+            f"noisier run may not tell{floor_text}"
+        )
         return cap
     return rule
 
@@ -282,26 +338,37 @@ def check_kl_limit(key: str, limit: float, *, lever_bound: float | None, floor: 
     cap = QUALITY_BOUNDS.get(key)
     at_cap = cap is not None and math.isclose(limit, cap, rel_tol=1e-9)
     least = least_kl_limit(key, lever_bound, floor) if lever_bound is not None and math.isfinite(lever_bound) else None
-    fix = (f" (the tightest limit the check accepts here: {key}={_code_number(least)})" if least is not None else
-           " (no limit within the quality bound keeps the rule here: the lever is too close to it)")
+    fix = (
+        f" (the tightest limit the check accepts here: {key}={_code_number(least)})"
+        if least is not None
+        else " (no limit within the quality bound keeps the rule here: the lever is too close to it)"
+    )
     if cap is not None and not at_cap and (limit < cap if agreement else limit > cap):
-        problems.append(f"{key}={_code_number(limit)} is beyond the quality bound {text(cap)}: a gate this loose "
-                        "passes a lever that breaks the model")
+        problems.append(
+            f"{key}={_code_number(limit)} is beyond the quality bound {text(cap)}: a gate this loose "
+            "passes a lever that breaks the model"
+        )
     if lever_bound is None or not math.isfinite(lever_bound):
-        problems.append(f"{key}: the calibration has no 95% bound for the lever (too few prompts), so the limit's "
-                        "room is unknown")
+        problems.append(
+            f"{key}: the calibration has no 95% bound for the lever (too few prompts), so the limit's room is unknown"
+        )
     elif room(lever_bound) > room(limit):
-        problems.append(f"{key}={_code_number(limit)}: the lever's 95% bound {text(lever_bound)} is beyond it, so "
-                        "the gate does not pass the lever it was calibrated on" + fix)
+        problems.append(
+            f"{key}={_code_number(limit)}: the lever's 95% bound {text(lever_bound)} is beyond it, so "
+            "the gate does not pass the lever it was calibrated on" + fix
+        )
     elif not at_cap and room(lever_bound) * CHECK_ROOM > room(limit) / _AT_LEAST:
-        problems.append(f"{key}={_code_number(limit)} leaves the lever's 95% bound {text(lever_bound)} only "
-                        f"x{room(limit) / room(lever_bound):.2g} of room, less than x{CHECK_ROOM:g}: the gate may "
-                        "flip on a noisier run of the same lever" + fix)
+        problems.append(
+            f"{key}={_code_number(limit)} leaves the lever's 95% bound {text(lever_bound)} only "
+            f"x{room(limit) / room(lever_bound):.2g} of room, less than x{CHECK_ROOM:g}: the gate may "
+            "flip on a noisier run of the same lever" + fix
+        )
     if floor is not None and math.isfinite(floor) and room(floor) * FLOOR_FACTOR > room(limit) / _AT_LEAST:
         times = f"x{room(limit) / room(floor):.2g}" if room(floor) > 0 else "no"
-        problems.append(f"{key}={_code_number(limit)} sits {times} above the A/A floor {text(floor)}, less than "
-                        f"x{FLOOR_FACTOR:g}: the gate's verdict may be decided by noise (the reference against itself)"
-                        + fix)
+        problems.append(
+            f"{key}={_code_number(limit)} sits {times} above the A/A floor {text(floor)}, less than "
+            f"x{FLOOR_FACTOR:g}: the gate's verdict may be decided by noise (the reference against itself)" + fix
+        )
     return problems
 
 
@@ -326,8 +393,9 @@ def least_kl_limit(key: str, lever_bound: float, floor: float | None) -> float |
     return None if agreement and limit <= 0 else limit
 
 
-def check_speed_goal(key: str, goal: float, *, ratio: float | None, lower: float | None,
-                     upper: float | None, where: str) -> list[str]:
+def check_speed_goal(
+    key: str, goal: float, *, ratio: float | None, lower: float | None, upper: float | None, where: str
+) -> list[str]:
     """What is wrong with a speed or memory goal against the lever's calibrated measurement at one
     context (`where`): tokens/s goals (`decode`, `prefill`) must sit at or below the interval's lower
     end, peak memory (`memory`) at or above its upper end, bytes (`kv`, `weights`: exact) at or above
@@ -336,8 +404,10 @@ def check_speed_goal(key: str, goal: float, *, ratio: float | None, lower: float
         if lower is None or not math.isfinite(lower):
             return [f"{key}={goal:g} {where}: the calibration has no interval for the lever's {key} speed"]
         if lower < goal * _AT_LEAST:
-            return [f"{key}={goal:g} {where}: the lever's interval lower end is x{lower:.3g} (x{ratio or 0:.3g}), "
-                    "so it is not shown to meet the goal it is gated on"]
+            return [
+                f"{key}={goal:g} {where}: the lever's interval lower end is x{lower:.3g} (x{ratio or 0:.3g}), "
+                "so it is not shown to meet the goal it is gated on"
+            ]
         return []
     bound = upper if key == "memory" else ratio
     if bound is None or not math.isfinite(bound):
@@ -347,8 +417,9 @@ def check_speed_goal(key: str, goal: float, *, ratio: float | None, lower: float
     return []
 
 
-def _breaks(kl: Mapping[str, Any], beyond: list[dict[str, Any]], tokens: Mapping[str, str], *,
-            accepted: str | None) -> dict[str, Any]:
+def _breaks(
+    kl: Mapping[str, Any], beyond: list[dict[str, Any]], tokens: Mapping[str, str], *, accepted: str | None
+) -> dict[str, Any]:
     """Why a lever beyond the quality bounds gets no limits (its figures, its worst tokens) and how to
     accept it explicitly; or, once accepted, what was accepted."""
     shown = {b["key"] for b in beyond}
@@ -357,18 +428,28 @@ def _breaks(kl: Mapping[str, Any], beyond: list[dict[str, Any]], tokens: Mapping
         lo, hi = _interval(kl, key, ci)
         rel = ">=" if key == "top1" else "<="
         where = "BEYOND the quality bound" if key in shown else "within"
-        figures.append(f"{label} {_num_text(key, kl.get(key))} [{_num_text(key, lo)}, {_num_text(key, hi)}] "
-                       f"({where} {rel} {_num_text(key, QUALITY_BOUNDS[key])})")
+        figures.append(
+            f"{label} {_num_text(key, kl.get(key))} [{_num_text(key, lo)}, {_num_text(key, hi)}] "
+            f"({where} {rel} {_num_text(key, QUALITY_BOUNDS[key])})"
+        )
     worst = []
     for w in list(kl.get("worst") or [])[:3]:
-        worst.append(f"prompt {w.get('prompt')} position {w.get('position')}, next token "
-                     f"{_token(tokens, w.get('token_id'))!r}: KL {_num_text('mean', w.get('kl'))}, top-1 "
-                     f"{_token(tokens, w.get('ref_top1'))!r} -> {_token(tokens, w.get('cand_top1'))!r}")
+        worst.append(
+            f"prompt {w.get('prompt')} position {w.get('position')}, next token "
+            f"{_token(tokens, w.get('token_id'))!r}: KL {_num_text('mean', w.get('kl'))}, top-1 "
+            f"{_token(tokens, w.get('ref_top1'))!r} -> {_token(tokens, w.get('cand_top1'))!r}"
+        )
     clearly = any(b["point_beyond"] for b in beyond)
-    head = ("this lever breaks the model" if clearly else
-            "this lever is not shown to keep the model (a 95% bound is beyond a quality bound; more prompts may tell)")
-    tail = ("; a gate limit that passes it would pass a broken model, so none is suggested" if accepted is None else
-            f"; limits sized anyway, as the module accepts it: {accepted}")
+    head = (
+        "this lever breaks the model"
+        if clearly
+        else "this lever is not shown to keep the model (a 95% bound is beyond a quality bound; more prompts may tell)"
+    )
+    tail = (
+        "; a gate limit that passes it would pass a broken model, so none is suggested"
+        if accepted is None
+        else f"; limits sized anyway, as the module accepts it: {accepted}"
+    )
     message = f"{head}: {', '.join(figures)}" + (f"; worst tokens: {'; '.join(worst)}" if worst else "") + tail
     return {"beyond": beyond, "message": message, "accept": _ACCEPT_HOW}
 
@@ -399,13 +480,22 @@ def known_bad_step(module: str | None, lever: Mapping[str, Any] | None) -> dict[
         example, what = "2", "a quantization that loses far more (e.g. 2: 2-bit weights)"
         cli_ref = "none" if ref in (None, "weights as loaded") else None
     elif kind == "model":
-        return {"what": "a broken candidate model (e.g. a bad conversion of the same weights)", "declare": None,
-                "command": f"pytest {file} --mlx-candidate BROKEN_MODEL"}
+        return {
+            "what": "a broken candidate model (e.g. a bad conversion of the same weights)",
+            "declare": None,
+            "command": f"pytest {file} --mlx-candidate BROKEN_MODEL",
+        }
     else:
         example = "BROKEN"
         what = f"a value {target or 'the lever'} takes that selects a broken variant (e.g. BROKEN)"
-    command = (f"pytest {file} --mlx-lever {shlex.quote(str(name))} --mlx-ref-value {shlex.quote(cli_ref)} "
-               f"--mlx-cand-value {shlex.quote(example)}") if cli_ref is not None else None
+    command = (
+        (
+            f"pytest {file} --mlx-lever {shlex.quote(str(name))} --mlx-ref-value {shlex.quote(cli_ref)} "
+            f"--mlx-cand-value {shlex.quote(example)}"
+        )
+        if cli_ref is not None
+        else None
+    )
     declare = f"KNOWN_BAD = {example}" if kind in ("kv", "weights") else f'KNOWN_BAD = "{example}"'
     return {"what": what, "declare": declare, "command": command}
 
@@ -493,20 +583,26 @@ def _kept_lines(calibration: Mapping[str, Any]) -> list[str]:
             lines.append(f"  known-bad KNOWN_BAD = {bad.get('value')!r}: NaN or inf logits (the gate goes red on them)")
         else:
             metrics = (bad.get("drift") or {}).get("metrics") or {}
-            figures = ", ".join(f"{label} {_num_text(key, (metrics.get(key) or {}).get('value'))} "
-                                f"[{_num_text(key, (metrics.get(key) or {}).get('lower'))}, "
-                                f"{_num_text(key, (metrics.get(key) or {}).get('upper'))}]"
-                                for key, label, _ci, _side in KL_METRICS)
+            figures = ", ".join(
+                f"{label} {_num_text(key, (metrics.get(key) or {}).get('value'))} "
+                f"[{_num_text(key, (metrics.get(key) or {}).get('lower'))}, "
+                f"{_num_text(key, (metrics.get(key) or {}).get('upper'))}]"
+                for key, label, _ci, _side in KL_METRICS
+            )
             then = bad.get("verdict_when_measured") or {}
-            caught = {"fail": "fails the gate's limits (caught)", "pass": "PASSES the gate's limits",
-                      "inconclusive": "is NOT shown to fail the gate's limits"}.get(str(then.get("verdict")),
-                                                                                   "measured")
+            caught = {
+                "fail": "fails the gate's limits (caught)",
+                "pass": "PASSES the gate's limits",
+                "inconclusive": "is NOT shown to fail the gate's limits",
+            }.get(str(then.get("verdict")), "measured")
             lines.append(f"  known-bad KNOWN_BAD = {bad.get('value')!r}: {figures}: {caught}")
     file = calibration.get("file")
     if isinstance(file, Mapping):
         if file.get("written"):
-            lines.append(f"  calibration file: {file.get('path')} written (commit it; --mlx-aa and the calibration "
-                         "files' test check the limits against it)")
+            lines.append(
+                f"  calibration file: {file.get('path')} written (commit it; --mlx-aa and the calibration "
+                "files' test check the limits against it)"
+            )
         else:
             lines.append(f"  calibration file: {file.get('path')} {file.get('why')}")
     return lines
@@ -515,8 +611,10 @@ def _kept_lines(calibration: Mapping[str, Any]) -> list[str]:
 def _suggestion_lines(calibration: Mapping[str, Any]) -> list[str]:
     s = calibration["suggested"]
     shape = calibration.get("shape") or {}
-    lines = [f"{calibration['module']} — calibration, no verdict ({calibration['lever']}; "
-             f"{shape.get('prompts')} prompts x {shape.get('tokens')} tokens)"]
+    lines = [
+        f"{calibration['module']} — calibration, no verdict ({calibration['lever']}; "
+        f"{shape.get('prompts')} prompts x {shape.get('tokens')} tokens)"
+    ]
     lines.append(f"  {'measured':<22}{'lever':>10}{'95% bound':>20}{'A/A floor':>12}{'quality bound':>15}")
     for row in s["rows"]:
         key = row["key"]
@@ -536,8 +634,10 @@ def _suggestion_lines(calibration: Mapping[str, Any]) -> list[str]:
     breaks, accepted, known_bad = s.get("breaks"), s.get("accepted"), s.get("known_bad")
     if breaks and not accepted:
         lines.append(f"  {breaks['message']}")
-        lines.append(f"  fix the lever and calibrate again; or, if this much change is what you mean to ship, "
-                     f"accept it explicitly: {breaks['accept']}")
+        lines.append(
+            f"  fix the lever and calibrate again; or, if this much change is what you mean to ship, "
+            f"accept it explicitly: {breaks['accept']}"
+        )
         return lines
     if accepted:
         lines.append(f"  ACCEPTED beyond the quality bounds ({ACCEPT_MARKER}(accept_broken=...)): {accepted}")
@@ -558,11 +658,15 @@ def _suggestion_lines(calibration: Mapping[str, Any]) -> list[str]:
 def known_bad_lines(step: Mapping[str, Any], module: object = None) -> list[str]:
     """The known-bad step as the terminal shows it, under every suggestion."""
     where = f"in {module}" if module else "in the gate"
-    lines = ["  known-bad step (limits never shown to fail a broken variant may pass one): plant "
-             f"{step['what']}, and show these limits fail it:"]
+    lines = [
+        "  known-bad step (limits never shown to fail a broken variant may pass one): plant "
+        f"{step['what']}, and show these limits fail it:"
+    ]
     if step.get("declare"):
-        lines.append(f"    {step['declare']}   ({where}: its test_known_bad runs test_drift on it and passes only "
-                     "when that fails)")
+        lines.append(
+            f"    {step['declare']}   ({where}: its test_known_bad runs test_drift on it and passes only "
+            "when that fails)"
+        )
     if step.get("command"):
         lines.append(f"    {step['command']}   (once, by hand: must fail)")
     return lines

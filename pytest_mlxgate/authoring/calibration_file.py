@@ -63,10 +63,26 @@ PACKAGE = Path(__file__).resolve().parents[1]
 #: intervals the limits compare (stats/intervals.py, stats/kl_stats.py) and the speed and memory
 #: trials (speed/). Not the assertions, reports or records: they read the numbers, they do not make them.
 SERVING_CODE = (
-    "kl/arms.py", "kl/divergence.py", "kl/measure.py::measure_kl", "kl/measure.py::_aa", "kl/measure.py::aa_chunk",
-    "kl/prompts.py", "kl/prompts_default.jsonl", "kl/result.py::aa_floors", "kl/shape.py", "serving/batch.py",
-    "serving/caches.py", "levers/kvcache.py", "levers/lever.py", "levers/patching.py", "levers/reference_ops.py",
-    "levers/weights.py", "stats/intervals.py", "stats/kl_stats.py", "speed/measure.py", "speed/shape.py",
+    "kl/arms.py",
+    "kl/divergence.py",
+    "kl/measure.py::measure_kl",
+    "kl/measure.py::_aa",
+    "kl/measure.py::aa_chunk",
+    "kl/prompts.py",
+    "kl/prompts_default.jsonl",
+    "kl/result.py::aa_floors",
+    "kl/shape.py",
+    "serving/batch.py",
+    "serving/caches.py",
+    "levers/kvcache.py",
+    "levers/lever.py",
+    "levers/patching.py",
+    "levers/reference_ops.py",
+    "levers/weights.py",
+    "stats/intervals.py",
+    "stats/kl_stats.py",
+    "speed/measure.py",
+    "speed/shape.py",
 )
 #: The metrics a drift table holds, as `assert_kl_below` names them.
 KL_KEYS = ("mean", "median", "p90", "p95", "p99", "p999", "max", "ln_ppl", "top1", "same_top")
@@ -74,12 +90,31 @@ KL_KEYS = ("mean", "median", "p90", "p95", "p99", "p999", "max", "ln_ppl", "top1
 KL_ASSERTION = "assert_kl_below"
 SPEED_ASSERTIONS = frozenset({"assert_faster", "assert_smaller"})
 #: The top-level order of a calibration file (everything nested is sorted): what, on what, then the figures.
-_FIELDS = ("calibration_format", "module", "command", "measured_at", "code", "serving_code", "gate", "model",
-           "machine", "versions", "lever", "shape", "aa_floor", "drift", "known_bad", "speed", "limits",
-           "suggested", "check_rule")
+_FIELDS = (
+    "calibration_format",
+    "module",
+    "command",
+    "measured_at",
+    "code",
+    "serving_code",
+    "gate",
+    "model",
+    "machine",
+    "versions",
+    "lever",
+    "shape",
+    "aa_floor",
+    "drift",
+    "known_bad",
+    "speed",
+    "limits",
+    "suggested",
+    "check_rule",
+)
 
 
 # -- the code a calibration was measured on -------------------------------------------------------
+
 
 class _WhatItComputes(ast.NodeTransformer):
     """A syntax tree without what does not change what the code computes: docstrings, imports (where
@@ -91,9 +126,13 @@ class _WhatItComputes(ast.NodeTransformer):
         super().generic_visit(node)
         body = getattr(node, "body", None)
         if isinstance(body, list):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 body = body[1:]
             node.body = body or [ast.Pass()]  # type: ignore[attr-defined]
         return node
@@ -106,8 +145,9 @@ class _WhatItComputes(ast.NodeTransformer):
 
     def visit_If(self, node: ast.If) -> ast.AST | None:
         test = node.test
-        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-                (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        ):
             return None
         return self.generic_visit(node)
 
@@ -161,8 +201,9 @@ def _defines(stmt: ast.stmt) -> str | None:
 def code_digests(root: Path, files: Iterable[str]) -> dict[str, Any]:
     """{"digest": one sha256 over them all, "files": {entry: sha256}} of `files` under `root` (an
     entry `FILE::NAME`: that file's top-level definition NAME)."""
-    digests = {entry: source_digest(root / entry.partition("::")[0], entry.partition("::")[2] or None)
-               for entry in files}
+    digests = {
+        entry: source_digest(root / entry.partition("::")[0], entry.partition("::")[2] or None) for entry in files
+    }
     whole = hashlib.sha256("".join(f"{n}\0{d}\n" for n, d in sorted(digests.items())).encode()).hexdigest()
     return {"digest": whole, "files": digests}
 
@@ -173,6 +214,7 @@ def serving_code() -> dict[str, Any]:
 
 
 # -- what a gate module declares --------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Limit:
@@ -231,16 +273,22 @@ class GateSource:
         names = _imported(tree)
         if isinstance(known_bad, str) and ":" in known_bad:  # "mymod:broken": the known-bad kernel's own file
             names.append(known_bad.partition(":")[0].partition(".")[0])
-        local = {f"{name}.py": source_digest(path.parent / f"{name}.py") for name in sorted(set(names))
-                 if (path.parent / f"{name}.py").is_file()}
+        local = {
+            f"{name}.py": source_digest(path.parent / f"{name}.py")
+            for name in sorted(set(names))
+            if (path.parent / f"{name}.py").is_file()
+        }
         parts = {**{k: hashlib.sha256(v.encode()).hexdigest() for k, v in declared.items()}, **local}
         whole = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
         return cls(path, limits, not_literal, declares_known_bad, known_bad, {"digest": whole, "parts": parts})
 
     def limits_of(self, test: str | None = None, *, kl: bool | None = None) -> list[Limit]:
         """The limits of one test (all of them: None), KL ones only (True) or speed ones only (False)."""
-        return [lim for lim in self.limits if (test is None or lim.test == test)
-                and (kl is None or (lim.assertion == KL_ASSERTION) == kl)]
+        return [
+            lim
+            for lim in self.limits
+            if (test is None or lim.test == test) and (kl is None or (lim.assertion == KL_ASSERTION) == kl)
+        ]
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -279,6 +327,7 @@ def _imported(tree: ast.Module) -> list[str]:
 
 
 # -- the file ---------------------------------------------------------------------------------------
+
 
 def calibration_path(module: Path) -> Path:
     """Where a gate module's calibration lives: beside it, in `calibration/<stem>.json`."""
@@ -335,7 +384,7 @@ def render(doc: Mapping[str, Any]) -> bytes:
 def unusable(doc: Mapping[str, Any]) -> str | None:
     """Why a measurement must not replace a calibration file (None: it may): no interval for the
     lever's mean KL (too few prompts), or no A/A floor."""
-    metrics = ((doc.get("drift") or {}).get("metrics") or {})
+    metrics = (doc.get("drift") or {}).get("metrics") or {}
     mean = metrics.get("mean") or {}
     if mean.get("upper") is None or mean.get("lower") is None:
         return "the lever's mean KL has no 95% interval (too few prompts): nothing to check a limit against"
@@ -373,6 +422,7 @@ def read_calibration(path: Path) -> dict[str, Any] | None:
 
 # -- the check --------------------------------------------------------------------------------------
 
+
 @dataclass
 class Findings:
     """A gate module against its calibration file: `problems` (limits the file shows wrong: the gate
@@ -394,13 +444,17 @@ class Findings:
         lines.append(f"  ({CHECK_RULE})")
         if self.stale:
             lines.append(f"  the file is stale ({'; '.join(self.stale)}): refresh it first: {self.refresh}")
-        lines.append(f"  fix: set the limits the calibration suggests ({file}: suggested.code), or "
-                     f"re-measure with {self.refresh}")
+        lines.append(
+            f"  fix: set the limits the calibration suggests ({file}: suggested.code), or "
+            f"re-measure with {self.refresh}"
+        )
         return "\n".join(lines)
 
     def stale_text(self) -> str:
-        return (f"{self.shown_file or self.file} is stale: {'; '.join(self.stale)}. Its figures may not be what "
-                f"this code measures; refresh it: {self.refresh}")
+        return (
+            f"{self.shown_file or self.file} is stale: {'; '.join(self.stale)}. Its figures may not be what "
+            f"this code measures; refresh it: {self.refresh}"
+        )
 
 
 def known_bad_verdict(drift: Mapping[str, Any], limits: Sequence[Limit]) -> tuple[str, list[str]]:
@@ -440,8 +494,12 @@ def module_findings(module: Path, *, shown_as: str | None = None, test: str | No
     whether that file is stale. `shown_as`: the module's path as messages name it (default: as given)."""
     name = shown_as or str(module)
     path = calibration_path(module)
-    findings = Findings(module=name, file=path, refresh=f"pytest {shlex.quote(name)} --mlx-calibrate",
-                        shown_file=str(Path(name).parent / CALIBRATION_DIR / path.name))
+    findings = Findings(
+        module=name,
+        file=path,
+        refresh=f"pytest {shlex.quote(name)} --mlx-calibrate",
+        shown_file=str(Path(name).parent / CALIBRATION_DIR / path.name),
+    )
     try:
         doc = read_calibration(path)
     except ValueError as e:
@@ -465,8 +523,14 @@ def module_findings(module: Path, *, shown_as: str | None = None, test: str | No
             row = drift.get(lim.key) or {}
             side = "lower" if lim.key in AGREEMENT_METRICS else "upper"
             floor = floors.get(lim.key)
-            findings.problems.extend(check_kl_limit(lim.key, lim.value, lever_bound=row.get(side),
-                                                    floor=float(floor) if isinstance(floor, (int, float)) else None))
+            findings.problems.extend(
+                check_kl_limit(
+                    lim.key,
+                    lim.value,
+                    lever_bound=row.get(side),
+                    floor=float(floor) if isinstance(floor, (int, float)) else None,
+                )
+            )
         else:
             findings.problems.extend(_speed_problems(lim, doc.get("speed") or {}))
     if test is None or gate.limits_of(test, kl=True):
@@ -482,12 +546,15 @@ def _stale(doc: Mapping[str, Any], gate: GateSource) -> list[str]:
     now = serving_code()["files"]
     changed = sorted(n for n in set(then) | set(now) if then.get(n) != now.get(n))
     if changed:
-        reasons.append(f"the serving code changed since it was measured ({', '.join(changed)}; serving code digest "
-                       f"{str((doc.get('serving_code') or {}).get('digest'))[:12]} then, "
-                       f"{serving_code()['digest'][:12]} now)")
+        reasons.append(
+            f"the serving code changed since it was measured ({', '.join(changed)}; serving code digest "
+            f"{str((doc.get('serving_code') or {}).get('digest'))[:12]} then, "
+            f"{serving_code()['digest'][:12]} now)"
+        )
     parts_then = (doc.get("gate") or {}).get("parts") or {}
-    changed_gate = sorted(n for n in set(parts_then) | set(gate.digest["parts"])
-                          if parts_then.get(n) != gate.digest["parts"].get(n))
+    changed_gate = sorted(
+        n for n in set(parts_then) | set(gate.digest["parts"]) if parts_then.get(n) != gate.digest["parts"].get(n)
+    )
     if changed_gate:
         reasons.append(f"the gate's own declarations changed since ({', '.join(changed_gate)})")
     versions = doc.get("versions") or {}
@@ -505,8 +572,7 @@ def _stale(doc: Mapping[str, Any], gate: GateSource) -> list[str]:
 def _speed_problems(lim: Limit, speed: Mapping[str, Any]) -> list[str]:
     if lim.key == "weights":
         w = speed.get("weights") or {}
-        return check_speed_goal("weights", lim.value, ratio=w.get("ratio"), lower=None, upper=None,
-                                where="(weights)")
+        return check_speed_goal("weights", lim.value, ratio=w.get("ratio"), lower=None, upper=None, where="(weights)")
     contexts = speed.get("contexts") or {}
     if not contexts:
         return [f"{lim.test}: {lim.assertion}({lim.key}={lim.value:g}): the calibration measured no speed"]
@@ -515,8 +581,10 @@ def _speed_problems(lim: Limit, speed: Mapping[str, Any]) -> list[str]:
     elif isinstance(lim.at, int):
         chosen = [str(lim.at)] if str(lim.at) in contexts else []
         if not chosen:
-            return [f"{lim.key}={lim.value:g} at={lim.at}: the calibration did not measure that context "
-                    f"(it has {', '.join(sorted(contexts, key=int))})"]
+            return [
+                f"{lim.key}={lim.value:g} at={lim.at}: the calibration did not measure that context "
+                f"(it has {', '.join(sorted(contexts, key=int))})"
+            ]
     else:
         chosen = [max(contexts, key=int)]
     problems = []
@@ -526,8 +594,16 @@ def _speed_problems(lim: Limit, speed: Mapping[str, Any]) -> list[str]:
             est = {"ratio": (row.get("kv") or {}).get("ratio")}
         else:
             est = row.get("peak" if lim.key == "memory" else lim.key) or {}
-        problems.extend(check_speed_goal(lim.key, lim.value, ratio=est.get("ratio"), lower=est.get("lower"),
-                                         upper=est.get("upper"), where=f"@{ctx} tokens"))
+        problems.extend(
+            check_speed_goal(
+                lim.key,
+                lim.value,
+                ratio=est.get("ratio"),
+                lower=est.get("lower"),
+                upper=est.get("upper"),
+                where=f"@{ctx} tokens",
+            )
+        )
     return problems
 
 
@@ -544,17 +620,21 @@ def _known_bad_problems(doc: Mapping[str, Any], gate: GateSource) -> list[str]:
     verdict, why = known_bad_verdict(drift, kl_limits)
     if verdict == "fail":
         return []
-    return [f"KNOWN_BAD = {known_bad.get('value')!r} is not shown to fail the gate's KL limits ({verdict}: "
-            f"{'; '.join(why)}): limits that pass a broken variant may pass a broken kernel"]
+    return [
+        f"KNOWN_BAD = {known_bad.get('value')!r} is not shown to fail the gate's KL limits ({verdict}: "
+        f"{'; '.join(why)}): limits that pass a broken variant may pass a broken kernel"
+    ]
 
 
 def machine_versions(machine: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """(machine, versions) as the file holds them, from a run's machine facts."""
-    versions = {"mlx": machine.get("mlx", "unknown"), "mlx_lm": machine.get("mlx-lm", machine.get("mlx_lm", "unknown")),
-                "python": platform.python_version()}
+    versions = {
+        "mlx": machine.get("mlx", "unknown"),
+        "mlx_lm": machine.get("mlx-lm", machine.get("mlx_lm", "unknown")),
+        "python": platform.python_version(),
+    }
     try:
         versions["pytest_mlxgate"] = version("pytest-mlxgate")
     except PackageNotFoundError:
         versions["pytest_mlxgate"] = "unknown"
-    return ({"device": machine.get("device", "unknown"), "blas": machine.get("blas", "unknown"), **versions},
-            versions)
+    return ({"device": machine.get("device", "unknown"), "blas": machine.get("blas", "unknown"), **versions}, versions)

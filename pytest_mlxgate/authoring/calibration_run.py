@@ -39,8 +39,18 @@ from .known_bad import known_bad_paired
 __all__ = ["calibration_document", "check_before_aa", "keep_calibration"]
 
 #: Options that make a measurement another than the gate's own: such a run suggests, but writes no file.
-_NOT_THE_GATE = ("mlx_kl_prompts", "mlx_kl_tokens", "mlx_kl_decode", "mlx_speed_contexts", "mlx_speed_decode",
-                 "mlx_speed_reps", "mlx_lever", "mlx_ref_value", "mlx_cand_value", "mlx_prompts_file")
+_NOT_THE_GATE = (
+    "mlx_kl_prompts",
+    "mlx_kl_tokens",
+    "mlx_kl_decode",
+    "mlx_speed_contexts",
+    "mlx_speed_decode",
+    "mlx_speed_reps",
+    "mlx_lever",
+    "mlx_ref_value",
+    "mlx_cand_value",
+    "mlx_prompts_file",
+)
 
 
 def keep_calibration(paired: Paired, calibration: dict[str, Any]) -> None:
@@ -64,16 +74,20 @@ def keep_calibration(paired: Paired, calibration: dict[str, Any]) -> None:
     calibration["known_bad_result"] = doc["known_bad"]
 
 
-def calibration_document(paired: Paired, calibration: Mapping[str, Any], gate: GateSource,
-                         known_bad: dict[str, Any] | None) -> dict[str, Any]:
+def calibration_document(
+    paired: Paired, calibration: Mapping[str, Any], gate: GateSource, known_bad: dict[str, Any] | None
+) -> dict[str, Any]:
     """The calibration file's content, from the measurement `PairedRun.calibration` made."""
     run = paired.run
     module = str(calibration["module"])
     commit, dirty = git_state(Path(paired.item.path).parent)
     machine, versions = machine_versions(run.machine)
     candidate = run.candidate.describe()
-    model: dict[str, Any] = {"name": candidate.get("name"), "repo": candidate.get("repo_id"),
-                             "commit": candidate.get("commit")}
+    model: dict[str, Any] = {
+        "name": candidate.get("name"),
+        "repo": candidate.get("repo_id"),
+        "commit": candidate.get("commit"),
+    }
     if run.lever.two_models and run.reference is not None:
         ref = run.reference.describe()
         model["reference"] = {"name": ref.get("name"), "repo": ref.get("repo_id"), "commit": ref.get("commit")}
@@ -96,9 +110,14 @@ def calibration_document(paired: Paired, calibration: Mapping[str, Any], gate: G
         "known_bad": known_bad if known_bad is not None else {"declared": False},
         "speed": _compact_speed(calibration.get("speed") or {}),
         "limits": _limits(gate),
-        "suggested": {"kl_limits": suggested.get("kl_limits"), "speed_goals": suggested.get("speed_goals"),
-                      "code": suggested.get("code"), "notes": suggested.get("notes"),
-                      "breaks": suggested.get("breaks"), "accepted": suggested.get("accepted")},
+        "suggested": {
+            "kl_limits": suggested.get("kl_limits"),
+            "speed_goals": suggested.get("speed_goals"),
+            "code": suggested.get("code"),
+            "notes": suggested.get("notes"),
+            "breaks": suggested.get("breaks"),
+            "accepted": suggested.get("accepted"),
+        },
         "check_rule": CHECK_RULE,
     }
 
@@ -131,7 +150,8 @@ def _measure_known_bad(paired: Paired, gate: GateSource, module: Path) -> dict[s
     except MlxgateError as e:
         raise CalibrationError(
             f"{paired.nodeid.split('::')[0]}: the known-bad variant KNOWN_BAD = {bad!r} could not be measured, "
-            f"so the calibration file was not written ({shown} is left as it was): {e}") from None
+            f"so the calibration file was not written ({shown} is left as it was): {e}"
+        ) from None
     entry["lever"] = result.lever.to_json()
     entry["drift"] = compact_drift(result.stats.to_json())
     verdict, why = known_bad_verdict(entry["drift"], gate.limits_of(kl=True))
@@ -155,23 +175,33 @@ def _compact_speed(speed: Mapping[str, Any]) -> dict[str, Any]:
                 entry[key] = {"ratio": est.get("ratio"), "lower": lo, "upper": hi}
                 if key != "peak":
                     entry[key] |= {"reference_tps": ref.get(f"{key}_tps"), "candidate_tps": cand.get(f"{key}_tps")}
-        entry["kv"] = {"ratio": (row.get("kv") or {}).get("ratio"), "reference_bytes": ref.get("kv_bytes"),
-                       "candidate_bytes": cand.get("kv_bytes")}
+        entry["kv"] = {
+            "ratio": (row.get("kv") or {}).get("ratio"),
+            "reference_bytes": ref.get("kv_bytes"),
+            "candidate_bytes": cand.get("kv_bytes"),
+        }
         contexts[str(ctx)] = entry
     w = speed.get("weights_bytes") or {}
     weights = dict(w)
     if w.get("reference") and w.get("candidate"):
         weights["ratio"] = w["candidate"] / w["reference"]
-    return {"shape": speed.get("shape"), "contexts": contexts, "weights": weights,
-            "memory_method": speed.get("memory_method"), "load_seen": speed.get("load_seen")}
+    return {
+        "shape": speed.get("shape"),
+        "contexts": contexts,
+        "weights": weights,
+        "memory_method": speed.get("memory_method"),
+        "load_seen": speed.get("load_seen"),
+    }
 
 
 def _not_the_gate(config: pytest.Config) -> str | None:
     given = [f"--{name.replace('_', '-')}" for name in _NOT_THE_GATE if config.getoption(name, None) is not None]
     if not given:
         return None
-    return (f"not written: {', '.join(given)} made this another measurement than the gate's own (a calibration "
-            "file holds the gate as its module declares it)")
+    return (
+        f"not written: {', '.join(given)} made this another measurement than the gate's own (a calibration "
+        "file holds the gate as its module declares it)"
+    )
 
 
 def _shown(path: Path, root: Path) -> str:

@@ -72,12 +72,23 @@ def known_bad_paired(paired: Paired, bad: object) -> _KnownBadPaired:
     if lever.key("candidate") == run.lever.key("reference"):
         raise MlxgateUsageError(
             f"KNOWN_BAD {bad!r} is the gate's reference arm: it cannot show the limits catch anything; give a "
-            "variant with a bug")
+            "variant with a bug"
+        )
     candidate = run.candidate
     if lever.kind == "weights":
         candidate = _quantized_candidate(run, lever)
-    bad_run = replace(run, lever=lever, candidate=candidate, speed_shape=None, counters=type(run.counters)(),
-                      _capability={}, _result=None, _error=None, _speed=None, _calibration=None)
+    bad_run = replace(
+        run,
+        lever=lever,
+        candidate=candidate,
+        speed_shape=None,
+        counters=type(run.counters)(),
+        _capability={},
+        _result=None,
+        _error=None,
+        _speed=None,
+        _calibration=None,
+    )
     return _KnownBadPaired(bad_run, paired.item, paired.rerun)
 
 
@@ -107,8 +118,9 @@ def assert_known_bad_fails(paired: Paired, bad: object, check: Callable[[Paired]
         pytest.fail(message, pytrace=False)
 
 
-def _verdict(bad_paired: _KnownBadPaired, bad: object, check: Callable[[Paired], object], name: str,
-             module: str) -> str | None:
+def _verdict(
+    bad_paired: _KnownBadPaired, bad: object, check: Callable[[Paired], object], name: str, module: str
+) -> str | None:
     """None when the check failed the known-bad arm; otherwise what went wrong."""
     try:
         check(bad_paired)
@@ -121,13 +133,17 @@ def _verdict(bad_paired: _KnownBadPaired, bad: object, check: Callable[[Paired],
             return None
         if "inconclusive" in bad_paired.verdicts:
             return _inconclusive(bad, name, e)
-        return (f"{name} raised AssertionError on the known-bad variant {bad!r} without a gate verdict: only a "
-                f"limit (assert_kl_below, assert_capability_at_least) shown crossed counts as catching it ({e})")
+        return (
+            f"{name} raised AssertionError on the known-bad variant {bad!r} without a gate verdict: only a "
+            f"limit (assert_kl_below, assert_capability_at_least) shown crossed counts as catching it ({e})"
+        )
     except pytest.fail.Exception as e:
         if bad_paired.verdicts:
             raise
-        return (f"{name} has no limits yet, so the known-bad variant {bad!r} cannot be shown to fail: size them "
-                f"(`pytest {module} --mlx-calibrate`), paste them, then run this again. {name} said: {e}")
+        return (
+            f"{name} has no limits yet, so the known-bad variant {bad!r} cannot be shown to fail: size them "
+            f"(`pytest {module} --mlx-calibrate`), paste them, then run this again. {name} said: {e}"
+        )
     if "fail" in bad_paired.verdicts:
         return None  # a verdict raised nothing (an exploratory policy); it was still shown crossed
     if "inconclusive" in bad_paired.verdicts:
@@ -135,15 +151,19 @@ def _verdict(bad_paired: _KnownBadPaired, bad: object, check: Callable[[Paired],
     if not bad_paired.verdicts:
         return f"{name} asserted nothing on the known-bad variant {bad!r}: pass the gate's drift test itself"
     crossed = "; ".join(_check_text(c) for c in bad_paired.checks)
-    return (f"the known-bad variant {bad!r} passes {name}'s limits ({crossed}): limits that pass a broken variant "
-            f"would pass a broken kernel; tighten them (`pytest {module} --mlx-calibrate` sizes limits within the "
-            "quality bounds), or check that KNOWN_BAD really breaks something")
+    return (
+        f"the known-bad variant {bad!r} passes {name}'s limits ({crossed}): limits that pass a broken variant "
+        f"would pass a broken kernel; tighten them (`pytest {module} --mlx-calibrate` sizes limits within the "
+        "quality bounds), or check that KNOWN_BAD really breaks something"
+    )
 
 
 def _inconclusive(bad: object, name: str, error: BaseException | None) -> str:
     detail = f"\n{error}" if error is not None else ""
-    return (f"{name} could not tell the known-bad variant {bad!r} apart from its limits (inconclusive): it is not "
-            f"shown to fail; run more prompts (--mlx-kl-prompts) or tighten the limits{detail}")
+    return (
+        f"{name} could not tell the known-bad variant {bad!r} apart from its limits (inconclusive): it is not "
+        f"shown to fail; run more prompts (--mlx-kl-prompts) or tighten the limits{detail}"
+    )
 
 
 def _check_text(check: Check) -> str:
@@ -158,9 +178,11 @@ def _num(x: object) -> str:
 
 def _none_yet(lever: Lever, module: str, name: str) -> str:
     step = known_bad_step(module, lever.to_json())
-    return (f"no known-bad variant shown to fail yet: set KNOWN_BAD in {module} to a variant with a bug {name}'s "
-            f"limits must catch, {step['what']}; the test then runs {name} on it and passes only when {name} "
-            "fails. Limits never shown to fail a broken variant may pass one.")
+    return (
+        f"no known-bad variant shown to fail yet: set KNOWN_BAD in {module} to a variant with a bug {name}'s "
+        f"limits must catch, {step['what']}; the test then runs {name} on it and passes only when {name} "
+        "fails. Limits never shown to fail a broken variant may pass one."
+    )
 
 
 def _bad_lever(lever: Lever, bad: object, *, base_dir: Any) -> Lever:
@@ -168,7 +190,8 @@ def _bad_lever(lever: Lever, bad: object, *, base_dir: Any) -> Lever:
     if lever.kind == "model":
         raise MlxgateUsageError(
             f"lever {lever.name!r} compares two models: its known-bad variant is another model, not a value; check "
-            "it by hand with --mlx-candidate BROKEN_MODEL (the drift test must fail)")
+            "it by hand with --mlx-candidate BROKEN_MODEL (the drift test must fail)"
+        )
     what: object = {"kv": True, "weights": True}.get(lever.kind, lever.target)
     if lever.kind == "context" and lever.factory is not None:
         what = lever.factory
@@ -182,7 +205,8 @@ def _quantized_candidate(run: PairedRun, lever: Lever) -> Any:
     if lever.weights_spec("reference") is not None or run.reference is None:
         raise MlxgateUsageError(
             f"lever {lever.name!r}: a known-bad weights variant needs the reference arm to keep the weights as "
-            "loaded (ref=None); check it by hand with --mlx-lever/--mlx-cand-value")
+            "loaded (ref=None); check it by hand with --mlx-lever/--mlx-cand-value"
+        )
     if spec is None:
         return run.reference
     return quantized_copy(run.reference, spec)

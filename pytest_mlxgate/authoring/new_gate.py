@@ -311,8 +311,13 @@ def render_gate(spec: GateSpec, *, shown_path: str) -> str:
     """The gate module's text; `shown_path` is how its commands name the file."""
     calibrate = f"pytest {shlex.quote(shown_path)} --mlx-calibrate"
     fields = ("name", spec.name), (spec.kind, spec.target), ("ref", spec.ref), ("cand", spec.cand), ("path", spec.path)
-    marker = ",\n".join(f"        {_literal(value)}" if key == "name" else f"        {key}={_literal(value)}"
-                        for key, value in fields) + ","
+    marker = (
+        ",\n".join(
+            f"        {_literal(value)}" if key == "name" else f"        {key}={_literal(value)}"
+            for key, value in fields
+        )
+        + ","
+    )
     if spec.kind == "patch":
         title = f"`{spec.name}` (patch `{spec.target}`): {_patch_short(spec.cand)} vs {_patch_short(spec.ref)}."
         lever = (
@@ -337,14 +342,21 @@ def render_gate(spec: GateSpec, *, shown_path: str) -> str:
     plant_args = f"--mlx-ref-value {shlex.quote(plant_values[0])} --mlx-cand-value {shlex.quote(plant_values[1])}"
     from .calibrate import known_bad_step
 
-    known_bad = known_bad_step(shown_path, {"kind": spec.kind, "name": spec.name, "target": spec.target,
-                                            "ref": spec.ref})
+    known_bad = known_bad_step(
+        shown_path, {"kind": spec.kind, "name": spec.name, "target": spec.target, "ref": spec.ref}
+    )
     return _MODULE.substitute(
         title=_doc(title),
-        known_bad_comment="\n".join(textwrap.wrap(
-            f"The known-bad variant test_drift's limits must catch (test_known_bad fails until it is set, then "
-            f"passes only when test_drift fails on it): {' '.join(str(known_bad['what']).split())}.",
-            width=116, initial_indent="#: ", subsequent_indent="#: ", break_on_hyphens=False)),
+        known_bad_comment="\n".join(
+            textwrap.wrap(
+                f"The known-bad variant test_drift's limits must catch (test_known_bad fails until it is set, then "
+                f"passes only when test_drift fails on it): {' '.join(str(known_bad['what']).split())}.",
+                width=116,
+                initial_indent="#: ",
+                subsequent_indent="#: ",
+                break_on_hyphens=False,
+            )
+        ),
         lever=_doc(lever),
         path=_PATHS[spec.path],
         calibrate=_doc(calibrate),

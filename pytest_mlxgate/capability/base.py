@@ -78,13 +78,25 @@ class ItemResult:
         return self.score >= 1.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "prompt_hash": self.prompt_hash, "output": self.output,
-                "score": self.score, "verdict": self.verdict, "detail": dict(self.detail)}
+        return {
+            "item_id": self.item_id,
+            "prompt_hash": self.prompt_hash,
+            "output": self.output,
+            "score": self.score,
+            "verdict": self.verdict,
+            "detail": dict(self.detail),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ItemResult:
-        return cls(item_id=d["item_id"], prompt_hash=d["prompt_hash"], output=d["output"],
-                   score=float(d["score"]), verdict=d["verdict"], detail=d.get("detail", {}))
+        return cls(
+            item_id=d["item_id"],
+            prompt_hash=d["prompt_hash"],
+            output=d["output"],
+            score=float(d["score"]),
+            verdict=d["verdict"],
+            detail=d.get("detail", {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -155,7 +167,9 @@ def prompt_hash(rendered: str) -> str:
     return hashlib.sha256(rendered.encode()).hexdigest()[:16]
 
 
-def chat_render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+def chat_render(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None
+) -> str:
     """Messages through the tokenizer's chat template, ready for the assistant to answer."""
     kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
     if tools:

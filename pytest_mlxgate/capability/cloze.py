@@ -108,8 +108,9 @@ class ClozeTask:
             try:
                 out.append(self.make_item(index, row))
             except (KeyError, TypeError, ValueError) as e:
-                raise TaskDataMissing(f"{self.title} row {index} is malformed ({e}: {row!r:.200}); "
-                                      f"reinstall the data: {_FIX}") from None
+                raise TaskDataMissing(
+                    f"{self.title} row {index} is malformed ({e}: {row!r:.200}); reinstall the data: {_FIX}"
+                ) from None
         ids = [it.id for it in out]
         if len(set(ids)) != len(ids):
             raise TaskDataMissing(f"{self.title}: item ids repeat; reinstall the data: {_FIX}")
@@ -144,7 +145,8 @@ class ClozeTask:
         values = normalized(choice_logprobs, item.choices, self.normalization)
         gold = int(item.target)
         detail: dict[str, Any] = {
-            "gold": gold, "normalization": self.normalization,
+            "gold": gold,
+            "normalization": self.normalization,
             "logprobs": [_json_float(float(v)) for v in choice_logprobs],
             "normalized": [_json_float(v) for v in values],
         }
@@ -154,8 +156,9 @@ class ClozeTask:
             return ItemResult(item.id, hashed, "", 0.0, "invalid", detail)
         detail["pred"] = pred
         ok = pred == gold
-        return ItemResult(item.id, hashed, item.choices[pred].strip(), 1.0 if ok else 0.0,
-                          "correct" if ok else "wrong", detail)
+        return ItemResult(
+            item.id, hashed, item.choices[pred].strip(), 1.0 if ok else 0.0, "correct" if ok else "wrong", detail
+        )
 
 
 def _json_float(v: float) -> float | str:

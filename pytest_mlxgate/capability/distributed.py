@@ -41,8 +41,15 @@ if TYPE_CHECKING:
     from .base import Tier
     from .runner import CapabilityArgs
 
-__all__ = ["RANK_VARIABLES", "exchange", "interleave", "launch_rank", "run_capability_distributed",
-           "run_capability_sequential_distributed", "shared_clock"]
+__all__ = [
+    "RANK_VARIABLES",
+    "exchange",
+    "interleave",
+    "launch_rank",
+    "run_capability_distributed",
+    "run_capability_sequential_distributed",
+    "shared_clock",
+]
 
 #: What `mlx.launch` exports to each rank it starts (ring, jaccl, nccl); under its mpi backend, mpirun's.
 RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK")
@@ -74,7 +81,7 @@ def exchange(group: Group, value: Any) -> list[Any]:
         width = max(sizes)
         padded = np.frombuffer(data + bytes(width - len(data)), dtype=np.uint8).reshape(1, width)
         rows = np.asarray(mx.distributed.all_gather(mx.array(padded), group=group))
-    return [json.loads(rows[r, :sizes[r]].tobytes()) for r in range(len(sizes))]
+    return [json.loads(rows[r, : sizes[r]].tobytes()) for r in range(len(sizes))]
 
 
 def interleave(parts: Sequence[Sequence[T]]) -> list[T]:
@@ -100,11 +107,13 @@ def shared_clock(group: Group) -> Callable[[], float]:
         with mx.stream(mx.cpu):
             latest = mx.distributed.all_max(mx.array([time.monotonic() - start], dtype=mx.float32), group=group)
             return float(np.asarray(latest)[0])
+
     return clock
 
 
-def run_capability_distributed(name: str, tier: Tier, *, group: Group | None = None,
-                               **args: Unpack[CapabilityArgs]) -> CapabilityRun:
+def run_capability_distributed(
+    name: str, tier: Tier, *, group: Group | None = None, **args: Unpack[CapabilityArgs]
+) -> CapabilityRun:
     """`run_capability` with the items split over the ranks of `group` (default: `mx.distributed.init()`).
 
     With one rank it is `run_capability`. Otherwise every rank returns the same whole run, in the
@@ -148,8 +157,11 @@ def run_capability_distributed(name: str, tier: Tier, *, group: Group | None = N
         t1 = time.perf_counter()
         cand_part, _ = run.arm("candidate", mine)  # rendered with the candidate's tokenizer, as run_capability
         t2 = time.perf_counter()
-        done = {"reference": None if ref_part is None else [r.to_json() for r in ref_part],
-                "candidate": [r.to_json() for r in cand_part], "seconds": [t1 - t0, t2 - t1]}
+        done = {
+            "reference": None if ref_part is None else [r.to_json() for r in ref_part],
+            "candidate": [r.to_json() for r in cand_part],
+            "seconds": [t1 - t0, t2 - t1],
+        }
     except SandboxUnavailable as e:
         done = {"skip": f"{name}: {e}"}
     except TaskSkipped as e:
@@ -171,16 +183,26 @@ def run_capability_distributed(name: str, tier: Tier, *, group: Group | None = N
         if rank == 0:
             run.store(references)
     return CapabilityRun(
-        task=name, tier=tier, graded=run.task.graded, items=run.items, reference=references, candidate=candidates,
+        task=name,
+        tier=tier,
+        graded=run.task.graded,
+        items=run.items,
+        reference=references,
+        candidate=candidates,
         # wall time of each phase: the slowest rank's
-        durations={"reference_s": round(max(p["seconds"][0] for p in parts), 3),
-                   "candidate_s": round(max(p["seconds"][1] for p in parts), 3)},
-        rendered=run.rendered, reference_source="cache" if from_cache else "computed", ranks=size,
+        durations={
+            "reference_s": round(max(p["seconds"][0] for p in parts), 3),
+            "candidate_s": round(max(p["seconds"][1] for p in parts), 3),
+        },
+        rendered=run.rendered,
+        reference_source="cache" if from_cache else "computed",
+        ranks=size,
     )
 
 
-def run_capability_sequential_distributed(name: str, tier: Tier, *, group: Group | None = None,
-                                          **args: Any) -> CapabilityRun:
+def run_capability_sequential_distributed(
+    name: str, tier: Tier, *, group: Group | None = None, **args: Any
+) -> CapabilityRun:
     """`run_capability_sequential` (`args`: its keyword arguments) with each batch split over the ranks;
     every rank stops after the same batch (the same gathered pairs, and a time budget read on `shared_clock`)."""
     from .runner import run_capability_sequential
@@ -191,8 +213,9 @@ def run_capability_sequential_distributed(name: str, tier: Tier, *, group: Group
         group = mx.distributed.init()
     if group.size() == 1:
         return run_capability_sequential(name, tier, **args)
-    return run_capability_sequential(name, tier, batch_runner=partial(run_capability_distributed, group=group),
-                                     clock=shared_clock(group), **args)
+    return run_capability_sequential(
+        name, tier, batch_runner=partial(run_capability_distributed, group=group), clock=shared_clock(group), **args
+    )
 
 
 def _digest(pairs: Sequence[tuple[str, str]]) -> str:
@@ -206,8 +229,9 @@ def _settle(views: Sequence[Mapping[str, Any]], where: str, failure: Exception |
         raise failure
     if errors:
         r, message = errors[0]
-        raise DistributedRunError(f"{where}: rank {r} failed ({message}); every rank stops here — its output "
-                                  "has the traceback")
+        raise DistributedRunError(
+            f"{where}: rank {r} failed ({message}); every rank stops here — its output has the traceback"
+        )
     skips = [(r, v["skip"]) for r, v in enumerate(views) if "skip" in v]
     if skips:
         r, message = skips[0]
@@ -224,4 +248,5 @@ def _agree(views: Sequence[Mapping[str, Any]], where: str) -> None:
             raise DistributedRunError(
                 f"{where}: the ranks disagree on what they run: rank 0 has {first}, rank {r} has {other}. Every "
                 "rank must run the same gates in the same order on the same data and models: the same command "
-                "on each (no xdist, no random test order), with the same dataset files and tokenizer")
+                "on each (no xdist, no random test order), with the same dataset files and tokenizer"
+            )

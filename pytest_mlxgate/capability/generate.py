@@ -66,20 +66,27 @@ def generate_greedy(
         return _batched(model, tokenizer, ids, max_new_tokens, batch_size, progress)
     out: list[str] = []
     for x in ids:
-        out.append(_stream(model, tokenizer, x, max_new_tokens, kv.default) if route == "stream"
-                   else _per_layer(model, tokenizer, x, max_new_tokens, kv))
+        out.append(
+            _stream(model, tokenizer, x, max_new_tokens, kv.default)
+            if route == "stream"
+            else _per_layer(model, tokenizer, x, max_new_tokens, kv)
+        )
         if progress is not None:
             progress(len(out), len(ids))
     return out
 
 
-def generate_sequential(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
-                        kv: KVPlan | None = None) -> list[str]:
+def generate_sequential(
+    model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int, kv: KVPlan | None = None
+) -> list[str]:
     """One prompt at a time through `stream_generate` (the benchmark's baseline for batching), with
     `kv`'s uniform quantization when it has one."""
     spec = kv.default if kv is not None and kv.is_uniform else None
-    extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
-                                     "quantized_kv_start": spec.start}
+    extra: dict[str, Any] = (
+        {}
+        if spec is None
+        else {"kv_bits": spec.bits, "kv_group_size": spec.group_size, "quantized_kv_start": spec.start}
+    )
     out = []
     for p in prompts:
         stream = stream_generate(model, tokenizer, _encode(tokenizer, p), max_tokens=max_new_tokens, **extra)
@@ -109,7 +116,11 @@ def choice_logprobs(model: Any, tokenizer: Any, text: str, choices: Sequence[str
 
 
 def choice_logprobs_many(
-    model: Any, tokenizer: Any, texts: Sequence[str], choices: Sequence[Sequence[str]], *,
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    choices: Sequence[Sequence[str]],
+    *,
     progress: Progress | None = None,
 ) -> list[list[float]]:
     """`choice_logprobs` for many items at once, with the same numbers (to float32 rounding).
@@ -224,7 +235,9 @@ class _ChoicePlan:
         last = len(rest) - 1
         if all(len(s) == 1 for s in self.suffixes):
             return [_Row(rest, [([last], s) for s in self.suffixes])]
-        return [_Row(rest + s[:-1], [(list(range(last, last + len(s))), s)], slot=j) for j, s in enumerate(self.suffixes)]
+        return [
+            _Row(rest + s[:-1], [(list(range(last, last + len(s))), s)], slot=j) for j, s in enumerate(self.suffixes)
+        ]
 
 
 def _choice_plan(tokenizer: Any, text: str, choices: Sequence[str]) -> _ChoicePlan:
@@ -234,7 +247,7 @@ def _choice_plan(tokenizer: Any, text: str, choices: Sequence[str]) -> _ChoicePl
         full = _encode(tokenizer, text + choice)
         if full[: len(prompt)] != prompt:  # the choice merged with the prompt's last token
             full = prompt + _encode(tokenizer, choice, special=False)
-        suffixes.append(full[len(prompt):])
+        suffixes.append(full[len(prompt) :])
     return _ChoicePlan(prompt, suffixes)
 
 
@@ -340,21 +353,40 @@ def _encode(tokenizer: Any, text: str, *, special: bool = True) -> list[int]:
         return list(tokenizer.encode(text))
 
 
-def _batched(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, batch_size: int,
-             progress: Progress | None = None) -> list[str]:
+def _batched(
+    model: Any,
+    tokenizer: Any,
+    ids: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    progress: Progress | None = None,
+) -> list[str]:
     out: list[str] = []
     for start in range(0, len(ids), batch_size):
         chunk = ids[start : start + batch_size]
-        response = batch_generate(model, tokenizer, chunk, max_tokens=max_new_tokens,
-                                  completion_batch_size=batch_size, prefill_batch_size=min(batch_size, 8))
+        response = batch_generate(
+            model,
+            tokenizer,
+            chunk,
+            max_tokens=max_new_tokens,
+            completion_batch_size=batch_size,
+            prefill_batch_size=min(batch_size, 8),
+        )
         out.extend(response.texts)
         if progress is not None:
             progress(len(out), len(ids))
     return out
 
 
-def _batched_plan(model: Any, tokenizer: Any, ids: list[list[int]], max_new_tokens: int, kv: KVPlan,
-                  batch_size: int, progress: Progress | None = None) -> list[str]:
+def _batched_plan(
+    model: Any,
+    tokenizer: Any,
+    ids: list[list[int]],
+    max_new_tokens: int,
+    kv: KVPlan,
+    batch_size: int,
+    progress: Progress | None = None,
+) -> list[str]:
     """Batches of similar length (less padding), each through `greedy_batch`; outputs in order."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
@@ -389,8 +421,11 @@ def _mlx_lm_quantizes(model: Any) -> bool:
 
 
 def _stream(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, spec: Any) -> str:
-    extra: dict[str, Any] = {} if spec is None else {"kv_bits": spec.bits, "kv_group_size": spec.group_size,
-                                                     "quantized_kv_start": spec.start}
+    extra: dict[str, Any] = (
+        {}
+        if spec is None
+        else {"kv_bits": spec.bits, "kv_group_size": spec.group_size, "quantized_kv_start": spec.start}
+    )
     return "".join(r.text for r in stream_generate(model, tokenizer, ids, max_tokens=max_new_tokens, **extra))
 
 

@@ -57,32 +57,38 @@ def count_words(text: str) -> int:
 # Abbreviations after which a period does not end a sentence (lower case, final period dropped).
 # Deliberately narrow, like Punkt's English model: "etc", "e.g", "i.e", "no", "fig" are NOT here,
 # because Punkt breaks after them too.
-_ABBREVIATIONS = frozenset("""
+_ABBREVIATIONS = frozenset(
+    """
     mr mrs ms dr prof jr sr st messrs gen col lt maj adm sen rep reps gov
     inc ltd co corp bros cos vs ave ft mg yr ok
     jan feb aug sept sep oct nov dec tues wed fri
     a.m p.m u.s u.k u.n u.s.a u.s.s.r ph.d d.c n.y l.a
     calif conn fla ga ill kan ky mich minn nev okla ore pa tenn va vt wash wis ariz colo ala
-""".split())
+""".split()
+)
 # Single letters that Punkt's English model lists as abbreviations ("C.", "K."): never a break.
 _LETTER_ABBREVIATIONS = frozenset("cdefghklmnprstvw")
 # Capitalised words that end a sentence after an abbreviation or an ellipsis ("etc. The"): the
 # English model's sentence starters and words it saw only lower case mid-sentence. Others ("She",
 # "We", "Then", names) leave the abbreviation inside the sentence, as Punkt does.
-_SENTENCE_STARTERS = frozenset("""
+_SENTENCE_STARTERS = frozenset(
+    """
     the he it i they this these there but so yet if in when while although though however many
     most some both since thus indeed instead meanwhile moreover nevertheless nonetheless nor even
     despite among according under similarly separately her which finally overall here unless your
     please note such still yes
-""".split())
+""".split()
+)
 # Other common words: after a lone initial ("Plan B. She") they too start a new sentence, where a
 # name ("J. Smith") does not.
-_COMMON_WORDS = _SENTENCE_STARTERS | frozenset("""
+_COMMON_WORDS = _SENTENCE_STARTERS | frozenset(
+    """
     she we you that those then and on at a an my our his their its what why how where who after
     before also all as for with from by to of one two first next now today each every no not or
     because once until during over let other another only just well
-""".split())
-_WORD_START_EXCLUDED = set("(\"`{[:;&#*@)}]-,")
+""".split()
+)
+_WORD_START_EXCLUDED = set('("`{[:;&#*@)}]-,')
 _NONWORD_AFTER = r"[)\";}\]*:@'({\[!?]"
 _END_CHAR = re.compile(r"[.?!](?=(?P<after>" + _NONWORD_AFTER + r")|\s+(?P<next>\S+))")
 _NUMBER = re.compile(r"^-?[.,]?\d[\d,.\-]*\.?$")
@@ -138,12 +144,12 @@ def _candidates(text: str) -> list[tuple[re.Match[str], str]]:
     found: list[tuple[re.Match[str], str]] = []
     word_start, word_end = 0, 0
     for m in _END_CHAR.finditer(text):
-        before = text[word_end:m.start()]
+        before = text[word_end : m.start()]
         space = max((i for i, c in enumerate(before) if c.isspace()), default=0)
         start = word_end + space + 1 if space else word_start
         if found and word_end > start:  # same word as the previous candidate: keep only the last
             found.pop()
-        found.append((m, text[start:m.end()]))
+        found.append((m, text[start : m.end()]))
         word_start, word_end = start, m.start()
     return found
 
@@ -158,18 +164,18 @@ def count_sentences(text: str) -> int:
         following = m.group("after") if nxt is None else _first_token(nxt)
         if not _is_break(chunk, following):
             continue
-        rest = text[m.start("next") if nxt is not None else m.end():]
+        rest = text[m.start("next") if nxt is not None else m.end() :]
         closers = _CLOSERS.match(rest)  # closing quotes/brackets belong to the sentence before
-        if closers is None or rest[closers.end():].strip():
+        if closers is None or rest[closers.end() :].strip():
             count += 1
     return count
 
 
 _CONTRACTION_END = re.compile(r"(?<=[^' ])('[sSmMdD]|'ll|'LL|'re|'RE|'ve|'VE|n't|N'T)$")
-_SPLIT_WORDS = re.compile(r"(?i)^(can)(not)$|^(d)('ye)$|^(gim)(me)$|^(gon)(na)$|^(got)(ta)$|^(lem)(me)$|^(more)('n)$|^(wan)(na)$")
-_SEPARATORS = re.compile(
-    r"\s+|\.{2,}|--|[:,](?=\D|$)|[;@#$%&?!*\[\](){}<>\"«»“”‘’„`\u2012-\u2015]"
+_SPLIT_WORDS = re.compile(
+    r"(?i)^(can)(not)$|^(d)('ye)$|^(gim)(me)$|^(gon)(na)$|^(got)(ta)$|^(lem)(me)$|^(more)('n)$|^(wan)(na)$"
 )
+_SEPARATORS = re.compile(r"\s+|\.{2,}|--|[:,](?=\D|$)|[;@#$%&?!*\[\](){}<>\"«»“”‘’„`\u2012-\u2015]")
 
 
 def treebank_words(text: str) -> list[str]:
@@ -181,7 +187,7 @@ def treebank_words(text: str) -> list[str]:
         if piece.startswith("'") and not re.match(r"(?i)'(?:re|ve|ll|m|t|s|d|n)\b", piece):
             piece = piece[1:]
         m = _CONTRACTION_END.search(piece)
-        head, tail = (piece[:m.start()], m.group(1)) if m else (piece, "")
+        head, tail = (piece[: m.start()], m.group(1)) if m else (piece, "")
         split = _SPLIT_WORDS.match(head)
         if split:
             words.extend(g for g in split.groups() if g)
@@ -239,6 +245,7 @@ def _english_case(upper: bool) -> Check:
             return False
         lang = detect_language(value)
         return None if lang is None else lang in ("", "en")
+
     return check
 
 
@@ -294,7 +301,7 @@ def _json(value: str, kw: Mapping[str, Any]) -> bool:
     body = value.strip()
     for fence in ("```json", "```Json", "```JSON", "```"):
         if body.startswith(fence):
-            body = body[len(fence):]
+            body = body[len(fence) :]
             break
     body = body.removesuffix("```").strip()
     try:
@@ -320,39 +327,47 @@ def _title(value: str, kw: Mapping[str, Any]) -> bool:
 
 
 _CHECKS: dict[str, Check] = {
-    "keywords:existence": lambda v, kw: all(
-        re.search(k, v, flags=re.IGNORECASE) for k in kw["keywords"]),
+    "keywords:existence": lambda v, kw: all(re.search(k, v, flags=re.IGNORECASE) for k in kw["keywords"]),
     "keywords:frequency": lambda v, kw: _compare(
-        len(re.findall(str(kw["keyword"]).strip(), v, flags=re.IGNORECASE)), kw["relation"], int(kw["frequency"])),
-    "keywords:forbidden_words": lambda v, kw: not any(
-        re.search(r"\b" + w + r"\b", v, flags=re.IGNORECASE) for w in kw["forbidden_words"]),
+        len(re.findall(str(kw["keyword"]).strip(), v, flags=re.IGNORECASE)), kw["relation"], int(kw["frequency"])
+    ),
+    "keywords:forbidden_words": lambda v, kw: (
+        not any(re.search(r"\b" + w + r"\b", v, flags=re.IGNORECASE) for w in kw["forbidden_words"])
+    ),
     "keywords:letter_frequency": lambda v, kw: _compare(
-        v.lower().count(str(kw["letter"]).strip().lower()), kw["let_relation"], int(kw["let_frequency"])),
+        v.lower().count(str(kw["letter"]).strip().lower()), kw["let_relation"], int(kw["let_frequency"])
+    ),
     "language:response_language": _language,
     "length_constraints:number_sentences": lambda v, kw: _compare(
-        count_sentences(v), kw["relation"], int(kw["num_sentences"])),
+        count_sentences(v), kw["relation"], int(kw["num_sentences"])
+    ),
     "length_constraints:number_paragraphs": _paragraphs_stars,
     "length_constraints:number_words": lambda v, kw: _compare(count_words(v), kw["relation"], int(kw["num_words"])),
     "length_constraints:nth_paragraph_first_word": _nth_paragraph_first_word,
-    "detectable_content:number_placeholders": lambda v, kw: len(
-        re.findall(r"\[.*?\]", v)) >= int(kw["num_placeholders"]),
+    "detectable_content:number_placeholders": lambda v, kw: (
+        len(re.findall(r"\[.*?\]", v)) >= int(kw["num_placeholders"])
+    ),
     "detectable_content:postscript": _postscript,
-    "detectable_format:number_bullet_lists": lambda v, kw: len(re.findall(r"^\s*\*[^*].*$", v, flags=re.M)) + len(
-        re.findall(r"^\s*-.*$", v, flags=re.M)) == int(kw["num_bullets"]),
+    "detectable_format:number_bullet_lists": lambda v, kw: (
+        len(re.findall(r"^\s*\*[^*].*$", v, flags=re.M)) + len(re.findall(r"^\s*-.*$", v, flags=re.M))
+        == int(kw["num_bullets"])
+    ),
     "detectable_format:constrained_response": lambda v, kw: any(
-        o in v.strip() for o in ("My answer is yes.", "My answer is no.", "My answer is maybe.")),
+        o in v.strip() for o in ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+    ),
     "detectable_format:number_highlighted_sections": _highlights,
     "detectable_format:multiple_sections": _sections,
     "detectable_format:json_format": _json,
     "detectable_format:title": _title,
     "combination:two_responses": _two_responses,
-    "combination:repeat_prompt": lambda v, kw: v.strip().lower().startswith(
-        str(kw["prompt_to_repeat"]).strip().lower()),
-    "startend:end_checker": lambda v, kw: v.strip().strip('"').lower().endswith(
-        str(kw["end_phrase"]).strip().lower()),
+    "combination:repeat_prompt": lambda v, kw: (
+        v.strip().lower().startswith(str(kw["prompt_to_repeat"]).strip().lower())
+    ),
+    "startend:end_checker": lambda v, kw: v.strip().strip('"').lower().endswith(str(kw["end_phrase"]).strip().lower()),
     "startend:quotation": lambda v, kw: len(v.strip()) > 1 and v.strip()[0] == '"' and v.strip()[-1] == '"',
     "change_case:capital_word_frequency": lambda v, kw: _compare(
-        sum(1 for w in treebank_words(v) if w.isupper()), kw["capital_relation"], int(kw["capital_frequency"])),
+        sum(1 for w in treebank_words(v) if w.isupper()), kw["capital_relation"], int(kw["capital_frequency"])
+    ),
     "change_case:english_capital": _english_case(upper=True),
     "change_case:english_lowercase": _english_case(upper=False),
     "punctuation:no_comma": lambda v, kw: "," not in v,
@@ -380,8 +395,7 @@ def check_instruction(instruction_id: str, kwargs: Mapping[str, Any] | None, res
 def loose_variants(response: str) -> list[str]:
     """The reference's loose variants: as is, first/last/both lines dropped, each also without '*'."""
     lines = response.split("\n")
-    trimmed = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(),
-               "\n".join(lines[1:-1]).strip()]
+    trimmed = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
     return [response, response.replace("*", ""), *trimmed[1:], *(t.replace("*", "") for t in trimmed[1:])]
 
 
@@ -407,8 +421,9 @@ class IfevalVerdict:
         return bool(self.verifiable) and all(self.loose[i] for i in self.verifiable)
 
 
-def evaluate_response(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, Any] | None],
-                      response: str) -> IfevalVerdict:
+def evaluate_response(
+    instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, Any] | None], response: str
+) -> IfevalVerdict:
     """Strict (response as is) and loose (any variant passes) for every instruction of a prompt."""
     variants = loose_variants(response)
     strict: list[bool | None] = []

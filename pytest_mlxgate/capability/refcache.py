@@ -68,8 +68,14 @@ class CapabilityCache:
     `files`: the run's KL cache's (this folder sits inside it, under one cap); by default one over
     `directory` with `max_bytes` and `report`."""
 
-    def __init__(self, directory: Path, *, max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
-                 report: Callable[[str], None] | None = None, files: EntryStore | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
+        report: Callable[[str], None] | None = None,
+        files: EntryStore | None = None,
+    ) -> None:
         self.directory = directory
         self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 

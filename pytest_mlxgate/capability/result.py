@@ -38,10 +38,15 @@ class CapabilityRun:
 
     def paired_items(self) -> list[dict[str, Any]]:
         """Per item, both arms' outputs and verdicts: enough to rescore a run or join it to another."""
-        return [{"id": it.id, "prompt_hash": r.prompt_hash,
-                 "reference": {"output": r.output, "score": r.score, "verdict": r.verdict},
-                 "candidate": {"output": c.output, "score": c.score, "verdict": c.verdict}}
-                for it, r, c in zip(self.items, self.reference, self.candidate)]
+        return [
+            {
+                "id": it.id,
+                "prompt_hash": r.prompt_hash,
+                "reference": {"output": r.output, "score": r.score, "verdict": r.verdict},
+                "candidate": {"output": c.output, "score": c.score, "verdict": c.verdict},
+            }
+            for it, r, c in zip(self.items, self.reference, self.candidate)
+        ]
 
     def flipped(self) -> list[tuple[Item, ItemResult, ItemResult]]:
         """Items whose outcome changed between the arms, losses (ref right, cand wrong) first."""

@@ -41,8 +41,17 @@ if TYPE_CHECKING:
     from .base import Task
     from .refcache import CapabilityCache
 
-__all__ = ["ArmProgress", "CapabilityArgs", "PreparedRun", "load_task", "prepare", "run_arm", "run_capability",
-           "run_capability_sequential", "sequential_order"]
+__all__ = [
+    "ArmProgress",
+    "CapabilityArgs",
+    "PreparedRun",
+    "load_task",
+    "prepare",
+    "run_arm",
+    "run_capability",
+    "run_capability_sequential",
+    "sequential_order",
+]
 
 
 class ArmProgress(Protocol):
@@ -103,13 +112,25 @@ def run_arm(
         choice = [it for it in items if it.kind == "choice"]
         gen = [it for it in items if it.kind != "choice"]
         total = len(items)
-        logps = choice_logprobs_many(model, tokenizer, [rendered[it.id] for it in choice], [it.choices for it in choice],
-                                     progress=(lambda done, _: progress(done, total)) if progress else None)
+        logps = choice_logprobs_many(
+            model,
+            tokenizer,
+            [rendered[it.id] for it in choice],
+            [it.choices for it in choice],
+            progress=(lambda done, _: progress(done, total)) if progress else None,
+        )
         for it, item_logps in zip(choice, logps):
             results[it.id] = _stamp(task.score(it, "", choice_logprobs=item_logps), rendered[it.id])
-        outputs = generate_greedy(model, tokenizer, [rendered[it.id] for it in gen], max_new_tokens=budget, kv=kv,
-                                  peers=peers, batch_size=batch_size,
-                                  progress=(lambda done, _: progress(len(choice) + done, total)) if progress else None)
+        outputs = generate_greedy(
+            model,
+            tokenizer,
+            [rendered[it.id] for it in gen],
+            max_new_tokens=budget,
+            kv=kv,
+            peers=peers,
+            batch_size=batch_size,
+            progress=(lambda done, _: progress(len(choice) + done, total)) if progress else None,
+        )
     if items:
         lever.require_exercised(arm, calls[0] if lever.kind == "patch" else None, during=f"capability task {task.name}")
     for it, out in zip(gen, outputs):
@@ -117,8 +138,15 @@ def run_arm(
     return [results[it.id] for it in items], rendered
 
 
-def _require_kv_exercised(task: Task, items: Sequence[Item], rendered: Mapping[str, str], model: Any,
-                          tokenizer: Any, lever: Lever, budget: int) -> None:
+def _require_kv_exercised(
+    task: Task,
+    items: Sequence[Item],
+    rendered: Mapping[str, str],
+    model: Any,
+    tokenizer: Any,
+    lever: Lever,
+    budget: int,
+) -> None:
     """Refuse a KV lever on a task it cannot change: choices are scored by one plain teacher-forced
     prefill (no KV plan), and generation must run past a quantized spec's start."""
     gen = [it for it in items if it.kind != "choice"]
@@ -130,8 +158,14 @@ def _require_kv_exercised(task: Task, items: Sequence[Item], rendered: Mapping[s
             "ifeval, bfcl, humaneval, hashhop), or a KL gate on the serving path for this lever"
         )
     longest = max(prompt_length(tokenizer, rendered[it.id]) for it in gen) + budget
-    require_kv_difference(lever.name, lever.kv_plan("reference"), lever.kv_plan("candidate"), model, longest,
-                          where=f"capability task {task.name}'s generation")
+    require_kv_difference(
+        lever.name,
+        lever.kv_plan("reference"),
+        lever.kv_plan("candidate"),
+        model,
+        longest,
+        where=f"capability task {task.name}'s generation",
+    )
 
 
 class CapabilityArgs(TypedDict, total=False):
@@ -172,14 +206,26 @@ class PreparedRun:
     key: dict[str, Any] | None
     cached: list[ItemResult] | None
 
-    def arm(self, which: Arm, items: Sequence[Item], rendered: Mapping[str, str] | None = None,
-            ) -> tuple[list[ItemResult], dict[str, str]]:
+    def arm(
+        self,
+        which: Arm,
+        items: Sequence[Item],
+        rendered: Mapping[str, str] | None = None,
+    ) -> tuple[list[ItemResult], dict[str, str]]:
         """`run_arm` of `which` over `items` (rendered with that arm's tokenizer unless given)."""
         progress_for = self.args.get("progress_for")
         meter = progress_for(which, len(items)) if progress_for else None
-        out = run_arm(self.task, items, *self.args[which], self.args["lever"], which,
-                      max_new_tokens=self.args.get("max_new_tokens"), batch_size=self.args.get("batch_size", 16),
-                      progress=meter, rendered=rendered)
+        out = run_arm(
+            self.task,
+            items,
+            *self.args[which],
+            self.args["lever"],
+            which,
+            max_new_tokens=self.args.get("max_new_tokens"),
+            batch_size=self.args.get("batch_size", 16),
+            progress=meter,
+            rendered=rendered,
+        )
         if meter is not None:
             meter.finish("scored")
         return out
@@ -205,9 +251,18 @@ def prepare(name: str, tier: Tier, args: CapabilityArgs) -> PreparedRun:
     key: dict[str, Any] | None = None
     cached: list[ItemResult] | None = None
     if cache is not None and base is not None:
-        key = _cache_key(task, name, tier, args["n"], items, rendered, dict(base),
-                         max_new_tokens=args.get("max_new_tokens"), batch_size=args.get("batch_size", 16),
-                         lever=args["lever"])
+        key = _cache_key(
+            task,
+            name,
+            tier,
+            args["n"],
+            items,
+            rendered,
+            dict(base),
+            max_new_tokens=args.get("max_new_tokens"),
+            batch_size=args.get("batch_size", 16),
+            lever=args["lever"],
+        )
         if not args.get("refresh_reference"):
             cached = cache.load(key, len(items))
     return PreparedRun(name, tier, args, task, items, rendered, key, cached)
@@ -229,9 +284,17 @@ def run_capability(name: str, tier: Tier, **args: Unpack[CapabilityArgs]) -> Cap
     except SandboxUnavailable as e:
         raise TaskSkipped(f"{name}: {e}") from None
     t2 = time.perf_counter()
-    return CapabilityRun(task=name, tier=tier, graded=run.task.graded, items=run.items, reference=ref, candidate=cand,
-                         durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},
-                         rendered=rendered, reference_source="cache" if run.cached is not None else "computed")
+    return CapabilityRun(
+        task=name,
+        tier=tier,
+        graded=run.task.graded,
+        items=run.items,
+        reference=ref,
+        candidate=cand,
+        durations={"reference_s": round(t1 - t0, 3), "candidate_s": round(t2 - t1, 3)},
+        rendered=rendered,
+        reference_source="cache" if run.cached is not None else "computed",
+    )
 
 
 def _load_items(task: Task, name: str, tier: Tier, n: int | None) -> list[Item]:
@@ -280,7 +343,7 @@ def run_capability_sequential(
 
     def next_batch(k: int) -> list[tuple[float, float]]:
         start = sum(b.n for b in batches)
-        chunk = pool[start:start + k]
+        chunk = pool[start : start + k]
         if not chunk:
             return []
         run = (batch_runner or run_capability)(name, tier, n=None, items=chunk, **arms)
@@ -289,36 +352,68 @@ def run_capability_sequential(
 
     def report(v: Any) -> None:
         if say is not None:
-            say(f"capability {name} ({tier}): {v.n} items, drop {v.drop:+.3f} within [{v.lower:.3f}, {v.upper:.3f}] "
-                f"vs max_drop {max_drop:.3f}: {'shown' if v.verdict != 'inconclusive' else 'going on'}")
+            say(
+                f"capability {name} ({tier}): {v.n} items, drop {v.drop:+.3f} within [{v.lower:.3f}, {v.upper:.3f}] "
+                f"vs max_drop {max_drop:.3f}: {'shown' if v.verdict != 'inconclusive' else 'going on'}"
+            )
 
-    verdict = run_sequential(next_batch, max_drop=max_drop, alpha=alpha, fail_alpha=fail_alpha,
-                             batch_size=budget.batch, max_items=budget.items,
-                             max_seconds=budget.seconds, on_batch=report, clock=clock or time.monotonic)
+    verdict = run_sequential(
+        next_batch,
+        max_drop=max_drop,
+        alpha=alpha,
+        fail_alpha=fail_alpha,
+        batch_size=budget.batch,
+        max_items=budget.items,
+        max_seconds=budget.seconds,
+        on_batch=report,
+        clock=clock or time.monotonic,
+    )
     if not batches:
         raise TaskSkipped(f"{name}: the {tier} tier has no items")
     sources = {b.reference_source for b in batches}
     return CapabilityRun(
-        task=name, tier=tier, graded=batches[0].graded,
+        task=name,
+        tier=tier,
+        graded=batches[0].graded,
         items=[it for b in batches for it in b.items],
         reference=[r for b in batches for r in b.reference],
         candidate=[c for b in batches for c in b.candidate],
         durations={k: round(sum(b.durations.get(k, 0.0) for b in batches), 3) for k in ("reference_s", "candidate_s")},
         rendered={k: v for b in batches for k, v in b.rendered.items()},
         reference_source=sources.pop() if len(sources) == 1 else "mixed",
-        sequential={**verdict.to_json(), "budget": budget.to_json()}, ranks=batches[0].ranks,
+        sequential={**verdict.to_json(), "budget": budget.to_json()},
+        ranks=batches[0].ranks,
     )
 
 
-def _cache_key(task: Task, name: str, tier: Tier, n: int | None, items: Sequence[Item], rendered: Mapping[str, str],
-               base: dict[str, Any], *, max_new_tokens: int | None, batch_size: int, lever: Lever) -> dict[str, Any]:
+def _cache_key(
+    task: Task,
+    name: str,
+    tier: Tier,
+    n: int | None,
+    items: Sequence[Item],
+    rendered: Mapping[str, str],
+    base: dict[str, Any],
+    *,
+    max_new_tokens: int | None,
+    batch_size: int,
+    lever: Lever,
+) -> dict[str, Any]:
     """Everything the reference arm's results depend on, beyond the model and lever in `base`."""
-    return {**base, "format": refcache.CAPABILITY_CACHE_FORMAT, "task": name,
-            "task_code": refcache.task_code_digest(task), "generation_code": refcache.generation_code_digest(),
-            # the generation loop is chosen from both arms' KV plans (generate.generation_route)
-            "kv_plans": [lever.kv_plan(a).source for a in ("reference", "candidate")] if lever.kind == "kv" else [],
-            "tier": tier, "n": n, "max_new_tokens": _budget(task, max_new_tokens), "batch_size": batch_size,
-            "items": [[it.id, prompt_hash(rendered[it.id])] for it in items]}
+    return {
+        **base,
+        "format": refcache.CAPABILITY_CACHE_FORMAT,
+        "task": name,
+        "task_code": refcache.task_code_digest(task),
+        "generation_code": refcache.generation_code_digest(),
+        # the generation loop is chosen from both arms' KV plans (generate.generation_route)
+        "kv_plans": [lever.kv_plan(a).source for a in ("reference", "candidate")] if lever.kind == "kv" else [],
+        "tier": tier,
+        "n": n,
+        "max_new_tokens": _budget(task, max_new_tokens),
+        "batch_size": batch_size,
+        "items": [[it.id, prompt_hash(rendered[it.id])] for it in items],
+    }
 
 
 def _budget(task: Task, max_new_tokens: int | None) -> int:

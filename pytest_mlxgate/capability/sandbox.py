@@ -102,7 +102,9 @@ class SandboxResult:
     stdout: str
     stderr: str
     seconds: float
-    isolation: str  # the layers applied, e.g. "netns+pidns+ipcns+utsns+ro-mounts+tmpfs-work+uid:1836843123+no-new-privs"
+    isolation: (
+        str  # the layers applied, e.g. "netns+pidns+ipcns+utsns+ro-mounts+tmpfs-work+uid:1836843123+no-new-privs"
+    )
 
 
 # ------------------------------------------------------------------ the launcher (runs inside the sandbox)
@@ -138,25 +140,30 @@ def _linux_plans() -> list[_Plan]:
     plans = []
     if os.geteuid() == 0:
         plans.append(_Plan((unshare, *common), layers, mounts=True, drop="uid", kind="netns"))
-    plans.append(_Plan((unshare, "--user", "--map-root-user", *common), ("userns", *layers), mounts=True,
-                       drop="caps", kind="netns"))
+    plans.append(
+        _Plan(
+            (unshare, "--user", "--map-root-user", *common), ("userns", *layers), mounts=True, drop="caps", kind="netns"
+        )
+    )
     return plans
 
 
 def _macos_profile(work: str) -> str:
     """The sandbox-exec (SBPL) profile: no network at all, no file writes outside `work` (a realpath)."""
     quoted = work.replace("\\", "\\\\").replace('"', '\\"')
-    return "\n".join([
-        "(version 1)",
-        "(allow default)",
-        "(deny network*)",
-        "(deny file-write*)",
-        "(allow file-write*",
-        f'    (subpath "{quoted}")',
-        '    (literal "/dev/null")',
-        '    (literal "/dev/zero"))',
-        "",
-    ])
+    return "\n".join(
+        [
+            "(version 1)",
+            "(allow default)",
+            "(deny network*)",
+            "(deny file-write*)",
+            "(allow file-write*",
+            f'    (subpath "{quoted}")',
+            '    (literal "/dev/null")',
+            '    (literal "/dev/zero"))',
+            "",
+        ]
+    )
 
 
 def _macos_plans() -> list[_Plan]:
@@ -186,8 +193,11 @@ def _probe() -> tuple[_Plan | None, str]:
                 why.append(f"{' '.join(plan.wrapper[:3])} ...: {result.status}: {result.stderr.strip()[-300:]}")
             else:
                 if not candidates:
-                    why.append("no `unshare` on PATH (util-linux)" if sys.platform.startswith("linux")
-                               else f"no isolation tool for platform {sys.platform!r} (macOS: /usr/bin/sandbox-exec)")
+                    why.append(
+                        "no `unshare` on PATH (util-linux)"
+                        if sys.platform.startswith("linux")
+                        else f"no isolation tool for platform {sys.platform!r} (macOS: /usr/bin/sandbox-exec)"
+                    )
                 _probed = (None, "; ".join(why))
         return _probed
 
@@ -221,8 +231,7 @@ class _Capped:
     def text(self) -> str:
         kept = len(self.head) + len(self.tail)
         middle = f"\n[... {self.total - kept} bytes cut by mlxgate ...]\n" if self.total > kept else ""
-        return (bytes(self.head).decode(errors="replace") + middle
-                + bytes(self.tail).decode(errors="replace"))
+        return bytes(self.head).decode(errors="replace") + middle + bytes(self.tail).decode(errors="replace")
 
 
 def _interpreter() -> tuple[str, str]:
@@ -265,8 +274,16 @@ def _layout(root: Path, code: str, plan: _Plan) -> dict[str, Any]:
     if bind:
         env["LD_LIBRARY_PATH"] = str(root / "py" / "lib")  # libpython's RUNPATH points under /root
     argv = [exe, "-I", "-S", "-B", "-X", "utf8", str(program)]
-    return {"applied": list(plan.applied), "drop": plan.drop, "uid": uid, "gid": gid, "cwd": str(work), "env": env,
-            "argv": argv, "mounts": {"work": str(work), "bind": bind} if plan.mounts else None}
+    return {
+        "applied": list(plan.applied),
+        "drop": plan.drop,
+        "uid": uid,
+        "gid": gid,
+        "cwd": str(work),
+        "env": env,
+        "argv": argv,
+        "mounts": {"work": str(work), "bind": bind} if plan.mounts else None,
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -330,13 +347,26 @@ def _execute(code: str, limits: Limits, plan: _Plan) -> SandboxResult:
         launcher = [_interpreter()[0], "-I", "-S", _LAUNCHER, json.dumps(cfg)]
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(wrapper + launcher, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True,
-                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd=root)
+            proc = subprocess.Popen(
+                wrapper + launcher,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(report_w,),
+                start_new_session=True,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                cwd=root,
+            )
         except OSError as e:
             os.close(report_r)
-            return SandboxResult("error", None, "", f"mlxgate sandbox: could not start {wrapper[:1] or launcher[:1]}: "
-                                 f"{e}", 0.0, "+".join(plan.applied))
+            return SandboxResult(
+                "error",
+                None,
+                "",
+                f"mlxgate sandbox: could not start {wrapper[:1] or launcher[:1]}: {e}",
+                0.0,
+                "+".join(plan.applied),
+            )
         finally:
             os.close(report_w)
         out, err, report, ended = _drain(proc, report_r, start + limits.wall_s, limits.output_kb * 1024)
@@ -354,8 +384,9 @@ def _reported_pidns(report: bytes | bytearray) -> str | None:
     return None
 
 
-def _drain(proc: subprocess.Popen[bytes], report_r: int, deadline: float,
-           cap: int) -> tuple[_Capped, _Capped, str, str]:
+def _drain(
+    proc: subprocess.Popen[bytes], report_r: int, deadline: float, cap: int
+) -> tuple[_Capped, _Capped, str, str]:
     """Read stdout, stderr and the launcher's report until all close; kill at the deadline or the cap.
 
     Whatever happens, the session and the PID namespace are swept before returning, so nothing the
@@ -416,8 +447,16 @@ def _drain(proc: subprocess.Popen[bytes], report_r: int, deadline: float,
     return out, err, report.decode(errors="replace"), ended
 
 
-def _verdict(report: str, ended: str, wrapper_rc: int | None, out: _Capped, err: _Capped, seconds: float,
-             plan: _Plan, limits: Limits) -> SandboxResult:
+def _verdict(
+    report: str,
+    ended: str,
+    wrapper_rc: int | None,
+    out: _Capped,
+    err: _Capped,
+    seconds: float,
+    plan: _Plan,
+    limits: Limits,
+) -> SandboxResult:
     """Map the launcher's report and how the run ended onto a SandboxResult."""
     lines = report.splitlines()
     ready = next((line.split()[1] for line in lines if line.startswith("ready ") and len(line.split()) > 1), None)
@@ -428,15 +467,33 @@ def _verdict(report: str, ended: str, wrapper_rc: int | None, out: _Capped, err:
         why = errors[0] if errors else f"the sandbox launcher ended (status {wrapper_rc}) before reporting"
         return SandboxResult("error", None, stdout, f"mlxgate sandbox: {why}\n{stderr}", seconds, isolation)
     if ended == "timeout":
-        return SandboxResult("timeout", None, stdout, stderr + f"\nmlxgate sandbox: killed after the {limits.wall_s:g} s "
-                             "wall-clock limit", seconds, isolation)
+        return SandboxResult(
+            "timeout",
+            None,
+            stdout,
+            stderr + f"\nmlxgate sandbox: killed after the {limits.wall_s:g} s wall-clock limit",
+            seconds,
+            isolation,
+        )
     if ended == "output":
-        return SandboxResult("killed", None, stdout, stderr + f"\nmlxgate sandbox: killed for writing more than "
-                             f"{limits.output_kb} KB of output", seconds, isolation)
+        return SandboxResult(
+            "killed",
+            None,
+            stdout,
+            stderr + f"\nmlxgate sandbox: killed for writing more than {limits.output_kb} KB of output",
+            seconds,
+            isolation,
+        )
     final = next((line for line in reversed(lines) if line.startswith(("exit ", "signal "))), None)
     if final is None:
-        return SandboxResult("error", wrapper_rc, stdout, stderr + "\nmlxgate sandbox: the launcher did not report "
-                             "how the program ended", seconds, isolation)
+        return SandboxResult(
+            "error",
+            wrapper_rc,
+            stdout,
+            stderr + "\nmlxgate sandbox: the launcher did not report how the program ended",
+            seconds,
+            isolation,
+        )
     number = int(final.split()[1])
     if final.startswith("signal "):
         return SandboxResult("killed", -number, stdout, stderr, seconds, isolation)

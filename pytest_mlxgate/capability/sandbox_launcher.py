@@ -40,8 +40,12 @@ _EXIT_SETUP = 125  # the launcher, not the program, failed
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("set", ctypes.c_uint64), ("clr", ctypes.c_uint64), ("prop", ctypes.c_uint64),
-                ("userns", ctypes.c_uint64)]
+    _fields_ = [
+        ("set", ctypes.c_uint64),
+        ("clr", ctypes.c_uint64),
+        ("prop", ctypes.c_uint64),
+        ("userns", ctypes.c_uint64),
+    ]
 
 
 def can_forbid_new_privileges(platform: str = sys.platform) -> bool:
@@ -78,9 +82,14 @@ class _Launcher:
 
     def mount_setattr(self, path: str, set_: int, clr: int, recursive: bool) -> None:
         attr = _MountAttr(set_, clr, 0, 0)
-        rc = self.libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD), path.encode(),
-                               ctypes.c_uint(_AT_RECURSIVE if recursive else 0), ctypes.byref(attr),
-                               ctypes.c_size_t(32))
+        rc = self.libc.syscall(
+            ctypes.c_long(_SYS_MOUNT_SETATTR),
+            ctypes.c_int(_AT_FDCWD),
+            path.encode(),
+            ctypes.c_uint(_AT_RECURSIVE if recursive else 0),
+            ctypes.byref(attr),
+            ctypes.c_size_t(32),
+        )
         _check(0 if rc == 0 else -1, "mount_setattr " + path + " (needs Linux >= 5.12)")
 
     def drop_caps(self) -> None:
@@ -98,8 +107,13 @@ class _Launcher:
         try:
             m = cfg["mounts"]
             if m:
-                self.mount("tmpfs", m["work"], "tmpfs", _MS_NOSUID | _MS_NODEV,
-                           "size=%dm,nr_inodes=8192,mode=0700,uid=%d,gid=%d" % (m["work_mb"], cfg["uid"], cfg["gid"]))
+                self.mount(
+                    "tmpfs",
+                    m["work"],
+                    "tmpfs",
+                    _MS_NOSUID | _MS_NODEV,
+                    "size=%dm,nr_inodes=8192,mode=0700,uid=%d,gid=%d" % (m["work_mb"], cfg["uid"], cfg["gid"]),
+                )
                 if m["bind"]:
                     self.mount(m["bind"][0], m["bind"][1], None, _MS_BIND | _MS_REC, None)
                 self.mount_setattr("/", _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID, 0, True)  # whole tree
@@ -151,8 +165,9 @@ class _Launcher:
             except ChildProcessError:
                 break
             if done == pid:
-                self.say("signal %d" % os.WTERMSIG(status) if os.WIFSIGNALED(status)
-                         else "exit %d" % os.WEXITSTATUS(status))
+                self.say(
+                    "signal %d" % os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exit %d" % os.WEXITSTATUS(status)
+                )
                 break
 
 

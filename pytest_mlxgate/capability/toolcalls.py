@@ -54,15 +54,21 @@ class ParsedCalls:
     """What the text held: the calls, the format that matched, and why nothing did if so."""
 
     calls: tuple[ToolCall, ...]
-    format: str | None  # "hermes", "toolcall-tag", "mistral", "llama3", "json", "openai", "python", "fenced", "embedded-json"
+    format: (
+        str | None
+    )  # "hermes", "toolcall-tag", "mistral", "llama3", "json", "openai", "python", "fenced", "embedded-json"
     malformed: bool  # it looked like a call (tags, leading JSON/call syntax) but did not parse
     reason: str = ""  # why no calls were found ("" when some were)
     notes: tuple[str, ...] = ()  # leniencies applied, e.g. positional arguments ignored (as BFCL does)
 
     def to_json(self) -> dict[str, Any]:
-        return {"calls": [{"name": c.name, "arguments": c.arguments} for c in self.calls],
-                "format": self.format, "malformed": self.malformed, "reason": self.reason,
-                "notes": list(self.notes)}
+        return {
+            "calls": [{"name": c.name, "arguments": c.arguments} for c in self.calls],
+            "format": self.format,
+            "malformed": self.malformed,
+            "reason": self.reason,
+            "notes": list(self.notes),
+        }
 
 
 class _Fail(Exception):
@@ -242,7 +248,7 @@ def _from_json_value(value: Any, depth: int) -> list[ToolCall]:
     if "name" in value:
         args = value.get("arguments", value.get("parameters", value.get("args", {})))
         return [ToolCall(_name(value["name"]), _arguments(args))]
-    raise _Fail("JSON object has no \"name\"/\"function\"/\"tool_calls\"")
+    raise _Fail('JSON object has no "name"/"function"/"tool_calls"')
 
 
 def _name(name: Any) -> str:
@@ -304,7 +310,11 @@ def _embedded_json(text: str, notes: list[str]) -> list[ToolCall]:
 # ---- Python call syntax (ast, literals only) ------------------------------------------------------
 
 _ARITH: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 
 
 def _from_python(text: str, notes: list[str]) -> list[ToolCall]:

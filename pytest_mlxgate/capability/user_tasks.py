@@ -62,12 +62,15 @@ def register_task(task: Task, *, name: str | None = None, replace: bool = False)
     missing = [m for m in ("load", "render", "score", "configured") if not callable(getattr(task, m, None))]
     missing += [a for a in ("graded", "max_new_tokens") if not hasattr(task, a)]
     if missing:
-        raise MlxgateUsageError(f"capability task '{name}' lacks {', '.join(missing)} "
-                                "(see pytest_mlxgate.capability.base.Task)")
+        raise MlxgateUsageError(
+            f"capability task '{name}' lacks {', '.join(missing)} (see pytest_mlxgate.capability.base.Task)"
+        )
     known = _REGISTRY.get(name)
     if known is not None and known is not task and not replace:
-        raise MlxgateUsageError(f"a capability task named '{name}' is registered already; pass replace=True "
-                                "to replace it, or pick another name")
+        raise MlxgateUsageError(
+            f"a capability task named '{name}' is registered already; pass replace=True "
+            "to replace it, or pick another name"
+        )
     _REGISTRY[name] = task
     return task
 
@@ -86,8 +89,9 @@ def find_user_task(name: str) -> Task | None:
             try:
                 task = ep.load()
             except Exception as e:  # a broken plugin package: say which one and why
-                raise MlxgateUsageError(f"capability task '{name}' from entry point {ep.value!r} "
-                                        f"did not load ({type(e).__name__}: {e})") from None
+                raise MlxgateUsageError(
+                    f"capability task '{name}' from entry point {ep.value!r} did not load ({type(e).__name__}: {e})"
+                ) from None
             return register_task(task, name=name)
     return None
 
@@ -110,8 +114,11 @@ class JsonlTask:
         """The file's items in file order; a smaller tier (or `n`) takes a seeded sample of them."""
         if not self.path.is_file():
             raise TaskDataMissing(f"{self.name}: the data file {self.path} does not exist")
-        items = [self._item(lineno, line) for lineno, line in enumerate(
-            self.path.read_text(encoding="utf-8").splitlines(), start=1) if line.strip()]
+        items = [
+            self._item(lineno, line)
+            for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1)
+            if line.strip()
+        ]
         ids = [it.id for it in items]
         if len(set(ids)) != len(ids):
             dup = sorted({i for i in ids if ids.count(i) > 1})[:3]
@@ -170,24 +177,40 @@ class JsonlTask:
                 raise ValueError(f"{item.id}: choice scoring needs one log-probability per choice")
             pred = max(range(len(choice_logprobs)), key=lambda i: choice_logprobs[i])
             ok = pred == item.target
-            return ItemResult(item.id, "", item.choices[pred], float(ok), "correct" if ok else "wrong",
-                              {"logprobs": [float(v) for v in choice_logprobs]})
-        ok = (output.strip() == str(item.target).strip() if self.scoring == "exact"
-              else re.search(str(item.target), output) is not None)
+            return ItemResult(
+                item.id,
+                "",
+                item.choices[pred],
+                float(ok),
+                "correct" if ok else "wrong",
+                {"logprobs": [float(v) for v in choice_logprobs]},
+            )
+        ok = (
+            output.strip() == str(item.target).strip()
+            if self.scoring == "exact"
+            else re.search(str(item.target), output) is not None
+        )
         return ItemResult(item.id, "", output, float(ok), "correct" if ok else "wrong", {})
 
 
-def jsonl_task(name: str, path: str | Path, *, scoring: Scoring = "exact", max_new_tokens: int = 64,
-               smoke_n: int | None = None, register: bool = True) -> JsonlTask:
+def jsonl_task(
+    name: str,
+    path: str | Path,
+    *,
+    scoring: Scoring = "exact",
+    max_new_tokens: int = 64,
+    smoke_n: int | None = None,
+    register: bool = True,
+) -> JsonlTask:
     """A task from a JSONL file (relative paths: to the current directory), registered under `name`."""
     if scoring not in _SCORINGS:
         raise MlxgateUsageError(f"scoring must be one of {', '.join(_SCORINGS)}, not {scoring!r}")
     if max_new_tokens < 1 or (smoke_n is not None and smoke_n < 1):
         raise MlxgateUsageError("max_new_tokens and smoke_n must be positive")
-    task = JsonlTask(name=name, path=Path(path).resolve(), scoring=scoring, max_new_tokens=max_new_tokens,
-                     smoke_n=smoke_n)
+    task = JsonlTask(
+        name=name, path=Path(path).resolve(), scoring=scoring, max_new_tokens=max_new_tokens, smoke_n=smoke_n
+    )
     if register:
         known = _REGISTRY.get(name)
         register_task(task, replace=isinstance(known, JsonlTask) and known == task)  # a module imported again
     return task
-

@@ -23,8 +23,10 @@ _NAME = rf"(?:[A-Za-z0-9]+[-_.])*{_WORDS}"
 # `scheme://userinfo@`: the userinfo runs to the last '@' before the host's end (a password may hold '@').
 _USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#]*@")
 # `Authorization: Bearer x`, `'authorization': 'Basic x'` (a headers dict's repr), `authorization=x`.
-_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token|digest)\s+)?"
-                            r"[^\s,;'\"]+")
+_AUTHORIZATION = re.compile(
+    r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token|digest)\s+)?"
+    r"[^\s,;'\"]+"
+)
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/-]+=*")
 # `name=value` with a secret name: query parameters (`?token=…&sig=…`), `--api-key=…`, `HF_TOKEN=…`.
 _PARAM = re.compile(rf"(?i)(?<![A-Za-z0-9])({_NAME})=[^\s&#;,'\"<>]+")
@@ -68,8 +70,10 @@ def redact_data(value: Any) -> Any:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, Mapping):
-        return {k: MASK if isinstance(k, str) and _SECRET_KEY.fullmatch(k) and v not in (None, "")
-                else redact_data(v) for k, v in value.items()}
+        return {
+            k: MASK if isinstance(k, str) and _SECRET_KEY.fullmatch(k) and v not in (None, "") else redact_data(v)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [redact_data(v) for v in value]
     return value

@@ -54,9 +54,26 @@ _ENTRY_NAME = re.compile(r"(?:cap-)?[0-9a-f]{40}\.(?:npz|json)")
 #: `atomic_write`'s temp files of entries; one older than this was left by a killed writer.
 _TEMP_NAME = re.compile(r"\.(?:cap-)?[0-9a-f]{40}\.(?:npz|json)\.[0-9a-f]{8}\.tmp")
 _STALE_TEMP_S = 3600.0
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
-          "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
+}
 _NO_CAP = ("none", "off", "unlimited")
 
 T = TypeVar("T")
@@ -74,8 +91,10 @@ def parse_cache_max(text: str) -> int | None:
         return None
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*([a-z]*)", value)
     if m is None or m.group(2) not in _UNITS:
-        raise ValueError(f"'{text}' is not a size: give a number with an optional unit (kB, MB, GB, KiB, MiB, "
-                         "GiB, ...), e.g. 2GiB or 500MB; 0 keeps only the entry just written; none: no cap")
+        raise ValueError(
+            f"'{text}' is not a size: give a number with an optional unit (kB, MB, GB, KiB, MiB, "
+            "GiB, ...), e.g. 2GiB or 500MB; 0 keeps only the entry just written; none: no cap"
+        )
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
@@ -88,12 +107,12 @@ def seal(payload: bytes) -> bytes:
 def unseal(data: bytes) -> bytes:
     """The payload `seal` wrapped; DamagedEntry unless every byte is as it was written."""
     end = data.find(b"\n", 0, _MAX_HEADER)
-    header = _HEADER.fullmatch(data[:end + 1]) if end >= 0 else None
+    header = _HEADER.fullmatch(data[: end + 1]) if end >= 0 else None
     if header is None:
         if data.startswith((b"PK\x03\x04", b"{")):
             raise DamagedEntry("no checksum: written by an older mlxgate")
         raise DamagedEntry("no mlxgate entry header" if not data.startswith(_MAGIC) else "its header is damaged")
-    payload = data[end + 1:]
+    payload = data[end + 1 :]
     if len(payload) != int(header.group(1)):
         raise DamagedEntry(f"{len(payload)} bytes where {int(header.group(1))} were written")
     if hashlib.sha256(payload).hexdigest() != header.group(2).decode():
@@ -109,8 +128,13 @@ class EntryStore:
     it is a warning. Shared by the KL and capability caches of a run, so a damaged entry is
     reported once whichever cache finds it."""
 
-    def __init__(self, root: Path, *, max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
-                 report: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.report = report
@@ -145,8 +169,10 @@ class EntryStore:
             return
         self._reported.add(str(path))
         reason = str(why) if isinstance(why, (DamagedEntry, str)) else f"{type(why).__name__}: {why}"
-        line = (f"reference cache entry {path} is damaged ({reason[:200]}); "
-                "recomputing the reference arm and replacing the entry")
+        line = (
+            f"reference cache entry {path} is damaged ({reason[:200]}); "
+            "recomputing the reference arm and replacing the entry"
+        )
         if self.report is not None:
             self.report(line)
         else:
@@ -160,9 +186,13 @@ class EntryStore:
         try:
             return self._evict(keep)
         except Exception as e:  # noqa: BLE001 - a cap missed this once is better than a run crashed
-            warnings.warn(MlxgateWarning(f"reference cache {self.root}: eviction skipped ({type(e).__name__}: {e}); "
-                                         "the cache may exceed --mlx-reference-cache-max until the next store"),
-                          stacklevel=3)
+            warnings.warn(
+                MlxgateWarning(
+                    f"reference cache {self.root}: eviction skipped ({type(e).__name__}: {e}); "
+                    "the cache may exceed --mlx-reference-cache-max until the next store"
+                ),
+                stacklevel=3,
+            )
             return []
 
     def entries(self) -> list[tuple[float, int, Path]]:
@@ -243,8 +273,13 @@ def _read(path: Path) -> bytes | None:
 
 
 def _kind(mode: int) -> str:
-    for test, word in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    for test, word in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a fifo"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return word
     return "not a file"
@@ -293,9 +328,13 @@ def store_or_warn(cache: _Store, key: Mapping[str, Any], value: Any) -> bool:
     try:
         cache.store(key, value)
     except OSError as e:
-        warnings.warn(MlxgateWarning(
-            f"reference cache {cache.directory}: entry not written ({e.strerror or e}); the next run computes "
-            "the reference arm again. Fix: --mlx-reference-cache DIR (a writable directory), or "
-            "--mlx-reference-cache off"), stacklevel=2)
+        warnings.warn(
+            MlxgateWarning(
+                f"reference cache {cache.directory}: entry not written ({e.strerror or e}); the next run computes "
+                "the reference arm again. Fix: --mlx-reference-cache DIR (a writable directory), or "
+                "--mlx-reference-cache off"
+            ),
+            stacklevel=2,
+        )
         return False
     return True

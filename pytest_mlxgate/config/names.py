@@ -173,8 +173,7 @@ def check_name_syntax(text: str) -> str:
         validate_repo_id(base)
     elif not _ALIAS_NAME.fullmatch(base):
         raise ModelNameError(
-            f"'{text}' is neither an alias (letters, digits, '-', '_', '.') nor a repo id; "
-            f"{_NAME_FORMS}"
+            f"'{text}' is neither an alias (letters, digits, '-', '_', '.') nor a repo id; {_NAME_FORMS}"
         )
     return text
 
@@ -252,7 +251,7 @@ def load_aliases(pyproject: Path, tool_table: Mapping[str, Any] | None = None) -
         )
     user = tool_table.get("aliases", {})
     if not isinstance(user, dict):
-        raise MlxgateUsageError(f"[tool.mlxgate.aliases] in {pyproject} must be a table of name = \"target\"")
+        raise MlxgateUsageError(f'[tool.mlxgate.aliases] in {pyproject} must be a table of name = "target"')
     for name, value in user.items():
         specs[name] = _user_alias(name, value, pyproject)
     return Aliases(specs=specs, pyproject=pyproject)
@@ -264,8 +263,7 @@ def _user_alias(name: str, value: object, pyproject: Path) -> CandidateSpec:
         raise MlxgateUsageError(f"{where}: an alias name uses letters, digits, '-', '_' and '.' only")
     if not isinstance(value, str) or not value.strip():
         raise MlxgateUsageError(
-            f"{where} must be a string: a repo id org/name[@revision] or a path relative to that "
-            f"file, got {value!r}"
+            f"{where} must be a string: a repo id org/name[@revision] or a path relative to that file, got {value!r}"
         )
     value = value.strip()
     local = pyproject.parent / Path(value).expanduser()

@@ -182,89 +182,233 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--mlx-candidate", "model under test: an alias (e2b, e4b, smollm2-135m, or [tool.mlxgate.aliases]), "
-           "a repo id org/name[@revision], or a local directory. Default: smollm2-135m.",
-           "model", metavar="NAME", type=name_arg),
-    Option("--mlx-reference", "reference model, same forms as --mlx-candidate. Default: none.",
-           "model", metavar="NAME", type=name_arg),
-    Option("--mlx-cache-dir", "hub cache directory. Default: HF_HUB_CACHE, else $HF_HOME/hub, else "
-           "~/.cache/huggingface/hub.", "model", metavar="DIR", type=cache_dir_arg,
-           ini_help="default for --mlx-cache-dir (relative to this file)"),
-    Option("--mlx-offline", "never touch the network; use complete cached snapshots only. Default: HF_HUB_OFFLINE.",
-           "model", ini_bool_default=None),
-    Option("--mlx-endpoint", "hub endpoint. Default: HF_ENDPOINT, else https://huggingface.co.",
-           "model", metavar="URL", type=endpoint_arg),
-    Option("--mlx-lever", "override the gates' lever: a module's lever name (new values for it), an environment "
-           "variable (env:VAR or a bare NAME), patch:module.attr, kv, or model. Needs both values below.",
-           "gate", metavar="NAME"),
+    Option(
+        "--mlx-candidate",
+        "model under test: an alias (e2b, e4b, smollm2-135m, or [tool.mlxgate.aliases]), "
+        "a repo id org/name[@revision], or a local directory. Default: smollm2-135m.",
+        "model",
+        metavar="NAME",
+        type=name_arg,
+    ),
+    Option(
+        "--mlx-reference",
+        "reference model, same forms as --mlx-candidate. Default: none.",
+        "model",
+        metavar="NAME",
+        type=name_arg,
+    ),
+    Option(
+        "--mlx-cache-dir",
+        "hub cache directory. Default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.",
+        "model",
+        metavar="DIR",
+        type=cache_dir_arg,
+        ini_help="default for --mlx-cache-dir (relative to this file)",
+    ),
+    Option(
+        "--mlx-offline",
+        "never touch the network; use complete cached snapshots only. Default: HF_HUB_OFFLINE.",
+        "model",
+        ini_bool_default=None,
+    ),
+    Option(
+        "--mlx-endpoint",
+        "hub endpoint. Default: HF_ENDPOINT, else https://huggingface.co.",
+        "model",
+        metavar="URL",
+        type=endpoint_arg,
+    ),
+    Option(
+        "--mlx-lever",
+        "override the gates' lever: a module's lever name (new values for it), an environment "
+        "variable (env:VAR or a bare NAME), patch:module.attr, kv, or model. Needs both values below.",
+        "gate",
+        metavar="NAME",
+    ),
     Option("--mlx-ref-value", "the lever's reference value (with --mlx-lever)", "gate", metavar="V"),
     Option("--mlx-cand-value", "the lever's candidate value (with --mlx-lever)", "gate", metavar="V"),
-    Option("--mlx-prompts-file", 'KL prompts, one JSON object per line: {"text": ...} or {"messages": [...]} '
-           "(chat template). Default: the built-in domain-diverse set.", "gate", metavar="JSONL", type=file_arg),
-    Option("--mlx-kl-prompts", "sequences per KL gate (default: the gate's mlx_kl marker, else 64)",
-           "gate", metavar="N", type=count_arg),
-    Option("--mlx-kl-tokens", "tokens per sequence (default: the gate's mlx_kl marker, else 256)",
-           "gate", metavar="T", type=count_arg),
-    Option("--mlx-kl-decode", "serving path: the last D tokens are decoded one at a time (default: marker, else 32)",
-           "gate", metavar="D", type=count_arg),
-    Option("--mlx-speed", "speed and memory beside drift: on (every gate), off (none). Default: the gate modules "
-           "with an mlx_speed marker", "gate", choices=("on", "off")),
-    Option("--mlx-speed-contexts", "context lengths speed is measured at (default: the marker's, else 600,8192 on "
-           "a GPU, 64,256 on a CPU)", "gate", metavar="N,N", type=contexts_arg),
-    Option("--mlx-speed-decode", "tokens decoded (and timed) per speed trial (default: marker, else 64 GPU / 8 CPU)",
-           "gate", metavar="N", type=count_arg),
-    Option("--mlx-speed-reps", "interleaved pairs of speed trials per context, at least 3 (default: marker, else 9)",
-           "gate", metavar="N", type=count_arg),
-    Option("--mlx-reference-cache", "where reference arms are cached: a directory, or 'off'. Default: pytest's "
-           "cache (.pytest_cache/d/mlxgate-reference); off when pytest's cacheprovider is disabled "
-           "(-p no:cacheprovider)", "gate", metavar="DIR"),
-    Option("--mlx-reference-cache-max", "cap on the reference cache's size, e.g. 2GiB or 500MB: after each store "
-           "the least recently used entries are deleted until it fits (never the one just written; 0 keeps only "
-           "that one); 'none': no cap. Default: 2GiB", "gate", metavar="SIZE", type=cache_max_arg),
+    Option(
+        "--mlx-prompts-file",
+        'KL prompts, one JSON object per line: {"text": ...} or {"messages": [...]} '
+        "(chat template). Default: the built-in domain-diverse set.",
+        "gate",
+        metavar="JSONL",
+        type=file_arg,
+    ),
+    Option(
+        "--mlx-kl-prompts",
+        "sequences per KL gate (default: the gate's mlx_kl marker, else 64)",
+        "gate",
+        metavar="N",
+        type=count_arg,
+    ),
+    Option(
+        "--mlx-kl-tokens",
+        "tokens per sequence (default: the gate's mlx_kl marker, else 256)",
+        "gate",
+        metavar="T",
+        type=count_arg,
+    ),
+    Option(
+        "--mlx-kl-decode",
+        "serving path: the last D tokens are decoded one at a time (default: marker, else 32)",
+        "gate",
+        metavar="D",
+        type=count_arg,
+    ),
+    Option(
+        "--mlx-speed",
+        "speed and memory beside drift: on (every gate), off (none). Default: the gate modules "
+        "with an mlx_speed marker",
+        "gate",
+        choices=("on", "off"),
+    ),
+    Option(
+        "--mlx-speed-contexts",
+        "context lengths speed is measured at (default: the marker's, else 600,8192 on a GPU, 64,256 on a CPU)",
+        "gate",
+        metavar="N,N",
+        type=contexts_arg,
+    ),
+    Option(
+        "--mlx-speed-decode",
+        "tokens decoded (and timed) per speed trial (default: marker, else 64 GPU / 8 CPU)",
+        "gate",
+        metavar="N",
+        type=count_arg,
+    ),
+    Option(
+        "--mlx-speed-reps",
+        "interleaved pairs of speed trials per context, at least 3 (default: marker, else 9)",
+        "gate",
+        metavar="N",
+        type=count_arg,
+    ),
+    Option(
+        "--mlx-reference-cache",
+        "where reference arms are cached: a directory, or 'off'. Default: pytest's "
+        "cache (.pytest_cache/d/mlxgate-reference); off when pytest's cacheprovider is disabled "
+        "(-p no:cacheprovider)",
+        "gate",
+        metavar="DIR",
+    ),
+    Option(
+        "--mlx-reference-cache-max",
+        "cap on the reference cache's size, e.g. 2GiB or 500MB: after each store "
+        "the least recently used entries are deleted until it fits (never the one just written; 0 keeps only "
+        "that one); 'none': no cap. Default: 2GiB",
+        "gate",
+        metavar="SIZE",
+        type=cache_max_arg,
+    ),
     Option("--mlx-refresh-reference", "recompute the reference arm even when the reference cache has it", "gate"),
-    Option("--mlx-aa", "A/A calibration: run each gate's reference arm against itself (and with another "
-           "prefill chunk size) and check every limit sits above that noise floor; a module with a calibration file "
-           "(calibration/<module>.json) is first held to it (a stale file warns)", "gate"),
-    Option("--mlx-calibrate", "size a gate's limits: measure each module's lever drift, its A/A floor, speed and "
-           "memory, print suggested limits as code (and the rule) and give no verdict (its tests skip); write what "
-           "was measured to calibration/<module>.json beside the module", "gate",
-           in_rerun=False),
+    Option(
+        "--mlx-aa",
+        "A/A calibration: run each gate's reference arm against itself (and with another "
+        "prefill chunk size) and check every limit sits above that noise floor; a module with a calibration file "
+        "(calibration/<module>.json) is first held to it (a stale file warns)",
+        "gate",
+    ),
+    Option(
+        "--mlx-calibrate",
+        "size a gate's limits: measure each module's lever drift, its A/A floor, speed and "
+        "memory, print suggested limits as code (and the rule) and give no verdict (its tests skip); write what "
+        "was measured to calibration/<module>.json beside the module",
+        "gate",
+        in_rerun=False,
+    ),
     # Not carried by a re-run of one gate: an investigation must not overwrite the run's report with
     # a report of one gate, nor add rows to a history file chosen for the whole run.
-    Option("--mlx-report", "write a JSON report, one record per gate (an error record for a gate that raised). "
-           "A file already at PATH is renamed PATH.stale when the run starts (on the controller), so a run "
-           "that cannot write its report leaves none to mistake for it; a report not written fails the run",
-           "gate", metavar="PATH", in_rerun=False),
-    Option("--mlx-html", "write an HTML report: one self-contained file (plots as inline SVG, nothing loaded "
-           "from the network), a section per gate. Like --mlx-report, a file already at PATH becomes "
-           "PATH.stale at the start, and a report not written fails the run", "gate", metavar="PATH",
-           in_rerun=False),
-    Option("--mlx-db", "sqlite results history (table quality_runs); 'off' disables. "
-           "Default: .mlxgate/results.sqlite under the rootdir. Locked by another process for more than "
-           f"{DB_BUSY_TIMEOUT_S:g} s: the run's rows wait in PATH.pending.jsonl and the next run adds them", "gate", metavar="PATH",
-           in_rerun=False),
+    Option(
+        "--mlx-report",
+        "write a JSON report, one record per gate (an error record for a gate that raised). "
+        "A file already at PATH is renamed PATH.stale when the run starts (on the controller), so a run "
+        "that cannot write its report leaves none to mistake for it; a report not written fails the run",
+        "gate",
+        metavar="PATH",
+        in_rerun=False,
+    ),
+    Option(
+        "--mlx-html",
+        "write an HTML report: one self-contained file (plots as inline SVG, nothing loaded "
+        "from the network), a section per gate. Like --mlx-report, a file already at PATH becomes "
+        "PATH.stale at the start, and a report not written fails the run",
+        "gate",
+        metavar="PATH",
+        in_rerun=False,
+    ),
+    Option(
+        "--mlx-db",
+        "sqlite results history (table quality_runs); 'off' disables. "
+        "Default: .mlxgate/results.sqlite under the rootdir. Locked by another process for more than "
+        f"{DB_BUSY_TIMEOUT_S:g} s: the run's rows wait in PATH.pending.jsonl and the next run adds them",
+        "gate",
+        metavar="PATH",
+        in_rerun=False,
+    ),
     # Not carried by a re-run either: the gate being re-run may well sit in another shard.
-    Option("--mlx-shard", "run shard I of N (1-based): whole gate modules, the same split in every process, "
-           "balanced by the modules' recorded durations when the results DB has them; `mlxgate merge` joins "
-           "the shards' reports", "gate", metavar="I/N", type=shard_arg, in_rerun=False),
-    Option("--mlx-tier", "capability tier: smoke (small subsets, minutes on CPU) or full (default: the module's "
-           "mlx_tier marker, else smoke)", "gate", choices=("smoke", "full")),
-    Option("--mlx-max-new-tokens", "cap on generated tokens per capability item (default: each task's own)",
-           "gate", metavar="N", type=count_arg),
-    Option("--mlx-inconclusive", "what a gate that could not tell does: fail (the default: an inconclusive "
-           "verdict showed nothing), warn (a warning; the record keeps 'inconclusive') or xfail (for exploratory "
-           "runs). It never turns into a pass.", "gate", choices=("fail", "warn", "xfail")),
-    Option("--mlx-allow-untrained", "run gates on a reference model that predicts text no better than chance "
-           "(random-weight test models); by default such gates skip, saying so. Also MLXGATE_ALLOW_UNTRAINED=1",
-           "gate"),
-    Option("--mlx-arm-timeout", "end an arm (KL, speed trials, a capability task) that runs longer than this many "
-           "seconds, with an error saying how far it got; checked between forwards, never mid-operation. 0 or none: "
-           "no limit. Default: 3600", "gate", metavar="SECONDS", type=timeout_arg),
-    Option("--mlx-progress-interval", "seconds between an arm's progress lines (rate, ETA) on the terminal. "
-           "Default: 5 on a terminal, 30 otherwise (CI logs)", "gate", metavar="SECONDS", type=seconds_arg,
-           in_rerun=False),
-    Option("--mlx-allow-unsandboxed", "run model-written HumanEval code even where no isolation (network "
-           "namespace, sandbox-exec) is available; only rlimits and a temp dir then contain it", "gate"),
+    Option(
+        "--mlx-shard",
+        "run shard I of N (1-based): whole gate modules, the same split in every process, "
+        "balanced by the modules' recorded durations when the results DB has them; `mlxgate merge` joins "
+        "the shards' reports",
+        "gate",
+        metavar="I/N",
+        type=shard_arg,
+        in_rerun=False,
+    ),
+    Option(
+        "--mlx-tier",
+        "capability tier: smoke (small subsets, minutes on CPU) or full (default: the module's "
+        "mlx_tier marker, else smoke)",
+        "gate",
+        choices=("smoke", "full"),
+    ),
+    Option(
+        "--mlx-max-new-tokens",
+        "cap on generated tokens per capability item (default: each task's own)",
+        "gate",
+        metavar="N",
+        type=count_arg,
+    ),
+    Option(
+        "--mlx-inconclusive",
+        "what a gate that could not tell does: fail (the default: an inconclusive "
+        "verdict showed nothing), warn (a warning; the record keeps 'inconclusive') or xfail (for exploratory "
+        "runs). It never turns into a pass.",
+        "gate",
+        choices=("fail", "warn", "xfail"),
+    ),
+    Option(
+        "--mlx-allow-untrained",
+        "run gates on a reference model that predicts text no better than chance "
+        "(random-weight test models); by default such gates skip, saying so. Also MLXGATE_ALLOW_UNTRAINED=1",
+        "gate",
+    ),
+    Option(
+        "--mlx-arm-timeout",
+        "end an arm (KL, speed trials, a capability task) that runs longer than this many "
+        "seconds, with an error saying how far it got; checked between forwards, never mid-operation. 0 or none: "
+        "no limit. Default: 3600",
+        "gate",
+        metavar="SECONDS",
+        type=timeout_arg,
+    ),
+    Option(
+        "--mlx-progress-interval",
+        "seconds between an arm's progress lines (rate, ETA) on the terminal. "
+        "Default: 5 on a terminal, 30 otherwise (CI logs)",
+        "gate",
+        metavar="SECONDS",
+        type=seconds_arg,
+        in_rerun=False,
+    ),
+    Option(
+        "--mlx-allow-unsandboxed",
+        "run model-written HumanEval code even where no isolation (network "
+        "namespace, sandbox-exec) is available; only rlimits and a temp dir then contain it",
+        "gate",
+    ),
 )
 
 _BY_DEST = {o.dest: o for o in OPTIONS}
@@ -280,8 +424,9 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("mlxgate", "mlxgate: quality gates for MLX inference levers")
     for o in OPTIONS:
         if o.takes_value:
-            group.addoption(o.flag, dest=o.dest, metavar=o.metavar, type=o.type, choices=o.choices,
-                            default=None, help=o.help)
+            group.addoption(
+                o.flag, dest=o.dest, metavar=o.metavar, type=o.type, choices=o.choices, default=None, help=o.help
+            )
         else:
             group.addoption(o.flag, dest=o.dest, action="store_true", default=None, help=o.help)
         ini_help = o.ini_help or f"default for {o.flag}"

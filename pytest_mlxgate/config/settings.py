@@ -63,8 +63,9 @@ def find_rootdir(cwd: Path) -> Path:
     from _pytest.config.findpaths import determine_setup  # pytest's own rule, not a copy of it
 
     try:
-        rootdir, *_ = determine_setup(inifile=None, args=[str(cwd)], rootdir_cmd_arg=None,
-                                      invocation_dir=cwd, **_override_ini(determine_setup))
+        rootdir, *_ = determine_setup(
+            inifile=None, args=[str(cwd)], rootdir_cmd_arg=None, invocation_dir=cwd, **_override_ini(determine_setup)
+        )
     except (pytest.UsageError, TypeError, ValueError, OSError):
         return cwd
     return Path(rootdir)
@@ -111,7 +112,9 @@ class GateSettings:
     report: Path | None
     db: Path | None  # None: off
     invocation_dir: Path
-    tier: str | None = None  # capability tier from the command line/ini (a module's mlx_tier marker ranks below the CLI)
+    tier: str | None = (
+        None  # capability tier from the command line/ini (a module's mlx_tier marker ranks below the CLI)
+    )
     tier_from_cli: bool = False
     max_new_tokens: int | None = None
     allow_unsandboxed: bool = False
@@ -157,27 +160,31 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
     if prompts_file is not None and not prompts_file.is_file():
         raise MlxgateUsageError(f"mlx_prompts_file: '{prompts_file}' is not a file")
     db_raw = cli["mlx_db"] or config.getini("mlx_db") or None
-    db = (None if str(db_raw).lower() in ("off", "none", "0", "false") else path("mlx_db")) if db_raw else (
-        default_db(config.rootpath))
+    db = (
+        (None if str(db_raw).lower() in ("off", "none", "0", "false") else path("mlx_db"))
+        if db_raw
+        else (default_db(config.rootpath))
+    )
     ref_cache_raw = cli["mlx_reference_cache"] or config.getini("mlx_reference_cache") or None
     ref_cache_off = str(ref_cache_raw).lower() in ("off", "none", "0", "false") if ref_cache_raw else False
     lever = cli["mlx_lever"] or config.getini("mlx_lever") or None
     ref_value = cli["mlx_ref_value"] if cli["mlx_ref_value"] is not None else (config.getini("mlx_ref_value") or None)
-    cand_value = cli["mlx_cand_value"] if cli["mlx_cand_value"] is not None else (
-        config.getini("mlx_cand_value") or None)
+    cand_value = (
+        cli["mlx_cand_value"] if cli["mlx_cand_value"] is not None else (config.getini("mlx_cand_value") or None)
+    )
     if lever is None and (ref_value is not None or cand_value is not None):
         raise MlxgateUsageError(
             "--mlx-ref-value/--mlx-cand-value need --mlx-lever NAME: say which lever the values are for"
         )
     if lever not in (None, "model") and (ref_value is None or cand_value is None):
-        raise MlxgateUsageError(
-            f"--mlx-lever {lever} needs both values: pass --mlx-ref-value V and --mlx-cand-value V"
-        )
+        raise MlxgateUsageError(f"--mlx-lever {lever} needs both values: pass --mlx-ref-value V and --mlx-cand-value V")
     aa = bool(cli["mlx_aa"] or config.getini("mlx_aa"))
     calibrate = bool(cli["mlx_calibrate"] or config.getini("mlx_calibrate"))
     if aa and calibrate:
-        raise MlxgateUsageError("--mlx-aa and --mlx-calibrate: choose one (--mlx-calibrate runs the A/A floor itself, "
-                                "beside the lever, and suggests limits; --mlx-aa checks limits you already have)")
+        raise MlxgateUsageError(
+            "--mlx-aa and --mlx-calibrate: choose one (--mlx-calibrate runs the A/A floor itself, "
+            "beside the lever, and suggests limits; --mlx-aa checks limits you already have)"
+        )
     return GateSettings(
         lever=lever,
         ref_value=ref_value,
@@ -203,8 +210,11 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         reference_cache=None if ref_cache_off or not ref_cache_raw else path("mlx_reference_cache"),
         reference_cache_off=ref_cache_off,
         reference_cache_max=_cache_max(cli["mlx_reference_cache_max"], config),
-        allow_untrained=bool(cli["mlx_allow_untrained"] or config.getini("mlx_allow_untrained")
-                             or os.environ.get("MLXGATE_ALLOW_UNTRAINED", "").strip() in ("1", "true", "yes")),
+        allow_untrained=bool(
+            cli["mlx_allow_untrained"]
+            or config.getini("mlx_allow_untrained")
+            or os.environ.get("MLXGATE_ALLOW_UNTRAINED", "").strip() in ("1", "true", "yes")
+        ),
         inconclusive=_inconclusive(cli["mlx_inconclusive"] or config.getini("mlx_inconclusive") or "fail", config),
         speed=_speed_switch(cli["mlx_speed"] or config.getini("mlx_speed") or None, config),
         speed_contexts=cli["mlx_speed_contexts"] or _ini_contexts(config),
@@ -212,8 +222,11 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         speed_reps=cli["mlx_speed_reps"] or _ini_count(config, "mlx_speed_reps"),
         shard=_shard(cli["mlx_shard"] or config.getini("mlx_shard") or None, config),
         arm_timeout=_arm_timeout(cli["mlx_arm_timeout"], config),
-        progress_interval=(cli["mlx_progress_interval"] if cli["mlx_progress_interval"] is not None
-                           else _ini_seconds(config, "mlx_progress_interval", seconds_arg)),
+        progress_interval=(
+            cli["mlx_progress_interval"]
+            if cli["mlx_progress_interval"] is not None
+            else _ini_seconds(config, "mlx_progress_interval", seconds_arg)
+        ),
     )
 
 
@@ -260,8 +273,10 @@ def _shard(value: str | None, config: pytest.Config) -> Shard | None:
 def _speed_switch(value: str | None, config: pytest.Config) -> str | None:
     if value is None or value in ("on", "off"):
         return value
-    raise MlxgateUsageError(f"mlx_speed = {value!r} in {config.inipath or 'the ini file'}: choose on or off "
-                            "(or leave it out: modules with an mlx_speed marker measure speed)")
+    raise MlxgateUsageError(
+        f"mlx_speed = {value!r} in {config.inipath or 'the ini file'}: choose on or off "
+        "(or leave it out: modules with an mlx_speed marker measure speed)"
+    )
 
 
 def _ini_contexts(config: pytest.Config) -> tuple[int, ...] | None:
@@ -278,8 +293,10 @@ def _inconclusive(value: str, config: pytest.Config) -> str:
     from ..results.verdicts import INCONCLUSIVE_POLICIES
 
     if value not in INCONCLUSIVE_POLICIES:
-        raise MlxgateUsageError(f"mlx_inconclusive = {value!r} in {config.inipath or 'the ini file'}: choose one of "
-                                f"{', '.join(INCONCLUSIVE_POLICIES)} (an inconclusive gate never passes)")
+        raise MlxgateUsageError(
+            f"mlx_inconclusive = {value!r} in {config.inipath or 'the ini file'}: choose one of "
+            f"{', '.join(INCONCLUSIVE_POLICIES)} (an inconclusive gate never passes)"
+        )
     return value
 
 
@@ -320,8 +337,7 @@ def read_settings(config: pytest.Config) -> Settings:
         candidate=cli["mlx_candidate"] or ini_cand or DEFAULT_CANDIDATE,
         reference=cli["mlx_reference"] or ini_ref,
         names_dir={
-            role: config.invocation_params.dir if cli[f"mlx_{role}"] else inidir
-            for role in ("candidate", "reference")
+            role: config.invocation_params.dir if cli[f"mlx_{role}"] else inidir for role in ("candidate", "reference")
         },
         cache_dir=cache_dir,
         offline=True if cli["mlx_offline"] else ini["mlx_offline"],

@@ -201,8 +201,11 @@ class RepoCache:
             if not link.exists():
                 return BlobCheck(file.etag, "missing", why="its link leads nowhere")
             # An editor or `sed -i` replaces the link with a file of its own; a link to another blob is no better.
-            return BlobCheck(file.etag, "replaced", why=f"it is no longer a link to its verified blob {file.etag}: "
-                             "another file took its place")
+            return BlobCheck(
+                file.etag,
+                "replaced",
+                why=f"it is no longer a link to its verified blob {file.etag}: another file took its place",
+            )
         return self.check_blob(file.etag, file.size)
 
     def missing_files(self, commit: str, files: list[RepoFile]) -> list[str]:

@@ -291,8 +291,7 @@ def _one_request(
             match = _CONTENT_RANGE.match(response.headers.get("content-range", ""))
             if not match or int(match.group(1)) != start:
                 stats.errors.append(
-                    f"{file.path}: asked bytes={start}- but got Content-Range "
-                    f"{response.headers.get('content-range')!r}"
+                    f"{file.path}: asked bytes={start}- but got Content-Range {response.headers.get('content-range')!r}"
                 )
                 return _RangeRefused(stats.errors[-1])
         elif response.status_code == 200:
@@ -353,8 +352,7 @@ def _stream_body(
             if now - window_start >= policy.stall_window:
                 if window_bytes < policy.min_bytes_per_window:
                     raise _Stalled(
-                        f"{file.path}: only {window_bytes} bytes in {now - window_start:.1f}s "
-                        "(no-progress watchdog)"
+                        f"{file.path}: only {window_bytes} bytes in {now - window_start:.1f}s (no-progress watchdog)"
                     )
                 window_start, window_bytes = now, 0
     except httpx.TransportError as exc:

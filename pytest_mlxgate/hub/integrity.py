@@ -43,8 +43,13 @@ class BlobCheck:
 
 
 def _fingerprint(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
-            "ino": st.st_ino, "dev": st.st_dev}
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "ino": st.st_ino,
+        "dev": st.st_dev,
+    }
 
 
 def write_stamp(stamp: Path, etag: str, st: os.stat_result) -> None:
@@ -69,8 +74,12 @@ def _stamp_vouches(stamp: Path, etag: str, st: os.stat_result) -> bool:
         doc = json.loads(stamp.read_bytes())
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and doc.get("version") == STAMP_VERSION and doc.get("etag") == etag and all(
-        doc.get(k) == v for k, v in _fingerprint(st).items())
+    return (
+        isinstance(doc, dict)
+        and doc.get("version") == STAMP_VERSION
+        and doc.get("etag") == etag
+        and all(doc.get(k) == v for k, v in _fingerprint(st).items())
+    )
 
 
 def check_blob(blob: Path, stamp: Path, etag: str, *, size: int | None = None, rehash: bool = False) -> BlobCheck:
@@ -97,8 +106,13 @@ def check_blob(blob: Path, stamp: Path, etag: str, *, size: int | None = None, r
         return BlobCheck(etag, "damaged", before.st_size, why=f"its blob cannot be read ({e.strerror or e})")
     if actual != etag:
         drop_stamp(stamp)
-        return BlobCheck(etag, "damaged", before.st_size, actual=actual,
-                         why=f"its content changed since it was verified: it hashes to {actual}, not {etag}")
+        return BlobCheck(
+            etag,
+            "damaged",
+            before.st_size,
+            actual=actual,
+            why=f"its content changed since it was verified: it hashes to {actual}, not {etag}",
+        )
     if _fingerprint(after) == _fingerprint(before):  # not rewritten while we read it
         write_stamp(stamp, etag, after)
     return BlobCheck(etag, "ok", before.st_size, actual=actual)

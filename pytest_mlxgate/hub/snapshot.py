@@ -117,8 +117,9 @@ def _linked_problems(cache: RepoCache, commit: str) -> dict[str, BlobCheck]:
         rel = entry.relative_to(snap).as_posix()
         blob = Path(os.path.realpath(entry))
         if not entry.is_symlink() or blob.parent != Path(os.path.realpath(cache.blobs)):
-            problems[rel] = BlobCheck(blob.name, "unnamed", why="it is not a link to a hash-named blob, so it "
-                                      "can't be checked")
+            problems[rel] = BlobCheck(
+                blob.name, "unnamed", why="it is not a link to a hash-named blob, so it can't be checked"
+            )
             continue
         check = cache.check_blob(blob.name)
         if not check.ok:
@@ -206,4 +207,3 @@ def _fetch_all(
         if error is not None:
             raise error
     return results
-

@@ -177,9 +177,7 @@ def check_status(response: httpx.Response, what: str, client: HubClient) -> None
     url = redact(str(response.request.url))
     code = response.headers.get("x-error-code", "")
     if status in TRANSIENT_STATUSES or status >= 500:
-        raise TransientError(
-            f"{what}: {url} answered {status}", parse_retry_after(response.headers.get("retry-after"))
-        )
+        raise TransientError(f"{what}: {url} answered {status}", parse_retry_after(response.headers.get("retry-after")))
     on_hub = origin(url) == origin(client.endpoint)
     if status == 403 and not on_hub:
         # A CDN refusing a presigned URL (expired, say): the next try asks the hub for a fresh one.

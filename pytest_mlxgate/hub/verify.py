@@ -45,7 +45,9 @@ def verify_snapshot(
     cache = RepoCache(resolve_cache_dir(cache_dir), repo_id, repo_type)
     commit = cache.read_ref(revision)
     if commit is None or not cache.snapshot_dir(commit).is_dir():
-        raise HubOfflineError(f"{repo_type} {repo_id}@{revision} is not in the cache {cache.cache_dir}; nothing to verify")
+        raise HubOfflineError(
+            f"{repo_type} {repo_id}@{revision} is not in the cache {cache.cache_dir}; nothing to verify"
+        )
     snap = cache.snapshot_dir(commit)
     report = VerifyReport(path=snap)
     manifest = cache.read_manifest(commit)

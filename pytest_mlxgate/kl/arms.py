@@ -30,8 +30,15 @@ if TYPE_CHECKING:
     from ..session.watch import ArmWatch
     from .prompts import TokenSequence
 
-__all__ = ["SERVING_BATCH_BYTES", "SequenceLogits", "run_candidate", "run_reference", "sequence_logits",
-           "serving_logits"]
+__all__ = [
+    "SERVING_BATCH_BYTES",
+    "SequenceLogits",
+    "run_candidate",
+    "run_reference",
+    "sequence_logits",
+    "serving_logits",
+]
+
 
 @dataclass
 class SequenceLogits:
@@ -43,8 +50,9 @@ class SequenceLogits:
     dtype: str  # the model's own logits dtype, before the float32 cast (near-ties depend on it)
 
 
-def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan, *,
-                    tick: Callable[[int], None] | None = None) -> tuple[SequenceLogits, int]:
+def sequence_logits(
+    model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan, *, tick: Callable[[int], None] | None = None
+) -> tuple[SequenceLogits, int]:
     """Run one sequence on `shape.path`; returns its logits and the number of model calls made.
     `tick(positions)` after each model call (an arm's progress and time limit)."""
     tokens = shape.tokens
@@ -78,8 +86,14 @@ def sequence_logits(model: Any, ids: Sequence[int], shape: RunShape, kv: KVPlan,
     return outs[0], calls
 
 
-def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape, kv: KVPlan, *,
-                   tick: Callable[[int], None] | None = None) -> tuple[list[SequenceLogits], int]:
+def serving_logits(
+    model: Any,
+    batch: Sequence[Sequence[int]],
+    shape: RunShape,
+    kv: KVPlan,
+    *,
+    tick: Callable[[int], None] | None = None,
+) -> tuple[list[SequenceLogits], int]:
     """The serving path for sequences of one length, as one batch: the prefixes through the arm's
     caches in prefill chunks, then one token per call, quantizing where `generate_step` does.
 
@@ -117,8 +131,10 @@ def serving_logits(model: Any, batch: Sequence[Sequence[int]], shape: RunShape, 
             tick(len(batch))
     assert rows is not None
     positions = np.arange(prefix, tokens, dtype=np.int32)
-    outs = [SequenceLogits(rows[b], np.asarray(ids[prefix + 1 : tokens + 1], dtype=np.int32), positions, dtype)
-            for b, ids in enumerate(batch)]
+    outs = [
+        SequenceLogits(rows[b], np.asarray(ids[prefix + 1 : tokens + 1], dtype=np.int32), positions, dtype)
+        for b, ids in enumerate(batch)
+    ]
     return outs, calls
 
 
@@ -200,8 +216,16 @@ def _each(
         yield seq, out
 
 
-def _batches(model: Any, sequences: Sequence[TokenSequence], shape: RunShape, kv: KVPlan, counters: ArmCounters,
-             arm: Arm, *, watch: ArmWatch | None = None) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
+def _batches(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    kv: KVPlan,
+    counters: ArmCounters,
+    arm: Arm,
+    *,
+    watch: ArmWatch | None = None,
+) -> Iterator[tuple[TokenSequence, SequenceLogits]]:
     """Prefill: one sequence per forward. Serving (`shape.batched`): the sequences in batches whose
     decoded logits fit `SERVING_BATCH_BYTES`; else one at a time. `watch` hears of every forward's
     positions (progress lines; the arm's time limit, checked between forwards)."""

@@ -55,11 +55,21 @@ def kl_checks(stats: Mapping[str, Any], bounds: Mapping[str, float]) -> list[Che
     for key, limit in bounds.items():
         label, direction = _METRICS[key]
         value, lower, upper = _interval(stats, key)
-        made = check(metric=label, key=key, value=value, lower=lower, upper=upper, limit=limit,
-                     direction=direction, n=n, method="observed maximum" if key == "max" else _METHOD)
+        made = check(
+            metric=label,
+            key=key,
+            value=value,
+            lower=lower,
+            upper=upper,
+            limit=limit,
+            direction=direction,
+            n=n,
+            method="observed maximum" if key == "max" else _METHOD,
+        )
         if made["verdict"] == "inconclusive":
-            made["n_needed"] = _prompts_needed(value, made["upper"] if direction == "max" else made["lower"],
-                                               limit, n, direction)
+            made["n_needed"] = _prompts_needed(
+                value, made["upper"] if direction == "max" else made["lower"], limit, n, direction
+            )
         checks.append(made)
     return checks
 
@@ -97,17 +107,30 @@ def assert_kl_below(
     `KLResult`. Returns the result, so a gate can go on to look at it.
     """
     __tracebackhide__ = True
-    bounds = given_limits("assert_kl_below", {
-        "mean": mean, "median": median, "p90": p90, "p95": p95, "p99": p99, "p999": p999, "max": max,
-        "top1": top1, "same_top": same_top, "ln_ppl": ln_ppl},
+    bounds = given_limits(
+        "assert_kl_below",
+        {
+            "mean": mean,
+            "median": median,
+            "p90": p90,
+            "p95": p95,
+            "p99": p99,
+            "p999": p999,
+            "max": max,
+            "top1": top1,
+            "same_top": same_top,
+            "ln_ppl": ln_ppl,
+        },
         example="at least one limit, e.g. assert_kl_below(paired, mean=1e-3)",
-        usable=lambda key, value: value >= 0 and not (_METRICS[key][1] == "min" and value > 1))
+        usable=lambda key, value: value >= 0 and not (_METRICS[key][1] == "min" and value > 1),
+    )
     subject = None if isinstance(result, KLResult) else result
     kl = result if isinstance(result, KLResult) else result.kl()
     if kl.aa is not None:
         checks = _floor_checks(kl.aa["floors"], bounds, kl.stats.n_prompts)
-        conclusion = kl.conclusion(bounds=bounds, checks=checks,
-                                   verdict="floor" if all(c["verdict"] == "pass" for c in checks) else "fail")
+        conclusion = kl.conclusion(
+            bounds=bounds, checks=checks, verdict="floor" if all(c["verdict"] == "pass" for c in checks) else "fail"
+        )
     else:
         conclusion = kl.conclusion(bounds=bounds, checks=kl_checks(kl.stats.to_json(), bounds))
     speed = subject.speed_if_asked() if subject is not None else None
@@ -141,9 +164,20 @@ def _floor_checks(floors: Mapping[str, float], bounds: Mapping[str, float], n: i
         label, direction = _METRICS[key]
         floor = floors.get(key)
         roomy = floor is not None and (limit > floor if direction == "max" else limit < floor)
-        checks.append(check(metric=f"{label} floor", key=key, value=floor, lower=floor, upper=floor, limit=limit,
-                            direction=direction, n=n, method="A/A noise floor (the reference against itself)",
-                            verdict="pass" if roomy else "fail"))
+        checks.append(
+            check(
+                metric=f"{label} floor",
+                key=key,
+                value=floor,
+                lower=floor,
+                upper=floor,
+                limit=limit,
+                direction=direction,
+                n=n,
+                method="A/A noise floor (the reference against itself)",
+                verdict="pass" if roomy else "fail",
+            )
+        )
     return checks
 
 
@@ -156,8 +190,10 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
         for c in checks:
             if c["verdict"] != "pass":
                 rel = "≤" if c["direction"] == "max" else "≥"
-                lines.append(f"  {c['key']} limit {_fmt(c['limit'])} {rel} A/A floor {_fmt(c['value'])} "
-                             f"(reference vs itself, prefill chunk {kl.aa['chunk']}): the gate would fail on noise")
+                lines.append(
+                    f"  {c['key']} limit {_fmt(c['limit'])} {rel} A/A floor {_fmt(c['value'])} "
+                    f"(reference vs itself, prefill chunk {kl.aa['chunk']}): the gate would fail on noise"
+                )
     else:
         head = "failed (a limit shown crossed)" if verdict == "fail" else "inconclusive (an interval straddles a limit)"
         lines = [f"KL gate {head}: {name}"]
@@ -170,8 +206,10 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
                 text = f"mean KL {_fmt(s['mean'])} (95% interval {_fmt(lo)}–{_fmt(hi)} {n})"
             elif c["key"] in ("top1", "same_top"):
                 lo, hi = s[f"{c['key']}_ci"]
-                text = (f"{c['metric']} {percent(c['value'])} (95% interval {percent(lo)}–{percent(hi)} {n}; "
-                        f"{s['flips']} flips, {s['near_tie_flips']} near-tie flips)")
+                text = (
+                    f"{c['metric']} {percent(c['value'])} (95% interval {percent(lo)}–{percent(hi)} {n}; "
+                    f"{s['flips']} flips, {s['near_tie_flips']} near-tie flips)"
+                )
             elif c["key"] == "max":
                 text = f"max KL {_fmt(c['value'])}"
             else:
@@ -180,9 +218,13 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
             limit = percent(c["limit"]) if c["direction"] == "min" else _fmt(c["limit"])
             lines.append(f"  {text} {rel} limit {limit}{mark}")
             if c["verdict"] == "inconclusive":
-                need = (f"about {c['n_needed']} prompts at the observed spread would tell" if c.get("n_needed")
-                        else "more prompts would not bring it inside the limit" if s["n_prompts"] > 1
-                        else "one prompt gives no interval: use at least 2 (--mlx-kl-prompts)")
+                need = (
+                    f"about {c['n_needed']} prompts at the observed spread would tell"
+                    if c.get("n_needed")
+                    else "more prompts would not bring it inside the limit"
+                    if s["n_prompts"] > 1
+                    else "one prompt gives no interval: use at least 2 (--mlx-kl-prompts)"
+                )
                 lines.append(f"    the 95% interval straddles the limit: {need}")
         for w in s.get("worst", [])[:3]:
             i = w["prompt"]
@@ -195,8 +237,10 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
     lever = kl.lever
     shape = kl.shape
     serving = f" · decode {shape.decode} of {shape.tokens}" if shape.path == "serving" else ""
-    lines.append(f"  arms: {lever.name}={lever.describe_value('reference')} vs "
-                 f"{lever.name}={lever.describe_value('candidate')} · path={shape.path}{serving}")
+    lines.append(
+        f"  arms: {lever.name}={lever.describe_value('reference')} vs "
+        f"{lever.name}={lever.describe_value('candidate')} · path={shape.path}{serving}"
+    )
     model = kl.candidate.get("pinned")
     if kl.reference_model:
         model = f"{kl.reference_model.get('pinned')} (reference) vs {model}"

@@ -219,9 +219,7 @@ def compact_reference(
     t, v = x.shape
     nxt = _as_tokens(next_tokens, t, v, "next_tokens")
     _, m = _row_max(x)
-    ids, counts, logprobs, tail_log, next_lp = _joined(
-        _map_rows(lambda r0, r1: _compact_rows(x, m, nxt, r0, r1), t, v)
-    )
+    ids, counts, logprobs, tail_log, next_lp = _joined(_map_rows(lambda r0, r1: _compact_rows(x, m, nxt, r0, r1), t, v))
     offsets = np.zeros(t + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return RefDistributions(
@@ -235,16 +233,13 @@ def compact_reference(
     )
 
 
-def compare(
-    ref: RefDistributions, logits: np.ndarray, next_tokens: np.ndarray, positions: np.ndarray
-) -> TokenScores:
+def compare(ref: RefDistributions, logits: np.ndarray, next_tokens: np.ndarray, positions: np.ndarray) -> TokenScores:
     """Score the candidate's logits (T, V) against the reference, token by token."""
     x = _as_logits(logits)
     t, v = x.shape
     if (t, v) != (len(ref), ref.vocab_size):
         raise ValueError(
-            f"candidate logits {x.shape} do not match the reference ({len(ref)} positions, "
-            f"vocabulary {ref.vocab_size})"
+            f"candidate logits {x.shape} do not match the reference ({len(ref)} positions, vocabulary {ref.vocab_size})"
         )
     nxt = _as_tokens(next_tokens, t, v, "next_tokens")
     pos = np.asarray(positions)
@@ -512,9 +507,7 @@ def _extract(e: np.ndarray, thr: np.ndarray, mask: np.ndarray) -> tuple[np.ndarr
     return flat, np.diff(bounds)
 
 
-def _sorted_rows(
-    flat: np.ndarray, counts: np.ndarray, xb: np.ndarray, mb: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def _sorted_rows(flat: np.ndarray, counts: np.ndarray, xb: np.ndarray, mb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's candidates ordered by logit descending, equal logits by id: int32 ids, max - x.
 
     A float32's bits, sign-folded, sort like its value, so one uint64 sort per row of

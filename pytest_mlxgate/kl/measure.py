@@ -54,19 +54,25 @@ def measure_kl(
     """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize.
     `watch`: each arm's progress lines and time limit (none: silent, unlimited)."""
     if lever.kind == "kv" and not aa:
-        require_kv_difference(lever.name, lever.kv_plan("reference"), lever.kv_plan("candidate"),
-                              candidate.model, shape.tokens, where="the serving path")
+        require_kv_difference(
+            lever.name,
+            lever.kv_plan("reference"),
+            lever.kv_plan("candidate"),
+            candidate.model,
+            shape.tokens,
+            where="the serving path",
+        )
     started = time.perf_counter()
-    key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest,
-                        machine=machine)
+    key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest, machine=machine)
     refs: list[RefDistributions] | None = None
     if cache is not None and not refresh_reference:
         refs = cache.load(key, len(sequences))
     source = "cache" if refs is not None else "computed"
     if refs is None:
         say(f"reference arm ({lever.name}={lever.describe_value('reference')}), {len(sequences)} sequences")
-        arm_watch = _arm_watch(watch, f"reference arm ({lever.name}={lever.describe_value('reference')})",
-                               sequences, shape)
+        arm_watch = _arm_watch(
+            watch, f"reference arm ({lever.name}={lever.describe_value('reference')})", sequences, shape
+        )
         refs = run_reference(reference.model, sequences, shape, lever, counters=counters, watch=arm_watch)
         _finish(arm_watch)
         if cache is not None:
@@ -75,12 +81,14 @@ def measure_kl(
 
     aa_info: dict[str, Any] | None = None
     if aa:
-        scores, aa_info = _aa(reference, refs, lever=lever, shape=shape, sequences=sequences,
-                              counters=counters, say=say, watch=watch)
+        scores, aa_info = _aa(
+            reference, refs, lever=lever, shape=shape, sequences=sequences, counters=counters, say=say, watch=watch
+        )
     else:
         say(f"candidate arm ({lever.name}={lever.describe_value('candidate')})")
-        arm_watch = _arm_watch(watch, f"candidate arm ({lever.name}={lever.describe_value('candidate')})",
-                               sequences, shape)
+        arm_watch = _arm_watch(
+            watch, f"candidate arm ({lever.name}={lever.describe_value('candidate')})", sequences, shape
+        )
         scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters, watch=arm_watch)
         _finish(arm_watch)
     stats = summarize(scores)
@@ -93,8 +101,11 @@ def measure_kl(
         candidate=candidate.describe(),
         reference_model=reference.describe() if two_models else None,
         reference_source=source,
-        durations={"reference_s": round(reference_s, 3), "candidate_s": round(total_s - reference_s, 3),
-                   "total_s": round(total_s, 3)},
+        durations={
+            "reference_s": round(reference_s, 3),
+            "candidate_s": round(total_s - reference_s, 3),
+            "total_s": round(total_s, 3),
+        },
         counters=counters,
         previews=[s.preview for s in sequences],
         token_text=_token_text(candidate.tokenizer, stats),
@@ -119,22 +130,37 @@ def _aa(
     chunk = aa_chunk(shape)
     say("A/A: reference arm again")
     arm_watch = _arm_watch(watch, "A/A reference arm again", sequences, shape)
-    repeat = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference",
-                           watch=arm_watch)
+    repeat = run_candidate(
+        reference.model, sequences, shape, lever, refs, counters=counters, arm="reference", watch=arm_watch
+    )
     _finish(arm_watch)
     say(f"A/A: reference arm with prefill chunk {chunk}")
     arm_watch = _arm_watch(watch, f"A/A reference arm with prefill chunk {chunk}", sequences, shape)
-    chunked = run_candidate(reference.model, sequences, shape, lever, refs, counters=counters, arm="reference",
-                            override_shape=dataclasses.replace(shape, chunk=chunk), watch=arm_watch)
+    chunked = run_candidate(
+        reference.model,
+        sequences,
+        shape,
+        lever,
+        refs,
+        counters=counters,
+        arm="reference",
+        override_shape=dataclasses.replace(shape, chunk=chunk),
+        watch=arm_watch,
+    )
     _finish(arm_watch)
     repeat_stats, chunked_stats = summarize(repeat), summarize(chunked)
     floors = aa_floors([repeat_stats, chunked_stats])
-    return chunked, {"chunk": chunk, "repeat": repeat_stats.to_json(), "chunked": chunked_stats.to_json(),
-                     "floors": floors}
+    return chunked, {
+        "chunk": chunk,
+        "repeat": repeat_stats.to_json(),
+        "chunked": chunked_stats.to_json(),
+        "floors": floors,
+    }
 
 
-def _arm_watch(watch: Watcher | None, label: str, sequences: Sequence[TokenSequence],
-               shape: RunShape) -> ArmWatch | None:
+def _arm_watch(
+    watch: Watcher | None, label: str, sequences: Sequence[TokenSequence], shape: RunShape
+) -> ArmWatch | None:
     """One KL arm's watch, counting the positions its forwards process (every id but the last)."""
     return watch.arm(f"KL {label}", len(sequences) * shape.tokens, unit="positions") if watch is not None else None
 
@@ -167,8 +193,12 @@ def reference_key(
         "sequences": sequences_digest,
         "shape": shape.to_json(),
         "lever": lever.key("reference"),
-        "compaction": {"tau": divergence.INITIAL_TAU, "min_keep": divergence.MIN_KEEP,
-                       "max_keep": divergence.MAX_KEEP, "tail_mass_target": divergence.TAIL_MASS_TARGET},
+        "compaction": {
+            "tau": divergence.INITIAL_TAU,
+            "min_keep": divergence.MIN_KEEP,
+            "max_keep": divergence.MAX_KEEP,
+            "tail_mass_target": divergence.TAIL_MASS_TARGET,
+        },
     }
 
 
@@ -222,11 +252,17 @@ def _worst_contexts(tokenizer: Any, sequences: Sequence[TokenSequence], stats: K
             continue
         ids = sequences[w.prompt].ids
         at = w.position + 1
-        before = _decode(tokenizer, ids[max(0, at - _CONTEXT_BEFORE):at])
-        after = _decode(tokenizer, ids[at + 1:at + 1 + _CONTEXT_AFTER])
-        out.append({"prompt": w.prompt, "position": w.position,
-                    "before": before[-_CONTEXT_CHARS:], "token": _decode(tokenizer, ids[at:at + 1]),
-                    "after": after[:_CONTEXT_CHARS]})
+        before = _decode(tokenizer, ids[max(0, at - _CONTEXT_BEFORE) : at])
+        after = _decode(tokenizer, ids[at + 1 : at + 1 + _CONTEXT_AFTER])
+        out.append(
+            {
+                "prompt": w.prompt,
+                "position": w.position,
+                "before": before[-_CONTEXT_CHARS:],
+                "token": _decode(tokenizer, ids[at : at + 1]),
+                "after": after[:_CONTEXT_CHARS],
+            }
+        )
     return out
 
 

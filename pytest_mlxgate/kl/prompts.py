@@ -98,9 +98,7 @@ class TokenSequence:
 def default_prompts() -> tuple[Prompt, ...]:
     """The built-in domain-diverse prompt set (package data), parsed once per process."""
     data = resources.files(_PACKAGE).joinpath(DEFAULT_PROMPTS_RESOURCE)
-    return _parse_jsonl(
-        data.read_text(encoding="utf-8"), f"{_PACKAGE}/{DEFAULT_PROMPTS_RESOURCE}", require_meta=True
-    )
+    return _parse_jsonl(data.read_text(encoding="utf-8"), f"{_PACKAGE}/{DEFAULT_PROMPTS_RESOURCE}", require_meta=True)
 
 
 def load_prompts_file(path: Path) -> tuple[Prompt, ...]:
@@ -129,9 +127,7 @@ def load_prompts_file(path: Path) -> tuple[Prompt, ...]:
     return _parse_jsonl(text, str(path), require_meta=False, default_id_prefix=path.name)
 
 
-def _parse_jsonl(
-    text: str, source: str, *, require_meta: bool, default_id_prefix: str = ""
-) -> tuple[Prompt, ...]:
+def _parse_jsonl(text: str, source: str, *, require_meta: bool, default_id_prefix: str = "") -> tuple[Prompt, ...]:
     """Parse prompt lines; every error names `source:line`, what was expected and the fix."""
     prompts: list[Prompt] = []
     first_line: dict[str, int] = {}
@@ -166,9 +162,7 @@ def _parse_line(line: str, where: str, require_meta: bool, default_id: str) -> P
             f"one complete JSON object, e.g. {_EXAMPLE}; write newlines inside a prompt as \\n."
         ) from None
     if not isinstance(obj, dict):
-        raise PromptsError(
-            f"{where}: expected a JSON object, got {_json_type(obj)}. Write each prompt as {_EXAMPLE}."
-        )
+        raise PromptsError(f"{where}: expected a JSON object, got {_json_type(obj)}. Write each prompt as {_EXAMPLE}.")
     unknown = sorted(set(obj) - set(_LINE_KEYS))
     if unknown:
         raise PromptsError(
@@ -196,24 +190,20 @@ def _parse_line(line: str, where: str, require_meta: bool, default_id: str) -> P
                 'there, e.g. {"text": "Once upon a time"}.'
             )
         return Prompt(id=prompt_id, domain=domain, text=body, origin=where)
-    return Prompt(
-        id=prompt_id, domain=domain, messages=_parse_messages(obj["messages"], where), origin=where
-    )
+    return Prompt(id=prompt_id, domain=domain, messages=_parse_messages(obj["messages"], where), origin=where)
 
 
 def _parse_messages(value: object, where: str) -> tuple[Mapping[str, str], ...]:
     example = '[{"role": "system", "content": "..."}, {"role": "user", "content": "..."}]'
     if not isinstance(value, list) or not value:
         got = "an empty list" if isinstance(value, list) else _json_type(value)
-        raise PromptsError(
-            f'{where}: "messages" must be a non-empty list of turns, got {got}. Write it as {example}.'
-        )
+        raise PromptsError(f'{where}: "messages" must be a non-empty list of turns, got {got}. Write it as {example}.')
     messages: list[Mapping[str, str]] = []
     for k, message in enumerate(value):
         if not isinstance(message, dict):
             raise PromptsError(
                 f'{where}: "messages"[{k}] must be an object with "role" and "content", got '
-                f"{_json_type(message)}. Write each turn as {{\"role\": \"user\", \"content\": \"...\"}}."
+                f'{_json_type(message)}. Write each turn as {{"role": "user", "content": "..."}}.'
             )
         for key in ("role", "content"):
             if key not in message:
@@ -249,8 +239,15 @@ def _meta(obj: dict[str, Any], key: str, where: str, required: bool) -> str | No
 
 
 def _json_type(value: object) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
-             float: "a number", type(None): "null"}
+    names = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -295,8 +292,10 @@ def prompts_for(tokenizer: Any, prompts: Sequence[Prompt] | None = None) -> tupl
         chat = tuple(p for p in given if p.messages is not None)
         if not chat or _has_chat_template(tokenizer):
             return plain + chat, ""
-        return plain, (f"the default set's {len(chat)} chat prompts are left out: this tokenizer has no chat "
-                       f"template, so {len(plain)} plain prompts remain")
+        return plain, (
+            f"the default set's {len(chat)} chat prompts are left out: this tokenizer has no chat "
+            f"template, so {len(plain)} plain prompts remain"
+        )
     conversations = [p for p in prompts if p.messages is not None]
     if conversations and not _has_chat_template(tokenizer):
         first = conversations[0]

@@ -35,8 +35,14 @@ class ReferenceCache:
     `files` (shared with the run's capability cache, whose folder sits inside this one) reads,
     writes and evicts them; by default one over `directory` with `max_bytes` and `report`."""
 
-    def __init__(self, directory: Path, *, max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
-                 report: Callable[[str], None] | None = None, files: EntryStore | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
+        report: Callable[[str], None] | None = None,
+        files: EntryStore | None = None,
+    ) -> None:
         self.directory = directory
         self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 
@@ -77,6 +83,6 @@ def _decode(payload: bytes, key: Mapping[str, Any], n_sequences: int) -> list[Re
         out = []
         for i in range(n_sequences):
             prefix = f"s{i}_"
-            arrays = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)}
+            arrays = {k[len(prefix) :]: data[k] for k in data.files if k.startswith(prefix)}
             out.append(RefDistributions.from_arrays(arrays))
         return out

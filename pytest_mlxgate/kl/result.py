@@ -45,8 +45,13 @@ class KLResult:
 
     def conclusion(self, *, bounds: Mapping[str, float], checks: Sequence[Check], verdict: str = "") -> Conclusion:
         """What a KL gate decided, with everything its record carries (`verdict` "": the checks' worst)."""
-        return Conclusion(mode="aa" if self.aa is not None else "gate", checks=checks, bounds=bounds,
-                          verdict=verdict, fields=self.record_fields())
+        return Conclusion(
+            mode="aa" if self.aa is not None else "gate",
+            checks=checks,
+            bounds=bounds,
+            verdict=verdict,
+            fields=self.record_fields(),
+        )
 
     def record_fields(self) -> dict[str, Any]:
         """The record's fields this measurement fills (`results.records.gate_record`'s keywords)."""
@@ -58,14 +63,16 @@ class KLResult:
             reference_model=self.reference_model,
             lever=self.lever.to_json(),
             path=self.shape.path,
-            sizes={"prompts": self.stats.n_prompts, "tokens": self.shape.tokens,
-                   "decode": self.shape.decode if self.shape.path == "serving" else None,
-                   "chunk": self.shape.chunk},
+            sizes={
+                "prompts": self.stats.n_prompts,
+                "tokens": self.shape.tokens,
+                "decode": self.shape.decode if self.shape.path == "serving" else None,
+                "chunk": self.shape.chunk,
+            },
             stats=self.stats.to_json(),
             reference_source=self.reference_source,
             durations=dict(self.durations),
-            forwards={"reference": self.counters.reference_forwards,
-                      "candidate": self.counters.candidate_forwards},
+            forwards={"reference": self.counters.reference_forwards, "candidate": self.counters.candidate_forwards},
             aa=self.aa,
             tokens={str(k): v for k, v in self.token_text.items()},
             **extra,

@@ -51,8 +51,13 @@ class RunShape:
 
     def to_json(self) -> dict[str, Any]:
         serving = self.path == "serving"
-        return {"path": self.path, "tokens": self.tokens, "decode": self.decode if serving else None,
-                "chunk": self.chunk, **({"batched": self.batched} if serving else {})}
+        return {
+            "path": self.path,
+            "tokens": self.tokens,
+            "decode": self.decode if serving else None,
+            "chunk": self.chunk,
+            **({"batched": self.batched} if serving else {}),
+        }
 
 
 @dataclass

@@ -105,8 +105,12 @@ def _spec_label(spec: KVSpec | None) -> str:
 
 
 #: kv_config.json's attention types (mlx_lm's `layer_types` names) and their short forms.
-ATTENTION_TYPES: dict[str, str] = {"full": "full_attention", "full_attention": "full_attention",
-                                   "sliding": "sliding_attention", "sliding_attention": "sliding_attention"}
+ATTENTION_TYPES: dict[str, str] = {
+    "full": "full_attention",
+    "full_attention": "full_attention",
+    "sliding": "sliding_attention",
+    "sliding_attention": "sliding_attention",
+}
 
 
 @dataclass(frozen=True)
@@ -218,23 +222,32 @@ class KVPlan:
         on_shared = sorted(i for i, spec in self.layers.items() if spec is not None and i in shared)
         if on_shared:
             sources = ", ".join(f"{i} reads layer {shared[i]}" for i in on_shared)
-            problems.append(f"layers {on_shared} are KV-shared and keep no cache ({sources}): quantize their "
-                            "source layers instead, and set these to null")
-        stuck = sorted(i for i, spec in self.layers.items()
-                       if spec is not None and i < len(cache) and quantized_form(cache[i]) is None)
+            problems.append(
+                f"layers {on_shared} are KV-shared and keep no cache ({sources}): quantize their "
+                "source layers instead, and set these to null"
+            )
+        stuck = sorted(
+            i
+            for i, spec in self.layers.items()
+            if spec is not None and i < len(cache) and quantized_form(cache[i]) is None
+        )
         if stuck:
             kinds = ", ".join(f"{i}: {type(cache[i]).__name__}" for i in stuck)
-            problems.append(f"layers {stuck} keep caches with no quantized form ({kinds}): set them to null "
-                            "(only KVCache and RotatingKVCache layers can be quantized)")
+            problems.append(
+                f"layers {stuck} keep caches with no quantized form ({kinds}): set them to null "
+                "(only KVCache and RotatingKVCache layers can be quantized)"
+            )
         present = {attention_type(c) for c in cache}
         missing = sorted(t for t, spec in self.types.items() if spec is not None and t not in present)
         if missing:
             have = sorted(t for t in present if t) or ["none"]
             problems.append(f"it sets attention types {missing}, but the model's cached layers are {have}")
         if problems:
-            raise LeverError(f"KV plan {self.source} cannot run on this model: " + "; ".join(problems)
-                             + " (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
-
+            raise LeverError(
+                f"KV plan {self.source} cannot run on this model: "
+                + "; ".join(problems)
+                + " (kv_config.json format: see pytest_mlxgate.levers.kvcache)"
+            )
 
     def quantized_within(self, model: Any, positions: int) -> dict[int, str]:
         """{cached layer: its spec} for the layers this plan quantizes before the last of `positions`
@@ -252,19 +265,29 @@ class KVPlan:
         return out
 
 
-def require_kv_difference(name: str, reference: KVPlan, candidate: KVPlan, model: Any, positions: int,
-                          *, where: str) -> None:
+def require_kv_difference(
+    name: str, reference: KVPlan, candidate: KVPlan, model: Any, positions: int, *, where: str
+) -> None:
     """Refuse a KV lever whose two plans serve the same caches at every position `where` scores
     (e.g. a start beyond the sequences, both arms plain): a pass would certify nothing."""
     ref, cand = reference.quantized_within(model, positions), candidate.quantized_within(model, positions)
     if ref != cand:
         return
-    late = sorted({spec.start for plan in (reference, candidate)
-                   for spec in (plan.default, *plan.layers.values(), *plan.types.values())
-                   if spec is not None and spec.start > positions - 1})
-    why = (f"every quantized spec starts at token {', '.join(map(str, late))}, beyond the {positions} tokens "
-           f"{where} feeds" if late and not ref else
-           "both plans quantize the same layers the same way" if ref else "neither plan quantizes any layer")
+    late = sorted(
+        {
+            spec.start
+            for plan in (reference, candidate)
+            for spec in (plan.default, *plan.layers.values(), *plan.types.values())
+            if spec is not None and spec.start > positions - 1
+        }
+    )
+    why = (
+        f"every quantized spec starts at token {', '.join(map(str, late))}, beyond the {positions} tokens {where} feeds"
+        if late and not ref
+        else "both plans quantize the same layers the same way"
+        if ref
+        else "neither plan quantizes any layer"
+    )
     raise VacuousLeverError(
         f"KV lever {name!r}: {reference.describe()} (reference) and {candidate.describe()} (candidate) serve "
         f"the same caches at every position {where} scores ({why}): the lever changes nothing the gate "
@@ -288,9 +311,14 @@ def shared_kv_sources(model: Any, n_cached: int) -> dict[int, int]:
 def _counted(specs: list[KVSpec | None]) -> str:
     counts: dict[str, int] = {}
     for spec in specs:
-        key = "plain" if spec is None else (
-            f"{spec.bits}-bit" + ("" if spec.group_size == 64 else f" g{spec.group_size}")
-            + ("" if spec.start == 0 else f" from {spec.start}")
+        key = (
+            "plain"
+            if spec is None
+            else (
+                f"{spec.bits}-bit"
+                + ("" if spec.group_size == 64 else f" g{spec.group_size}")
+                + ("" if spec.start == 0 else f" from {spec.start}")
+            )
         )
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{k} ×{n}" for k, n in counts.items())
@@ -387,7 +415,9 @@ def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
     try:
         config = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LeverError(f"{where} is not valid JSON ({e}); fix the file (format: see pytest_mlxgate.levers.kvcache)") from None
+        raise LeverError(
+            f"{where} is not valid JSON ({e}); fix the file (format: see pytest_mlxgate.levers.kvcache)"
+        ) from None
     if not isinstance(config, dict):
         raise LeverError(f"{where} must hold a JSON object with 'default', 'quantized_kv_start', 'layers'")
     unknown = sorted(k for k in config if k not in _CONFIG_KEYS)
@@ -408,14 +438,14 @@ def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
     default = spec(config.get("default"), "'default'")
     raw_types = config.get("types", {})
     if not isinstance(raw_types, dict):
-        raise LeverError(f"{where} key 'types' is {type(raw_types).__name__}; give an object "
-                         "{'full': spec, 'sliding': spec}")
+        raise LeverError(
+            f"{where} key 'types' is {type(raw_types).__name__}; give an object {{'full': spec, 'sliding': spec}}"
+        )
     types: dict[str, KVSpec | None] = {}
     for name, raw in raw_types.items():
         kind = ATTENTION_TYPES.get(str(name))
         if kind is None:
-            raise LeverError(f"{where} key 'types' names {name!r}; attention types are "
-                             f"{sorted(set(ATTENTION_TYPES))}")
+            raise LeverError(f"{where} key 'types' names {name!r}; attention types are {sorted(set(ATTENTION_TYPES))}")
         if kind in types:
             raise LeverError(f"{where} key 'types' sets {kind!r} twice ({name!r}); give it once")
         types[kind] = spec(raw, f"'types'.{name!r}")

@@ -39,7 +39,9 @@ def lever_from_marker(mark: pytest.Mark, *, base_dir: Path | None = None) -> Lev
     """
     where = f"marker {mark.name}{_marker_args(mark)}"
     if len(mark.args) != 1 or not isinstance(mark.args[0], str) or not mark.args[0].strip():
-        raise LeverError(f"{where}: give the lever's name as its one positional argument, e.g. mlx_lever('attention', ...)")
+        raise LeverError(
+            f"{where}: give the lever's name as its one positional argument, e.g. mlx_lever('attention', ...)"
+        )
     name: str = mark.args[0]
     kwargs = dict(mark.kwargs)
     unknown = sorted(set(kwargs) - _MARKER_KWARGS)
@@ -77,8 +79,10 @@ def lever_from_marker(mark: pytest.Mark, *, base_dir: Path | None = None) -> Lev
             )
         path = "serving"
     if kind == "weights" and kwargs["weights"] is not True:
-        raise LeverError(f"{where}: weights={kwargs['weights']!r}; write weights=True and put the quantization "
-                         "in ref=/cand= (None: as loaded; {'bits': 4, 'group_size': 64})")
+        raise LeverError(
+            f"{where}: weights={kwargs['weights']!r}; write weights=True and put the quantization "
+            "in ref=/cand= (None: as loaded; {'bits': 4, 'group_size': 64})"
+        )
     return _build(where, name, kind, kwargs[kind], kwargs["ref"], kwargs["cand"], path or "prefill", base_dir)
 
 
@@ -168,8 +172,9 @@ def lever_from_options(
     _check_cli_values(where, kind, ref, cand)
     path = "serving" if kind == "kv" else (declared.path if declared is not None else "prefill")
     lever_name = target or name
-    return _build(where, lever_name, kind, True if kind in ("kv", "weights") else target, ref, cand, path, base_dir,
-                  from_cli=True)
+    return _build(
+        where, lever_name, kind, True if kind in ("kv", "weights") else target, ref, cand, path, base_dir, from_cli=True
+    )
 
 
 def _check_cli_values(where: str, kind: LeverKind, ref: str | None, cand: str | None) -> None:

@@ -301,8 +301,10 @@ def compiled(value: object) -> AbstractContextManager[None]:
         return nullcontext()
     if value == "off":
         return _compile_disabled()
-    raise LeverError(f"compiled value {value!r} is not 'on' (or None: mx.compile as it ships) or 'off' "
-                     "(every compiled function run op by op)")
+    raise LeverError(
+        f"compiled value {value!r} is not 'on' (or None: mx.compile as it ships) or 'off' "
+        "(every compiled function run op by op)"
+    )
 
 
 @contextmanager

@@ -25,8 +25,9 @@ __all__ = ["WeightsSpec", "parse_weights_value", "quantized_copy"]
 _BITS = (2, 3, 4, 5, 6, 8)
 _GROUPS = (32, 64, 128)
 _AS_LOADED = frozenset({"none", "float", "as-loaded", "as_loaded", "original", "plain"})
-_FORMS = ("None or 'float' (as loaded), a bit count (8: group 64), 'bits=4,group_size=64', "
-          "or {'bits': 4, 'group_size': 64}")
+_FORMS = (
+    "None or 'float' (as loaded), a bit count (8: group 64), 'bits=4,group_size=64', or {'bits': 4, 'group_size': 64}"
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,9 @@ def parse_weights_value(value: object) -> WeightsSpec | None:
         raise LeverError(f"weights value {value!r} ({type(value).__name__}) is not a quantization; give {_FORMS}")
     unknown = sorted(str(k) for k in raw if k not in ("bits", "group_size"))
     if unknown or "bits" not in raw:
-        raise LeverError(f"weights value {value!r}: {'unknown keys ' + str(unknown) if unknown else 'no bits'}; "
-                         f"give {_FORMS}")
+        raise LeverError(
+            f"weights value {value!r}: {'unknown keys ' + str(unknown) if unknown else 'no bits'}; give {_FORMS}"
+        )
     bits, group = _whole(raw["bits"], "bits", value), _whole(raw.get("group_size", 64), "group_size", value)
     if bits not in _BITS or group not in _GROUPS:
         raise LeverError(f"weights value {value!r}: MLX quantizes to bits {list(_BITS)} in groups of {list(_GROUPS)}")
@@ -92,7 +94,8 @@ def quantized_copy(loaded: LoadedModel, spec: WeightsSpec) -> LoadedModel:
         raise LeverNotApplicableError(
             f"{loaded.snapshot.pinned} is already quantized ({config['quantization']}): this weights gate compares "
             "float weights with a quantization of them; run it on the float repo (e.g. --mlx-candidate "
-            "google/gemma-4-e4b-it), or compare two repos with the model lever (--mlx-reference)")
+            "google/gemma-4-e4b-it), or compare two repos with the model lever (--mlx-reference)"
+        )
     model, _ = quantize_model(model, config, spec.group_size, spec.bits)
     mx.eval(model.parameters())
     return replace(loaded, model=model)

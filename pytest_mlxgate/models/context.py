@@ -29,8 +29,10 @@ def context_limit(loaded: LoadedModel) -> tuple[int, str] | None:
     except (OSError, ValueError):
         config = None
     if isinstance(config, Mapping):
-        for where, table in ((f"text_config.{{}} in {path.name}", config.get("text_config")),
-                             (f"{{}} in {path.name}", config)):
+        for where, table in (
+            (f"text_config.{{}} in {path.name}", config.get("text_config")),
+            (f"{{}} in {path.name}", config),
+        ):
             found = _limit_in(table, where)
             if found is not None:
                 return found

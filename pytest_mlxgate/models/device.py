@@ -51,11 +51,14 @@ def machine_facts(*, in_subprocess: bool = False) -> tuple[str, str]:
         return mlx_device(), blas_in_use()
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    code = ("import json; from pytest_mlxgate.models.device import blas_in_use, mlx_device; "
-            "print(json.dumps([mlx_device(), blas_in_use()]))")
+    code = (
+        "import json; from pytest_mlxgate.models.device import blas_in_use, mlx_device; "
+        "print(json.dumps([mlx_device(), blas_in_use()]))"
+    )
     try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                             timeout=_PROBE_TIMEOUT_S, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=True
+        )
         device, blas = json.loads(out.stdout.strip().splitlines()[-1])
         return str(device), str(blas)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
@@ -140,9 +143,7 @@ def reference_blas_warning(blas: str | None = None) -> str | None:
     if blas != REFERENCE_BLAS:
         return None
     lib = openblas_preload_path()
-    install = (
-        "" if os.path.exists(lib) else "install it with `apt-get install libopenblas0-pthread`, then "
-    )
+    install = "" if os.path.exists(lib) else "install it with `apt-get install libopenblas0-pthread`, then "
     return (
         "MLX runs on the reference BLAS bundled in its Linux CPU wheel (~8 GFLOP/s): CPU gates run "
         f"~20x slower than with OpenBLAS. Fix: {install}run with LD_PRELOAD={lib} "

@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -80,8 +81,7 @@ def find_embedded_gguf() -> pathlib.Path:
             return candidate
     where = f" (looked in {', '.join(locations)})" if locations else ""
     raise EmbeddedModelMissing(
-        f"the embedded default model {EMBEDDED_GGUF_NAME} was not found{where}; "
-        f"install it with: {INSTALL_HINT}"
+        f"the embedded default model {EMBEDDED_GGUF_NAME} was not found{where}; install it with: {INSTALL_HINT}"
     )
 
 
@@ -163,9 +163,9 @@ def _dequantize(weights: Mapping[str, mx.array], base: str) -> mx.array:
     scales = weights[f"{base}.scales"]
     in_dims = scales.shape[-1] * _GGUF_GROUP_SIZE
     bits = weight.shape[-1] * 32 // in_dims
-    return mx.dequantize(
-        weight, scales, weights[f"{base}.biases"], group_size=_GGUF_GROUP_SIZE, bits=bits
-    ).astype(mx.float32)
+    return mx.dequantize(weight, scales, weights[f"{base}.biases"], group_size=_GGUF_GROUP_SIZE, bits=bits).astype(
+        mx.float32
+    )
 
 
 def _unpermute_rotary(w: mx.array, n_head: int) -> mx.array:
@@ -191,9 +191,7 @@ def _hf_name(base: str) -> str:
     raise GGUFConversionError(f"unexpected GGUF tensor {base!r}")
 
 
-def _convert_weights(
-    weights: Mapping[str, mx.array], hp: Mapping[str, Any], dtype: str
-) -> dict[str, mx.array]:
+def _convert_weights(weights: Mapping[str, mx.array], hp: Mapping[str, Any], dtype: str) -> dict[str, mx.array]:
     """All GGUF tensors as dequantized, HF-named, HF-laid-out arrays of ``dtype``."""
     target = getattr(mx, dtype)
     heads = {"attn_q": hp["num_attention_heads"], "attn_k": hp["num_key_value_heads"]}
@@ -224,9 +222,7 @@ def _build_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise GGUFConversionError("duplicate tokens in tokenizer.ggml.tokens")
-    tokenizer = Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
-    )
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Digits(individual_digits=True),

@@ -17,8 +17,15 @@ from .loaded import LoadedModel
 
 __all__ = ["model_dtype", "model_fingerprint", "model_identity", "tokenizer_fingerprint"]
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                    "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def model_fingerprint(path: Path, commit: str, repo_id: str | None) -> str:
@@ -47,8 +54,11 @@ def tokenizer_fingerprint(path: Path) -> str:
 def model_identity(model: LoadedModel) -> dict[str, str]:
     """{"model", "tokenizer", "dtype"}: the model part of a reference cache's key."""
     snap = model.snapshot
-    return {"model": model_fingerprint(snap.dir, snap.commit, snap.repo_id),
-            "tokenizer": tokenizer_fingerprint(snap.dir), "dtype": model_dtype(model.model)}
+    return {
+        "model": model_fingerprint(snap.dir, snap.commit, snap.repo_id),
+        "tokenizer": tokenizer_fingerprint(snap.dir),
+        "dtype": model_dtype(model.model),
+    }
 
 
 def model_dtype(model: Any) -> str:

@@ -43,21 +43,30 @@ def load_mlx(snapshot: ResolvedSnapshot, role: str = "candidate") -> tuple[Any, 
 
 def load_failure(snapshot: ResolvedSnapshot, role: str, error: Exception) -> str:
     """What could not be loaded, which file and why (read from the files themselves), and the fix."""
-    named = f"'{snapshot.name}'" + (f" ({snapshot.path})" if snapshot.kind == "local"
-                                    else f" ({snapshot.pinned} at {snapshot.path})")
+    named = f"'{snapshot.name}'" + (
+        f" ({snapshot.path})" if snapshot.kind == "local" else f" ({snapshot.pinned} at {snapshot.path})"
+    )
     bad = unreadable_file(snapshot.dir)
     if bad is None:
         version = installed_versions(("mlx-lm",))["mlx-lm"]
-        return (f"mlxgate: mlx_lm.load could not load the {role} {named}: {type(error).__name__}: {error}. "
-                f"Its files read whole, so mlx-lm {version} does not take this model as it is: check its "
-                "config.json (model_type, sizes) against the weights, or upgrade mlx-lm")
+        return (
+            f"mlxgate: mlx_lm.load could not load the {role} {named}: {type(error).__name__}: {error}. "
+            f"Its files read whole, so mlx-lm {version} does not take this model as it is: check its "
+            "config.json (model_type, sizes) against the weights, or upgrade mlx-lm"
+        )
     name, why = bad
     if snapshot.kind == "local":
-        fix = (f"copy or convert the model into {snapshot.path} again (mlx_lm.convert writes a whole one), "
-               f"or point --mlx-{role} at another directory")
+        fix = (
+            f"copy or convert the model into {snapshot.path} again (mlx_lm.convert writes a whole one), "
+            f"or point --mlx-{role} at another directory"
+        )
     else:
-        fix = (f"`mlxgate verify {snapshot.name} --repair` re-hashes the snapshot and sets damaged blobs aside, "
-               f"then `mlxgate get {snapshot.name}` fetches them again; if it verifies, the hub's copy itself is "
-               "broken: pin another revision")
-    return (f"mlxgate: cannot load the {role} {named}: {name}: {why}. No gate can run on weights that cannot "
-            f"be read. Fix: {fix}")
+        fix = (
+            f"`mlxgate verify {snapshot.name} --repair` re-hashes the snapshot and sets damaged blobs aside, "
+            f"then `mlxgate get {snapshot.name}` fetches them again; if it verifies, the hub's copy itself is "
+            "broken: pin another revision"
+        )
+    return (
+        f"mlxgate: cannot load the {role} {named}: {name}: {why}. No gate can run on weights that cannot "
+        f"be read. Fix: {fix}"
+    )

@@ -100,10 +100,7 @@ class TerminalBar:
         m = self._meter
         frac = m.done / m.total if m.total else 0.0
         rate = f"  {format_bytes(m.rate())}/s" if self._unit == "B" else ""
-        tail = (
-            f" {frac:4.0%}  {_amount(m.done, self._unit)} / {_amount(m.total, self._unit)}"
-            f"{rate}  ETA {m.eta()}"
-        )
+        tail = f" {frac:4.0%}  {_amount(m.done, self._unit)} / {_amount(m.total, self._unit)}{rate}  ETA {m.eta()}"
         room = max(10, self._width - len(self._label) - len(tail) - 4)
         filled = int(room * min(frac, 1.0))
         line = f"{self._label} [{'#' * filled}{'-' * (room - filled)}]{tail}"

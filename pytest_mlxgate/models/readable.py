@@ -58,8 +58,11 @@ def _safetensors_problem(path: Path) -> str | None:
             f.seek(0)
             head = f.read(8)
             if len(head) < 8:
-                return (f"it is {size} bytes: too short even for a safetensors header (8 bytes); truncated"
-                        if size else "it is empty (0 bytes); truncated")
+                return (
+                    f"it is {size} bytes: too short even for a safetensors header (8 bytes); truncated"
+                    if size
+                    else "it is empty (0 bytes); truncated"
+                )
             (n,) = struct.unpack("<Q", head)
             if n > _HEADER_LIMIT:
                 return f"its first 8 bytes announce a {n}-byte header: it is not a safetensors file"
@@ -84,6 +87,8 @@ def _safetensors_problem(path: Path) -> str | None:
         end = max(end, offsets[1])
     expected = 8 + n + end
     if size < expected:
-        return (f"it holds {size} bytes but its header says its tensors end at byte {expected} "
-                f"({expected - size} bytes missing): truncated, an incomplete copy or download")
+        return (
+            f"it holds {size} bytes but its header says its tensors end at byte {expected} "
+            f"({expected - size} bytes missing): truncated, an incomplete copy or download"
+        )
     return None

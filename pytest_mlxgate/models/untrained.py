@@ -17,7 +17,14 @@ import mlx.core as mx
 
 from ..kl.prompts import default_prompts
 
-__all__ = ["SAMPLE_SEQUENCES", "SAMPLE_TOKENS", "UNTRAINED_SHARE", "mean_nll", "untrained_reason", "untrained_reason_for_prompts"]
+__all__ = [
+    "SAMPLE_SEQUENCES",
+    "SAMPLE_TOKENS",
+    "UNTRAINED_SHARE",
+    "mean_nll",
+    "untrained_reason",
+    "untrained_reason_for_prompts",
+]
 
 #: Untrained: a mean NLL at least this share of ln V (a uniform guess). Trained models sit far below
 #: (the embedded 135M model: 0.22); the margin keeps a near-uniform model from slipping under ln V.
@@ -50,10 +57,12 @@ def untrained_reason(model: Any, sequences: Sequence[Sequence[int]]) -> str | No
     uniform = math.log(vocab)
     if nll < UNTRAINED_SHARE * uniform:
         return None
-    return (f"the reference model looks untrained: its mean next-token NLL on the gate's prompts is {nll:.1f} "
-            f"nats, hardly better than a uniform guess over {vocab} tokens ({uniform:.1f}); drift limits and "
-            "capability margins presume a trained model. Use trained weights (a random or broken conversion "
-            "scores like this), or pass --mlx-allow-untrained to run the gate anyway")
+    return (
+        f"the reference model looks untrained: its mean next-token NLL on the gate's prompts is {nll:.1f} "
+        f"nats, hardly better than a uniform guess over {vocab} tokens ({uniform:.1f}); drift limits and "
+        "capability margins presume a trained model. Use trained weights (a random or broken conversion "
+        "scores like this), or pass --mlx-allow-untrained to run the gate anyway"
+    )
 
 
 def untrained_reason_for_prompts(model: Any, tokenizer: Any) -> str | None:

@@ -23,9 +23,16 @@ def git_state(root: Path) -> tuple[str | None, bool | None]:
 
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", "--no-optional-locks", *args], cwd=root, env=env,
-                                 stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                 timeout=_GIT_TIMEOUT_S, check=False)
+            out = subprocess.run(
+                ["git", "--no-optional-locks", *args],
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=_GIT_TIMEOUT_S,
+                check=False,
+            )
         except (OSError, subprocess.SubprocessError, ValueError):
             return None
         return out.stdout if out.returncode == 0 else None

@@ -153,8 +153,9 @@ def gate_location(root: Path, location: Sequence[Any], workspace: Path | None = 
     return Path(relative).as_posix(), line
 
 
-def annotation_lines(records: Sequence[GateRecord], locations: Mapping[str, tuple[str, int]], *,
-                per_kind: int = ANNOTATIONS_PER_KIND) -> list[str]:
+def annotation_lines(
+    records: Sequence[GateRecord], locations: Mapping[str, tuple[str, int]], *, per_kind: int = ANNOTATIONS_PER_KIND
+) -> list[str]:
     """`::error` per failing gate, `::warning` per inconclusive one, at its test function; at most
     `per_kind` of each, then a `::notice` counting the rest. Gates without a location are left out."""
     worst: dict[str, Record] = {}
@@ -173,9 +174,14 @@ def annotation_lines(records: Sequence[GateRecord], locations: Mapping[str, tupl
             lines.append(workflow_command(kind, gate_line(record), file=path, line=line, title=title))
         if len(chosen) > per_kind:
             rest = len(chosen) - per_kind
-            lines.append(workflow_command(
-                "notice", f"{rest} more {words} gate{'s' if rest > 1 else ''} not annotated (GitHub shows "
-                f"{per_kind} per kind); the job summary and the JSON report list every gate", title="mlxgate"))
+            lines.append(
+                workflow_command(
+                    "notice",
+                    f"{rest} more {words} gate{'s' if rest > 1 else ''} not annotated (GitHub shows "
+                    f"{per_kind} per kind); the job summary and the JSON report list every gate",
+                    title="mlxgate",
+                )
+            )
     return lines
 
 
@@ -185,8 +191,13 @@ def _severity(record: Record) -> int:
 
 # -- the job summary -----------------------------------------------------------------------------
 
-_LABELS = {"fail": "❌ fail", "error": "❌ error", "inconclusive": "⚠️ inconclusive", "pass": "✅ pass",
-           "floor": "✅ above A/A floor"}
+_LABELS = {
+    "fail": "❌ fail",
+    "error": "❌ error",
+    "inconclusive": "⚠️ inconclusive",
+    "pass": "✅ pass",
+    "floor": "✅ above A/A floor",
+}
 
 
 def _cell(text: str) -> str:
@@ -214,8 +225,9 @@ def _speed_items(records: Sequence[Record]) -> list[str]:
     return items
 
 
-def step_summary(records: Sequence[GateRecord], *, reports: Sequence[tuple[str, str]] = (),
-                 limit: int = STEP_SUMMARY_LIMIT) -> str:
+def step_summary(
+    records: Sequence[GateRecord], *, reports: Sequence[tuple[str, str]] = (), limit: int = STEP_SUMMARY_LIMIT
+) -> str:
     """The run's job summary in markdown, at most `limit` UTF-8 bytes ("" when not even its head fits).
 
     Failing gates first, then inconclusive ones, then the rest; what does not fit is counted in a
@@ -227,14 +239,21 @@ def step_summary(records: Sequence[GateRecord], *, reports: Sequence[tuple[str, 
     for r in gates:
         counts[str(r.verdict)] = counts.get(str(r.verdict), 0) + 1
     tally = " · ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: (_SEVERITY.get(kv[0], 2), kv[0])))
-    head = [f"### mlxgate: {len(gates)} gate{'s' if len(gates) != 1 else ''} — {tally or 'none'}", "",
-            "| gate | verdict | figures: value [95% interval] vs limit | n |", "|---|---|---|---|"]
+    head = [
+        f"### mlxgate: {len(gates)} gate{'s' if len(gates) != 1 else ''} — {tally or 'none'}",
+        "",
+        "| gate | verdict | figures: value [95% interval] vs limit | n |",
+        "|---|---|---|---|",
+    ]
     foot: list[str] = []
     models = sorted({m for r in gates if r.candidate and (m := r.candidate.label)})
     references = sorted({m for r in gates if r.reference_model and (m := r.reference_model.label)})
     if models:
-        foot.append("Model: " + ", ".join(_code(m) for m in models)
-                    + (" · reference: " + ", ".join(_code(m) for m in references) if references else ""))
+        foot.append(
+            "Model: "
+            + ", ".join(_code(m) for m in models)
+            + (" · reference: " + ", ".join(_code(m) for m in references) if references else "")
+        )
     for what, path in reports:
         foot.append(f"{what}: {_code(path)}")
     foot = [f"{line}  " for line in foot]  # a markdown line break after each
@@ -254,8 +273,10 @@ def step_summary(records: Sequence[GateRecord], *, reports: Sequence[tuple[str, 
     left_out = len(rows) - len(kept_rows)
     lines = [*head, *kept_rows]
     if left_out:
-        lines.append(f"| … | {left_out} more gate{'s' if left_out > 1 else ''} left out | to stay under GitHub's "
-                     f"{limit // 1024} KiB step-summary limit | … |")
+        lines.append(
+            f"| … | {left_out} more gate{'s' if left_out > 1 else ''} left out | to stay under GitHub's "
+            f"{limit // 1024} KiB step-summary limit | … |"
+        )
     if kept_speed:
         lines += ["", "**Speed and memory**", "", *kept_speed]
     if len(kept_speed) < len(speed):

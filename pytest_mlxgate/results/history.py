@@ -23,8 +23,19 @@ from .model import Ratio, SpeedContext, parse_record, pending_entry, row_run, st
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
 
-__all__ = ["DB_BUSY_TIMEOUT_S", "PENDING_SUFFIX", "SCHEMA_VERSION", "ResultsDB", "ResultsDBError", "ResultsDBLocked",
-           "lock_holder", "pending_path", "queue_pending", "record_of", "run_of"]
+__all__ = [
+    "DB_BUSY_TIMEOUT_S",
+    "PENDING_SUFFIX",
+    "SCHEMA_VERSION",
+    "ResultsDB",
+    "ResultsDBError",
+    "ResultsDBLocked",
+    "lock_holder",
+    "pending_path",
+    "queue_pending",
+    "record_of",
+    "run_of",
+]
 
 #: `PRAGMA user_version` of the results database this code writes. Version 2 added the speed
 #: columns; a version-1 file gains them (ALTER TABLE ADD COLUMN: existing rows keep every value).
@@ -200,7 +211,8 @@ class ResultsDB:
                             f"the results database {self.path} has a quality_runs table but no "
                             f"schema version: another program made it, and mlxgate will not guess "
                             f"its columns. mlxgate left it untouched; point the results option at "
-                            f"another file")
+                            f"another file"
+                        )
                     for statement in _SCHEMA:
                         conn.execute(statement)
                 elif version == 1:
@@ -226,11 +238,13 @@ class ResultsDB:
                 raise ResultsDBLocked(self.path, self.timeout, lock_holder(self.path)) from e
             raise ResultsDBError(
                 f"the results database {self.path} is unusable: {e}. mlxgate left it as it was; "
-                f"point the results option at another file, or move this one aside") from e
+                f"point the results option at another file, or move this one aside"
+            ) from e
         except sqlite3.DatabaseError as e:
             raise ResultsDBError(
                 f"the results database {self.path} is unusable: {e}. mlxgate left it as it was; "
-                f"point the results option at another file, or move this one aside") from e
+                f"point the results option at another file, or move this one aside"
+            ) from e
         finally:
             conn.close()
 
@@ -242,7 +256,8 @@ class ResultsDB:
                 f"the results database {self.path} has schema version {version}, but this mlxgate "
                 f"knows only versions up to {SCHEMA_VERSION}: it was written by a newer (or another) "
                 f"program, and writing to it could corrupt its history. mlxgate left it untouched; "
-                f"upgrade pytest-mlxgate, or point the results option at another file")
+                f"upgrade pytest-mlxgate, or point the results option at another file"
+            )
         return version
 
     def _require_current(self, conn: sqlite3.Connection) -> None:
@@ -251,7 +266,8 @@ class ResultsDB:
         if version != SCHEMA_VERSION:
             raise ResultsDBError(
                 f"the results database {self.path} has schema version {version} now, not {SCHEMA_VERSION} as "
-                f"when it was opened: something else rewrote the file. mlxgate left it untouched")
+                f"when it was opened: something else rewrote the file. mlxgate left it untouched"
+            )
 
     def append(self, run: RunInfo, records: Sequence[GateRecord]) -> int:
         """Add one row per record, all in one transaction (with the rows queued beside the DB by runs
@@ -267,8 +283,12 @@ class ResultsDB:
             try:
                 self._require_current(conn)
                 with _pending_taken(pending_path(self.path)) as queued:
-                    earlier = [row for q_run, q_records in queued if not self._has_run(conn, q_run.run_id)
-                               for row in (_row(q_run, r) for r in q_records)]
+                    earlier = [
+                        row
+                        for q_run, q_records in queued
+                        if not self._has_run(conn, q_run.run_id)
+                        for row in (_row(q_run, r) for r in q_records)
+                    ]
                     conn.executemany(sql, earlier + rows)
                     conn.execute("COMMIT")  # inside: the queue is emptied only once its rows are in
                 self.pending_merged = len(earlier)
@@ -282,8 +302,9 @@ class ResultsDB:
         """A queued run already in the DB (merged, then the queue could not be emptied): not added twice."""
         return conn.execute("SELECT 1 FROM quality_runs WHERE run_id = ? LIMIT 1", (run_id,)).fetchone() is not None
 
-    def rows(self, *, nodeid: str | None = None, run_id: str | None = None,
-             columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    def rows(
+        self, *, nodeid: str | None = None, run_id: str | None = None, columns: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
         """Stored rows, oldest first (by the record's time, then insertion); one gate's with `nodeid`,
         one run's with `run_id`; only `columns` (and `id`) when given."""
         wanted = _COLUMN_NAMES if columns is None else tuple(columns)
@@ -307,9 +328,11 @@ class ResultsDB:
     def runs(self) -> list[dict[str, Any]]:
         """One entry per run, oldest first (by its start, then its first row): `run_id`, `started`,
         `code_commit`, `code_dirty`, `gates` (its row count)."""
-        sql = ("SELECT run_id, MIN(started) AS started, MIN(code_commit) AS code_commit, MAX(code_dirty) AS "
-               "code_dirty, COUNT(*) AS gates, MIN(id) AS first FROM quality_runs GROUP BY run_id "
-               "ORDER BY started, first")
+        sql = (
+            "SELECT run_id, MIN(started) AS started, MIN(code_commit) AS code_commit, MAX(code_dirty) AS "
+            "code_dirty, COUNT(*) AS gates, MIN(id) AS first FROM quality_runs GROUP BY run_id "
+            "ORDER BY started, first"
+        )
         with self._connect() as conn:
             self._require_current(conn)
             conn.row_factory = sqlite3.Row

@@ -26,8 +26,22 @@ from ..common.format import DASH, percent_distinct
 from .model import Ratio, Record, StoredRow, nodeid_of, parse_record, parse_row, run_facts
 from .records import GateRecord, RunInfo
 
-__all__ = ["COMMANDS", "CliError", "EXIT_FOUND", "EXIT_OK", "EXIT_USAGE", "Source", "add_parsers", "compare_lines",
-           "history_lines", "KeyFigures", "key_figures", "main", "match_gates", "resolve_run"]
+__all__ = [
+    "COMMANDS",
+    "CliError",
+    "EXIT_FOUND",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Source",
+    "add_parsers",
+    "compare_lines",
+    "history_lines",
+    "KeyFigures",
+    "key_figures",
+    "main",
+    "match_gates",
+    "resolve_run",
+]
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 #: Runs per gate `mlxgate history` shows unless --last says otherwise.
@@ -65,8 +79,10 @@ def _open_db(given: Path | None) -> Any:
     path = _db_path(given)
     if not path.is_file():
         where = "--db" if given is not None else "the default: .mlxgate/results.sqlite under pytest's rootdir here"
-        raise CliError(f"no results history at {path} ({where}); run the gates first (pytest gates/), or pass "
-                       "--db PATH (the file --mlx-db wrote)")
+        raise CliError(
+            f"no results history at {path} ({where}); run the gates first (pytest gates/), or pass "
+            "--db PATH (the file --mlx-db wrote)"
+        )
     try:
         return ResultsDB(path)
     except ResultsDBError as e:
@@ -96,8 +112,11 @@ def resolve_run(runs: Sequence[Mapping[str, Any]], spec: str) -> Mapping[str, An
     recent = ", ".join(f"{_short(str(r['run_id']))} ({r['started']})" for r in list(runs)[-5:][::-1])
     if not found:
         raise CliError(f"no run '{spec}' in the results history; the latest: {recent} (mlxgate history lists them)")
-    raise CliError(f"'{spec}' starts {len(found)} run ids: "
-                   + ", ".join(_short(str(r["run_id"])) for r in found) + "; give more of it")
+    raise CliError(
+        f"'{spec}' starts {len(found)} run ids: "
+        + ", ".join(_short(str(r["run_id"])) for r in found)
+        + "; give more of it"
+    )
 
 
 def _looks_like_report(spec: str) -> bool:
@@ -209,8 +228,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
     """Aligned columns; a column no row fills is left out."""
     keep = [i for i in range(len(header)) if i < 4 or any(row[i] != DASH for row in rows)]
     widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in keep]
-    return [(indent + "  ".join(cells[i].ljust(w) for i, w in zip(keep, widths, strict=True))).rstrip()
-            for cells in [header, *rows]]
+    return [
+        (indent + "  ".join(cells[i].ljust(w) for i, w in zip(keep, widths, strict=True))).rstrip()
+        for cells in [header, *rows]
+    ]
 
 
 # --- history ---------------------------------------------------------------------------------------
@@ -222,8 +243,13 @@ def match_gates(nodeids: Sequence[str], pattern: str, names: Mapping[str, str] |
     out = []
     for nodeid in nodeids:
         module = nodeid.split("::", 1)[0]
-        if (nodeid == p or nodeid.endswith(("/" + p, "::" + p)) or module == p or module.endswith("/" + p)
-                or (names or {}).get(nodeid) == p):
+        if (
+            nodeid == p
+            or nodeid.endswith(("/" + p, "::" + p))
+            or module == p
+            or module.endswith("/" + p)
+            or (names or {}).get(nodeid) == p
+        ):
             out.append(nodeid)
     return out
 
@@ -234,23 +260,41 @@ def history_lines(rows: Sequence[Mapping[str, Any]], *, last: int | None) -> lis
     for row in rows:
         by_gate.setdefault(str(row["nodeid"]), []).append(row)
     lines: list[str] = []
-    header = ("when (UTC)", "run", "commit", "verdict", "mean KL [95% interval]", "top-1 (lower)",
-              "capability ref → cand", "decode", "KV")
+    header = (
+        "when (UTC)",
+        "run",
+        "commit",
+        "verdict",
+        "mean KL [95% interval]",
+        "top-1 (lower)",
+        "capability ref → cand",
+        "decode",
+        "KV",
+    )
     for nodeid in sorted(by_gate):
         entries = by_gate[nodeid][-last:] if last else by_gate[nodeid]
         table = []
         for stored in (parse_row(row) for row in entries):
             f = key_figures(stored.record or parse_record({}))
             top1, top1_lo = f.top1
-            table.append((
-                _when(stored.time), _short(str(stored.run_id)), _commit(stored), f.verdict,
-                _kl_interval(f.kl),
-                DASH if top1 is None else f"{_pct(top1)} ({_pct(top1_lo)})",
-                ", ".join(f"{t} {_task_pair(p)}" for t, p in f.tasks.items()) or DASH,
-                _ratio_interval(f.decode), _times(f.kv, 3),
-            ))
-        shown = f"last {len(entries)} of {len(by_gate[nodeid])} runs" if len(entries) < len(by_gate[nodeid]) else (
-            f"{len(entries)} run{'s' if len(entries) != 1 else ''}")
+            table.append(
+                (
+                    _when(stored.time),
+                    _short(str(stored.run_id)),
+                    _commit(stored),
+                    f.verdict,
+                    _kl_interval(f.kl),
+                    DASH if top1 is None else f"{_pct(top1)} ({_pct(top1_lo)})",
+                    ", ".join(f"{t} {_task_pair(p)}" for t, p in f.tasks.items()) or DASH,
+                    _ratio_interval(f.decode),
+                    _times(f.kv, 3),
+                )
+            )
+        shown = (
+            f"last {len(entries)} of {len(by_gate[nodeid])} runs"
+            if len(entries) < len(by_gate[nodeid])
+            else (f"{len(entries)} run{'s' if len(entries) != 1 else ''}")
+        )
         lines.append(f"{nodeid}  ({shown})")
         lines.extend(_table(header, table))
     return lines
@@ -268,8 +312,10 @@ def _history(args: argparse.Namespace) -> int:
         wanted = match_gates(sorted(nodeids), args.gate, nodeids)
         if not wanted:
             known = ", ".join(sorted(nodeids)[:12]) + (" ..." if len(nodeids) > 12 else "")
-            raise CliError(f"no gate '{args.gate}' in the results history ({_db_path(args.db)}); its gates: "
-                           f"{known or 'none'}. Give a node id or its end, e.g. test_kv.py::test_drift")
+            raise CliError(
+                f"no gate '{args.gate}' in the results history ({_db_path(args.db)}); its gates: "
+                f"{known or 'none'}. Give a node id or its end, e.g. test_kv.py::test_drift"
+            )
         rows = [row for nodeid in wanted for row in results.rows(nodeid=nodeid, columns=columns)]
     if not rows:
         raise CliError(f"the results history {_db_path(args.db)} has no rows yet: run the gates first")
@@ -291,24 +337,40 @@ def _gate_change(a: Record, b: Record) -> list[str]:
     ka, kb = fa.kl[0], fb.kl[0]
     if ka is not None or kb is not None:
         times = f" (×{kb / ka:.3g})" if ka and kb is not None else ""
-        out.append(("mean KL", f"{_kl_interval(fa.kl)} → {_kl_interval(fb.kl)}"
-                               + _delta(ka, kb, lambda d: "0" if d == 0 else f"{d:+.1e}") + times))
+        out.append(
+            (
+                "mean KL",
+                f"{_kl_interval(fa.kl)} → {_kl_interval(fb.kl)}"
+                + _delta(ka, kb, lambda d: "0" if d == 0 else f"{d:+.1e}")
+                + times,
+            )
+        )
     if fa.top1[0] is not None or fb.top1[0] is not None:
-        out.append(("top-1", f"{_pct(fa.top1[0])} → {_pct(fb.top1[0])}"
-                             + _delta(fa.top1[0], fb.top1[0], lambda d: f"{100 * d:+.1f} points")))
+        out.append(
+            (
+                "top-1",
+                f"{_pct(fa.top1[0])} → {_pct(fb.top1[0])}"
+                + _delta(fa.top1[0], fb.top1[0], lambda d: f"{100 * d:+.1f} points"),
+            )
+        )
     for task in sorted(set(fa.tasks) | set(fb.tasks)):
         pa, pb = fa.tasks.get(task, (None, None)), fb.tasks.get(task, (None, None))
         da = pa[1] - pa[0] if pa[0] is not None and pa[1] is not None else None
         db = pb[1] - pb[0] if pb[0] is not None and pb[1] is not None else None
-        out.append((task, f"ref → cand {_task_pair(pa)} vs {_task_pair(pb)}"
-                          + _delta(da, db, lambda d: f"cand − ref {100 * d:+.1f} points")))
+        out.append(
+            (
+                task,
+                f"ref → cand {_task_pair(pa)} vs {_task_pair(pb)}"
+                + _delta(da, db, lambda d: f"cand − ref {100 * d:+.1f} points"),
+            )
+        )
     for name, ra, rb in (("decode", fa.decode, fb.decode), ("prefill", fa.prefill, fb.prefill)):
         if ra[0] is not None or rb[0] is not None:
-            out.append((name, f"{_ratio_interval(ra)} → {_ratio_interval(rb)}"
-                        + _delta(ra[0], rb[0], "{:+.2f}".format)))
+            out.append(
+                (name, f"{_ratio_interval(ra)} → {_ratio_interval(rb)}" + _delta(ra[0], rb[0], "{:+.2f}".format))
+            )
     if fa.kv is not None or fb.kv is not None:
-        out.append(("KV", f"{_times(fa.kv, 3)} → {_times(fb.kv, 3)}"
-                    + _delta(fa.kv, fb.kv, "{:+.3f}".format)))
+        out.append(("KV", f"{_times(fa.kv, 3)} → {_times(fb.kv, 3)}" + _delta(fa.kv, fb.kv, "{:+.3f}".format)))
     width = max((len(name) for name, _ in out), default=0)
     return [f"  {name.ljust(width)}  {text}" for name, text in out]
 
@@ -317,8 +379,11 @@ def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
     """The change from run A to run B per gate; and the regressions (gates that went from pass to fail)."""
     ra = {r.nodeid: r for r in (parse_record(r) for r in a.records)}
     rb = {r.nodeid: r for r in (parse_record(r) for r in b.records)}
-    lines = [f"{side}: run {_short(s.run.run_id)}  started {_when(s.run.started)}  commit {_commit(s.run)}  "
-             f"{len(s.records)} gates  ({s.label})" for side, s in (("A", a), ("B", b))]
+    lines = [
+        f"{side}: run {_short(s.run.run_id)}  started {_when(s.run.started)}  commit {_commit(s.run)}  "
+        f"{len(s.records)} gates  ({s.label})"
+        for side, s in (("A", a), ("B", b))
+    ]
     regressions: list[str] = []
     changed = 0
     for nodeid in sorted(set(ra) & set(rb)):
@@ -333,12 +398,18 @@ def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
         lines.extend(_gate_change(ra[nodeid], rb[nodeid]))
     for side, only in (("A", sorted(set(ra) - set(rb))), ("B", sorted(set(rb) - set(ra)))):
         if only:
-            lines.append(f"only in {side}: " + ", ".join(f"{n} ({(ra if side == 'A' else rb)[n].verdict})"
-                                                       for n in only))
+            lines.append(
+                f"only in {side}: " + ", ".join(f"{n} ({(ra if side == 'A' else rb)[n].verdict})" for n in only)
+            )
     both = len(set(ra) & set(rb))
-    lines.append(f"{both} gate(s) in both runs, {changed} changed verdict; "
-                 + (f"{len(regressions)} regression(s) (pass → fail or error): {', '.join(regressions)}"
-                    if regressions else "no regression (pass → fail or error)"))
+    lines.append(
+        f"{both} gate(s) in both runs, {changed} changed verdict; "
+        + (
+            f"{len(regressions)} regression(s) (pass → fail or error): {', '.join(regressions)}"
+            if regressions
+            else "no regression (pass → fail or error)"
+        )
+    )
     return lines, regressions
 
 
@@ -361,10 +432,13 @@ def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord])
     from .summary import summary_lines
 
     facts = run_facts(run)
-    head = (f"mlxgate run {_short(run.run_id)} · started {_when(run.started)} · commit {_commit(run)} · "
-            f"{len(records)} gate record(s)" + (f" · shard {facts.shard.name}" if facts.shard else "")
-            + (f" · merged from {facts.merged_from} reports" if facts.merged_from is not None else "")
-            + (f" · from {source.label}" if source is not None else ""))
+    head = (
+        f"mlxgate run {_short(run.run_id)} · started {_when(run.started)} · commit {_commit(run)} · "
+        f"{len(records)} gate record(s)"
+        + (f" · shard {facts.shard.name}" if facts.shard else "")
+        + (f" · merged from {facts.merged_from} reports" if facts.merged_from is not None else "")
+        + (f" · from {source.label}" if source is not None else "")
+    )
     if facts.interrupted is not None:
         from .summary import interrupted_line
 
@@ -372,9 +446,13 @@ def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord])
     return [head, *summary_lines(records, width=_width())] if records else [head, "(no gate records)"]
 
 
-def _write_outputs(args: argparse.Namespace, run: RunInfo, records: Sequence[GateRecord],
-                   calibrations: Sequence[Mapping[str, Any]],
-                   history: Callable[[], Mapping[str, Sequence[Mapping[str, Any]]] | None]) -> list[str]:
+def _write_outputs(
+    args: argparse.Namespace,
+    run: RunInfo,
+    records: Sequence[GateRecord],
+    calibrations: Sequence[Mapping[str, Any]],
+    history: Callable[[], Mapping[str, Sequence[Mapping[str, Any]]] | None],
+) -> list[str]:
     """--json, --html: written atomically; returns the lines saying where. `history` gives the HTML
     report's sparklines (called only for it)."""
     from .json_report import write_json_report
@@ -390,8 +468,9 @@ def _write_outputs(args: argparse.Namespace, run: RunInfo, records: Sequence[Gat
         try:
             from .html_report import write_html_report
         except ImportError:  # pragma: no cover - a build without the renderer
-            raise CliError("this pytest-mlxgate has no HTML report renderer: leave out --html; --json writes the "
-                           "JSON report") from None
+            raise CliError(
+                "this pytest-mlxgate has no HTML report renderer: leave out --html; --json writes the JSON report"
+            ) from None
         try:
             write_html_report(args.html, records, history=history(), run=run)
         except OSError as e:
@@ -404,8 +483,9 @@ class _Failed(Exception):
     """An output could not be written (exit 1, as for `mlxgate get`); the message says which and why."""
 
 
-def _history_until(db: Path | None, records: Sequence[GateRecord], until: str | None
-                   ) -> dict[str, list[dict[str, Any]]] | None:
+def _history_until(
+    db: Path | None, records: Sequence[GateRecord], until: str | None
+) -> dict[str, list[dict[str, Any]]] | None:
     """Each gate's rows in the DB (--db, else the default) for the HTML report's sparklines: up to run
     `until` and including it where the DB has it (a report rendered again shows the history as it stood
     then), else the latest rows; None without a DB."""
@@ -464,8 +544,11 @@ def _merge(args: argparse.Namespace) -> int:
     from .verdicts import is_failing
 
     policy = run_facts(merged.run).inconclusive_policy
-    failed = [r.nodeid for r in (parse_record(r) for r in merged.records)
-              if r.mode != "score" and is_failing(r.verdict, policy)]
+    failed = [
+        r.nodeid
+        for r in (parse_record(r) for r in merged.records)
+        if r.mode != "score" and is_failing(r.verdict, policy)
+    ]
     for problem in merged.problems:
         print(f"mlxgate merge: FAIL: {problem}", file=sys.stderr)
     if failed:
@@ -507,10 +590,19 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """The four commands' parsers, on `mlxgate`'s subcommands."""
     help_ = "each gate's key figures run by run: verdict, mean KL, top-1, capability, decode and KV ratios"
     p = sub.add_parser("history", help=help_, description=help_)
-    p.add_argument("gate", metavar="GATE", nargs="?", help="a node id or its end (test_kv.py::test_drift, "
-                   "test_kv.py); default: every gate")
-    p.add_argument("--last", metavar="N", type=_last_arg, default=DEFAULT_LAST,
-                   help=f"the last N runs of each gate (default {DEFAULT_LAST}; 0: all)")
+    p.add_argument(
+        "gate",
+        metavar="GATE",
+        nargs="?",
+        help="a node id or its end (test_kv.py::test_drift, test_kv.py); default: every gate",
+    )
+    p.add_argument(
+        "--last",
+        metavar="N",
+        type=_last_arg,
+        default=DEFAULT_LAST,
+        help=f"the last N runs of each gate (default {DEFAULT_LAST}; 0: all)",
+    )
     p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
 
     help_ = "what changed per gate from run A to run B; exit 1 when a gate went from pass to fail or error"
@@ -523,23 +615,38 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("report", help=help_, description=help_)
     p.add_argument("run", metavar="RUN", help=_RUN_HELP)
     p.add_argument("--json", metavar="PATH", type=Path, help="write the run's JSON report here")
-    p.add_argument("--html", metavar="PATH", type=Path, help="write the run's HTML report here (with each gate's "
-                   "history up to that run, from the DB)")
+    p.add_argument(
+        "--html",
+        metavar="PATH",
+        type=Path,
+        help="write the run's HTML report here (with each gate's history up to that run, from the DB)",
+    )
     p.add_argument("--db", metavar="PATH", type=Path, help=_DB_HELP)
 
-    help_ = ("join shard reports (--mlx-shard I/N) into one run: its summary, JSON, HTML, DB rows; the worst "
-             "verdict of a gate wins; exit 1 when a gate fails or errors, a planned module has no record, a "
-             "shard was interrupted, or a verdict is not one mlxgate writes")
+    help_ = (
+        "join shard reports (--mlx-shard I/N) into one run: its summary, JSON, HTML, DB rows; the worst "
+        "verdict of a gate wins; exit 1 when a gate fails or errors, a planned module has no record, a "
+        "shard was interrupted, or a verdict is not one mlxgate writes"
+    )
     p = sub.add_parser("merge", help=help_, description=help_)
     p.add_argument("reports", metavar="REPORT", nargs="+", type=Path, help="the shards' JSON reports (--mlx-report)")
     p.add_argument("--json", metavar="OUT", type=Path, help="write the merged JSON report here")
     p.add_argument("--html", metavar="OUT", type=Path, help="write the merged HTML report here")
-    p.add_argument("--db", metavar="PATH", type=Path, help="append the merged run to this results DB (default: none; "
-                   "the shards may have written their own rows already)")
+    p.add_argument(
+        "--db",
+        metavar="PATH",
+        type=Path,
+        help="append the merged run to this results DB (default: none; "
+        "the shards may have written their own rows already)",
+    )
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "history": _history, "compare": _compare, "report": _report, "merge": _merge}
+    "history": _history,
+    "compare": _compare,
+    "report": _report,
+    "merge": _merge,
+}
 
 
 def main(args: argparse.Namespace) -> int:

@@ -47,8 +47,15 @@ from .svg import Figure, esc, message, sparkline
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo
 
-__all__ = ["HISTORY_RUNS", "MAX_FLIPPED_SHOWN", "MAX_POINTS", "PLOTS", "history_rows", "html_report",
-           "write_html_report"]
+__all__ = [
+    "HISTORY_RUNS",
+    "MAX_FLIPPED_SHOWN",
+    "MAX_POINTS",
+    "PLOTS",
+    "history_rows",
+    "html_report",
+    "write_html_report",
+]
 
 #: The runs of a gate a sparkline shows: the latest, oldest first.
 HISTORY_RUNS = 30
@@ -73,13 +80,20 @@ _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 # -- the page ------------------------------------------------------------------------------------
 
 
-def html_report(records: Sequence[GateRecord], *, history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-                run: RunInfo | Mapping[str, Any] | None = None, title: str = "mlxgate report") -> str:
+def html_report(
+    records: Sequence[GateRecord],
+    *,
+    history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    run: RunInfo | Mapping[str, Any] | None = None,
+    title: str = "mlxgate report",
+) -> str:
     """The report as one HTML document. `history`: per node id, the results DB's rows of that gate, oldest
     first (`history_rows`); None when the DB is off. `run`: the run's `RunInfo` (or its dict)."""
     facts = run_facts(run)
-    ordered = sorted((parse_record(r) for r in records),
-                     key=lambda r: (r.mode == "score", _SEVERITY.get(str(r.verdict), 3), r.nodeid))
+    ordered = sorted(
+        (parse_record(r) for r in records),
+        key=lambda r: (r.mode == "score", _SEVERITY.get(str(r.verdict), 3), r.nodeid),
+    )
     gates = [r for r in ordered if r.mode != "score"]
     body = [f"<header><h1>{esc(title)}</h1>{_run_line(facts)}{_interrupted(facts)}{_tally(gates)}</header>"]
     if ordered:
@@ -88,19 +102,26 @@ def html_report(records: Sequence[GateRecord], *, history: Mapping[str, Sequence
     for i, record in enumerate(ordered):
         body.append(_gate_section(record, f"g{i}", history, facts, speeds_shown))
     if not ordered:
-        body.append("<p class=\"note\">No gate records in this run.</p>")
-    body.append("<footer>Written by pytest-mlxgate. Intervals are 95% unless a table says otherwise; hover a "
-                "point or bar for its figures.</footer>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_CSP}\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head>\n<body>\n"
-            + "\n".join(body) + "\n</body></html>\n")
+        body.append('<p class="note">No gate records in this run.</p>')
+    body.append(
+        "<footer>Written by pytest-mlxgate. Intervals are 95% unless a table says otherwise; hover a "
+        "point or bar for its figures.</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
-def write_html_report(path: Path, records: Sequence[GateRecord], *,
-                      history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-                      run: RunInfo | Mapping[str, Any] | None = None) -> None:
+def write_html_report(
+    path: Path,
+    records: Sequence[GateRecord],
+    *,
+    history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    run: RunInfo | Mapping[str, Any] | None = None,
+) -> None:
     """Write the report atomically (readers see the old file or the whole new one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -131,11 +152,15 @@ def _run_line(run: RunFacts) -> str:
     if run == RunFacts():
         return ""
     commit = run.code_commit
-    parts = [f"run {esc((run.run_id or DASH)[:12])}", f"started {esc(run.started or DASH)}",
-             "code " + (f"<code>{esc(commit[:12])}</code>" + (" (dirty)" if run.code_dirty else "")
-                        if commit else "not in git")]
-    parts += [f"{esc(k)} {esc(run.machine[k])}" for k in ("device", "blas", "mlx", "mlx_lm", "python")
-              if run.machine.get(k)]
+    parts = [
+        f"run {esc((run.run_id or DASH)[:12])}",
+        f"started {esc(run.started or DASH)}",
+        "code "
+        + (f"<code>{esc(commit[:12])}</code>" + (" (dirty)" if run.code_dirty else "") if commit else "not in git"),
+    ]
+    parts += [
+        f"{esc(k)} {esc(run.machine[k])}" for k in ("device", "blas", "mlx", "mlx_lm", "python") if run.machine.get(k)
+    ]
     return f'<p class="run">{" · ".join(parts)}</p>'
 
 
@@ -145,27 +170,33 @@ def _interrupted(run: RunFacts) -> str:
         return ""
     from .summary import interrupted_line
 
-    return (f'<p class="banner interrupted" role="alert"><strong>Interrupted</strong>: '
-            f'{esc(interrupted_line(run.interrupted))}. '
-            "This run did not test everything it collected: it is no pass, whatever the gates below say.</p>")
+    return (
+        f'<p class="banner interrupted" role="alert"><strong>Interrupted</strong>: '
+        f"{esc(interrupted_line(run.interrupted))}. "
+        "This run did not test everything it collected: it is no pass, whatever the gates below say.</p>"
+    )
 
 
 def _tally(gates: Sequence[Record]) -> str:
     counts: dict[str, int] = {}
     for r in gates:
         counts[str(r.verdict)] = counts.get(str(r.verdict), 0) + 1
-    items = " ".join(f"{_verdict_badge(v)} {n}" for v, n in sorted(counts.items(),
-                                                                  key=lambda kv: (_SEVERITY.get(kv[0], 3), kv[0])))
+    items = " ".join(
+        f"{_verdict_badge(v)} {n}" for v, n in sorted(counts.items(), key=lambda kv: (_SEVERITY.get(kv[0], 3), kv[0]))
+    )
     return f'<p class="tally">{len(gates)} gate{"s" if len(gates) != 1 else ""}: {items or "none"}</p>'
 
 
 def _contents(records: Sequence[Record]) -> str:
     rows = "".join(
         f'<tr><td><a href="#g{i}">{esc(r.name)}</a></td><td>{esc(r.mode or DASH)}</td>'
-        f'<td>{_verdict_badge(r.verdict)}</td><td>{esc(" · ".join(n_parts(r)) or DASH)}</td></tr>'
-        for i, r in enumerate(records))
-    return ('<nav><table class="contents"><thead><tr><th>gate</th><th>mode</th><th>verdict</th><th>n</th></tr>'
-            f"</thead><tbody>{rows}</tbody></table></nav>")
+        f"<td>{_verdict_badge(r.verdict)}</td><td>{esc(' · '.join(n_parts(r)) or DASH)}</td></tr>"
+        for i, r in enumerate(records)
+    )
+    return (
+        '<nav><table class="contents"><thead><tr><th>gate</th><th>mode</th><th>verdict</th><th>n</th></tr>'
+        f"</thead><tbody>{rows}</tbody></table></nav>"
+    )
 
 
 def _figure(name: str, caption: str, svg: str) -> str:
@@ -175,17 +206,28 @@ def _figure(name: str, caption: str, svg: str) -> str:
 # -- one gate ------------------------------------------------------------------------------------
 
 
-def _gate_section(record: Record, anchor: str, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
-                  run: RunFacts, speeds_shown: dict[str, str]) -> str:
+def _gate_section(
+    record: Record,
+    anchor: str,
+    history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+    run: RunFacts,
+    speeds_shown: dict[str, str],
+) -> str:
     mode = record.mode or ""
     verdict = record.verdict or "measured"
-    out = [f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
-           f"<h2>{esc(record.name)} {_verdict_badge(verdict)}</h2>", _meta(record), "<h3>Verdict</h3>",
-           _verdict_table(record)]
+    out = [
+        f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
+        f"<h2>{esc(record.name)} {_verdict_badge(verdict)}</h2>",
+        _meta(record),
+        "<h3>Verdict</h3>",
+        _verdict_table(record),
+    ]
     error = record.error
     if error is not None:  # a gate that raised: its error's words, escaped like every record text
-        out.append(f'<h3>Error in {esc(error.phase or "call")}</h3><pre class="error">'
-                   f'{esc(error.type or "error")}: {esc(error.message or "")}</pre>')
+        out.append(
+            f'<h3>Error in {esc(error.phase or "call")}</h3><pre class="error">'
+            f"{esc(error.type or 'error')}: {esc(error.message or '')}</pre>"
+        )
     if mode == "score":
         out.append(_score_table(record.capability_score or CapabilityScore()))
     if mode in ("gate", "aa") and record.stats.present:
@@ -196,8 +238,10 @@ def _gate_section(record: Record, anchor: str, history: Mapping[str, Sequence[Ma
     if speed is not None:
         ident = speed.id or ""
         if ident and ident in speeds_shown:
-            out.append(f'<h3>Speed and memory</h3><p class="note">The same measurement as '
-                       f'<a href="#{speeds_shown[ident]}">its module\'s first gate</a> (one per module).</p>')
+            out.append(
+                f'<h3>Speed and memory</h3><p class="note">The same measurement as '
+                f'<a href="#{speeds_shown[ident]}">its module\'s first gate</a> (one per module).</p>'
+            )
         else:
             if ident:
                 speeds_shown[ident] = anchor
@@ -251,33 +295,62 @@ def _verdict_table(record: Record) -> str:
         verdict = c.verdict or "measured"
         note = f" (n≈{c.n_needed})" if verdict == "inconclusive" and c.n_needed else ""
         n = c.n if c.n is not None else n_default
-        rows.append((c.label, format_value(key, c.value), _interval_text(key, c.lower, c.upper),
-                     rel + format_limit(key, c.limit) if c.limit is not None else DASH,
-                     _verdict_badge(verdict) + esc(note), str(n) if n is not None else DASH))
+        rows.append(
+            (
+                c.label,
+                format_value(key, c.value),
+                _interval_text(key, c.lower, c.upper),
+                rel + format_limit(key, c.limit) if c.limit is not None else DASH,
+                _verdict_badge(verdict) + esc(note),
+                str(n) if n is not None else DASH,
+            )
+        )
     if not record.checks and stats.present:
-        for metric, key, ci in (("mean KL", "mean", stats.mean_ci), ("p99 KL", "p99", stats.quantile_interval("p99")),
-                                ("max KL", "max", Interval()), ("top-1", "top1", stats.top1_ci)):
+        for metric, key, ci in (
+            ("mean KL", "mean", stats.mean_ci),
+            ("p99 KL", "p99", stats.quantile_interval("p99")),
+            ("max KL", "max", Interval()),
+            ("top-1", "top1", stats.top1_ci),
+        ):
             if stats.has(key):
-                rows.append((metric, format_value(key, stats.figure(key)), _interval_text(key, ci.lower, ci.upper),
-                             DASH, _verdict_badge(record.verdict or "measured"), str(n_default or DASH)))
+                rows.append(
+                    (
+                        metric,
+                        format_value(key, stats.figure(key)),
+                        _interval_text(key, ci.lower, ci.upper),
+                        DASH,
+                        _verdict_badge(record.verdict or "measured"),
+                        str(n_default or DASH),
+                    )
+                )
     for key, floor in record.floors.items():
         rows.append((f"A/A floor {key}", format_value(key, floor), DASH, DASH, "floor", str(n_default or DASH)))
     if not rows:
         rows.append((DASH, DASH, DASH, DASH, _verdict_badge(record.verdict), DASH))
-    cells = "".join("<tr>" + "".join(f"<td>{c if i == 4 else esc(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-                    for row in rows)
-    return ('<table class="verdicts"><thead><tr><th>metric</th><th>value</th>'
-            f"<th>{esc(head)}</th><th>limit</th><th>verdict</th><th>n</th></tr></thead><tbody>{cells}</tbody></table>")
+    cells = "".join(
+        "<tr>" + "".join(f"<td>{c if i == 4 else esc(c)}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows
+    )
+    return (
+        '<table class="verdicts"><thead><tr><th>metric</th><th>value</th>'
+        f"<th>{esc(head)}</th><th>limit</th><th>verdict</th><th>n</th></tr></thead><tbody>{cells}</tbody></table>"
+    )
 
 
 def _score_table(score: CapabilityScore) -> str:
-    rows = "".join(f"<tr><td>{esc(t)}</td><td>{percent(v.reference, missing=DASH)}</td>"
-                   f"<td>{percent(v.candidate, missing=DASH)}</td></tr>" for t, v in score.tasks.items())
-    total = (f"<tr><th>score</th><th>{percent(score.reference, missing=DASH)}</th>"
-             f"<th>{percent(score.candidate, missing=DASH)}</th></tr>")
-    return ('<table class="verdicts"><thead><tr><th>task</th><th>reference</th><th>candidate</th></tr></thead>'
-            f"<tbody>{rows}{total}</tbody></table>"
-            + ('<p class="note">Partial: not every task ran.</p>' if score.partial else ""))
+    rows = "".join(
+        f"<tr><td>{esc(t)}</td><td>{percent(v.reference, missing=DASH)}</td>"
+        f"<td>{percent(v.candidate, missing=DASH)}</td></tr>"
+        for t, v in score.tasks.items()
+    )
+    total = (
+        f"<tr><th>score</th><th>{percent(score.reference, missing=DASH)}</th>"
+        f"<th>{percent(score.candidate, missing=DASH)}</th></tr>"
+    )
+    return (
+        '<table class="verdicts"><thead><tr><th>task</th><th>reference</th><th>candidate</th></tr></thead>'
+        f"<tbody>{rows}{total}</tbody></table>"
+        + ('<p class="note">Partial: not every task ran.</p>' if score.partial else "")
+    )
 
 
 def _limits(record: Record, *keys: str) -> list[tuple[str, float]]:
@@ -290,13 +363,20 @@ def _limits(record: Record, *keys: str) -> list[tuple[str, float]]:
 
 def _kl_sections(record: Record) -> str:
     stats, profile = record.stats, record.kl_profile
-    return "\n".join([
-        "<h3>KL distribution</h3>", _kl_histogram(record, profile.histogram),
-        "<h3>KL by position</h3>", _kl_by_position(profile.by_position),
-        "<h3>Top-1 flips and near ties</h3>", _flips(stats, profile.by_position),
-        "<h3>Per-prompt mean KL</h3>", _per_prompt(record, profile.prompts),
-        "<h3>Worst tokens in their context</h3>", _worst_tokens(record, profile.worst_context),
-    ])
+    return "\n".join(
+        [
+            "<h3>KL distribution</h3>",
+            _kl_histogram(record, profile.histogram),
+            "<h3>KL by position</h3>",
+            _kl_by_position(profile.by_position),
+            "<h3>Top-1 flips and near ties</h3>",
+            _flips(stats, profile.by_position),
+            "<h3>Per-prompt mean KL</h3>",
+            _per_prompt(record, profile.prompts),
+            "<h3>Worst tokens in their context</h3>",
+            _worst_tokens(record, profile.worst_context),
+        ]
+    )
 
 
 def _sci(v: float | None) -> str:
@@ -310,12 +390,16 @@ def _kl_histogram(record: Record, hist: Histogram) -> str:
     if not counts or hist.decades is None or per <= 0:
         return _figure("kl-histogram", "Per-token KL, log scale.", message(_NOT_RECORDED, label="KL histogram"))
     lo_e = hist.decades[0]
-    extra = (f"{hist.zero} tokens with KL exactly 0 · {hist.under} below 1e{lo_e} · {hist.over} at or above the "
-             "last edge")
+    extra = (
+        f"{hist.zero} tokens with KL exactly 0 · {hist.under} below 1e{lo_e} · {hist.over} at or above the last edge"
+    )
     used = [i for i, c in enumerate(counts) if c]
     if not used:
-        return _figure("kl-histogram", esc(extra), message(
-            "every token's KL is 0 (or outside the edges): nothing to draw", label="KL histogram"))
+        return _figure(
+            "kl-histogram",
+            esc(extra),
+            message("every token's KL is 0 (or outside the edges): nothing to draw", label="KL histogram"),
+        )
     first, last = max(0, used[0] - 1), min(len(counts), used[-1] + 2)
 
     def edge(i: int) -> float:
@@ -330,15 +414,21 @@ def _kl_histogram(record: Record, hist: Histogram) -> str:
     top = max(counts)
     fig = Figure(x=(x_lo, x_hi), y=(0, top * 1.12), xlog=True, label="KL histogram")
     fig.axes(xlabel="per-token KL (nats, log scale)", ylabel="tokens")
-    fig.bars([(edge(i), edge(i + 1), c, f"KL in [{edge(i):.2e}, {edge(i + 1):.2e}): {c} tokens")
-              for i, c in enumerate(counts) if c])
+    fig.bars(
+        [
+            (edge(i), edge(i + 1), c, f"KL in [{edge(i):.2e}, {edge(i + 1):.2e}): {c} tokens")
+            for i, c in enumerate(counts)
+            if c
+        ]
+    )
     for key, v in (("mean", stats.mean), ("p99", stats.p99)):
         if v is not None and v > 0:
             fig.vline(v, cls="stat", label=key)
     for metric, limit in limits:
         fig.vline(limit, cls="limit", label=f"{metric} limit")
-    return _figure("kl-histogram", f"Per-token KL over every scored token, bins of a quarter decade. {esc(extra)}.",
-                   fig.svg())
+    return _figure(
+        "kl-histogram", f"Per-token KL over every scored token, bins of a quarter decade. {esc(extra)}.", fig.svg()
+    )
 
 
 def _positive_range(values: Iterable[float | None]) -> tuple[float, float] | None:
@@ -353,12 +443,18 @@ def _kl_by_position(bp: PositionProfile) -> str:
     first, last = bp.first[:MAX_POINTS], bp.last[:MAX_POINTS]
     median, p90 = list(bp.median[:MAX_POINTS]), list(bp.p90[:MAX_POINTS])
     if not first or len(median) != len(first) or len(p90) != len(first):
-        return _figure("kl-by-position", "Median and p90 of KL over prompts at each position.",
-                       message(_NOT_RECORDED, label="KL by position"))
+        return _figure(
+            "kl-by-position",
+            "Median and p90 of KL over prompts at each position.",
+            message(_NOT_RECORDED, label="KL by position"),
+        )
     span = _positive_range(median + p90)
     if span is None:
-        return _figure("kl-by-position", "Median and p90 of KL over prompts at each position.",
-                       message("KL is 0 at every position", label="KL by position"))
+        return _figure(
+            "kl-by-position",
+            "Median and p90 of KL over prompts at each position.",
+            message("KL is 0 at every position", label="KL by position"),
+        )
     ends = last if len(last) == len(first) else first
     xs = [((a or 0) + (b or 0)) / 2 for a, b in zip(first, ends, strict=True)]
     x_lo, x_hi = (xs[0] - 0.5, xs[-1] + 0.5)
@@ -368,9 +464,11 @@ def _kl_by_position(bp: PositionProfile) -> str:
     fig.line(list(zip(xs, median, strict=True)), cls="line median", tip="median over prompts")
     fig.legend([("line median", "median"), ("line p90", "p90")])
     pooled = any(a != b for a, b in zip(first, ends, strict=True))
-    caption = ("Median and p90 of per-token KL over prompts at each position"
-               + (" (neighbouring positions pooled into buckets)" if pooled else "")
-               + "; a zero shows on the bottom edge.")
+    caption = (
+        "Median and p90 of per-token KL over prompts at each position"
+        + (" (neighbouring positions pooled into buckets)" if pooled else "")
+        + "; a zero shows on the bottom edge."
+    )
     return _figure("kl-by-position", caption, fig.svg())
 
 
@@ -379,23 +477,27 @@ def _count(n: int | None) -> str:
 
 
 def _flips(stats: Stats, bp: PositionProfile) -> str:
-    totals = (f"{_count(stats.flips)} top-1 flips outside near ties · "
-              f"{_count(stats.near_tie_flips)} at near ties (of {_count(stats.near_ties)} near ties: "
-              f"the reference's top-2 gap below the logits' resolution) · {_count(stats.n_tokens)} tokens · "
-              f"top-1 agreement {format_value('top1', stats.top1)}, "
-              f"same top {format_value('same_top', stats.same_top)}")
+    totals = (
+        f"{_count(stats.flips)} top-1 flips outside near ties · "
+        f"{_count(stats.near_tie_flips)} at near ties (of {_count(stats.near_ties)} near ties: "
+        f"the reference's top-2 gap below the logits' resolution) · {_count(stats.n_tokens)} tokens · "
+        f"top-1 agreement {format_value('top1', stats.top1)}, "
+        f"same top {format_value('same_top', stats.same_top)}"
+    )
     first, last = bp.first[:MAX_POINTS], bp.last[:MAX_POINTS]
     f_by = [v or 0 for v in bp.flips[:MAX_POINTS]]
     t_by = [v or 0 for v in bp.near_tie_flips[:MAX_POINTS]]
     if not first or len(f_by) != len(first) or len(t_by) != len(first):
-        return _figure("top1-flips", esc(totals) + ".", message("flips by position " + _NOT_RECORDED,
-                                                                label="top-1 flips by position"))
+        return _figure(
+            "top1-flips",
+            esc(totals) + ".",
+            message("flips by position " + _NOT_RECORDED, label="top-1 flips by position"),
+        )
     ends = last if len(last) == len(first) else first
     top = max([a + b for a, b in zip(f_by, t_by, strict=True)] + [1])
     x_lo, x_hi = (first[0] or 0) - 0.5, (ends[-1] or 0) + 0.5
     fig = Figure(x=(x_lo, x_hi), y=(0, top * 1.15), label="top-1 flips by position", height=180)
-    fig.axes(xlabel="position in the sequence", ylabel="tokens",
-             yticks=[(v, f"{v:g}") for v in _int_ticks(top)])
+    fig.axes(xlabel="position in the sequence", ylabel="tokens", yticks=[(v, f"{v:g}") for v in _int_ticks(top)])
     bars_f, bars_t = [], []
     for a, b, f, t in zip(first, ends, f_by, t_by, strict=True):
         x0, x1 = (a or 0) - 0.4, (b or 0) + 0.4
@@ -420,15 +522,22 @@ def _per_prompt(record: Record, prompts: PromptMeans) -> str:
     index, means, cis = prompts.index[:MAX_POINTS], list(prompts.mean[:MAX_POINTS]), prompts.ci[:MAX_POINTS]
     ntok = prompts.n_tokens[:MAX_POINTS]
     if not index or len(means) != len(index):
-        return _figure("kl-per-prompt", "Each prompt's mean KL with its interval.",
-                       message(_NOT_RECORDED, label="per-prompt mean KL"))
+        return _figure(
+            "kl-per-prompt",
+            "Each prompt's mean KL with its interval.",
+            message(_NOT_RECORDED, label="per-prompt mean KL"),
+        )
     ends = list(cis) + [Interval()] * (len(index) - len(cis))
     mean = record.stats.mean
-    span = _positive_range(means + [e for pair in ends for e in pair] + [mean]
-                           + [limit for _, limit in _limits(record, "mean")])
+    span = _positive_range(
+        means + [e for pair in ends for e in pair] + [mean] + [limit for _, limit in _limits(record, "mean")]
+    )
     if span is None:
-        return _figure("kl-per-prompt", "Each prompt's mean KL with its interval.",
-                       message("every prompt's mean KL is 0", label="per-prompt mean KL"))
+        return _figure(
+            "kl-per-prompt",
+            "Each prompt's mean KL with its interval.",
+            message("every prompt's mean KL is 0", label="per-prompt mean KL"),
+        )
     k = len(index)
     fig = Figure(x=(-0.5, k - 0.5), y=span, ylog=True, label="per-prompt mean KL")
     every = max(1, math.ceil(k / 12))
@@ -441,14 +550,19 @@ def _per_prompt(record: Record, prompts: PromptMeans) -> str:
     pts = []
     for i, (p, m, (lo, hi)) in enumerate(zip(index, means, ends, strict=False)):
         tokens = f", {ntok[i]} tokens" if i < len(ntok) else ""
-        pts.append((i, m, lo, hi, f"prompt {p}: mean KL {_sci(m)} [{_sci(lo)}, {_sci(hi) if hi is not None else '∞'}]"
-                                  f"{tokens}"))
+        pts.append(
+            (i, m, lo, hi, f"prompt {p}: mean KL {_sci(m)} [{_sci(lo)}, {_sci(hi) if hi is not None else '∞'}]{tokens}")
+        )
     fig.points(pts, unbounded=(False, True))
     total = prompts.total
     shown = f" The {k} prompts with the largest means, of {total}." if total is not None and total > k else ""
     method = esc(prompts.method or "")
-    return _figure("kl-per-prompt", f"Each prompt's mean per-token KL; the bar is its 95% interval ({method}; "
-                   f"dashed: unbounded, too few tokens).{esc(shown)}", fig.svg())
+    return _figure(
+        "kl-per-prompt",
+        f"Each prompt's mean per-token KL; the bar is its 95% interval ({method}; "
+        f"dashed: unbounded, too few tokens).{esc(shown)}",
+        fig.svg(),
+    )
 
 
 def _token(record: Record, token_id: int | None) -> str:
@@ -465,18 +579,24 @@ def _worst_tokens(record: Record, contexts: Sequence[WorstContext]) -> str:
     for rank, w in enumerate(worst, 1):
         ctx = by_place.get((w.prompt, w.position))
         if ctx is not None:
-            context = (f'<span class="ctx">{esc(_clip_left(ctx.before or ""))}<mark>'
-                       f'{esc(ctx.token or "")}</mark>{esc(_clip(ctx.after or ""))}</span>')
+            context = (
+                f'<span class="ctx">{esc(_clip_left(ctx.before or ""))}<mark>'
+                f"{esc(ctx.token or '')}</mark>{esc(_clip(ctx.after or ''))}</span>"
+            )
         else:
             context = f'<span class="note">context {esc(_NOT_RECORDED)}</span>'
-        rows.append(f"<tr><td>{rank}</td><td>{esc(w.prompt)}</td><td>{esc(w.position)}</td>"
-                    f"<td>{_sci(w.kl)}</td><td>{_token(record, w.token_id)}</td>"
-                    f"<td>{_prob(w.p_ref)} → {_prob(w.p_cand)}</td>"
-                    f"<td>{_token(record, w.ref_top1)} → {_token(record, w.cand_top1)}</td>"
-                    f"<td>{context}</td></tr>")
-    return ('<table class="worst"><thead><tr><th>#</th><th>prompt</th><th>position</th><th>KL</th>'
-            "<th>next token</th><th>p(next) ref → cand</th><th>top-1 ref → cand</th><th>context (the token marked)</th>"
-            f"</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        rows.append(
+            f"<tr><td>{rank}</td><td>{esc(w.prompt)}</td><td>{esc(w.position)}</td>"
+            f"<td>{_sci(w.kl)}</td><td>{_token(record, w.token_id)}</td>"
+            f"<td>{_prob(w.p_ref)} → {_prob(w.p_cand)}</td>"
+            f"<td>{_token(record, w.ref_top1)} → {_token(record, w.cand_top1)}</td>"
+            f"<td>{context}</td></tr>"
+        )
+    return (
+        '<table class="worst"><thead><tr><th>#</th><th>prompt</th><th>position</th><th>KL</th>'
+        "<th>next token</th><th>p(next) ref → cand</th><th>top-1 ref → cand</th><th>context (the token marked)</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _prob(v: float | None) -> str:
@@ -496,11 +616,18 @@ def _clip_left(text: str, n: int = _TEXT_CHARS) -> str:
 
 def _capability_sections(record: Record) -> str:
     tasks = record.tasks
-    out = ["<h3>Capability per task</h3>", _capability_table(tasks), _capability_scores(tasks, record.bounds_floor),
-           _capability_drop(tasks, record.bounds_max_drop)]
+    out = [
+        "<h3>Capability per task</h3>",
+        _capability_table(tasks),
+        _capability_scores(tasks, record.bounds_floor),
+        _capability_drop(tasks, record.bounds_max_drop),
+    ]
     if record.skipped:
-        out.append("<p class=\"note\">Skipped: " + "; ".join(f"{esc(t)} ({esc(why)})"
-                                                             for t, why in record.skipped.items()) + "</p>")
+        out.append(
+            '<p class="note">Skipped: '
+            + "; ".join(f"{esc(t)} ({esc(why)})" for t, why in record.skipped.items())
+            + "</p>"
+        )
     out.append("<h3>Flipped items</h3>")
     out.extend(_flipped(task) for task in tasks.values())
     return "\n".join(out)
@@ -520,13 +647,17 @@ def _capability_table(tasks: Mapping[str, Task]) -> str:
         if drop is not None:
             drop_text = f"{_points(drop.value)} [{_points(drop.lower)}, {_points(drop.upper)}] ≤ {_points(drop.limit)}"
         verdicts = " ".join(_verdict_badge(v.verdict) for v in (drop, floor) if v is not None) or DASH
-        rows.append(f"<tr><td>{esc(task)}</td><td>{esc(t.n if t.n is not None else DASH)}</td>"
-                    f"<td>{_pct_interval(t.ref_score, t.ref_ci)}</td>"
-                    f"<td>{_pct_interval(t.cand_score, t.cand_ci)}</td><td>{drop_text}</td>"
-                    f"<td>{esc(t.method or DASH)}</td><td>{verdicts}</td></tr>")
-    return ('<table class="verdicts"><thead><tr><th>task</th><th>n</th><th>reference [95%]</th>'
-            "<th>candidate [95%]</th><th>drop [bounds] vs limit</th><th>method</th><th>verdict</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+        rows.append(
+            f"<tr><td>{esc(task)}</td><td>{esc(t.n if t.n is not None else DASH)}</td>"
+            f"<td>{_pct_interval(t.ref_score, t.ref_ci)}</td>"
+            f"<td>{_pct_interval(t.cand_score, t.cand_ci)}</td><td>{drop_text}</td>"
+            f"<td>{esc(t.method or DASH)}</td><td>{verdicts}</td></tr>"
+        )
+    return (
+        '<table class="verdicts"><thead><tr><th>task</th><th>n</th><th>reference [95%]</th>'
+        "<th>candidate [95%]</th><th>drop [bounds] vs limit</th><th>method</th><th>verdict</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _points(v: float | None) -> str:
@@ -538,8 +669,9 @@ def _capability_scores(tasks: Mapping[str, Task], floor: float | None) -> str:
     if not names:
         return _figure("capability-scores", "Both arms' score per task.", message("no task ran", label="scores"))
     fig = Figure(x=(-0.5, len(names) - 0.5), y=(0, 1), label="capability scores per task")
-    fig.axes(ylabel="score", xticks=[(i, n) for i, n in enumerate(names)],
-             yticks=[(v / 4, f"{25 * v:g}%") for v in range(5)])
+    fig.axes(
+        ylabel="score", xticks=[(i, n) for i, n in enumerate(names)], yticks=[(v / 4, f"{25 * v:g}%") for v in range(5)]
+    )
     if floor is not None:
         fig.hline(floor, cls="limit", label="floor")
     for arm, dx, cls in (("ref", -0.12, "point ref"), ("cand", 0.12, "point cand")):
@@ -551,15 +683,22 @@ def _capability_scores(tasks: Mapping[str, Task], floor: float | None) -> str:
             pts.append((i + dx, score, lo, hi, f"{task} {who}: {percent(score)} [{percent(lo)}, {percent(hi)}]"))
         fig.points(pts, cls=cls, unbounded=(False, False))
     fig.legend([("point ref", "reference"), ("point cand", "candidate")])
-    return _figure("capability-scores", "Each arm's score per task with its 95% interval (Wilson for pass/fail "
-                   "tasks, bootstrap for graded ones), over the very same items.", fig.svg())
+    return _figure(
+        "capability-scores",
+        "Each arm's score per task with its 95% interval (Wilson for pass/fail "
+        "tasks, bootstrap for graded ones), over the very same items.",
+        fig.svg(),
+    )
 
 
 def _capability_drop(tasks: Mapping[str, Task], limit: float | None) -> str:
     drops = {name: t.drop_check for name, t in list(tasks.items())[:MAX_POINTS] if t.drop_check is not None}
     if not drops:
-        return _figure("capability-drop", "The paired drop per task.",
-                       message("no drop limit asserted (max_drop=)", label="capability drop"))
+        return _figure(
+            "capability-drop",
+            "The paired drop per task.",
+            message("no drop limit asserted (max_drop=)", label="capability drop"),
+        )
     values = [v for d in drops.values() for v in (d.value, d.lower, d.upper)] + [0.0, limit]
     known = [v for v in values if v is not None]
     lo, hi = min(known), max(known)
@@ -569,35 +708,56 @@ def _capability_drop(tasks: Mapping[str, Task], limit: float | None) -> str:
     fig.hline(0.0, cls="stat")
     if limit is not None:
         fig.hline(limit, cls="limit", label="max_drop")
-    fig.points([(i, d.value, d.lower, d.upper,
-                 f"{t}: drop {_points(d.value)} [{_points(d.lower)}, {_points(d.upper)}], {d.verdict}")
-                for i, (t, d) in enumerate(drops.items())], cls="point cand", unbounded=(False, False))
-    return _figure("capability-drop", "The paired drop (reference score − candidate score) with the bounds its "
-                   "verdict used, against the max_drop limit.", fig.svg())
+    fig.points(
+        [
+            (
+                i,
+                d.value,
+                d.lower,
+                d.upper,
+                f"{t}: drop {_points(d.value)} [{_points(d.lower)}, {_points(d.upper)}], {d.verdict}",
+            )
+            for i, (t, d) in enumerate(drops.items())
+        ],
+        cls="point cand",
+        unbounded=(False, False),
+    )
+    return _figure(
+        "capability-drop",
+        "The paired drop (reference score − candidate score) with the bounds its "
+        "verdict used, against the max_drop limit.",
+        fig.svg(),
+    )
 
 
 def _flipped(task: Task) -> str:
     if task.flipped is None:
-        return f"<p class=\"note\">{esc(task.name)}: flipped items {esc(_NOT_RECORDED)}</p>"
+        return f'<p class="note">{esc(task.name)}: flipped items {esc(_NOT_RECORDED)}</p>'
     items = task.flipped.items[:MAX_FLIPPED_SHOWN]
     total = task.flipped.total or len(items)
     if not total:
-        return f"<p class=\"note\">{esc(task.name)}: no item changed its score between the arms.</p>"
+        return f'<p class="note">{esc(task.name)}: no item changed its score between the arms.</p>'
     losses = sum(1 for i in items if (i.candidate.score or 0) < (i.reference.score or 0))
     shown = f", the first {len(items)} shown" if len(items) < total else ""
     entries = []
     for i in items:
         ref, cand = i.reference, i.candidate
-        prompt_html = (f'<pre class="prompt">{esc(_clip_left(i.prompt))}</pre>' if i.prompt is not None
-                       else f'<p class="note">prompt {esc(_NOT_RECORDED)}</p>')
+        prompt_html = (
+            f'<pre class="prompt">{esc(_clip_left(i.prompt))}</pre>'
+            if i.prompt is not None
+            else f'<p class="note">prompt {esc(_NOT_RECORDED)}</p>'
+        )
         entries.append(
             f'<div class="item"><p><code>{esc(i.id)}</code>: reference {esc(ref.verdict)} '
-            f'({esc(ref.score)}) → candidate {esc(cand.verdict)} ({esc(cand.score)})</p>'
+            f"({esc(ref.score)}) → candidate {esc(cand.verdict)} ({esc(cand.score)})</p>"
             f'{prompt_html}<div class="outs"><div><h4>reference</h4><pre>{esc(_clip(ref.output or ""))}'
-            f'</pre></div><div><h4>candidate</h4><pre>{esc(_clip(cand.output or ""))}</pre></div></div>'
-            "</div>")
-    return (f"<details open><summary>{esc(task.name)}: {total} item{'s' if total != 1 else ''} flipped ({losses} of "
-            f"those shown lost by the candidate{shown})</summary>{''.join(entries)}</details>")
+            f"</pre></div><div><h4>candidate</h4><pre>{esc(_clip(cand.output or ''))}</pre></div></div>"
+            "</div>"
+        )
+    return (
+        f"<details open><summary>{esc(task.name)}: {total} item{'s' if total != 1 else ''} flipped ({losses} of "
+        f"those shown lost by the candidate{shown})</summary>{''.join(entries)}</details>"
+    )
 
 
 # -- speed and memory ----------------------------------------------------------------------------
@@ -605,8 +765,12 @@ def _flipped(task: Task) -> str:
 
 def _speed_sections(record: Record, speed: Speed) -> str:
     contexts = speed.contexts[:MAX_POINTS]
-    out = ["<h3>Speed and memory</h3>", _speed_table(contexts, speed), _speed_ratios(record, contexts),
-           _memory(contexts)]
+    out = [
+        "<h3>Speed and memory</h3>",
+        _speed_table(contexts, speed),
+        _speed_ratios(record, contexts),
+        _memory(contexts),
+    ]
     return "\n".join(out)
 
 
@@ -629,13 +793,15 @@ def _speed_table(contexts: Sequence[SpeedContext], speed: Speed) -> str:
     rows = []
     for ctx in contexts:
         ref, cand = ctx.reference, ctx.candidate
-        rows.append(f"<tr><td>{ctx.length}</td><td>{_tps(ref.prefill_tps)} → {_tps(cand.prefill_tps)}</td>"
-                    f"<td>{_ratio_text(ctx.prefill)}</td>"
-                    f"<td>{_tps(ref.decode_tps)} → {_tps(cand.decode_tps)}</td>"
-                    f"<td>{_ratio_text(ctx.decode)}</td>"
-                    f"<td>{_bytes(ref.peak_bytes)} → {_bytes(cand.peak_bytes)}</td>"
-                    f"<td>{_ratio_text(ctx.peak)}</td>"
-                    f"<td>{_bytes(ref.kv_bytes)} → {_bytes(cand.kv_bytes)}</td></tr>")
+        rows.append(
+            f"<tr><td>{ctx.length}</td><td>{_tps(ref.prefill_tps)} → {_tps(cand.prefill_tps)}</td>"
+            f"<td>{_ratio_text(ctx.prefill)}</td>"
+            f"<td>{_tps(ref.decode_tps)} → {_tps(cand.decode_tps)}</td>"
+            f"<td>{_ratio_text(ctx.decode)}</td>"
+            f"<td>{_bytes(ref.peak_bytes)} → {_bytes(cand.peak_bytes)}</td>"
+            f"<td>{_ratio_text(ctx.peak)}</td>"
+            f"<td>{_bytes(ref.kv_bytes)} → {_bytes(cand.kv_bytes)}</td></tr>"
+        )
     notes = []
     if speed.repetitions is not None:
         notes.append(f"{speed.repetitions} ABBA pairs per context, {esc(speed.decode_tokens)} tokens decoded")
@@ -645,17 +811,23 @@ def _speed_table(contexts: Sequence[SpeedContext], speed: Speed) -> str:
         notes.append(f"weights {_bytes(speed.weights_reference)} → {_bytes(speed.weights_candidate)}")
     if speed.duration_s is not None:
         notes.append(f"measured in {format_duration(speed.duration_s)}")
-    return ('<table class="verdicts"><thead><tr><th>context</th><th>prefill tok/s ref → cand</th><th>ratio [95%]</th>'
-            "<th>decode tok/s ref → cand</th><th>ratio [95%]</th><th>peak growth ref → cand</th><th>ratio [95%]</th>"
-            f"<th>KV cache ref → cand</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
-            + (f'<p class="note">{" · ".join(notes)}</p>' if notes else ""))
+    return (
+        '<table class="verdicts"><thead><tr><th>context</th><th>prefill tok/s ref → cand</th><th>ratio [95%]</th>'
+        "<th>decode tok/s ref → cand</th><th>ratio [95%]</th><th>peak growth ref → cand</th><th>ratio [95%]</th>"
+        f"<th>KV cache ref → cand</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        + (f'<p class="note">{" · ".join(notes)}</p>' if notes else "")
+    )
 
 
 def _speed_ratios(record: Record, contexts: Sequence[SpeedContext]) -> str:
     entries: list[tuple[str, Ratio, str, int]] = []  # (label, estimate, goal key, context)
     for ctx in contexts:
-        for key, goal, est in (("prefill", "speed.prefill", ctx.prefill), ("decode", "speed.decode", ctx.decode),
-                               ("peak", "speed.memory", ctx.peak), ("kv", "speed.kv", ctx.kv)):
+        for key, goal, est in (
+            ("prefill", "speed.prefill", ctx.prefill),
+            ("decode", "speed.decode", ctx.decode),
+            ("peak", "speed.memory", ctx.peak),
+            ("kv", "speed.kv", ctx.kv),
+        ):
             if est is not None and est.ratio is not None:
                 entries.append((f"{key} @{ctx.length}", est, goal, ctx.length))
     if not entries:
@@ -669,11 +841,20 @@ def _speed_ratios(record: Record, contexts: Sequence[SpeedContext]) -> str:
             limits[(str(check.key), check.context)] = check.limit
             values.append(check.limit)
     lo, hi = min(values) / 1.15, max(values) * 1.15
-    fig = Figure(x=(-0.5, len(entries) - 0.5), y=(lo, hi), ylog=True, label="speed and memory ratios",
-                 width=min(1040, max(640, 90 * len(entries) + 70)), margin=(56, 12, 14, 48))
+    fig = Figure(
+        x=(-0.5, len(entries) - 0.5),
+        y=(lo, hi),
+        ylog=True,
+        label="speed and memory ratios",
+        width=min(1040, max(640, 90 * len(entries) + 70)),
+        margin=(56, 12, 14, 48),
+    )
     ticks = [t for t in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0) if lo <= t <= hi]
-    fig.axes(ylabel="candidate / reference", xticks=[(i, e[0]) for i, e in enumerate(entries)],
-             yticks=[(t, f"×{t:g}") for t in ticks] or None)
+    fig.axes(
+        ylabel="candidate / reference",
+        xticks=[(i, e[0]) for i, e in enumerate(entries)],
+        yticks=[(t, f"×{t:g}") for t in ticks] or None,
+    )
     fig.hline(1.0, cls="stat", label="×1 (same)")
     pts = []
     for i, (label, est, goal, c) in enumerate(entries):
@@ -682,13 +863,18 @@ def _speed_ratios(record: Record, contexts: Sequence[SpeedContext]) -> str:
         pts.append((i, est.ratio, lo_ci, hi_ci, f"{label}: {_ratio_text(est)}{pairs}"))
         limit = limits.get((goal, c))
         if limit is not None:
-            fig.points([(i, limit, None, None, f"{label} limit ×{limit:g}")], cls="limit-mark", r=4,
-                       unbounded=(False, False))
+            fig.points(
+                [(i, limit, None, None, f"{label} limit ×{limit:g}")], cls="limit-mark", r=4, unbounded=(False, False)
+            )
     fig.points(pts, cls="point cand", unbounded=(False, False))
-    return _figure("speed-ratios", "Candidate / reference per context: prefill and decode tokens/s (higher is "
-                   "faster), peak memory growth and KV cache bytes (lower is smaller); the geometric mean of the "
-                   "paired ratios with its 95% Student-t interval (KV bytes are counted: exact); an open circle marks "
-                   "an asserted limit.", fig.svg())
+    return _figure(
+        "speed-ratios",
+        "Candidate / reference per context: prefill and decode tokens/s (higher is "
+        "faster), peak memory growth and KV cache bytes (lower is smaller); the geometric mean of the "
+        "paired ratios with its 95% Student-t interval (KV bytes are counted: exact); an open circle marks "
+        "an asserted limit.",
+        fig.svg(),
+    )
 
 
 def _memory(contexts: Sequence[SpeedContext]) -> str:
@@ -697,28 +883,53 @@ def _memory(contexts: Sequence[SpeedContext]) -> str:
     for title, kv in (("KV cache", True), ("peak memory growth", False)):
         groups = []
         for ctx in contexts:
-            r, k = ((ctx.reference.kv_bytes, ctx.candidate.kv_bytes) if kv
-                    else (ctx.reference.peak_bytes, ctx.candidate.peak_bytes))
+            r, k = (
+                (ctx.reference.kv_bytes, ctx.candidate.kv_bytes)
+                if kv
+                else (ctx.reference.peak_bytes, ctx.candidate.peak_bytes)
+            )
             if r is not None or k is not None:
                 groups.append((f"@{ctx.length}", None if r is None else float(r), None if k is None else float(k)))
         if groups:
             panels.append(_memory_panel(title, groups))
     if not panels:
         return _figure("memory", "Memory per arm.", message("no memory figures recorded", label="memory"))
-    return _figure("memory", "KV cache bytes (counted over the cache arrays: exact) and peak memory growth per trial "
-                   "(median), each arm, per context.", "".join(panels))
+    return _figure(
+        "memory",
+        "KV cache bytes (counted over the cache arrays: exact) and peak memory growth per trial "
+        "(median), each arm, per context.",
+        "".join(panels),
+    )
 
 
 def _memory_panel(title: str, groups: Sequence[tuple[str, float | None, float | None]]) -> str:
     top = max([v for _, r, k in groups for v in (r, k) if v is not None] + [1.0])
     unit, scale = ("GiB", 1 << 30) if top >= 1 << 30 else ("MiB", 1 << 20) if top >= 1 << 20 else ("KiB", 1 << 10)
-    fig = Figure(x=(-0.5, len(groups) - 0.5), y=(0, top / scale * 1.2), width=330, height=200,
-                 label=f"{title} per arm", margin=(56, 16, 8, 40))
+    fig = Figure(
+        x=(-0.5, len(groups) - 0.5),
+        y=(0, top / scale * 1.2),
+        width=330,
+        height=200,
+        label=f"{title} per arm",
+        margin=(56, 16, 8, 40),
+    )
     fig.axes(xlabel=title, ylabel=unit, xticks=[(i, g[0]) for i, g in enumerate(groups)])
-    fig.bars([(i - 0.35, i - 0.02, r / scale, f"{title} {g}: reference {_bytes(r)}")
-              for i, (g, r, _) in enumerate(groups) if r is not None], cls="bar ref")
-    fig.bars([(i + 0.02, i + 0.35, k / scale, f"{title} {g}: candidate {_bytes(k)}")
-              for i, (g, _, k) in enumerate(groups) if k is not None], cls="bar cand")
+    fig.bars(
+        [
+            (i - 0.35, i - 0.02, r / scale, f"{title} {g}: reference {_bytes(r)}")
+            for i, (g, r, _) in enumerate(groups)
+            if r is not None
+        ],
+        cls="bar ref",
+    )
+    fig.bars(
+        [
+            (i + 0.02, i + 0.35, k / scale, f"{title} {g}: candidate {_bytes(k)}")
+            for i, (g, _, k) in enumerate(groups)
+            if k is not None
+        ],
+        cls="bar cand",
+    )
     fig.legend([("bar ref", "ref"), ("bar cand", "cand")])
     return fig.svg()
 
@@ -738,24 +949,37 @@ def _history_values(record: Record, row: StoredRow) -> list[tuple[str, float | N
     return []
 
 
-def _history_section(record: Record, history: Mapping[str, Sequence[Mapping[str, Any]]] | None,
-                     run: RunFacts) -> str:
+def _history_section(record: Record, history: Mapping[str, Sequence[Mapping[str, Any]]] | None, run: RunFacts) -> str:
     head = "<h3>History</h3>"
     if history is None:
-        return head + _figure("history", "This gate over commits.", message(
-            "no history: the results DB is off (--mlx-db off)", label="history"))
-    rows = [parse_row(r if isinstance(r, Mapping) else {})
-            for r in (history[record.nodeid] if record.nodeid in history else [])][-HISTORY_RUNS:]
+        return head + _figure(
+            "history",
+            "This gate over commits.",
+            message("no history: the results DB is off (--mlx-db off)", label="history"),
+        )
+    rows = [
+        parse_row(r if isinstance(r, Mapping) else {})
+        for r in (history[record.nodeid] if record.nodeid in history else [])
+    ][-HISTORY_RUNS:]
     longest = record.speed.longest if record.speed is not None else None
-    current = StoredRow(run_id=run.run_id, time=record.time, verdict=record.verdict, code_commit=run.code_commit,
-                        code_dirty=run.code_dirty, mean_kl=record.stats.mean,
-                        decode_ratio=longest.decode.ratio if longest is not None and longest.decode else None,
-                        record=record)
+    current = StoredRow(
+        run_id=run.run_id,
+        time=record.time,
+        verdict=record.verdict,
+        code_commit=run.code_commit,
+        code_dirty=run.code_dirty,
+        mean_kl=record.stats.mean,
+        decode_ratio=longest.decode.ratio if longest is not None and longest.decode else None,
+        record=record,
+    )
     if not any(r.run_id == run.run_id for r in rows) or not run.run_id:
         rows = (rows + [current])[-HISTORY_RUNS:]
     if len(rows) < 2:
-        return head + _figure("history", "This gate over commits.", message(
-            "no earlier runs of this gate in the results DB yet", label="history"))
+        return head + _figure(
+            "history",
+            "This gate over commits.",
+            message("no earlier runs of this gate in the results DB yet", label="history"),
+        )
     series: dict[str, list[float | None]] = {}
     log = True
     for r in rows:
@@ -773,17 +997,22 @@ def _history_section(record: Record, history: Mapping[str, Sequence[Mapping[str,
     for name, values in list(series.items())[:8]:
         reference = next(iter(limits.values()), None) if name == "mean KL" else None
         tip_values = [f"{t} · {name} {_history_value(v, log)}" for t, v in zip(tips, values, strict=False)]
-        parts.append(f'<div class="spark-row"><span class="spark-name">{esc(name)}</span>'
-                     + sparkline(values, tips=tip_values, classes=classes, log=log, label=f"{name} over runs",
-                                 reference=reference)
-                     + f'<span class="spark-last">{esc(_history_value(values[-1], log))}</span></div>')
+        parts.append(
+            f'<div class="spark-row"><span class="spark-name">{esc(name)}</span>'
+            + sparkline(
+                values, tips=tip_values, classes=classes, log=log, label=f"{name} over runs", reference=reference
+            )
+            + f'<span class="spark-last">{esc(_history_value(values[-1], log))}</span></div>'
+        )
     if not parts:
         return head + _figure("history", "This gate over commits.", message("no figure to follow", label="history"))
     first, last = rows[0], rows[-1]
-    caption = (f"The last {len(rows)} runs of this gate in the results DB, oldest first: "
-               f"{esc((first.code_commit or DASH)[:10])} ({esc(first.time or DASH)}) → "
-               f"{esc((last.code_commit or DASH)[:10])} ({esc(last.time or DASH)}); a dot's colour "
-               "is that run's verdict, the last (largest) is the latest; dashed: the limit.")
+    caption = (
+        f"The last {len(rows)} runs of this gate in the results DB, oldest first: "
+        f"{esc((first.code_commit or DASH)[:10])} ({esc(first.time or DASH)}) → "
+        f"{esc((last.code_commit or DASH)[:10])} ({esc(last.time or DASH)}); a dot's colour "
+        "is that run's verdict, the last (largest) is the latest; dashed: the limit."
+    )
     return head + _figure("history", caption, "".join(parts))
 
 

@@ -19,8 +19,9 @@ __all__ = ["REPORT_VERSION", "write_json_report"]
 REPORT_VERSION = 1
 
 
-def write_json_report(path: Path, run: RunInfo, records: Sequence[GateRecord],
-                      calibrations: Sequence[Mapping[str, Any]] = ()) -> None:
+def write_json_report(
+    path: Path, run: RunInfo, records: Sequence[GateRecord], calibrations: Sequence[Mapping[str, Any]] = ()
+) -> None:
     """Write the run's report atomically: readers see the old file or the whole new one, never half.
 
     Strict JSON (NaN/inf become null) so that any JSON parser, not only Python's, can read it.

@@ -75,7 +75,7 @@ def split_suite_name(name: str) -> tuple[str, str] | None:
     """`mlxgate[a.py::test_x[1]].kl.mean` -> (`a.py::test_x[1]`, `mlxgate.kl.mean`); None if not one of ours."""
     if not name.startswith("mlxgate["):
         return None
-    nodeid, sep, rest = name[len("mlxgate["):].rpartition("].")  # a key never holds "]."; a node id may
+    nodeid, sep, rest = name[len("mlxgate[") :].rpartition("].")  # a key never holds "]."; a node id may
     return (nodeid, PREFIX + rest) if sep and nodeid else None
 
 

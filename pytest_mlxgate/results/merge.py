@@ -58,11 +58,14 @@ def read_report(path: Path) -> Report:
     except ValueError as e:
         raise MergeError(f"{path} is not JSON ({e}): pass the files --mlx-report wrote") from None
     if not isinstance(doc, dict) or "mlxgate_report" not in doc:
-        raise MergeError(f"{path} is not an mlxgate JSON report (no 'mlxgate_report' key): pass the files "
-                         "--mlx-report wrote")
+        raise MergeError(
+            f"{path} is not an mlxgate JSON report (no 'mlxgate_report' key): pass the files --mlx-report wrote"
+        )
     if doc["mlxgate_report"] != REPORT_VERSION:
-        raise MergeError(f"{path} is an mlxgate report of version {doc['mlxgate_report']}, this mlxgate reads "
-                         f"version {REPORT_VERSION}: run the same pytest-mlxgate that wrote it")
+        raise MergeError(
+            f"{path} is an mlxgate report of version {doc['mlxgate_report']}, this mlxgate reads "
+            f"version {REPORT_VERSION}: run the same pytest-mlxgate that wrote it"
+        )
     try:
         info, gates, calibrations = report_contents(doc)
     except KeyError as e:
@@ -97,8 +100,10 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
     commits = {r.run.code_commit for r in reports}
     if len(commits) > 1:
         which = "; ".join(f"{r.path} at {(r.run.code_commit or 'no git commit')[:12]}" for r in reports)
-        raise MergeError(f"the reports ran different code ({which}): one merged verdict cannot speak for two "
-                         "commits. Re-run the shards on one commit, or compare the runs: mlxgate compare A B")
+        raise MergeError(
+            f"the reports ran different code ({which}): one merged verdict cannot speak for two "
+            "commits. Re-run the shards on one commit, or compare the runs: mlxgate compare A B"
+        )
     _check_shards(reports)
     notes: list[str] = []
     problems = _problems(reports)
@@ -109,11 +114,18 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
                 by_nodeid.setdefault(nodeid_of(record), []).append((record, report.path))
         for module in _missing_modules(report):
             where = f"shard {_shard_name(report)} ({report.path})"
-            by_nodeid.setdefault(module, []).append((error_record(
-                nodeid=module, phase="merge", error_type="MissingRecord",
-                message=f"{module} is in the plan of {where}, but that report holds no record of it and does not "
-                        "say it ran without one: it did not run, or its records were lost. Re-run the shard"),
-                report.path))
+            by_nodeid.setdefault(module, []).append(
+                (
+                    error_record(
+                        nodeid=module,
+                        phase="merge",
+                        error_type="MissingRecord",
+                        message=f"{module} is in the plan of {where}, but that report holds no record of it and does not "
+                        "say it ran without one: it did not run, or its records were lost. Re-run the shard",
+                    ),
+                    report.path,
+                )
+            )
     records: list[GateRecord] = []
     for nodeid in sorted(by_nodeid):
         found = by_nodeid[nodeid]
@@ -151,16 +163,20 @@ def _problems(reports: Sequence[Report]) -> list[str]:
         where = f"{report.path}" + (f" (shard {_shard_name(report)})" if report.shard else "")
         interrupted = report.facts.interrupted
         if interrupted is not None:
-            out.append(f"{where} was interrupted ({interrupted.reason or 'interrupted'})"
-                       + (f"; did not run: {', '.join(interrupted.not_run)}" if interrupted.not_run else ""))
+            out.append(
+                f"{where} was interrupted ({interrupted.reason or 'interrupted'})"
+                + (f"; did not run: {', '.join(interrupted.not_run)}" if interrupted.not_run else "")
+            )
         missing = _missing_modules(report)
         if missing:
             empty = " (its report has no gates at all)" if not report.gates else ""
             out.append(f"{where}: planned module(s) without a record{empty}: {', '.join(missing)}")
         for record in (parse_record(r) for r in report.gates):
             if record.verdict not in RECORD_VERDICTS:
-                out.append(f"{where}: {record.nodeid} has verdict {record.verdict!r}, not one mlxgate writes "
-                           f"({', '.join(RECORD_VERDICTS)}): no pass")
+                out.append(
+                    f"{where}: {record.nodeid} has verdict {record.verdict!r}, not one mlxgate writes "
+                    f"({', '.join(RECORD_VERDICTS)}): no pass"
+                )
     return out
 
 
@@ -174,8 +190,10 @@ def _check_shards(reports: Sequence[Report]) -> None:
     if len(counts) > 1:
         raise MergeError(f"the shards were cut in different numbers of pieces: {named}")
     if len(plans) > 1:
-        raise MergeError(f"the shards were planned from different histories, so they need not cover every module "
-                         f"exactly once: {named}. Give every shard the same --mlx-db file (or none) and re-run")
+        raise MergeError(
+            f"the shards were planned from different histories, so they need not cover every module "
+            f"exactly once: {named}. Give every shard the same --mlx-db file (or none) and re-run"
+        )
     indices = [s.index for _, s in shards]
     (count,) = counts
     repeated = sorted({i for i in indices if indices.count(i) > 1}, key=str)
@@ -183,8 +201,10 @@ def _check_shards(reports: Sequence[Report]) -> None:
         raise MergeError(f"shard {', '.join(f'{i}/{count}' for i in repeated)} given twice: {named}")
     missing = [i for i in range(1, int(count) + 1) if i not in indices] if isinstance(count, int) else []
     if missing:
-        raise MergeError(f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: a merged run without it "
-                         f"would pass gates that never ran. Given: {named}")
+        raise MergeError(
+            f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: a merged run without it "
+            f"would pass gates that never ran. Given: {named}"
+        )
 
 
 def _score(records: Sequence[GateRecord]) -> GateRecord | None:
@@ -192,8 +212,9 @@ def _score(records: Sequence[GateRecord]) -> GateRecord | None:
     from .score import score_record
 
     read = [(r, parse_record(r)) for r in records]
-    capability = sorted(((r, m) for r, m in read if m.mode == "capability"),
-                        key=lambda rm: (rm[1].time or "", rm[1].nodeid))
+    capability = sorted(
+        ((r, m) for r, m in read if m.mode == "capability"), key=lambda rm: (rm[1].time or "", rm[1].nodeid)
+    )
     score = score_record([r for r, _ in capability], TASK_NAMES)
     if score is not None and capability:
         score["time"] = max(m.time or "" for _, m in capability)  # the merge, made again, is the same
@@ -211,17 +232,33 @@ def _merged_run(reports: Sequence[Report]) -> RunInfo:
     if stopped:  # the merged run did not run everything either
         config["interrupted"] = {
             "reason": "; ".join(f"{r.path}: {i.reason or 'interrupted'}" for r, i in stopped),
-            "not_run": sorted({m for _, i in stopped for m in i.not_run})}
+            "not_run": sorted({m for _, i in stopped for m in i.not_run}),
+        }
     if "gate" in config and isinstance(config["gate"], dict):
         config["gate"] = {**config["gate"], "shard": None, "report": None}
-    config["merged"] = [{"run_id": r.run.run_id, "started": r.run.started, "report": r.path,
-                         "shard": r.shard.name if r.shard else None, "argv": list(r.run.argv)} for r in reports]
+    config["merged"] = [
+        {
+            "run_id": r.run.run_id,
+            "started": r.run.started,
+            "report": r.path,
+            "shard": r.shard.name if r.shard else None,
+            "argv": list(r.run.argv),
+        }
+        for r in reports
+    ]
     machine: dict[str, str] = {}
     for key in first.machine:
         values = list(dict.fromkeys(str(r.run.machine[key]) for r in reports if r.run.machine.get(key)))
         machine[key] = " | ".join(values)
-    return RunInfo(run_id=run_id, started=min(r.run.started for r in reports), code_commit=first.code_commit,
-                   code_dirty=code_dirty, argv=_without_shard(first.argv), config=config, machine=machine)
+    return RunInfo(
+        run_id=run_id,
+        started=min(r.run.started for r in reports),
+        code_commit=first.code_commit,
+        code_dirty=code_dirty,
+        argv=_without_shard(first.argv),
+        config=config,
+        machine=machine,
+    )
 
 
 def _without_shard(argv: Sequence[str]) -> list[str]:

@@ -25,11 +25,46 @@ from .fields import integer, nodeid_of, real, text
 from .records import RECORD_VERSION, GateRecord, RunInfo, migrate_record
 
 __all__ = [
-    "AA", "Answer", "CapabilityScore", "CheckResult", "ErrorInfo", "Flipped", "FlippedItem", "Histogram",
-    "Interrupted", "Interval", "KLProfile", "Lever", "ModelInfo", "PositionProfile", "PromptMeans", "Ratio",
-    "Record", "RunFacts", "ScoreTask", "Shard", "Sizes", "Speed", "SpeedArm", "SpeedContext", "Stats", "StoredRow",
-    "Task", "WorstContext", "WorstToken", "calibration_module", "interrupted_of", "nodeid_of", "parse_record",
-    "parse_row", "pending_entry", "report_contents", "row_run", "run_facts", "run_info_of", "stored_record",
+    "AA",
+    "Answer",
+    "CapabilityScore",
+    "CheckResult",
+    "ErrorInfo",
+    "Flipped",
+    "FlippedItem",
+    "Histogram",
+    "Interrupted",
+    "Interval",
+    "KLProfile",
+    "Lever",
+    "ModelInfo",
+    "PositionProfile",
+    "PromptMeans",
+    "Ratio",
+    "Record",
+    "RunFacts",
+    "ScoreTask",
+    "Shard",
+    "Sizes",
+    "Speed",
+    "SpeedArm",
+    "SpeedContext",
+    "Stats",
+    "StoredRow",
+    "Task",
+    "WorstContext",
+    "WorstToken",
+    "calibration_module",
+    "interrupted_of",
+    "nodeid_of",
+    "parse_record",
+    "parse_row",
+    "pending_entry",
+    "report_contents",
+    "row_run",
+    "run_facts",
+    "run_info_of",
+    "stored_record",
 ]
 
 
@@ -282,7 +317,8 @@ class Task:
     @property
     def method(self) -> str | None:
         return (self.drop_check.method if self.drop_check else None) or (
-            self.floor_check.method if self.floor_check else None)
+            self.floor_check.method if self.floor_check else None
+        )
 
 
 @dataclass(frozen=True)
@@ -359,19 +395,34 @@ class Speed:
     def as_json(self) -> dict[str, Any]:
         """The measurement in its JSON shape, from what was read (well-formed whatever the record held): for
         `speed.text`, the one wording of speed figures, which the assertion messages share."""
+
         def arm(a: SpeedArm) -> dict[str, Any]:
-            return {"prefill_tps": a.prefill_tps, "decode_tps": a.decode_tps, "peak_bytes": a.peak_bytes,
-                    "kv_bytes": a.kv_bytes}
+            return {
+                "prefill_tps": a.prefill_tps,
+                "decode_tps": a.decode_tps,
+                "peak_bytes": a.peak_bytes,
+                "kv_bytes": a.kv_bytes,
+            }
 
         def ratio(r: Ratio | None) -> dict[str, Any] | None:
             return None if r is None else {"ratio": r.ratio, "ratio_ci": list(r.ci), "n": r.n}
 
-        return {"contexts": {str(c.length): {"context": c.length, "reference": arm(c.reference),
-                                             "candidate": arm(c.candidate), "prefill": ratio(c.prefill),
-                                             "decode": ratio(c.decode), "peak": ratio(c.peak), "kv": ratio(c.kv)}
-                             for c in self.contexts},
-                "weights_bytes": {"reference": self.weights_reference, "candidate": self.weights_candidate},
-                "load_seen": self.load_seen}
+        return {
+            "contexts": {
+                str(c.length): {
+                    "context": c.length,
+                    "reference": arm(c.reference),
+                    "candidate": arm(c.candidate),
+                    "prefill": ratio(c.prefill),
+                    "decode": ratio(c.decode),
+                    "peak": ratio(c.peak),
+                    "kv": ratio(c.kv),
+                }
+                for c in self.contexts
+            },
+            "weights_bytes": {"reference": self.weights_reference, "candidate": self.weights_candidate},
+            "load_seen": self.load_seen,
+        }
 
     @property
     def longest(self) -> SpeedContext | None:
@@ -476,8 +527,13 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         record_version=integer(record.get("record_version")) or 1,
         candidate=_model(r.get("candidate")),
         reference_model=_model(r.get("reference_model")),
-        lever=Lever(name=text(lever.get("name")), kind=text(lever.get("kind")), ref=text(lever.get("ref")),
-                    cand=text(lever.get("cand")), path=text(lever.get("path"))),
+        lever=Lever(
+            name=text(lever.get("name")),
+            kind=text(lever.get("kind")),
+            ref=text(lever.get("ref")),
+            cand=text(lever.get("cand")),
+            path=text(lever.get("path")),
+        ),
         path=text(r.get("path")),
         sizes=_sizes(_map(r.get("sizes"))),
         stats=_stats(stats),
@@ -488,7 +544,8 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         rerun=text(r.get("rerun")),
         reference_source=text(r.get("reference_source")),
         lever_calls=integer(_map(r.get("lever_calls")).get("candidate")),
-        aa=AA(floors={str(k): real(v) for k, v in _map(_map(aa).get("floors")).items()}) if isinstance(aa, Mapping)
+        aa=AA(floors={str(k): real(v) for k, v in _map(_map(aa).get("floors")).items()})
+        if isinstance(aa, Mapping)
         else None,
         tokens={str(k): v for k, v in _map(r.get("tokens")).items() if isinstance(v, str)},
         kl_profile=_profile(_map(r.get("kl_profile"))),
@@ -496,8 +553,11 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         skipped={str(k): str(v) for k, v in _map(r.get("skipped")).items()},
         capability_score=_score(score) if score else None,
         speed=_speed(speed) if speed else None,
-        error=ErrorInfo(type=text(error.get("type")), message=text(error.get("message")),
-                        phase=text(error.get("phase"))) if error else None,
+        error=ErrorInfo(
+            type=text(error.get("type")), message=text(error.get("message")), phase=text(error.get("phase"))
+        )
+        if error
+        else None,
     )
 
 
@@ -517,27 +577,42 @@ def _model(value: Any) -> ModelInfo | None:
 
 
 def _sizes(s: Mapping[str, Any]) -> Sizes:
-    return Sizes(prompts=integer(s.get("prompts")), tokens=integer(s.get("tokens")), decode=integer(s.get("decode")),
-                 chunk=integer(s.get("chunk")))
+    return Sizes(
+        prompts=integer(s.get("prompts")),
+        tokens=integer(s.get("tokens")),
+        decode=integer(s.get("decode")),
+        chunk=integer(s.get("chunk")),
+    )
 
 
 def _stats(s: Mapping[str, Any]) -> Stats:
     figures = {key: real(s.get(key)) for key in _FIGURES}
     return Stats(
         present=frozenset(str(k) for k in s),
-        n_prompts=integer(s.get("n_prompts")), n_tokens=integer(s.get("n_tokens")),
+        n_prompts=integer(s.get("n_prompts")),
+        n_tokens=integer(s.get("n_tokens")),
         confidence=real(s.get("confidence")),
-        mean_ci=_interval(s.get("mean_ci")), same_top_ci=_interval(s.get("same_top_ci")),
+        mean_ci=_interval(s.get("mean_ci")),
+        same_top_ci=_interval(s.get("same_top_ci")),
         top1_ci=_interval(s.get("top1_ci")),
         quantile_ci={str(q): _interval(ci) for q, ci in _map(s.get("quantile_ci")).items()},
-        flips=integer(s.get("flips")), near_tie_flips=integer(s.get("near_tie_flips")),
+        flips=integer(s.get("flips")),
+        near_tie_flips=integer(s.get("near_tie_flips")),
         near_ties=integer(s.get("near_ties")),
-        worst=tuple(WorstToken(prompt=integer(w.get("prompt")), position=integer(w.get("position")),
-                               kl=real(w.get("kl")), token_id=integer(w.get("token_id")),
-                               ref_top1=integer(w.get("ref_top1")),
-                               cand_top1=integer(w.get("cand_top1")), p_ref=real(w.get("p_ref")),
-                               p_cand=real(w.get("p_cand")))
-                    for w in _list(s.get("worst")) if isinstance(w, Mapping)),
+        worst=tuple(
+            WorstToken(
+                prompt=integer(w.get("prompt")),
+                position=integer(w.get("position")),
+                kl=real(w.get("kl")),
+                token_id=integer(w.get("token_id")),
+                ref_top1=integer(w.get("ref_top1")),
+                cand_top1=integer(w.get("cand_top1")),
+                p_ref=real(w.get("p_ref")),
+                p_cand=real(w.get("p_cand")),
+            )
+            for w in _list(s.get("worst"))
+            if isinstance(w, Mapping)
+        ),
         **figures,  # the float fields named in _FIGURES
     )
 
@@ -554,33 +629,61 @@ def _profile(p: Mapping[str, Any]) -> KLProfile:
     hist, bp, prompts = _map(p.get("histogram")), _map(p.get("by_position")), _map(p.get("prompts"))
     decades = _list(hist.get("decades"))
     return KLProfile(
-        histogram=Histogram(counts=tuple(integer(c) or 0 for c in _list(hist.get("counts"))),
-                            decades=(integer(decades[0]) or 0, integer(decades[1]) or 0) if len(decades) == 2 else None,
-                            per_decade=integer(hist.get("per_decade")) or 0, zero=integer(hist.get("zero")) or 0,
-                            under=integer(hist.get("under")) or 0, over=integer(hist.get("over")) or 0),
-        by_position=PositionProfile(first=_ints(bp.get("first")), last=_ints(bp.get("last")), n=_ints(bp.get("n")),
-                                    median=_reals(bp.get("median")), p90=_reals(bp.get("p90")),
-                                    flips=_ints(bp.get("flips")), near_tie_flips=_ints(bp.get("near_tie_flips"))),
-        prompts=PromptMeans(index=_ints(prompts.get("index")), mean=_reals(prompts.get("mean")),
-                            ci=tuple(_interval(c) for c in _list(prompts.get("ci"))),
-                            n_tokens=_ints(prompts.get("n_tokens")), total=integer(prompts.get("total")),
-                            method=text(prompts.get("method"))),
-        worst_context=tuple(WorstContext(prompt=integer(c.get("prompt")), position=integer(c.get("position")),
-                                         before=text(c.get("before")), token=text(c.get("token")),
-                                         after=text(c.get("after")))
-                            for c in (_map(c) for c in _list(p.get("worst_context")))),
+        histogram=Histogram(
+            counts=tuple(integer(c) or 0 for c in _list(hist.get("counts"))),
+            decades=(integer(decades[0]) or 0, integer(decades[1]) or 0) if len(decades) == 2 else None,
+            per_decade=integer(hist.get("per_decade")) or 0,
+            zero=integer(hist.get("zero")) or 0,
+            under=integer(hist.get("under")) or 0,
+            over=integer(hist.get("over")) or 0,
+        ),
+        by_position=PositionProfile(
+            first=_ints(bp.get("first")),
+            last=_ints(bp.get("last")),
+            n=_ints(bp.get("n")),
+            median=_reals(bp.get("median")),
+            p90=_reals(bp.get("p90")),
+            flips=_ints(bp.get("flips")),
+            near_tie_flips=_ints(bp.get("near_tie_flips")),
+        ),
+        prompts=PromptMeans(
+            index=_ints(prompts.get("index")),
+            mean=_reals(prompts.get("mean")),
+            ci=tuple(_interval(c) for c in _list(prompts.get("ci"))),
+            n_tokens=_ints(prompts.get("n_tokens")),
+            total=integer(prompts.get("total")),
+            method=text(prompts.get("method")),
+        ),
+        worst_context=tuple(
+            WorstContext(
+                prompt=integer(c.get("prompt")),
+                position=integer(c.get("position")),
+                before=text(c.get("before")),
+                token=text(c.get("token")),
+                after=text(c.get("after")),
+            )
+            for c in (_map(c) for c in _list(p.get("worst_context")))
+        ),
     )
 
 
 def _check(c: Mapping[str, Any], *, direction: str | None = None) -> CheckResult:
     context = c.get("context")
     return CheckResult(
-        metric=text(c.get("metric")), key=text(c.get("key")), value=real(c.get("value")), lower=real(c.get("lower")),
-        upper=real(c.get("upper")), limit=real(c.get("limit")),
-        direction=direction if direction is not None else text(c.get("direction")), verdict=text(c.get("verdict")),
-        n=integer(c.get("n")), n_needed=integer(c.get("n_needed")), method=text(c.get("method")),
+        metric=text(c.get("metric")),
+        key=text(c.get("key")),
+        value=real(c.get("value")),
+        lower=real(c.get("lower")),
+        upper=real(c.get("upper")),
+        limit=real(c.get("limit")),
+        direction=direction if direction is not None else text(c.get("direction")),
+        verdict=text(c.get("verdict")),
+        n=integer(c.get("n")),
+        n_needed=integer(c.get("n_needed")),
+        method=text(c.get("method")),
         p_value=real(c.get("p_value")),
-        context=int(str(context)) if context is not None and str(context).strip().lstrip("-").isdigit() else None)
+        context=int(str(context)) if context is not None and str(context).strip().lstrip("-").isdigit() else None,
+    )
 
 
 def _answer(a: Mapping[str, Any]) -> Answer:
@@ -590,27 +693,47 @@ def _answer(a: Mapping[str, Any]) -> Answer:
 def _task(name: str, t: Mapping[str, Any]) -> Task:
     drop, floor, flipped = _map(t.get("drop_verdict")), _map(t.get("floor_verdict")), _map(t.get("flipped"))
     return Task(
-        name=name, n=integer(t.get("n")), ref_score=real(t.get("ref_score")), cand_score=real(t.get("cand_score")),
-        ref_ci=_interval(t.get("ref_ci")), cand_ci=_interval(t.get("cand_ci")),
+        name=name,
+        n=integer(t.get("n")),
+        ref_score=real(t.get("ref_score")),
+        cand_score=real(t.get("cand_score")),
+        ref_ci=_interval(t.get("ref_ci")),
+        cand_ci=_interval(t.get("cand_ci")),
         drop_check=_check(drop, direction="max") if drop else None,
         floor_check=_check(floor, direction="min") if floor else None,
-        flipped=Flipped(total=integer(flipped.get("total")),
-                        items=tuple(FlippedItem(id=text(i.get("id")), prompt=i.get("prompt") if isinstance(
-                            i.get("prompt"), str) else None, reference=_answer(_map(i.get("reference"))),
-                                                candidate=_answer(_map(i.get("candidate"))))
-                                    for i in (_map(i) for i in _list(flipped.get("items")))))
-        if flipped else None,
+        flipped=Flipped(
+            total=integer(flipped.get("total")),
+            items=tuple(
+                FlippedItem(
+                    id=text(i.get("id")),
+                    prompt=i.get("prompt") if isinstance(i.get("prompt"), str) else None,
+                    reference=_answer(_map(i.get("reference"))),
+                    candidate=_answer(_map(i.get("candidate"))),
+                )
+                for i in (_map(i) for i in _list(flipped.get("items")))
+            ),
+        )
+        if flipped
+        else None,
     )
 
 
 def _score(s: Mapping[str, Any]) -> CapabilityScore:
     partial = s.get("partial")
     return CapabilityScore(
-        reference=real(s.get("reference")), candidate=real(s.get("candidate")),
+        reference=real(s.get("reference")),
+        candidate=real(s.get("candidate")),
         partial=None if partial is None else bool(partial),
-        tasks={str(t): ScoreTask(reference=real(_map(v).get("reference")), candidate=real(_map(v).get("candidate")),
-                                 n=integer(_map(v).get("n"))) for t, v in _map(s.get("tasks")).items()},
-        missing=tuple(str(m) for m in _list(s.get("missing"))))
+        tasks={
+            str(t): ScoreTask(
+                reference=real(_map(v).get("reference")),
+                candidate=real(_map(v).get("candidate")),
+                n=integer(_map(v).get("n")),
+            )
+            for t, v in _map(s.get("tasks")).items()
+        },
+        missing=tuple(str(m) for m in _list(s.get("missing"))),
+    )
 
 
 def _ratio(value: Any) -> Ratio | None:
@@ -619,8 +742,12 @@ def _ratio(value: Any) -> Ratio | None:
 
 
 def _arm(a: Mapping[str, Any]) -> SpeedArm:
-    return SpeedArm(prefill_tps=real(a.get("prefill_tps")), decode_tps=real(a.get("decode_tps")),
-                    peak_bytes=integer(a.get("peak_bytes")), kv_bytes=integer(a.get("kv_bytes")))
+    return SpeedArm(
+        prefill_tps=real(a.get("prefill_tps")),
+        decode_tps=real(a.get("decode_tps")),
+        peak_bytes=integer(a.get("peak_bytes")),
+        kv_bytes=integer(a.get("kv_bytes")),
+    )
 
 
 def _speed(s: Mapping[str, Any]) -> Speed:
@@ -628,17 +755,27 @@ def _speed(s: Mapping[str, Any]) -> Speed:
     lengths = sorted((str(c) for c in contexts if str(c).isdigit()), key=int)  # JSON keys: the length as text
     shape, weights = _map(s.get("shape")), _map(s.get("weights_bytes"))
     return Speed(
-        id=text(s.get("id")) or None, repetitions=integer(shape.get("repetitions")),
+        id=text(s.get("id")) or None,
+        repetitions=integer(shape.get("repetitions")),
         decode_tokens=integer(shape.get("decode")),
-        contexts=tuple(SpeedContext(length=int(c), reference=_arm(_map(_map(contexts[c]).get("reference"))),
-                                    candidate=_arm(_map(_map(contexts[c]).get("candidate"))),
-                                    prefill=_ratio(_map(contexts[c]).get("prefill")),
-                                    decode=_ratio(_map(contexts[c]).get("decode")),
-                                    peak=_ratio(_map(contexts[c]).get("peak")), kv=_ratio(_map(contexts[c]).get("kv")))
-                       for c in lengths),
-        weights_reference=integer(weights.get("reference")), weights_candidate=integer(weights.get("candidate")),
-        memory_method=text(s.get("memory_method")) or None, duration_s=real(s.get("duration_s")),
-        load_seen=s.get("load_seen") if isinstance(s.get("load_seen"), Mapping) else None)
+        contexts=tuple(
+            SpeedContext(
+                length=int(c),
+                reference=_arm(_map(_map(contexts[c]).get("reference"))),
+                candidate=_arm(_map(_map(contexts[c]).get("candidate"))),
+                prefill=_ratio(_map(contexts[c]).get("prefill")),
+                decode=_ratio(_map(contexts[c]).get("decode")),
+                peak=_ratio(_map(contexts[c]).get("peak")),
+                kv=_ratio(_map(contexts[c]).get("kv")),
+            )
+            for c in lengths
+        ),
+        weights_reference=integer(weights.get("reference")),
+        weights_candidate=integer(weights.get("candidate")),
+        memory_method=text(s.get("memory_method")) or None,
+        duration_s=real(s.get("duration_s")),
+        load_seen=s.get("load_seen") if isinstance(s.get("load_seen"), Mapping) else None,
+    )
 
 
 # -- rows, runs, reports ---------------------------------------------------------------------------
@@ -668,9 +805,16 @@ def parse_row(row: Mapping[str, Any]) -> StoredRow:
     if isinstance(stored, Mapping):
         record = parse_record(stored)
     dirty = row.get("code_dirty")
-    return StoredRow(run_id=text(row.get("run_id")), time=text(row.get("time")), verdict=text(row.get("verdict")),
-                     code_commit=text(row.get("code_commit")), code_dirty=None if dirty is None else bool(dirty),
-                     mean_kl=real(row.get("mean_kl")), decode_ratio=real(row.get("decode_ratio")), record=record)
+    return StoredRow(
+        run_id=text(row.get("run_id")),
+        time=text(row.get("time")),
+        verdict=text(row.get("verdict")),
+        code_commit=text(row.get("code_commit")),
+        code_dirty=None if dirty is None else bool(dirty),
+        mean_kl=real(row.get("mean_kl")),
+        decode_ratio=real(row.get("decode_ratio")),
+        record=record,
+    )
 
 
 def stored_record(row: Mapping[str, Any]) -> GateRecord | None:
@@ -739,15 +883,24 @@ def run_facts(run: RunInfo | Mapping[str, Any] | None) -> RunFacts:
     dirty = d.get("code_dirty")
     merged = config.get("merged")
     return RunFacts(
-        run_id=text(d.get("run_id")), started=text(d.get("started")), code_commit=text(d.get("code_commit")),
+        run_id=text(d.get("run_id")),
+        started=text(d.get("started")),
+        code_commit=text(d.get("code_commit")),
         code_dirty=None if dirty is None else bool(dirty),
         machine={str(k): str(v) for k, v in _map(d.get("machine")).items() if v is not None},
         interrupted=interrupted_of(config.get("interrupted")),
-        shard=Shard(index=integer(shard.get("index")), count=integer(shard.get("count")), plan=text(shard.get("plan")),
-                    modules=tuple(str(m) for m in modules) if isinstance(modules, list) else None) if shard else None,
+        shard=Shard(
+            index=integer(shard.get("index")),
+            count=integer(shard.get("count")),
+            plan=text(shard.get("plan")),
+            modules=tuple(str(m) for m in modules) if isinstance(modules, list) else None,
+        )
+        if shard
+        else None,
         without_records=frozenset(str(m) for m in _map(config.get("without_records"))),
         merged_from=len(merged) if isinstance(merged, list) else None,
-        inconclusive_policy=str(_map(config.get("gate")).get("inconclusive") or "fail"))
+        inconclusive_policy=str(_map(config.get("gate")).get("inconclusive") or "fail"),
+    )
 
 
 def run_info_of(run: Mapping[str, Any]) -> RunInfo:
@@ -755,11 +908,15 @@ def run_info_of(run: Mapping[str, Any]) -> RunInfo:
     KeyError when it lacks `run_id` or `started`."""
     dirty = run.get("code_dirty")
     commit = run.get("code_commit")
-    return RunInfo(run_id=str(run["run_id"]), started=str(run["started"]),
-                   code_commit=None if commit is None else str(commit),
-                   code_dirty=None if dirty is None else bool(dirty),
-                   argv=[str(a) for a in _list(run.get("argv"))], config=dict(_map(run.get("config"))),
-                   machine={str(k): v for k, v in _map(run.get("machine")).items()})
+    return RunInfo(
+        run_id=str(run["run_id"]),
+        started=str(run["started"]),
+        code_commit=None if commit is None else str(commit),
+        code_dirty=None if dirty is None else bool(dirty),
+        argv=[str(a) for a in _list(run.get("argv"))],
+        config=dict(_map(run.get("config"))),
+        machine={str(k): v for k, v in _map(run.get("machine")).items()},
+    )
 
 
 def row_run(row: Mapping[str, Any]) -> RunInfo:
@@ -768,8 +925,15 @@ def row_run(row: Mapping[str, Any]) -> RunInfo:
         extra = json.loads(row.get("config_json") or "{}")
     except (TypeError, ValueError):
         extra = {}
-    return run_info_of({**_map(extra), "run_id": row["run_id"], "started": row["started"],
-                        "code_commit": row.get("code_commit"), "code_dirty": row.get("code_dirty")})
+    return run_info_of(
+        {
+            **_map(extra),
+            "run_id": row["run_id"],
+            "started": row["started"],
+            "code_commit": row.get("code_commit"),
+            "code_dirty": row.get("code_dirty"),
+        }
+    )
 
 
 def pending_entry(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:

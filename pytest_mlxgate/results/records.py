@@ -208,8 +208,10 @@ def migrate_record(record: Mapping[str, Any]) -> GateRecord:
         out["checks"] = [migrate_check(c) if isinstance(c, Mapping) else c for c in _items(record.get("checks"))]
     tasks = record.get("tasks")
     if isinstance(tasks, Mapping) and any(_without_flipped(t) for t in tasks.values()):
-        out["tasks"] = {name: {**t, "flipped": _flipped_from_items(_items(t.get("items")))} if _without_flipped(t)
-                        else t for name, t in tasks.items()}
+        out["tasks"] = {
+            name: {**t, "flipped": _flipped_from_items(_items(t.get("items")))} if _without_flipped(t) else t
+            for name, t in tasks.items()
+        }
     return out  # type: ignore[return-value]  # the record's own keys, in the current shape
 
 
@@ -237,8 +239,13 @@ def error_record(*, nodeid: str, phase: str, error_type: str, message: str, **fi
     text = "\n".join(lines[:ERROR_LINES]) + ("\n…" if len(lines) > ERROR_LINES else "")
     if len(text) > ERROR_CHARS:
         text = text[: ERROR_CHARS - 1] + "…"
-    return gate_record(nodeid=nodeid, mode=fields.pop("mode", "error"), verdict="error",
-                       error={"type": error_type, "message": text, "phase": phase}, **fields)
+    return gate_record(
+        nodeid=nodeid,
+        mode=fields.pop("mode", "error"),
+        verdict="error",
+        error={"type": error_type, "message": text, "phase": phase},
+        **fields,
+    )
 
 
 def carried(name: str, payload: Mapping[str, Any]) -> tuple[str, str]:
@@ -283,8 +290,15 @@ class RunInfo:
     machine: dict[str, str]  # device, blas, mlx, mlx_lm, python, platform
 
     @classmethod
-    def new(cls, root: Path, *, argv: Sequence[str], config: Mapping[str, Any],
-            machine: Mapping[str, str], started: float | None = None) -> RunInfo:
+    def new(
+        cls,
+        root: Path,
+        *,
+        argv: Sequence[str],
+        config: Mapping[str, Any],
+        machine: Mapping[str, str],
+        started: float | None = None,
+    ) -> RunInfo:
         """A fresh run id, the start time (default: now) and the git state of `root`: what the
         controller makes once per run. Credentials in argv and config are masked here, once, so no
         report or history row ever holds them."""
@@ -292,8 +306,15 @@ class RunInfo:
         from .git import git_state
 
         commit, dirty = git_state(root)
-        return cls(run_id=uuid.uuid4().hex, started=utc_now(started), code_commit=commit, code_dirty=dirty,
-                   argv=redact_argv(argv), config=redact_data(dict(config)), machine=dict(machine))
+        return cls(
+            run_id=uuid.uuid4().hex,
+            started=utc_now(started),
+            code_commit=commit,
+            code_dirty=dirty,
+            argv=redact_argv(argv),
+            config=redact_data(dict(config)),
+            machine=dict(machine),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -43,14 +43,23 @@ def score_record(records: Sequence[GateRecord], tasks: Sequence[str]) -> GateRec
             latest.update({t: v for t, v in record.tasks.items() if t in tasks})
     if not latest:
         return None
-    arms = {"reference": capability_score({t: latest[t].ref_score if t in latest else None for t in tasks}, tasks),
-            "candidate": capability_score({t: latest[t].cand_score if t in latest else None for t in tasks}, tasks)}
+    arms = {
+        "reference": capability_score({t: latest[t].ref_score if t in latest else None for t in tasks}, tasks),
+        "candidate": capability_score({t: latest[t].cand_score if t in latest else None for t in tasks}, tasks),
+    }
     per_task = {t: {"reference": v.ref_score, "candidate": v.cand_score, "n": v.n} for t, v in latest.items()}
     partial = arms["candidate"][1]
     return gate_record(
-        nodeid=SCORE_NODEID, gate="Capability Score", mode="score",
-        verdict="partial" if partial else "complete", stats={},
-        capability_score={"reference": arms["reference"][0], "candidate": arms["candidate"][0],
-                          "partial": partial, "tasks": per_task,
-                          "missing": [t for t in tasks if t not in latest]},
+        nodeid=SCORE_NODEID,
+        gate="Capability Score",
+        mode="score",
+        verdict="partial" if partial else "complete",
+        stats={},
+        capability_score={
+            "reference": arms["reference"][0],
+            "candidate": arms["candidate"][0],
+            "partial": partial,
+            "tasks": per_task,
+            "missing": [t for t in tasks if t not in latest],
+        },
     )

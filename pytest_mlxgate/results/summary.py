@@ -77,8 +77,15 @@ def _check_rows(checks: Sequence[CheckResult]) -> list[_Row]:
         verdict = _verdict_label(c.verdict) if c.verdict is not None else DASH
         if verdict == "INCONCLUSIVE" and c.n_needed is not None:
             verdict += f" (n≈{c.n_needed})"
-        rows.append((c.label, format_value(key, c.value), _bound(c.direction, key, c.bound),
-                     format_limit(key, c.limit), verdict))
+        rows.append(
+            (
+                c.label,
+                format_value(key, c.value),
+                _bound(c.direction, key, c.bound),
+                format_limit(key, c.limit),
+                verdict,
+            )
+        )
     return rows
 
 
@@ -90,13 +97,17 @@ def _measured_rows(stats: Stats, verdict: str) -> list[_Row]:
         ("max KL", "max", "max", None),
         ("same-top", "same_top", "min", stats.same_top_ci.lower),
     )
-    return [(metric, format_value(key, stats.figure(key)), _bound(direction, key, bound), DASH, verdict)
-            for metric, key, direction, bound in spec if stats.has(key)]
+    return [
+        (metric, format_value(key, stats.figure(key)), _bound(direction, key, bound), DASH, verdict)
+        for metric, key, direction, bound in spec
+        if stats.has(key)
+    ]
 
 
 def _floor_rows(floors: Mapping[str, float | None]) -> list[_Row]:
-    order = [k for k in ("mean", "p99", "max") if k in floors] + sorted(k for k in floors
-                                                                       if k not in ("mean", "p99", "max"))
+    order = [k for k in ("mean", "p99", "max") if k in floors] + sorted(
+        k for k in floors if k not in ("mean", "p99", "max")
+    )
     names = {"mean": "mean KL", "p99": "p99 KL", "max": "max KL"}
     return [(names.get(k, k), format_value(k, floors[k]), DASH, DASH, "floor") for k in order]
 
@@ -108,8 +119,13 @@ def _score_pair(reference: float | None, candidate: float | None) -> str:
 
 def _verdict_label(verdict: str | None) -> str:
     v = verdict or ""
-    return {"fail": "FAIL", "error": "ERROR", "pass": "pass", "measured": "measured",
-            "inconclusive": "INCONCLUSIVE"}.get(v, v or DASH)
+    return {
+        "fail": "FAIL",
+        "error": "ERROR",
+        "pass": "pass",
+        "measured": "measured",
+        "inconclusive": "INCONCLUSIVE",
+    }.get(v, v or DASH)
 
 
 def _gate_rows(record: Record) -> list[_Row]:
@@ -120,12 +136,21 @@ def _gate_rows(record: Record) -> list[_Row]:
     elif record.mode == "score":
         score = record.capability_score or CapabilityScore()
         rows = [(t, _score_pair(v.reference, v.candidate), DASH, DASH, "ran") for t, v in score.tasks.items()]
-        rows.append(("score", _score_pair(score.reference, score.candidate), DASH, DASH,
-                     "partial" if score.partial else "complete"))
+        rows.append(
+            (
+                "score",
+                _score_pair(score.reference, score.candidate),
+                DASH,
+                DASH,
+                "partial" if score.partial else "complete",
+            )
+        )
     elif record.mode == "aa" and record.checks:
         # A/A with limits: each limit against the noise floor it must sit above
-        rows = [(m, v, DASH, lim, "above floor" if verdict_ == "pass" else verdict_)
-                for m, v, _, lim, verdict_ in _check_rows(record.checks)]
+        rows = [
+            (m, v, DASH, lim, "above floor" if verdict_ == "pass" else verdict_)
+            for m, v, _, lim, verdict_ in _check_rows(record.checks)
+        ]
     elif record.mode == "aa":
         rows = _floor_rows(record.floors)
     elif record.checks:
@@ -133,7 +158,8 @@ def _gate_rows(record: Record) -> list[_Row]:
     else:
         rows = _measured_rows(record.stats, _verdict_label(verdict or "measured"))
     if verdict in ("fail", "error", "inconclusive") and not any(
-            r[4].startswith(("FAIL", "ERROR", "INCONCLUSIVE")) for r in rows):
+        r[4].startswith(("FAIL", "ERROR", "INCONCLUSIVE")) for r in rows
+    ):
         rows.append(("verdict", DASH, DASH, DASH, _verdict_label(verdict)))  # never show all-pass
     if not rows:
         rows.append((DASH, DASH, DASH, DASH, _verdict_label(verdict)))
@@ -207,7 +233,7 @@ def _name_lines(name: str, width: int) -> list[str]:
     step = max(1, width)
     if len(name) <= step:
         return [name]
-    return [part[i:i + step] for part in re.split(r"(?<=::)", name) if part for i in range(0, len(part), step)]
+    return [part[i : i + step] for part in re.split(r"(?<=::)", name) if part for i in range(0, len(part), step)]
 
 
 def _clip(text: str, width: int) -> str:
@@ -232,8 +258,15 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
     blocks: list[tuple[str, list[_Row], list[str], list[str], list[str]]] = []
     speeds_shown: set[str] = set()
     for record in read:
-        blocks.append((record.name or DASH, _gate_rows(record), n_parts(record), speed_parts(record, speeds_shown),
-                       _error_parts(record)))
+        blocks.append(
+            (
+                record.name or DASH,
+                _gate_rows(record),
+                n_parts(record),
+                speed_parts(record, speeds_shown),
+                _error_parts(record),
+            )
+        )
 
     cols = [[row[i] for _, rows, _, _, _ in blocks for row in rows] for i in range(5)]
     widths = [max([len(header[i + 1])] + [len(v) for v in cols[i]]) for i in range(5)]
@@ -256,8 +289,16 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
         for i, row in enumerate(rows):
             lines.append(line((name if i == 0 and in_column else "", *row)))
         for text in error:  # the error's own words, wrapped under the block
-            lines.extend(textwrap.wrap(text, max(20, width - len(_SPEED_INDENT)), initial_indent=_SPEED_INDENT,
-                                       subsequent_indent=_SPEED_INDENT + "  ", break_on_hyphens=False) or [""])
+            lines.extend(
+                textwrap.wrap(
+                    text,
+                    max(20, width - len(_SPEED_INDENT)),
+                    initial_indent=_SPEED_INDENT,
+                    subsequent_indent=_SPEED_INDENT + "  ",
+                    break_on_hyphens=False,
+                )
+                or [""]
+            )
         for i, detail in enumerate(_pack(details, max(len(DASH), width - detail_start))):
             lines.append(line(("", "n" if i == 0 else "", detail)))
         for text in speed:  # under the block at full width: a speed line has too much for the n column
@@ -279,5 +320,6 @@ def interrupted_line(interrupted: Mapping[str, Any] | Interrupted) -> str:
     facts = interrupted if isinstance(interrupted, Interrupted) else interrupted_of(interrupted) or Interrupted()
     not_run = facts.not_run
     shown = ", ".join(not_run[:10]) + (f" and {len(not_run) - 10} more" if len(not_run) > 10 else "")
-    return (f"INTERRUPTED ({facts.reason or 'interrupted'}): "
-            + (f"{len(not_run)} module(s) did not run: {shown}" if not_run else "every collected test had run"))
+    return f"INTERRUPTED ({facts.reason or 'interrupted'}): " + (
+        f"{len(not_run)} module(s) did not run: {shown}" if not_run else "every collected test had run"
+    )

@@ -22,9 +22,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-__all__ = ["ERROR", "INCONCLUSIVE_POLICIES", "NOT_FAILING", "RECORD_VERDICTS", "SKIPPED", "VERDICTS", "Direction",
-           "Verdict", "bounds_verdict", "check_verdict", "is_failing", "overall_verdict", "run_verdict",
-           "settle_inconclusive", "three_way", "verdict_rank", "worst_verdict"]
+__all__ = [
+    "ERROR",
+    "INCONCLUSIVE_POLICIES",
+    "NOT_FAILING",
+    "RECORD_VERDICTS",
+    "SKIPPED",
+    "VERDICTS",
+    "Direction",
+    "Verdict",
+    "bounds_verdict",
+    "check_verdict",
+    "is_failing",
+    "overall_verdict",
+    "run_verdict",
+    "settle_inconclusive",
+    "three_way",
+    "verdict_rank",
+    "worst_verdict",
+]
 
 #: A check's verdict (and a gate's, once its checks are in).
 Verdict = Literal["pass", "fail", "inconclusive"]

@@ -71,13 +71,17 @@ class BatchQuantizedKVCache:
         def empty(like: Any, have: tuple[Any, Any, Any] | None) -> tuple[Any, Any, Any]:
             b, h, _, d = like.shape
             shape = (b, h, size)
-            parts = (mx.zeros((*shape, d * self.bits // 32), mx.uint32),  # mx.quantize's packed width
-                     mx.zeros((*shape, d // self.group_size), like.dtype),
-                     mx.zeros((*shape, d // self.group_size), like.dtype))
+            parts = (
+                mx.zeros((*shape, d * self.bits // 32), mx.uint32),  # mx.quantize's packed width
+                mx.zeros((*shape, d // self.group_size), like.dtype),
+                mx.zeros((*shape, d // self.group_size), like.dtype),
+            )
             if have is None:
                 return parts
-            return tuple(mx.concatenate([old[..., : self._idx, :], new[..., self._idx :, :]], axis=2)
-                         for old, new in zip(have, parts))  # type: ignore[return-value]
+            return tuple(
+                mx.concatenate([old[..., : self._idx, :], new[..., self._idx :, :]], axis=2)
+                for old, new in zip(have, parts)
+            )  # type: ignore[return-value]
 
         self.keys, self.values = empty(keys, self.keys), empty(values, self.values)
 
@@ -108,8 +112,10 @@ def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuan
     keys, values = cache.keys[..., : cache._idx, :], cache.values[..., : cache._idx, :]
     out._grow(keys, values, cache._idx)
     assert out.keys is not None and out.values is not None
-    for stored, new in ((out.keys, mx.quantize(keys, group_size=group_size, bits=bits)),
-                        (out.values, mx.quantize(values, group_size=group_size, bits=bits))):
+    for stored, new in (
+        (out.keys, mx.quantize(keys, group_size=group_size, bits=bits)),
+        (out.values, mx.quantize(values, group_size=group_size, bits=bits)),
+    ):
         for part, value in zip(stored, new):
             part[..., : cache._idx, :] = value
     out._idx = cache._idx
@@ -131,8 +137,15 @@ def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
     return all(start <= min(lengths) - 1 for start in starts)
 
 
-def greedy_batch(model: Any, ids: Sequence[list[int]], *, max_new_tokens: int, kv: KVPlan,
-                 eos: set[int], on_token: Callable[[int], None] | None = None) -> list[list[int]]:
+def greedy_batch(
+    model: Any,
+    ids: Sequence[list[int]],
+    *,
+    max_new_tokens: int,
+    kv: KVPlan,
+    eos: set[int],
+    on_token: Callable[[int], None] | None = None,
+) -> list[list[int]]:
     """Greedy continuations of the token lists `ids` (one batch; see `batchable`), each cut at its
     first end-of-sequence token. `on_token(step)` after each decode step."""
     width = max(len(x) for x in ids)

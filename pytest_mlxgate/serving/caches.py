@@ -205,8 +205,10 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
     def keys_and_values(self) -> tuple[Parts, Parts]:
         if self.offset < self.keys[0].shape[2]:
             cut = self.offset
-            return (self._each(lambda p: p[..., :cut, :], self.keys),
-                    self._each(lambda p: p[..., :cut, :], self.values))
+            return (
+                self._each(lambda p: p[..., :cut, :], self.keys),
+                self._each(lambda p: p[..., :cut, :], self.values),
+            )
         return self.keys, self.values
 
     def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:

@@ -24,8 +24,15 @@ if TYPE_CHECKING:
     from ..speed.shape import SpeedShape
     from .paired import PairedRun
 
-__all__ = ["RunContext", "build_paired_run", "check_context", "check_lever_override", "gate_lever", "gate_shape",
-           "gate_speed_shape"]
+__all__ = [
+    "RunContext",
+    "build_paired_run",
+    "check_context",
+    "check_lever_override",
+    "gate_lever",
+    "gate_shape",
+    "gate_speed_shape",
+]
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
@@ -34,8 +41,7 @@ def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
     mark = item.get_closest_marker("mlx_lever")
     declared = lever_from_marker(mark, base_dir=item.path.parent) if mark is not None else None
     if gate.lever is not None and override_applies(gate.lever, declared.name if declared else None):
-        return lever_from_options(gate.lever, gate.ref_value, gate.cand_value, declared,
-                                  base_dir=gate.invocation_dir)
+        return lever_from_options(gate.lever, gate.ref_value, gate.cand_value, declared, base_dir=gate.invocation_dir)
     if declared is None:
         raise LeverError(
             f"{item.nodeid} uses `paired` but declares no lever: add "
@@ -106,8 +112,10 @@ def gate_speed_shape(item: pytest.Item, gate: GateSettings, device: str) -> Spee
     marked: dict[str, Any] = dict(mark.kwargs) if mark is not None else {}
     unknown = set(marked) - {"contexts", "decode", "repetitions"}
     if unknown or (mark is not None and mark.args):
-        raise LeverError(f"mlx_speed marker on {item.nodeid}: takes only contexts=, decode=, repetitions= "
-                         f"(got {sorted(unknown) or list(mark.args if mark else [])})")
+        raise LeverError(
+            f"mlx_speed marker on {item.nodeid}: takes only contexts=, decode=, repetitions= "
+            f"(got {sorted(unknown) or list(mark.args if mark else [])})"
+        )
     contexts = gate.speed_contexts or marked.get("contexts") or default_contexts(device)
     if isinstance(contexts, int):
         contexts = (contexts,)
@@ -153,13 +161,15 @@ def check_context(model: LoadedModel, nodeid: str, tokens: int, speed: SpeedShap
         raise ContextLengthError(
             f"{nodeid}: the KL gate asks for {tokens} tokens per sequence, but {served}; positions past that "
             f"are outside what the model was trained on, so no arm was run. Fix: --mlx-kl-tokens {limit} "
-            f"or less (or mlx_kl(tokens=...) in the module)")
+            f"or less (or mlx_kl(tokens=...) in the module)"
+        )
     if speed is not None and max(speed.contexts) + speed.decode > limit:
         longest = max(speed.contexts)
         raise ContextLengthError(
             f"{nodeid}: speed is timed at a {longest}-token context plus {speed.decode} decoded tokens "
             f"({longest + speed.decode} positions), but {served}; no arm was run. Fix: --mlx-speed-contexts with "
-            f"lengths of at most {limit - speed.decode} (or fewer --mlx-speed-decode tokens)")
+            f"lengths of at most {limit - speed.decode} (or fewer --mlx-speed-decode tokens)"
+        )
 
 
 #: Quantized copies of the loaded model, per process: gate modules with the same quantization share one.
@@ -208,8 +218,9 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"))
     for model in {id(m): m for m in (candidate, reference) if m is not None}.values():
         check_context(model, item.nodeid, shape.tokens, speed_shape)
-    prompts, fewer = prompts_for(candidate.tokenizer, load_prompts_file(gate.prompts_file) if gate.prompts_file
-                                 else None)
+    prompts, fewer = prompts_for(
+        candidate.tokenizer, load_prompts_file(gate.prompts_file) if gate.prompts_file else None
+    )
     sequences = build_sequences(prompts, candidate.tokenizer, n=n_prompts, tokens=shape.tokens, why_fewer=fewer)
     run = PairedRun(
         lever=lever,
@@ -219,8 +230,11 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         candidate=candidate,
         reference=reference,
         machine=dict(ctx.machine),
-        cache=(ReferenceCache(ctx.cache_dir, max_bytes=gate.reference_cache_max, report=ctx.progress)
-               if ctx.cache_dir is not None else None),
+        cache=(
+            ReferenceCache(ctx.cache_dir, max_bytes=gate.reference_cache_max, report=ctx.progress)
+            if ctx.cache_dir is not None
+            else None
+        ),
         refresh_reference=gate.refresh_reference,
         aa=gate.aa,
         calibrate=gate.calibrate,
@@ -229,11 +243,19 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         progress=ctx.progress,
         live=ctx.live,
         speed_shape=speed_shape,
-        watch=Watcher(say=ctx.progress, interval=progress_interval(gate.progress_interval, ctx.live),
-                      limit_s=gate.arm_timeout, run_dir=ctx.run_dir),
-        capability_options={"tier": gate.tier or "smoke", "tier_from_cli": gate.tier_from_cli,
-                            "max_new_tokens": gate.max_new_tokens, "allow_unsandboxed": gate.allow_unsandboxed,
-                            "distributed": ctx.distributed},
+        watch=Watcher(
+            say=ctx.progress,
+            interval=progress_interval(gate.progress_interval, ctx.live),
+            limit_s=gate.arm_timeout,
+            run_dir=ctx.run_dir,
+        ),
+        capability_options={
+            "tier": gate.tier or "smoke",
+            "tier_from_cli": gate.tier_from_cli,
+            "max_new_tokens": gate.max_new_tokens,
+            "allow_unsandboxed": gate.allow_unsandboxed,
+            "distributed": ctx.distributed,
+        },
     )
     runs[key] = run
     return run

@@ -51,11 +51,17 @@ class ReferenceCacheDir:
         except OSError as e:
             self._failed = True
             readable = directory.is_dir()
-            warnings.warn(MlxgateWarning(
-                f"reference cache {directory} is not writable ({e.strerror or e}): "
-                + ("its entries are still read, new ones are not stored. " if readable else
-                   "reference arms are computed every run. ")
-                + "Fix: --mlx-reference-cache DIR (a writable directory), or --mlx-reference-cache off"),
-                stacklevel=2)
+            warnings.warn(
+                MlxgateWarning(
+                    f"reference cache {directory} is not writable ({e.strerror or e}): "
+                    + (
+                        "its entries are still read, new ones are not stored. "
+                        if readable
+                        else "reference arms are computed every run. "
+                    )
+                    + "Fix: --mlx-reference-cache DIR (a writable directory), or --mlx-reference-cache off"
+                ),
+                stacklevel=2,
+            )
             return directory if readable else None
         return directory

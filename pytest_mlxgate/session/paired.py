@@ -94,8 +94,14 @@ class PairedRun:
                 raise
         return self._result
 
-    def capability(self, task: str, *, n: int | Budget | None = None, tier: str | None = None,
-                   sequential: Mapping[str, float | None] | None = None) -> CapabilityRun:
+    def capability(
+        self,
+        task: str,
+        *,
+        n: int | Budget | None = None,
+        tier: str | None = None,
+        sequential: Mapping[str, float | None] | None = None,
+    ) -> CapabilityRun:
         """Both arms of one capability task on the same items (once per module, task, tier and n).
 
         With `n=Budget(...)`, `sequential` holds the gate's max_drop, alpha and fail_alpha: the
@@ -127,24 +133,34 @@ class PairedRun:
                     raise TypeError("n=Budget(...) sizes the drop test: it needs max_drop=")
                 self._say(f"capability {task} ({tier}): batch by batch ({n.describe()})")
                 found = run_capability_sequential(
-                    task, tier,  # type: ignore[arg-type]
-                    budget=n, max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
-                    alpha=float(sequential.get("alpha") or 0.05), fail_alpha=sequential.get("fail_alpha"),
+                    task,
+                    tier,  # type: ignore[arg-type]
+                    budget=n,
+                    max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
+                    alpha=float(sequential.get("alpha") or 0.05),
+                    fail_alpha=sequential.get("fail_alpha"),
                     say=self._say if self.live else None,
-                    progress_for=self._arm_progress(f"capability {task} ({tier}) batch", closing=False), **arms,
+                    progress_for=self._arm_progress(f"capability {task} ({tier}) batch", closing=False),
+                    **arms,
                 )
                 verdict = found.sequential or {}
-                self._say(f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
-                          f"{verdict.get('batches')} batches ({verdict.get('stopped_by')}), drop bounds "
-                          f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]; "
-                          f"reference arm: {_SOURCE_WORDS.get(found.reference_source, found.reference_source)}")
+                self._say(
+                    f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
+                    f"{verdict.get('batches')} batches ({verdict.get('stopped_by')}), drop bounds "
+                    f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]; "
+                    f"reference arm: {_SOURCE_WORDS.get(found.reference_source, found.reference_source)}"
+                )
                 self._capability[key] = found
             else:
                 self._say(f"capability {task} ({tier}): both arms, the same items")
                 self._capability[key] = run_capability(
-                    task, tier,  # type: ignore[arg-type]
-                    n=n, progress_for=self._arm_progress(
-                        f"capability {task} ({tier}{', rank 0 share' if opts.get('distributed') else ''})"), **arms,
+                    task,
+                    tier,  # type: ignore[arg-type]
+                    n=n,
+                    progress_for=self._arm_progress(
+                        f"capability {task} ({tier}{', rank 0 share' if opts.get('distributed') else ''})"
+                    ),
+                    **arms,
                 )
         return self._capability[key]
 
@@ -159,16 +175,26 @@ class PairedRun:
             from ..speed.measure import ArmModel, measure_speed
             from ..speed.shape import SpeedShape, default_contexts, default_decode
 
-            shape = self.speed_shape or SpeedShape(contexts=default_contexts(self.machine.get("device", "cpu")),
-                                                   decode=default_decode(self.machine.get("device", "cpu")))
+            shape = self.speed_shape or SpeedShape(
+                contexts=default_contexts(self.machine.get("device", "cpu")),
+                decode=default_decode(self.machine.get("device", "cpu")),
+            )
             ref = self._reference_model()
             candidate = ArmModel(ref.model, "reference") if self.aa else ArmModel(self.candidate.model, "candidate")
             what = "A/A: reference arm against itself" if self.aa else "both arms interleaved"
-            self._say(f"speed ({what}): contexts {', '.join(map(str, shape.contexts))} tokens, "
-                      f"{shape.decode} decoded, {shape.repetitions} pairs each")
-            found = measure_speed(lever=self.lever, reference=ArmModel(ref.model, "reference"), candidate=candidate,
-                                  token_ids=[t for s in self.sequences for t in s.ids], shape=shape, say=self._say,
-                                  watch=self.watch)
+            self._say(
+                f"speed ({what}): contexts {', '.join(map(str, shape.contexts))} tokens, "
+                f"{shape.decode} decoded, {shape.repetitions} pairs each"
+            )
+            found = measure_speed(
+                lever=self.lever,
+                reference=ArmModel(ref.model, "reference"),
+                candidate=candidate,
+                token_ids=[t for s in self.sequences for t in s.ids],
+                shape=shape,
+                say=self._say,
+                watch=self.watch,
+            )
             self._speed = {"id": uuid.uuid4().hex, **found.to_json()}
         return self._speed
 
@@ -196,12 +222,24 @@ class PairedRun:
             speed = self.speed()
             stats = lever_kl.stats.to_json()
             self._calibration = {
-                "module": module, "lever": self.lever.describe(), "shape": {**self.shape.to_json(), "prompts": len(self.sequences)},
-                "candidate": self.candidate.describe(), "kl": stats, "floors": floor_kl.aa["floors"],
-                "aa_chunk": floor_kl.aa["chunk"], "speed": speed, "accept_broken": accept_broken,
-                "suggested": suggest_limits(stats, floor_kl.aa["floors"], speed, module=module,
-                                            lever=self.lever.to_json(), accept_broken=accept_broken,
-                                            tokens={str(k): v for k, v in lever_kl.token_text.items()}),
+                "module": module,
+                "lever": self.lever.describe(),
+                "shape": {**self.shape.to_json(), "prompts": len(self.sequences)},
+                "candidate": self.candidate.describe(),
+                "kl": stats,
+                "floors": floor_kl.aa["floors"],
+                "aa_chunk": floor_kl.aa["chunk"],
+                "speed": speed,
+                "accept_broken": accept_broken,
+                "suggested": suggest_limits(
+                    stats,
+                    floor_kl.aa["floors"],
+                    speed,
+                    module=module,
+                    lever=self.lever.to_json(),
+                    accept_broken=accept_broken,
+                    tokens={str(k): v for k, v in lever_kl.token_text.items()},
+                ),
             }
         return self._calibration
 
@@ -209,9 +247,7 @@ class PairedRun:
         if not self.lever.two_models:
             return self.candidate
         if self.reference is None:
-            raise VocabularyMismatchError(
-                "two-model mode needs a reference model: pass --mlx-reference NAME"
-            )
+            raise VocabularyMismatchError("two-model mode needs a reference model: pass --mlx-reference NAME")
         from ..kl.measure import check_same_vocabulary
 
         check_same_vocabulary(self.reference, self.candidate)
@@ -221,11 +257,20 @@ class PairedRun:
         from ..kl.measure import measure_kl
 
         return measure_kl(
-            lever=self.lever, shape=self.shape, sequences=self.sequences, sequences_digest=self.sequences_digest,
-            reference=self._reference_model(), candidate=self.candidate,
+            lever=self.lever,
+            shape=self.shape,
+            sequences=self.sequences,
+            sequences_digest=self.sequences_digest,
+            reference=self._reference_model(),
+            candidate=self.candidate,
             two_models=self.lever.two_models and self.reference is not None,
-            machine=self.machine, cache=self.cache, refresh_reference=self.refresh_reference, aa=self.aa,
-            counters=self.counters, say=self._say, watch=self.watch,
+            machine=self.machine,
+            cache=self.cache,
+            refresh_reference=self.refresh_reference,
+            aa=self.aa,
+            counters=self.counters,
+            say=self._say,
+            watch=self.watch,
         )
 
     def _say(self, text: str) -> None:
@@ -239,10 +284,15 @@ class PairedRun:
         from ..capability.refcache import CapabilityCache
         from ..models.identity import model_identity
 
-        return {"reference_cache": CapabilityCache(self.cache.directory / "capability", files=self.cache.files),
-                "reference_key": {**model_identity(reference), "machine": dict(self.machine),
-                                  "lever": self.lever.key("reference")},
-                "refresh_reference": self.refresh_reference}
+        return {
+            "reference_cache": CapabilityCache(self.cache.directory / "capability", files=self.cache.files),
+            "reference_key": {
+                **model_identity(reference),
+                "machine": dict(self.machine),
+                "lever": self.lever.key("reference"),
+            },
+            "refresh_reference": self.refresh_reference,
+        }
 
     def _arm_progress(self, label: str, *, closing: bool = True) -> Callable[[Arm, int], ArmProgress] | None:
         """Per arm: items done / total, rate and ETA every interval (--mlx-progress-interval), the time
@@ -257,8 +307,9 @@ class PairedRun:
             watch = Watcher(say=self.progress, interval=progress_interval(None, self.live), limit_s=None)
 
         def meter(arm: Arm, total: int) -> ArmProgress:
-            line = watch.arm(f"{label} {arm} arm", total, unit="items", action="scoring", verb="scored",
-                             closing=closing)
+            line = watch.arm(
+                f"{label} {arm} arm", total, unit="items", action="scoring", verb="scored", closing=closing
+            )
             line(0, total)
             return line
 
@@ -297,8 +348,9 @@ class Paired:
         """Run both arms (once per module) and return the statistics."""
         return self.run.kl()
 
-    def capability(self, task: str, *, n: int | Budget | None = None,
-                   sequential: Mapping[str, float | None] | None = None) -> CapabilityRun:
+    def capability(
+        self, task: str, *, n: int | Budget | None = None, sequential: Mapping[str, float | None] | None = None
+    ) -> CapabilityRun:
         """Both arms of a capability task on the same items (`--mlx-tier` picks smoke or full)."""
         tier = None
         mark = self.item.get_closest_marker("mlx_tier")
@@ -321,10 +373,18 @@ class Paired:
         arms: dict[str, Any] = {
             "candidate": run.candidate.describe(),
             "reference_model": run.reference.describe() if self.lever.two_models and run.reference else None,
-            "lever": self.lever.to_json(), "path": self.shape.path}
-        record = gate_record(nodeid=self.nodeid, mode=conclusion.mode, verdict=conclusion.verdict,
-                             checks=conclusion.checks, bounds=conclusion.bounds, rerun=self.rerun,
-                             **{**arms, **conclusion.fields})
+            "lever": self.lever.to_json(),
+            "path": self.shape.path,
+        }
+        record = gate_record(
+            nodeid=self.nodeid,
+            mode=conclusion.mode,
+            verdict=conclusion.verdict,
+            checks=conclusion.checks,
+            bounds=conclusion.bounds,
+            rerun=self.rerun,
+            **{**arms, **conclusion.fields},
+        )
         speed = run.speed_if_asked() if "speed" not in record else None
         if speed is not None:
             record["speed"] = speed
@@ -345,8 +405,9 @@ class Paired:
             if keep is not None:
                 keep(self, calibration)
             stage(self.item, CALIBRATION_PROPERTY, calibration)
-            pytest.skip("--mlx-calibrate: measured, no verdict; the suggested limits are in the mlxgate "
-                        "calibration section")
+            pytest.skip(
+                "--mlx-calibrate: measured, no verdict; the suggested limits are in the mlxgate calibration section"
+            )
         pytest.skip("--mlx-calibrate: no verdict; this module was measured once, for its first test")
 
     def finish(self) -> None:
@@ -365,6 +426,7 @@ class Paired:
 
 
 if TYPE_CHECKING:
+
     def _takes_every_assertion(paired: Paired) -> tuple[KLSubject, SpeedSubject, CapabilitySubject]:
         """mypy checks here that `Paired` offers what each assertion asks of the `paired` fixture."""
         return paired, paired, paired

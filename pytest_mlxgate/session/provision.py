@@ -35,8 +35,14 @@ WORKERINPUT_KEYS: dict[Role, str] = {
 class ModelProvider:
     """Which models, their snapshots and loaded weights, and the header line that names them (a plugin)."""
 
-    def __init__(self, config: pytest.Config, settings: Settings, process: Process, progress: Progress,
-                 reference_cache: ReferenceCacheDir | None) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: Settings,
+        process: Process,
+        progress: Progress,
+        reference_cache: ReferenceCacheDir | None,
+    ) -> None:
         self.config = config
         self.settings = settings
         self.process = process
@@ -47,7 +53,8 @@ class ModelProvider:
             names: dict[Role, str | None] = {"candidate": settings.candidate, "reference": settings.reference}
             self.specs: dict[Role, CandidateSpec | None] = {
                 role: parse_name(name, aliases=self.aliases, base_dir=settings.names_dir[role], role=role)
-                if name else None
+                if name
+                else None
                 for role, name in names.items()
             }
         except MlxgateUsageError as e:
@@ -85,8 +92,10 @@ class ModelProvider:
             if off is not None:
                 lines.append(f"mlxgate: reference cache off ({off})")
         if self.process.rank is not None:
-            lines.append("mlxgate: rank 0 of an mlx.launch job: capability items are split over its ranks; "
-                         "this rank prints the summary and writes the reports")
+            lines.append(
+                "mlxgate: rank 0 of an mlx.launch job: capability items are split over its ranks; "
+                "this rank prints the summary and writes the reports"
+            )
         self._header_shown = True
         return lines
 

@@ -32,8 +32,16 @@ class ReportWriter:
     """The controller's records of the run and every report made of them (a plugin). A report the run owes
     that cannot be written fails the run (`errors`); the history is a by-product: it only warns."""
 
-    def __init__(self, config: pytest.Config, settings: Settings, process: Process, outcome: RunOutcome, *,
-                 machine: Callable[[], tuple[str, str]], shard_plan: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: Settings,
+        process: Process,
+        outcome: RunOutcome,
+        *,
+        machine: Callable[[], tuple[str, str]],
+        shard_plan: Callable[[], dict[str, Any] | None],
+    ) -> None:
         self.config = config
         self.settings = settings
         self.process = process
@@ -69,7 +77,8 @@ class ReportWriter:
                 raise pytest.UsageError(
                     f"mlxgate: {flag} {path}: a report from an earlier run is there and cannot be moved aside "
                     f"({e.strerror or e}), so this run could not replace it either, and CI would upload it as this "
-                    f"run's. Fix: {flag} PATH in a writable directory, or remove {path}") from None
+                    f"run's. Fix: {flag} PATH in a writable directory, or remove {path}"
+                ) from None
             if stale is not None:
                 self._stale[str(path)] = stale
 
@@ -88,8 +97,9 @@ class ReportWriter:
             from ..results.github import gate_location
 
             workspace = os.environ.get("GITHUB_WORKSPACE")
-            self.locations[report.nodeid] = gate_location(self.config.rootpath, report.location,
-                                                          Path(workspace) if workspace else None)
+            self.locations[report.nodeid] = gate_location(
+                self.config.rootpath, report.location, Path(workspace) if workspace else None
+            )
         xml = junit_xml(self.config)
         if xml is None or not records:
             return
@@ -133,8 +143,9 @@ class ReportWriter:
             try:
                 write_json_report(gate.report, run, self.records, self.calibrations)
             except OSError as e:  # CI would find no report (or take an old one): the run fails, saying why
-                self._fail_run(session, f"JSON report {gate.report} not written: {e.strerror or e}", "--mlx-report",
-                               gate.report)
+                self._fail_run(
+                    session, f"JSON report {gate.report} not written: {e.strerror or e}", "--mlx-report", gate.report
+                )
             else:
                 self.written.append(f"mlxgate: JSON report → {gate.report}")
                 self._json_report = gate.report
@@ -146,12 +157,19 @@ class ReportWriter:
                 self._db_locked = True
                 self._queue_rows(gate.db, run, e)
             except (OSError, MlxgateError, ValueError, ResultsDBError) as e:  # history is a by-product: warn
-                self.config.issue_config_time_warning(MlxgateWarning(
-                    f"results DB {gate.db} not written: {e}; fix: --mlx-db PATH in a writable directory, or "
-                    "--mlx-db off"), 2)
+                self.config.issue_config_time_warning(
+                    MlxgateWarning(
+                        f"results DB {gate.db} not written: {e}; fix: --mlx-db PATH in a writable directory, or "
+                        "--mlx-db off"
+                    ),
+                    2,
+                )
             else:
-                earlier = (f", and {results.pending_merged} row(s) queued by earlier runs that found it locked"
-                           if results.pending_merged else "")
+                earlier = (
+                    f", and {results.pending_merged} row(s) queued by earlier runs that found it locked"
+                    if results.pending_merged
+                    else ""
+                )
                 self.written.append(f"mlxgate: {rows} row(s) → {gate.db} (quality_runs){earlier}")
         if gate.html is not None and (self.records or interrupted):
             self._write_html(session, gate.html, run, gate.db)
@@ -163,9 +181,11 @@ class ReportWriter:
         """A report this run owes cannot be written: an error at exit (the exit status says it), not a warning."""
         stale = self._stale.get(str(path))
         moved = f" The earlier run's report there was moved to {stale} at the start." if stale else ""
-        self.errors.append(f"mlxgate: ERROR: {what}.{moved} CI must not find an earlier run's report (or none) "
-                           f"and take it for this run's, so the run fails. Fix: {flag} PATH in a writable directory "
-                           "with free space")
+        self.errors.append(
+            f"mlxgate: ERROR: {what}.{moved} CI must not find an earlier run's report (or none) "
+            f"and take it for this run's, so the run fails. Fix: {flag} PATH in a writable directory "
+            "with free space"
+        )
         if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -177,14 +197,20 @@ class ReportWriter:
         try:
             pending = queue_pending(db, run, self.records)
         except OSError as e:
-            self.config.issue_config_time_warning(MlxgateWarning(
-                f"results DB {db} not written: it is locked by {who} (waited {locked.timeout:g} s), and its rows "
-                f"could not be queued to {pending_path(db)} either ({e.strerror or e}); fix: --mlx-db PATH in a "
-                "writable directory, or --mlx-db off"), 2)
+            self.config.issue_config_time_warning(
+                MlxgateWarning(
+                    f"results DB {db} not written: it is locked by {who} (waited {locked.timeout:g} s), and its rows "
+                    f"could not be queued to {pending_path(db)} either ({e.strerror or e}); fix: --mlx-db PATH in a "
+                    "writable directory, or --mlx-db off"
+                ),
+                2,
+            )
             return
-        self.written.append(f"mlxgate: results not recorded in the DB yet: {db} is locked by {who} (waited "
-                            f"{locked.timeout:g} s); {len(self.records)} row(s) queued to {pending}, merged on the "
-                            "next run")
+        self.written.append(
+            f"mlxgate: results not recorded in the DB yet: {db} is locked by {who} (waited "
+            f"{locked.timeout:g} s); {len(self.records)} row(s) queued to {pending}, merged on the "
+            "next run"
+        )
 
     def _write_html(self, session: pytest.Session, path: Path, run: RunInfo, db: Path | None) -> None:
         """The HTML report, with each gate's history from the results DB (this run's rows included)."""
@@ -225,8 +251,9 @@ class ReportWriter:
                 with path.open("a", encoding="utf-8") as f:
                     f.write(("\n" if used else "") + text)
         except OSError as e:
-            self.config.issue_config_time_warning(MlxgateWarning(
-                f"job summary not written to $GITHUB_STEP_SUMMARY ({path}): {e.strerror or e}"), 2)
+            self.config.issue_config_time_warning(
+                MlxgateWarning(f"job summary not written to $GITHUB_STEP_SUMMARY ({path}): {e.strerror or e}"), 2
+            )
         else:
             if text:
                 self.written.append("mlxgate: job summary → $GITHUB_STEP_SUMMARY")
@@ -251,10 +278,21 @@ class ReportWriter:
             config["shard"] = shard_plan
         config.update(facts)  # what became of the run's tests: interrupted, without_records
         versions = installed_versions(("mlx", "mlx-lm"))
-        machine = {"device": device, "blas": blas, "mlx": versions["mlx"], "mlx_lm": versions["mlx-lm"],
-                   "python": sys.version.split()[0], "platform": platform.platform()}
-        return RunInfo.new(self.config.rootpath, argv=[str(a) for a in self.config.invocation_params.args],
-                           config=config, machine=machine, started=self._started)
+        machine = {
+            "device": device,
+            "blas": blas,
+            "mlx": versions["mlx"],
+            "mlx_lm": versions["mlx-lm"],
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        }
+        return RunInfo.new(
+            self.config.rootpath,
+            argv=[str(a) for a in self.config.invocation_params.args],
+            config=config,
+            machine=machine,
+            started=self._started,
+        )
 
 
 def junit_xml(config: pytest.Config) -> Any:

@@ -61,8 +61,12 @@ class ShardPlanner:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """More shards than modules: an empty shard is the plan, not an error."""
-        if (self.plan is not None and not self.plan.get("modules") and not self.process.is_worker
-                and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED):
+        if (
+            self.plan is not None
+            and not self.plan.get("modules")
+            and not self.process.is_worker
+            and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+        ):
             session.exitstatus = pytest.ExitCode.OK
 
     def durations(self) -> dict[str, float]:
@@ -86,9 +90,13 @@ class ShardPlanner:
         try:
             rows = ResultsDB(gate.db).rows(columns=("run_id", "started", "nodeid", "total_s", "config_json"))
         except (OSError, ResultsDBError) as e:
-            self.config.issue_config_time_warning(MlxgateWarning(
-                f"--mlx-shard: the results DB {gate.db} cannot be read ({e}); the shards split by node id, "
-                "unbalanced. Fix: --mlx-db PATH to a readable history (every shard the same file)"), 2)
+            self.config.issue_config_time_warning(
+                MlxgateWarning(
+                    f"--mlx-shard: the results DB {gate.db} cannot be read ({e}); the shards split by node id, "
+                    "unbalanced. Fix: --mlx-db PATH to a readable history (every shard the same file)"
+                ),
+                2,
+            )
             return {}
         return module_durations(rows)
 

@@ -37,8 +37,10 @@ def parse_shard(value: str) -> Shard:
     text = value.strip()
     head, sep, tail = text.partition("/")
     if not sep or not head.strip().isdigit() or not tail.strip().isdigit():
-        raise ValueError(f"'{value}' is not a shard: write I/N, this run's shard I of N (1-based), e.g. "
-                         "--mlx-shard 1/4 ... --mlx-shard 4/4")
+        raise ValueError(
+            f"'{value}' is not a shard: write I/N, this run's shard I of N (1-based), e.g. "
+            "--mlx-shard 1/4 ... --mlx-shard 4/4"
+        )
     index, count = int(head), int(tail)
     if count < 1:
         raise ValueError(f"'{value}': N must be at least 1 (N is how many shards there are), e.g. 1/2")
@@ -99,13 +101,23 @@ class ShardPlan:
         return hashlib.sha256(f"{self.count}:{text}".encode()).hexdigest()[:16]
 
     def describe(self, shard: Shard) -> str:
-        how = (f"balanced by recorded durations ({self.timed} of {len(self.assignment)} modules timed)"
-               if self.balanced else "no recorded durations: split by node id")
+        how = (
+            f"balanced by recorded durations ({self.timed} of {len(self.assignment)} modules timed)"
+            if self.balanced
+            else "no recorded durations: split by node id"
+        )
         return f"shard {shard}: {len(self.modules(shard))} of {len(self.assignment)} modules, {how}"
 
     def to_json(self, shard: Shard) -> dict[str, Any]:
-        return {"index": shard.index, "count": shard.count, "plan": self.digest, "modules": self.modules(shard),
-                "total_modules": len(self.assignment), "timed": self.timed, "balanced": self.balanced}
+        return {
+            "index": shard.index,
+            "count": shard.count,
+            "plan": self.digest,
+            "modules": self.modules(shard),
+            "total_modules": len(self.assignment),
+            "timed": self.timed,
+            "balanced": self.balanced,
+        }
 
 
 def plan_shards(modules: Iterable[str], durations: Mapping[str, float], count: int) -> ShardPlan:

@@ -45,27 +45,42 @@ class MlxgateSession:
         self.config = config
         self.settings = settings
         self.process = Process(getattr(config, "workerinput", None), launch_rank())
-        if self.process.rank is not None and settings.in_use and (
-                self.process.is_worker or getattr(config.option, "dist", "no") != "no"):
+        if (
+            self.process.rank is not None
+            and settings.in_use
+            and (self.process.is_worker or getattr(config.option, "dist", "no") != "no")
+        ):
             raise pytest.UsageError(
                 "mlxgate: this pytest is one rank of an mlx.launch job (MLX_RANK is set) and also distributes "
                 "over xdist workers; the ranks already split the capability items. Fix: -p no:xdist (or -n 0) "
-                "in the command mlx.launch runs")
+                "in the command mlx.launch runs"
+            )
         gate = settings.gate
         self.progress = Progress(config, self.process, in_use=settings.in_use)
         self.reference_cache = ReferenceCacheDir(config, gate) if gate is not None else None
         self.models = ModelProvider(config, settings, self.process, self.progress, self.reference_cache)
         self.shards = ShardPlanner(config, gate, self.process)
         self.outcome = RunOutcome()  # the controller's view of which tests ran: interrupted runs, merge
-        self.reports = ReportWriter(config, settings, self.process, self.outcome, machine=self.models.machine,
-                                    shard_plan=lambda: self.shards.plan)
+        self.reports = ReportWriter(
+            config,
+            settings,
+            self.process,
+            self.outcome,
+            machine=self.models.machine,
+            shard_plan=lambda: self.shards.plan,
+        )
         self.summary = TerminalSummary(self.process, self.reports)
         self._runs: dict[str, PairedRun] = {}
 
     def plugins(self) -> dict[str, object]:
         """Each object with hooks, by the name it is registered under (plugin.py registers them)."""
-        return {"mlxgate-session": self, "mlxgate-models": self.models, "mlxgate-shards": self.shards,
-                "mlxgate-reports": self.reports, "mlxgate-summary": self.summary}
+        return {
+            "mlxgate-session": self,
+            "mlxgate-models": self.models,
+            "mlxgate-shards": self.shards,
+            "mlxgate-reports": self.reports,
+            "mlxgate-summary": self.summary,
+        }
 
     @property
     def is_worker(self) -> bool:
@@ -84,8 +99,9 @@ class MlxgateSession:
         self.reports.move_stale_reports()
         self.models.resolve_for_workers()
 
-    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         """A `--mlx-lever` override is checked against every collected module, then --mlx-shard keeps its own."""
         from .builder import check_lever_override
 

@@ -45,8 +45,11 @@ class TerminalSummary:
         if done.interrupted is not None:
             from ..results.summary import interrupted_line
 
-            terminalreporter.write_line(f"mlxgate: {interrupted_line(done.interrupted)}; the reports say so "
-                                        "(interrupted: true, verdict error)", red=True, bold=True)
+            terminalreporter.write_line(
+                f"mlxgate: {interrupted_line(done.interrupted)}; the reports say so (interrupted: true, verdict error)",
+                red=True,
+                bold=True,
+            )
         for line in done.written:
             terminalreporter.write_line(line)
         if os.environ.get("GITHUB_ACTIONS") == "true" and done.records:  # workflow commands: annotations

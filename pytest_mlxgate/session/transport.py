@@ -61,9 +61,17 @@ def stage_error(item: pytest.Item, report: pytest.TestReport, call: pytest.CallI
         error_type, message = "Failed", report.longreprtext
     from ..common.redact import redact
 
-    stage(item, RECORD_PROPERTY, error_record(
-        nodeid=item.nodeid, phase=report.when or "call", error_type=error_type,
-        message=redact(message.strip() or error_type), **_what_ran(item)))
+    stage(
+        item,
+        RECORD_PROPERTY,
+        error_record(
+            nodeid=item.nodeid,
+            phase=report.when or "call",
+            error_type=error_type,
+            message=redact(message.strip() or error_type),
+            **_what_ran(item),
+        ),
+    )
 
 
 def _what_ran(item: pytest.Item) -> dict[str, Any]:

@@ -43,8 +43,15 @@ class Watcher:
     """One gate module's settings for its arms' watches: where lines go, how often, the time limit,
     and the run folder whose lock keeps speed trials alone (None: not under xdist)."""
 
-    def __init__(self, *, say: Callable[[str], None] | None, interval: float, limit_s: float | None,
-                 run_dir: Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        say: Callable[[str], None] | None,
+        interval: float,
+        limit_s: float | None,
+        run_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.say = say
         self.interval = interval
         self.limit_s = limit_s
@@ -52,8 +59,9 @@ class Watcher:
         self.clock = clock
         self._timing = False  # this process holds the trial lock: its own arms never wait for it
 
-    def arm(self, label: str, total: int, *, unit: str, action: str = "running", verb: str = "ran",
-            closing: bool = False) -> ArmWatch:
+    def arm(
+        self, label: str, total: int, *, unit: str, action: str = "running", verb: str = "ran", closing: bool = False
+    ) -> ArmWatch:
         """A watch for one arm; `closing`: always end with a summary line (else only after an interim line)."""
         return ArmWatch(self, label, total, unit=unit, action=action, verb=verb, closing=closing)
 
@@ -122,8 +130,9 @@ class ArmWatch:
     """One arm: `advance(n)` / `(done, total)` between units of work, `check()` inside a timed span
     (deadline only: a clock read), `finish()` at the end."""
 
-    def __init__(self, watcher: Watcher, label: str, total: int, *, unit: str, action: str, verb: str,
-                 closing: bool) -> None:
+    def __init__(
+        self, watcher: Watcher, label: str, total: int, *, unit: str, action: str, verb: str, closing: bool
+    ) -> None:
         self._w = watcher
         self.label = label
         self.total = total
@@ -153,9 +162,11 @@ class ArmWatch:
         if self._w.say is not None and self.done < self.total and now - self._last_line >= self._w.interval:
             self._last_line = now
             self.lines += 1
-            self._w.say(f"{self._action} {self.label}: {self.done} / {self.total} {self.unit} at "
-                        f"{_rate(self.done / self.elapsed if self.elapsed > 0 else 0.0)} {self.unit}/s, "
-                        f"ETA {self._eta()}")
+            self._w.say(
+                f"{self._action} {self.label}: {self.done} / {self.total} {self.unit} at "
+                f"{_rate(self.done / self.elapsed if self.elapsed > 0 else 0.0)} {self.unit}/s, "
+                f"ETA {self._eta()}"
+            )
 
     def check(self) -> None:
         """Raise `ArmTimeoutError` when the arm has run past the limit."""

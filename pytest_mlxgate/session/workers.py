@@ -27,8 +27,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GATE_MARKERS", "RUN_DIR_KEY", "GateModuleScheduling", "gate_modules", "make_run_dir", "make_scheduler",
-           "read_gate_modules", "remove_run_dir", "run_dir_of", "write_gate_modules"]
+__all__ = [
+    "GATE_MARKERS",
+    "RUN_DIR_KEY",
+    "GateModuleScheduling",
+    "gate_modules",
+    "make_run_dir",
+    "make_scheduler",
+    "read_gate_modules",
+    "remove_run_dir",
+    "run_dir_of",
+    "write_gate_modules",
+]
 
 #: workerinput key of the run folder.
 RUN_DIR_KEY = "mlxgate_run_dir"
@@ -116,16 +126,21 @@ def _xdist_class(dist: str) -> Any:
         WorkStealingScheduling,
     )
 
-    return {"load": LoadScheduling, "loadscope": LoadScopeScheduling, "loadgroup": LoadGroupScheduling,
-            "worksteal": WorkStealingScheduling}[dist]
+    return {
+        "load": LoadScheduling,
+        "loadscope": LoadScopeScheduling,
+        "loadgroup": LoadGroupScheduling,
+        "worksteal": WorkStealingScheduling,
+    }[dist]
 
 
 class GateModuleScheduling:
     """xdist's `Scheduling` for the run, chosen when the first worker's collection arrives (before
     that only nodes are added): gate modules whole when there are gates, xdist's own otherwise."""
 
-    def __init__(self, config: Any, log: Any, run_dir: Path | None, *,
-                 warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, config: Any, log: Any, run_dir: Path | None, *, warn: Callable[[str], None] | None = None
+    ) -> None:
         self._config, self._log, self._run_dir, self._warn = config, log, run_dir, warn
         self._dist = str(config.getvalue("dist"))
         self._early: list[Any] = []  # nodes added before the choice
@@ -139,8 +154,10 @@ class GateModuleScheduling:
         else:
             cls = _xdist_class(self._dist)
             if gates and self._dist == "worksteal" and self._warn is not None:
-                self._warn("--dist worksteal can split a gate module over workers: each one then builds the "
-                           "module's run and times its speed again; --dist load keeps each gate module on one worker")
+                self._warn(
+                    "--dist worksteal can split a gate module over workers: each one then builds the "
+                    "module's run and times its speed again; --dist load keeps each gate module on one worker"
+                )
         self.inner = cls(self._config, self._log)
         for node in self._early:
             self.inner.add_node(node)
@@ -192,8 +209,9 @@ class GateModuleScheduling:
         self.inner.schedule()
 
 
-def make_scheduler(config: Any, log: Any, run_dir: Path | None,
-                   warn: Callable[[str], None] | None = None) -> GateModuleScheduling | None:
+def make_scheduler(
+    config: Any, log: Any, run_dir: Path | None, warn: Callable[[str], None] | None = None
+) -> GateModuleScheduling | None:
     """`pytest_xdist_make_scheduler`'s answer: ours for the dists it knows, None (xdist's) for the rest."""
     dist = str(config.getvalue("dist"))
     if run_dir is None or dist not in (*GROUPED_DISTS, "worksteal"):

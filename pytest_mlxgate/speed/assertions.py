@@ -41,40 +41,71 @@ class SpeedSubject(Target, Protocol):
     def speed(self) -> dict[str, Any]: ...
 
 
-def speed_checks(speed: Mapping[str, Any], goals: Mapping[str, float], at: int | str | None, *,
-                 assertion: str = "assert_faster") -> list[Check]:
+def speed_checks(
+    speed: Mapping[str, Any], goals: Mapping[str, float], at: int | str | None, *, assertion: str = "assert_faster"
+) -> list[Check]:
     """One check per goal and context: the ratio, both ends of its interval, the limit, the verdict.
     `assertion` names the call an unmeasured `at=` is refused for."""
     checks = []
     if "weights" in goals:  # one figure for the run, not per context
         w = speed.get("weights_bytes") or {}
         ratio = w["candidate"] / w["reference"] if w.get("reference") else None
-        checks.append(check(metric="weight bytes", key="speed.weights", value=ratio, lower=ratio, upper=ratio,
-                            limit=goals["weights"], direction="max", n=1,
-                            method="bytes counted over the parameters (exact)"))
+        checks.append(
+            check(
+                metric="weight bytes",
+                key="speed.weights",
+                value=ratio,
+                lower=ratio,
+                upper=ratio,
+                limit=goals["weights"],
+                direction="max",
+                n=1,
+                method="bytes counted over the parameters (exact)",
+            )
+        )
     for context in _contexts(speed, at, assertion):
         ctx = speed["contexts"][str(context)]
         for key, limit in goals.items():
             if key == "weights":
                 continue
             label, direction = _GOALS[key]
-            named: dict[str, Any] = dict(metric=f"{label} @{context}", key=f"speed.{key}", limit=limit,
-                                         direction=direction, context=context)
+            named: dict[str, Any] = dict(
+                metric=f"{label} @{context}", key=f"speed.{key}", limit=limit, direction=direction, context=context
+            )
             est = ctx.get("peak" if key == "memory" else key)
             if key == "kv":
                 ratio = (ctx.get("kv") or {}).get("ratio")
-                checks.append(check(**named, value=ratio, lower=ratio, upper=ratio, n=1,
-                                    method="bytes counted over the cache arrays (exact)"))
+                checks.append(
+                    check(
+                        **named,
+                        value=ratio,
+                        lower=ratio,
+                        upper=ratio,
+                        n=1,
+                        method="bytes counted over the cache arrays (exact)",
+                    )
+                )
             elif not est or est.get("ratio") is None:
-                checks.append(check(**named, value=None, lower=None, upper=None, n=0,
-                                    method="not measured on this backend" if key == "memory" else "no pairs"))
+                checks.append(
+                    check(
+                        **named,
+                        value=None,
+                        lower=None,
+                        upper=None,
+                        n=0,
+                        method="not measured on this backend" if key == "memory" else "no pairs",
+                    )
+                )
             else:
                 lo, hi = est["ratio_ci"]
                 made = check(**named, value=est["ratio"], lower=lo, upper=hi, n=int(est["n"]), method=_SAMPLED)
                 if made["verdict"] == "inconclusive" and est.get("log_sd") is not None:
-                    made["n_needed"] = ratio_pairs_needed(RatioEstimate(
-                        est["ratio"], _nan(made["lower"]), _nan(made["upper"]), int(est["n"]),
-                        float(est["log_sd"])), limit)
+                    made["n_needed"] = ratio_pairs_needed(
+                        RatioEstimate(
+                            est["ratio"], _nan(made["lower"]), _nan(made["upper"]), int(est["n"]), float(est["log_sd"])
+                        ),
+                        limit,
+                    )
                 checks.append(made)
     return checks
 
@@ -90,24 +121,40 @@ def _contexts(speed: Mapping[str, Any], at: int | str | None, assertion: str) ->
     if at == "all":
         return measured
     if isinstance(at, bool) or not isinstance(at, int) or at not in measured:
-        raise ValueError(f"{assertion}(at={at!r}): speed was measured at {measured} tokens of context; "
-                         "pass one of them, 'all', or leave it out for the longest")
+        raise ValueError(
+            f"{assertion}(at={at!r}): speed was measured at {measured} tokens of context; "
+            "pass one of them, 'all', or leave it out for the longest"
+        )
     return [at]
 
 
-def speed_conclusion(speed: Mapping[str, Any], goals: Mapping[str, float], checks: Sequence[Check],
-                     verdict: str = "") -> Conclusion:
+def speed_conclusion(
+    speed: Mapping[str, Any], goals: Mapping[str, float], checks: Sequence[Check], verdict: str = ""
+) -> Conclusion:
     """A speed or memory gate's conclusion: its goals, their checks and the whole measurement. A/A
     (both sides ran the reference arm) records as mode "aa"."""
     aa = (speed.get("arms") or {}).get("candidate") == "reference"
-    return Conclusion(mode="aa" if aa else "speed", checks=checks, bounds=goals, verdict=verdict,
-                      fields={"path": "serving", "speed": dict(speed),
-                              "durations": {"total_s": float(speed.get("duration_s") or 0.0)}})
+    return Conclusion(
+        mode="aa" if aa else "speed",
+        checks=checks,
+        bounds=goals,
+        verdict=verdict,
+        fields={
+            "path": "serving",
+            "speed": dict(speed),
+            "durations": {"total_s": float(speed.get("duration_s") or 0.0)},
+        },
+    )
 
 
 def _goals(assertion: str, given: Mapping[str, float | None], example: str) -> dict[str, float]:
-    return given_limits(assertion, given, example=example, usable=lambda _, value: math.isfinite(value) and value > 0,
-                        what="is not a usable ratio (a positive number)")
+    return given_limits(
+        assertion,
+        given,
+        example=example,
+        usable=lambda _, value: math.isfinite(value) and value > 0,
+        what="is not a usable ratio (a positive number)",
+    )
 
 
 def _measured(result: SpeedSubject | Mapping[str, Any]) -> tuple[SpeedSubject | None, dict[str, Any]]:
@@ -138,11 +185,18 @@ def assert_faster(
     memory_goals = {k: v for k, v in (("memory", memory), ("kv", kv), ("weights", weights)) if v is not None}
     if memory_goals:
         asked = ", ".join(f"{k}={v!r}" for k, v in memory_goals.items())
-        warnings.warn(DeprecationWarning(
-            f"assert_faster({asked}): memory goals are assert_smaller's now; write assert_smaller(paired, {asked}) "
-            "(assert_faster keeps them for one release)"), stacklevel=2)
-    goals = _goals("assert_faster", {"decode": decode, "prefill": prefill, **memory_goals},
-                   "a goal, e.g. assert_faster(paired, decode=1.05) (memory: assert_smaller(paired, kv=0.6))")
+        warnings.warn(
+            DeprecationWarning(
+                f"assert_faster({asked}): memory goals are assert_smaller's now; write assert_smaller(paired, {asked}) "
+                "(assert_faster keeps them for one release)"
+            ),
+            stacklevel=2,
+        )
+    goals = _goals(
+        "assert_faster",
+        {"decode": decode, "prefill": prefill, **memory_goals},
+        "a goal, e.g. assert_faster(paired, decode=1.05) (memory: assert_smaller(paired, kv=0.6))",
+    )
     subject, speed = _measured(result)
     conclusion = speed_conclusion(speed, goals, speed_checks(speed, goals, at))
 
@@ -170,8 +224,11 @@ def assert_smaller(
     fixture or a speed record (the same measurement as `assert_faster`'s). Returns the speed record.
     """
     __tracebackhide__ = True
-    goals = _goals("assert_smaller", {"kv": kv, "weights": weights, "memory": memory},
-                   "a goal, e.g. assert_smaller(paired, kv=0.3) or weights=0.31")
+    goals = _goals(
+        "assert_smaller",
+        {"kv": kv, "weights": weights, "memory": memory},
+        "a goal, e.g. assert_smaller(paired, kv=0.3) or weights=0.31",
+    )
     subject, speed = _measured(result)
     conclusion = speed_conclusion(speed, goals, speed_checks(speed, goals, at, assertion="assert_smaller"))
 
@@ -192,8 +249,7 @@ def _gate(checks: Sequence[Check], verdict: str) -> str:
     return f"{gate} failed (shown {shown})"
 
 
-def speed_failure(speed: Mapping[str, Any], checks: Sequence[Check], *, nodeid: str, rerun: str,
-                  verdict: str) -> str:
+def speed_failure(speed: Mapping[str, Any], checks: Sequence[Check], *, nodeid: str, rerun: str, verdict: str) -> str:
     """The assertion message: each goal with its interval, each context's figures, how to re-run."""
     name = nodeid.split("/")[-1] if nodeid else "gate"
     lines = [f"{_gate(checks, verdict)}: {name}"]
@@ -207,16 +263,22 @@ def speed_failure(speed: Mapping[str, Any], checks: Sequence[Check], *, nodeid: 
         rel = "≥" if c["direction"] == "min" else "≤"
         lines.append(f"  {c['metric']}: candidate/reference {value}{interval}, asked {rel} ×{c['limit']:g}{mark}")
         if c["verdict"] == "inconclusive":
-            need = (f"about {c['n_needed']} pairs at the observed spread would tell (--mlx-speed-reps)"
-                    if c.get("n_needed") else "more pairs would not tell: the estimate sits on the goal"
-                    if c["value"] is not None else c.get("method", ""))
+            need = (
+                f"about {c['n_needed']} pairs at the observed spread would tell (--mlx-speed-reps)"
+                if c.get("n_needed")
+                else "more pairs would not tell: the estimate sits on the goal"
+                if c["value"] is not None
+                else c.get("method", "")
+            )
             lines.append(f"    {need}")
     for context, ctx in (speed.get("contexts") or {}).items():
         lines.append(f"  @{context} tokens: {context_text(ctx)}")
     shape = speed.get("shape") or {}
-    lines.append(f"  measured: {shape.get('repetitions')} interleaved pairs per context after "
-                 f"{shape.get('warmup')} warm-up, {shape.get('decode')} decoded tokens per trial; memory: "
-                 f"{speed.get('memory_method')}")
+    lines.append(
+        f"  measured: {shape.get('repetitions')} interleaved pairs per context after "
+        f"{shape.get('warmup')} warm-up, {shape.get('decode')} decoded tokens per trial; memory: "
+        f"{speed.get('memory_method')}"
+    )
     if rerun:
         lines.append(f"  re-run: {rerun}")
     return "\n".join(lines)

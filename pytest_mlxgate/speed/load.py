@@ -73,8 +73,13 @@ def sample() -> CpuSample:
         loadavg: float | None = os.getloadavg()[0]
     except (OSError, AttributeError):
         loadavg = None
-    return CpuSample(wall=time.monotonic(), busy_s=_busy_seconds(cores), own_s=time.process_time(),
-                     loadavg=loadavg, cores=len(cores) if cores else (os.cpu_count() or 1))
+    return CpuSample(
+        wall=time.monotonic(),
+        busy_s=_busy_seconds(cores),
+        own_s=time.process_time(),
+        loadavg=loadavg,
+        cores=len(cores) if cores else (os.cpu_count() or 1),
+    )
 
 
 def load_seen(before: CpuSample, after: CpuSample, *, waited_s: float = 0.0) -> dict[str, Any]:
@@ -83,15 +88,28 @@ def load_seen(before: CpuSample, after: CpuSample, *, waited_s: float = 0.0) -> 
     `high` is True when they kept at least a quarter of the cores (and half a core) busy on average:
     the ratios then measure that contention too; None where it cannot be told (no /proc/stat)."""
     wall = max(after.wall - before.wall, 1e-9)
-    out: dict[str, Any] = {"cores": after.cores, "wall_s": round(wall, 3),
-                           "loadavg_1m": [before.loadavg, after.loadavg], "waited_for_lock_s": round(waited_s, 3)}
+    out: dict[str, Any] = {
+        "cores": after.cores,
+        "wall_s": round(wall, 3),
+        "loadavg_1m": [before.loadavg, after.loadavg],
+        "waited_for_lock_s": round(waited_s, 3),
+    }
     if before.busy_s is None or after.busy_s is None:
-        return {**out, "method": "os.getloadavg (counts this process too: no verdict)", "other_cores": None,
-                "share": None, "high": None}
+        return {
+            **out,
+            "method": "os.getloadavg (counts this process too: no verdict)",
+            "other_cores": None,
+            "share": None,
+            "high": None,
+        }
     other = max(0.0, (after.busy_s - before.busy_s) - (after.own_s - before.own_s))
     other_cores = other / wall
     share = other_cores / after.cores
-    return {**out, "method": "/proc/stat on this process's CPUs minus its own CPU time",
-            "other_cpu_s": round(other, 3), "other_cores": round(other_cores, 3), "share": round(share, 3),
-            "high": share >= HIGH_SHARE and other_cores >= _MIN_CORES}
-
+    return {
+        **out,
+        "method": "/proc/stat on this process's CPUs minus its own CPU time",
+        "other_cpu_s": round(other, 3),
+        "other_cores": round(other_cores, 3),
+        "share": round(share, 3),
+        "high": share >= HIGH_SHARE and other_cores >= _MIN_CORES,
+    }

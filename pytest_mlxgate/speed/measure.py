@@ -67,8 +67,11 @@ def measure_speed(
     trials_total = len(shape.contexts) * 2 * (shape.warmup + shape.repetitions)
     alone = watch.timing_alone("speed trials") if watch is not None else contextlib.nullcontext(0.0)
     with alone as waited:
-        meter = watch.arm("speed trials (both arms, ABBA)", trials_total, unit="trials", action="timing",
-                          verb="timed") if watch is not None else None
+        meter = (
+            watch.arm("speed trials (both arms, ABBA)", trials_total, unit="trials", action="timing", verb="timed")
+            if watch is not None
+            else None
+        )
         before = sample()
         for context in shape.contexts:
             ids = _ids(token_ids, context + shape.decode)
@@ -81,15 +84,18 @@ def measure_speed(
                 for name in pair_order(rep):
                     side = reference if name == "reference" else candidate
                     trials[name].append(_trial(side, lever, ids, context, shape.decode, probe, meter))
-            contexts[context] = ContextSpeed.from_trials(context, shape.decode, trials["reference"],
-                                                         trials["candidate"])
+            contexts[context] = ContextSpeed.from_trials(
+                context, shape.decode, trials["reference"], trials["candidate"]
+            )
             if say is not None:
                 say(f"speed at {context} tokens: {contexts[context].short_text()}")
         seen = load_seen(before, sample(), waited_s=float(waited or 0.0))
         if meter is not None:
             meter.finish()
     return SpeedResult(
-        shape=shape, contexts=contexts, memory_method=probe.method,
+        shape=shape,
+        contexts=contexts,
+        memory_method=probe.method,
         weights={"reference": weight_bytes(reference.model), "candidate": weight_bytes(candidate.model)},
         arms={"reference": reference.arm, "candidate": candidate.arm},
         duration_s=time.perf_counter() - started,
@@ -107,8 +113,9 @@ def _ids(pool: Sequence[int], n: int) -> Any:
     return mx.array((list(pool) * reps)[:n], dtype=mx.int32)[None]
 
 
-def _trial(side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, probe: MemoryProbe,
-           meter: ArmWatch | None = None) -> Trial:
+def _trial(
+    side: ArmModel, lever: Lever, ids: Any, context: int, decode: int, probe: MemoryProbe, meter: ArmWatch | None = None
+) -> Trial:
     """One timed trial; `meter.check()` (a clock read) between calls keeps the time limit, and the
     trial counts as done (a progress line, maybe) only after its timed spans."""
     model = side.model

@@ -29,8 +29,12 @@ class Trial:
     kv_bytes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"prefill_s": round(self.prefill_s, 6), "decode_s": round(self.decode_s, 6),
-                "peak_bytes": self.peak_bytes, "kv_bytes": self.kv_bytes}
+        return {
+            "prefill_s": round(self.prefill_s, 6),
+            "decode_s": round(self.decode_s, 6),
+            "peak_bytes": self.peak_bytes,
+            "kv_bytes": self.kv_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,9 @@ class ContextSpeed:
     peak: RatioEstimate | None  # None where peak memory is not measured, or an arm allocated nothing
 
     @classmethod
-    def from_trials(cls, context: int, decode: int, reference: Sequence[Trial],
-                    candidate: Sequence[Trial]) -> ContextSpeed:
+    def from_trials(
+        cls, context: int, decode: int, reference: Sequence[Trial], candidate: Sequence[Trial]
+    ) -> ContextSpeed:
         if len(reference) != len(candidate) or not reference:
             raise ValueError("speed pairs need as many candidate as reference trials")
         prefill = paired_ratio([context / t.prefill_s for t in candidate], [context / t.prefill_s for t in reference])
@@ -61,19 +66,26 @@ class ContextSpeed:
     def to_json(self) -> dict[str, Any]:
         def arm(trials: Sequence[Trial]) -> dict[str, Any]:
             peaks = [t.peak_bytes for t in trials if t.peak_bytes is not None]
-            return {"prefill_tps": statistics.median(self.context / t.prefill_s for t in trials),
-                    "decode_tps": statistics.median(self.decode_tokens / t.decode_s for t in trials),
-                    "peak_bytes": int(statistics.median(peaks)) if peaks else None,
-                    "kv_bytes": int(statistics.median(t.kv_bytes for t in trials)),
-                    "trials": [t.to_json() for t in trials]}
+            return {
+                "prefill_tps": statistics.median(self.context / t.prefill_s for t in trials),
+                "decode_tps": statistics.median(self.decode_tokens / t.decode_s for t in trials),
+                "peak_bytes": int(statistics.median(peaks)) if peaks else None,
+                "kv_bytes": int(statistics.median(t.kv_bytes for t in trials)),
+                "trials": [t.to_json() for t in trials],
+            }
 
         ref, cand = arm(self.reference), arm(self.candidate)
         kv_ratio = cand["kv_bytes"] / ref["kv_bytes"] if ref["kv_bytes"] else None
-        return {"context": self.context, "decode_tokens": self.decode_tokens,
-                "reference": ref, "candidate": cand,
-                "prefill": self.prefill.to_json(), "decode": self.decode.to_json(),
-                "peak": self.peak.to_json() if self.peak is not None else None,
-                "kv": {"ratio": kv_ratio}}
+        return {
+            "context": self.context,
+            "decode_tokens": self.decode_tokens,
+            "reference": ref,
+            "candidate": cand,
+            "prefill": self.prefill.to_json(),
+            "decode": self.decode.to_json(),
+            "peak": self.peak.to_json() if self.peak is not None else None,
+            "kv": {"ratio": kv_ratio},
+        }
 
     def short_text(self) -> str:
         return context_text(self.to_json())
@@ -92,11 +104,15 @@ class SpeedResult:
     load_seen: Mapping[str, Any] | None = None  # other processes' CPU use during the trials (`speed.load`)
 
     def to_json(self) -> dict[str, Any]:
-        return {"shape": self.shape.to_json(), "memory_method": self.memory_method,
-                "weights_bytes": dict(self.weights), "arms": dict(self.arms),
-                "duration_s": round(self.duration_s, 3),
-                "contexts": {str(c): s.to_json() for c, s in self.contexts.items()},
-                "load_seen": dict(self.load_seen) if self.load_seen is not None else None}
+        return {
+            "shape": self.shape.to_json(),
+            "memory_method": self.memory_method,
+            "weights_bytes": dict(self.weights),
+            "arms": dict(self.arms),
+            "duration_s": round(self.duration_s, 3),
+            "contexts": {str(c): s.to_json() for c, s in self.contexts.items()},
+            "load_seen": dict(self.load_seen) if self.load_seen is not None else None,
+        }
 
     def lines(self) -> list[str]:
         return speed_lines(self.to_json())

@@ -54,10 +54,15 @@ class SpeedShape:
         if self.repetitions < _MIN_REPETITIONS:
             raise LeverError(
                 f"speed needs at least {_MIN_REPETITIONS} pairs of trials per context for an interval "
-                f"(got {self.repetitions}); {DEFAULT_REPETITIONS} is the default")
+                f"(got {self.repetitions}); {DEFAULT_REPETITIONS} is the default"
+            )
         if self.warmup < 0:
             raise LeverError(f"speed warm-up trials cannot be negative, got {self.warmup}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"contexts": list(self.contexts), "decode": self.decode, "repetitions": self.repetitions,
-                "warmup": self.warmup}
+        return {
+            "contexts": list(self.contexts),
+            "decode": self.decode,
+            "repetitions": self.repetitions,
+            "warmup": self.warmup,
+        }

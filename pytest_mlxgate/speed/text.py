@@ -37,11 +37,13 @@ def _tps(x: Any) -> str:
 def context_text(ctx: Mapping[str, Any]) -> str:
     """One context: prefill and decode ratios with tokens/s, then KV bytes and peak growth per arm."""
     ref, cand = ctx.get("reference") or {}, ctx.get("candidate") or {}
-    parts = [f"prefill {ratio_text(ctx.get('prefill'))} (tok/s {_tps(ref.get('prefill_tps'))} → "
-             f"{_tps(cand.get('prefill_tps'))})",
-             f"decode {ratio_text(ctx.get('decode'))} (tok/s {_tps(ref.get('decode_tps'))} → "
-             f"{_tps(cand.get('decode_tps'))})",
-             f"KV {mib(_num(ref.get('kv_bytes')))} → {mib(_num(cand.get('kv_bytes')))}"]
+    parts = [
+        f"prefill {ratio_text(ctx.get('prefill'))} (tok/s {_tps(ref.get('prefill_tps'))} → "
+        f"{_tps(cand.get('prefill_tps'))})",
+        f"decode {ratio_text(ctx.get('decode'))} (tok/s {_tps(ref.get('decode_tps'))} → "
+        f"{_tps(cand.get('decode_tps'))})",
+        f"KV {mib(_num(ref.get('kv_bytes')))} → {mib(_num(cand.get('kv_bytes')))}",
+    ]
     if ref.get("peak_bytes") is not None and cand.get("peak_bytes") is not None:
         parts.append(f"peak +{mib(_num(ref['peak_bytes']))} → +{mib(_num(cand['peak_bytes']))}")
     return " · ".join(parts)
@@ -69,5 +71,7 @@ def load_warning(seen: Any) -> str | None:
     busy = "the cores busy"
     if others is not None and share is not None:
         busy = f"{others:.1f} of {seen.get('cores')} cores busy ({100 * share:.0f}%)"
-    return (f"⚠ speed timed under load: other processes kept {busy} during the trials, so these ratios "
-            "measure that contention too; re-time with the machine otherwise idle")
+    return (
+        f"⚠ speed timed under load: other processes kept {busy} during the trials, so these ratios "
+        "measure that contention too; re-time with the machine otherwise idle"
+    )

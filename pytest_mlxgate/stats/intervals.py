@@ -129,9 +129,7 @@ def z_two_sided(confidence: float) -> float:
 # --- intervals ---------------------------------------------------------------------------------------
 
 
-def mean_interval(
-    values: np.ndarray, confidence: float = CONFIDENCE, *, weights: np.ndarray | None = None
-) -> Interval:
+def mean_interval(values: np.ndarray, confidence: float = CONFIDENCE, *, weights: np.ndarray | None = None) -> Interval:
     """Student-t interval for a mean over independent units (per-sequence means), df = n - 1.
 
     With `weights` (e.g. each sequence's token count) it is the interval of the weighted mean

@@ -19,8 +19,7 @@ from .intervals import CONFIDENCE, mean_interval
 if TYPE_CHECKING:
     from ..kl.divergence import TokenScores
 
-__all__ = ["HISTOGRAM_DECADES", "HISTOGRAM_PER_DECADE", "MAX_POSITIONS", "MAX_PROMPTS", "PROFILE_VERSION",
-           "kl_profile"]
+__all__ = ["HISTOGRAM_DECADES", "HISTOGRAM_PER_DECADE", "MAX_POSITIONS", "MAX_PROMPTS", "PROFILE_VERSION", "kl_profile"]
 
 #: Bump when a reader would misread the profile's shape.
 PROFILE_VERSION = 1
@@ -64,9 +63,14 @@ def _histogram(kl: np.ndarray) -> dict[str, Any]:
     index = np.floor((np.log10(positive) - lo) * HISTOGRAM_PER_DECADE).astype(np.int64) if positive.size else positive
     inside = (index >= 0) & (index < bins)
     counts = np.bincount(index[inside], minlength=bins) if positive.size else np.zeros(bins, dtype=np.int64)
-    return {"decades": [lo, hi], "per_decade": HISTOGRAM_PER_DECADE, "counts": [int(c) for c in counts],
-            "zero": int(np.count_nonzero(kl == 0)), "under": int(np.count_nonzero(index < 0)),
-            "over": int(np.count_nonzero(index >= bins))}
+    return {
+        "decades": [lo, hi],
+        "per_decade": HISTOGRAM_PER_DECADE,
+        "counts": [int(c) for c in counts],
+        "zero": int(np.count_nonzero(kl == 0)),
+        "under": int(np.count_nonzero(index < 0)),
+        "over": int(np.count_nonzero(index >= bins)),
+    }
 
 
 def _by_position(kl: np.ndarray, positions: np.ndarray, flips: np.ndarray, tie_flips: np.ndarray) -> dict[str, Any]:
@@ -82,10 +86,15 @@ def _by_position(kl: np.ndarray, positions: np.ndarray, flips: np.ndarray, tie_f
         q = np.quantile(kl[order[s:e]], [0.5, 0.9])
         median.append(_r(q[0]))
         p90.append(_r(q[1]))
-    return {"first": [int(g[0]) for g in groups], "last": [int(g[-1]) for g in groups],
-            "n": np.bincount(bucket, minlength=len(groups)).tolist(), "median": median, "p90": p90,
-            "flips": np.bincount(bucket, weights=flips, minlength=len(groups)).astype(np.int64).tolist(),
-            "near_tie_flips": np.bincount(bucket, weights=tie_flips, minlength=len(groups)).astype(np.int64).tolist()}
+    return {
+        "first": [int(g[0]) for g in groups],
+        "last": [int(g[-1]) for g in groups],
+        "n": np.bincount(bucket, minlength=len(groups)).tolist(),
+        "median": median,
+        "p90": p90,
+        "flips": np.bincount(bucket, weights=flips, minlength=len(groups)).astype(np.int64).tolist(),
+        "near_tie_flips": np.bincount(bucket, weights=tie_flips, minlength=len(groups)).astype(np.int64).tolist(),
+    }
 
 
 def _prompts(scores: Sequence[TokenScores], confidence: float) -> dict[str, Any]:
@@ -105,12 +114,21 @@ def _prompts(scores: Sequence[TokenScores], confidence: float) -> dict[str, Any]
         lo, hi = -math.inf, math.inf
         if blocks >= 2:
             parts = np.array_split(k, blocks)
-            lo, hi = mean_interval(np.array([p.mean() for p in parts]), confidence,
-                                   weights=np.array([p.size for p in parts], dtype=np.float64))
+            lo, hi = mean_interval(
+                np.array([p.mean() for p in parts]),
+                confidence,
+                weights=np.array([p.size for p in parts], dtype=np.float64),
+            )
         rows.append((i, mean, max(0.0, lo) if math.isfinite(lo) else lo, hi, int(k.size)))
     total = len(rows)
     if total > MAX_PROMPTS:  # the largest means: where a regression shows first
         rows = sorted(sorted(rows, key=lambda r: -r[1])[:MAX_PROMPTS])
-    return {"index": [r[0] for r in rows], "mean": [_r(r[1]) for r in rows],
-            "ci": [[_r(r[2]), _r(r[3])] for r in rows], "n_tokens": [r[4] for r in rows], "total": total,
-            "confidence": confidence, "method": "t over floor(sqrt(T)) contiguous block means"}
+    return {
+        "index": [r[0] for r in rows],
+        "mean": [_r(r[1]) for r in rows],
+        "ci": [[_r(r[2]), _r(r[3])] for r in rows],
+        "n_tokens": [r[4] for r in rows],
+        "total": total,
+        "confidence": confidence,
+        "method": "t over floor(sqrt(T)) contiguous block means",
+    }

@@ -117,8 +117,11 @@ class KLStats:
             **{name: _num(getattr(self, name)) for name in QUANTILES},
             "quantile_ci": {name: _pair(self.quantile_ci[name]) for name in QUANTILES},
             "max": _num(self.max),
-            "max_at": {"prompt": self.max_at.prompt, "position": self.max_at.position,
-                       "token_id": self.max_at.token_id},
+            "max_at": {
+                "prompt": self.max_at.prompt,
+                "position": self.max_at.position,
+                "token_id": self.max_at.token_id,
+            },
             "same_top": _num(self.same_top),
             "same_top_ci": _pair(self.same_top_ci),
             "top1": _num(self.top1),
@@ -130,9 +133,16 @@ class KLStats:
             "ln_ppl_ratio_ci": _pair(self.ln_ppl_ratio_ci),
             "delta_p": {k: _num(v) for k, v in self.delta_p.items()},
             "worst": [
-                {"prompt": w.prompt, "position": w.position, "kl": _num(w.kl), "token_id": w.token_id,
-                 "ref_top1": w.ref_top1, "cand_top1": w.cand_top1, "p_ref": _num(w.p_ref),
-                 "p_cand": _num(w.p_cand)}
+                {
+                    "prompt": w.prompt,
+                    "position": w.position,
+                    "kl": _num(w.kl),
+                    "token_id": w.token_id,
+                    "ref_top1": w.ref_top1,
+                    "cand_top1": w.cand_top1,
+                    "p_ref": _num(w.p_ref),
+                    "p_cand": _num(w.p_cand),
+                }
                 for w in self.worst
             ],
             "worst_prompts": [{"prompt": p.prompt, "mean_kl": _num(p.mean_kl)} for p in self.worst_prompts],
@@ -167,8 +177,16 @@ class KLStats:
             ln_ppl_ratio_ci=_interval(d["ln_ppl_ratio_ci"]),
             delta_p={str(k): _float(v) for k, v in d["delta_p"].items()},
             worst=tuple(
-                WorstToken(int(w["prompt"]), int(w["position"]), _float(w["kl"]), int(w["token_id"]),
-                           int(w["ref_top1"]), int(w["cand_top1"]), _float(w["p_ref"]), _float(w["p_cand"]))
+                WorstToken(
+                    int(w["prompt"]),
+                    int(w["position"]),
+                    _float(w["kl"]),
+                    int(w["token_id"]),
+                    int(w["ref_top1"]),
+                    int(w["cand_top1"]),
+                    _float(w["p_ref"]),
+                    _float(w["p_cand"]),
+                )
                 for w in d["worst"]
             ),
             worst_prompts=tuple(PromptMean(int(p["prompt"]), _float(p["mean_kl"])) for p in d["worst_prompts"]),
@@ -203,8 +221,7 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
     seq_mean_kl = per_seq(kl) / w
     mean_lo, mean_hi = mean_interval(seq_mean_kl, confidence, weights=w)
     qvals = np.quantile(kl, list(QUANTILES.values()))
-    qcis = cluster_bootstrap_quantiles([k for k in kl_seqs if k.size], list(QUANTILES.values()),
-                                       confidence=confidence)
+    qcis = cluster_bootstrap_quantiles([k for k in kl_seqs if k.size], list(QUANTILES.values()), confidence=confidence)
     same = ref_top1 == cand_top1
     agree = same | near_tie
     with np.errstate(invalid="ignore"):
@@ -235,9 +252,16 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
         ln_ppl_ratio_ci=mean_interval(per_seq(ln_ratio) / w, confidence, weights=w),
         delta_p=_delta_p(dp),
         worst=tuple(
-            WorstToken(prompt=int(prompt_of[j]), position=int(positions[j]), kl=float(kl[j]),
-                       token_id=int(next_tokens[j]), ref_top1=int(ref_top1[j]), cand_top1=int(cand_top1[j]),
-                       p_ref=float(np.exp(ref_lp[j])), p_cand=float(np.exp(cand_lp[j])))
+            WorstToken(
+                prompt=int(prompt_of[j]),
+                position=int(positions[j]),
+                kl=float(kl[j]),
+                token_id=int(next_tokens[j]),
+                ref_top1=int(ref_top1[j]),
+                cand_top1=int(cand_top1[j]),
+                p_ref=float(np.exp(ref_lp[j])),
+                p_cand=float(np.exp(cand_lp[j])),
+            )
             for j in worst.tolist()
         ),
         worst_prompts=tuple(PromptMean(int(live_ids[i]), float(seq_mean_kl[i])) for i in prompt_order.tolist()),
@@ -247,8 +271,15 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
 def _delta_p(dp: np.ndarray) -> dict[str, float]:
     """p_cand(next) - p_ref(next): mean, rms and quantiles."""
     q = np.quantile(dp, [0.01, 0.05, 0.5, 0.95, 0.99])
-    return {"mean": float(dp.mean()), "rms": float(np.sqrt(np.mean(dp * dp))), "p1": float(q[0]),
-            "p5": float(q[1]), "median": float(q[2]), "p95": float(q[3]), "p99": float(q[4])}
+    return {
+        "mean": float(dp.mean()),
+        "rms": float(np.sqrt(np.mean(dp * dp))),
+        "p1": float(q[0]),
+        "p5": float(q[1]),
+        "median": float(q[2]),
+        "p95": float(q[3]),
+        "p99": float(q[4]),
+    }
 
 
 def _num(x: float) -> float | None:

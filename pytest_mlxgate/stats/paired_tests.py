@@ -92,8 +92,10 @@ Kind = Literal["auto", "binary", "graded"]
 #: Per-item scores, one per item in the shared item order: a list (bools or floats) or a 1-D array.
 Scores = Sequence[bool | float] | np.ndarray
 _CONTINUITY = 1.0  # on b - c - n*delta: keeps the score test's exact size <= alpha (module docs)
-_HYPOTHESIS = {"exceeds": "H0: drop <= max_drop (reject: drop significantly larger)",
-               "within": "H0: drop >= max_drop (reject: drop significantly smaller)"}
+_HYPOTHESIS = {
+    "exceeds": "H0: drop <= max_drop (reject: drop significantly larger)",
+    "within": "H0: drop >= max_drop (reject: drop significantly smaller)",
+}
 
 
 def _check_alpha(alpha: float) -> None:
@@ -187,8 +189,13 @@ def paired_binary(ref: Scores, cand: Scores) -> PairedBinary:
     if not (_is_binary(r) and _is_binary(c)):
         raise ValueError("binary outcomes must be 0/1 (or bools); use drop_test_graded for graded scores")
     rb, cb = r.astype(bool), c.astype(bool)
-    return PairedBinary(n=int(r.size), ref_correct=int(rb.sum()), cand_correct=int(cb.sum()),
-                        b=int(np.sum(rb & ~cb)), c=int(np.sum(~rb & cb)))
+    return PairedBinary(
+        n=int(r.size),
+        ref_correct=int(rb.sum()),
+        cand_correct=int(cb.sum()),
+        b=int(np.sum(rb & ~cb)),
+        c=int(np.sum(~rb & cb)),
+    )
 
 
 # --- the margin score test (Tango 1998 / Nam 1997) ----------------------------------------------------------
@@ -330,10 +337,20 @@ def drop_test_binary(
     t = paired_binary(ref, cand)
     method, p = _binary_p(t.b, t.c, t.n, max_drop, alternative)
     return DropTest(
-        method=method, n=t.n, ref_score=t.ref_correct / t.n, cand_score=t.cand_correct / t.n,
-        drop=(t.b - t.c) / t.n, drop_ci=tango_interval(t.b, t.c, t.n, ci_confidence),
-        max_drop=float(max_drop), p_value=p, rejected=p < alpha, b=t.b, c=t.c, alpha=alpha,
-        alternative=alternative, ci_confidence=ci_confidence,
+        method=method,
+        n=t.n,
+        ref_score=t.ref_correct / t.n,
+        cand_score=t.cand_correct / t.n,
+        drop=(t.b - t.c) / t.n,
+        drop_ci=tango_interval(t.b, t.c, t.n, ci_confidence),
+        max_drop=float(max_drop),
+        p_value=p,
+        rejected=p < alpha,
+        b=t.b,
+        c=t.c,
+        alpha=alpha,
+        alternative=alternative,
+        ci_confidence=ci_confidence,
     )
 
 
@@ -407,9 +424,20 @@ def drop_test_graded(
     else:
         ci = (mean, mean)
     return DropTest(
-        method="paired-bootstrap", n=n, ref_score=float(r.mean()), cand_score=float(c.mean()),
-        drop=mean, drop_ci=ci, max_drop=float(max_drop), p_value=p, rejected=p < alpha, b=None, c=None,
-        alpha=alpha, alternative=alternative, ci_confidence=ci_confidence,
+        method="paired-bootstrap",
+        n=n,
+        ref_score=float(r.mean()),
+        cand_score=float(c.mean()),
+        drop=mean,
+        drop_ci=ci,
+        max_drop=float(max_drop),
+        p_value=p,
+        rejected=p < alpha,
+        b=None,
+        c=None,
+        alpha=alpha,
+        alternative=alternative,
+        ci_confidence=ci_confidence,
     )
 
 
@@ -434,8 +462,15 @@ def _dispatch(ref: Scores, cand: Scores, max_drop: float, alternative: Alternati
         kind = "binary" if _is_binary(r) and _is_binary(c) else "graded"
     if kind == "binary":
         return drop_test_binary(ref, cand, max_drop=max_drop, alpha=alpha, alternative=alternative)
-    return drop_test_graded(ref, cand, max_drop=max_drop, alpha=alpha, resamples=options.get("resamples", 10000),
-                            seed=options.get("seed", 0), alternative=alternative)
+    return drop_test_graded(
+        ref,
+        cand,
+        max_drop=max_drop,
+        alpha=alpha,
+        resamples=options.get("resamples", 10000),
+        seed=options.get("seed", 0),
+        alternative=alternative,
+    )
 
 
 def drop_exceeds(ref: Scores, cand: Scores, *, max_drop: float, **options: Unpack[DropOptions]) -> DropTest:
@@ -481,9 +516,7 @@ def power_binary(
     return rejected / sims
 
 
-def power_binary_exact(
-    n: int, p_discordant: float, true_drop: float, *, max_drop: float, alpha: float = 0.05
-) -> float:
+def power_binary_exact(n: int, p_discordant: float, true_drop: float, *, max_drop: float, alpha: float = 0.05) -> float:
     """The same rejection rate as `power_binary`, summed exactly over every possible paired table.
 
     P(reject) = sum_m P(M = m) sum_b P(B = b | m) [test rejects at (b, m - b)], with M ~ Bin(n, pd)
@@ -511,15 +544,22 @@ def power_binary_exact(
 
 
 def n_for_power(
-    p_discordant: float, true_drop: float, *, max_drop: float, alpha: float = 0.05,
-    power: float = 0.8, n_max: int = 20000,
+    p_discordant: float,
+    true_drop: float,
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    n_max: int = 20000,
 ) -> int:
     """Smallest n from which the exact power stays >= `power` for the next 20 n (discreteness saw-tooth)."""
     n = 1
     while n <= n_max:
         if power_binary_exact(n, p_discordant, true_drop, max_drop=max_drop, alpha=alpha) >= power:
-            ahead = [power_binary_exact(k, p_discordant, true_drop, max_drop=max_drop, alpha=alpha)
-                     for k in range(n + 1, n + 21)]
+            ahead = [
+                power_binary_exact(k, p_discordant, true_drop, max_drop=max_drop, alpha=alpha)
+                for k in range(n + 1, n + 21)
+            ]
             if min(ahead) >= power:
                 return n
         n += 1

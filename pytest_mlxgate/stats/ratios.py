@@ -33,12 +33,17 @@ class RatioEstimate:
         def num(x: float) -> float | None:
             return None if math.isnan(x) else float(x)
 
-        return {"ratio": num(self.ratio), "ratio_ci": [num(self.lower), num(self.upper)], "n": self.n,
-                "log_sd": num(self.log_sd)}
+        return {
+            "ratio": num(self.ratio),
+            "ratio_ci": [num(self.lower), num(self.upper)],
+            "n": self.n,
+            "log_sd": num(self.log_sd),
+        }
 
 
-def paired_ratio(candidate: Sequence[float], reference: Sequence[float],
-                 confidence: float = CONFIDENCE) -> RatioEstimate:
+def paired_ratio(
+    candidate: Sequence[float], reference: Sequence[float], confidence: float = CONFIDENCE
+) -> RatioEstimate:
     """The candidate/reference ratio from paired, positive measurements (tokens/s, bytes).
 
     Pairs where either side is not a positive finite number are refused: a zero time or a zero

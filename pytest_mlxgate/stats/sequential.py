@@ -233,9 +233,7 @@ def _bisect(x: np.ndarray, bets: np.ndarray, side: Side, threshold: float) -> fl
     return hi if side == "upper" else lo
 
 
-def bounds_from_diffs(
-    diffs: np.ndarray, *, alpha: float = 0.05, horizon: int | None = None
-) -> tuple[float, float]:
+def bounds_from_diffs(diffs: np.ndarray, *, alpha: float = 0.05, horizon: int | None = None) -> tuple[float, float]:
     """(lower, upper) for paired differences in item order; see `drop_bounds`. No items: (-1, 1)."""
     _check_alpha(alpha)
     _check_horizon(horizon)
@@ -249,9 +247,7 @@ def bounds_from_diffs(
     return _bisect(x, bets, "lower", threshold), _bisect(x, bets, "upper", threshold)
 
 
-def drop_bounds(
-    ref: Scores, cand: Scores, *, alpha: float = 0.05, horizon: int | None = None
-) -> tuple[float, float]:
+def drop_bounds(ref: Scores, cand: Scores, *, alpha: float = 0.05, horizon: int | None = None) -> tuple[float, float]:
     """Anytime-valid one-sided bounds (lower, upper) of the drop E[ref - cand], items taken in the given order.
 
     EACH side is a one-sided (1 - alpha) confidence sequence: P(drop < lower at any n) <= alpha and
@@ -309,8 +305,9 @@ def _continuation(x: np.ndarray, length: int) -> np.ndarray:
     return ordered[np.minimum((u * x.size).astype(np.int64), x.size - 1)]
 
 
-def _project(x: np.ndarray, max_drop: float, side: Side, alpha: float, horizon: int | None,
-             fail_alpha: float) -> int | None:
+def _project(
+    x: np.ndarray, max_drop: float, side: Side, alpha: float, horizon: int | None, fail_alpha: float
+) -> int | None:
     """First total n (observed items, then the synthetic continuation) at which `side` clears the margin."""
     if x.size >= N_CAP:
         return None
@@ -330,7 +327,12 @@ def _rates(x: np.ndarray, losses: int, wins: int) -> str:
 
 
 def decide(
-    ref: Scores, cand: Scores, *, max_drop: float, alpha: float = 0.05, horizon: int | None = None,
+    ref: Scores,
+    cand: Scores,
+    *,
+    max_drop: float,
+    alpha: float = 0.05,
+    horizon: int | None = None,
     fail_alpha: float | None = None,
 ) -> SequentialVerdict:
     """The sequential gate's verdict on the items so far (in order): pass, fail or inconclusive.
@@ -359,8 +361,9 @@ def _fail_alpha(alpha: float, fail_alpha: float | None) -> float:
     return fail_alpha
 
 
-def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *, project: bool,
-            fail_alpha: float | None = None) -> SequentialVerdict:
+def _decide(
+    x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *, project: bool, fail_alpha: float | None = None
+) -> SequentialVerdict:
     """`decide` on validated differences; `project=False` skips `n_needed` (run_sequential's interim looks)."""
     n = int(x.size)
     if n == 0:
@@ -383,30 +386,53 @@ def _decide(x: np.ndarray, max_drop: float, alpha: float, horizon: int | None, *
     levels = conf if fail_conf == conf else f"upper {conf}, lower {fail_conf}"
 
     def verdict(kind: Verdict, message: str, needed: int | None = None) -> SequentialVerdict:
-        return SequentialVerdict(verdict=kind, n=n, drop=drop, lower=lower, upper=upper,
-                                 max_drop=float(max_drop), alpha=float(alpha), n_needed=needed,
-                                 message=message, losses=losses, wins=wins, horizon=horizon,
-                                 fail_alpha=None if fail_alpha in (None, alpha) else float(fail_alpha))
+        return SequentialVerdict(
+            verdict=kind,
+            n=n,
+            drop=drop,
+            lower=lower,
+            upper=upper,
+            max_drop=float(max_drop),
+            alpha=float(alpha),
+            n_needed=needed,
+            message=message,
+            losses=losses,
+            wins=wins,
+            horizon=horizon,
+            fail_alpha=None if fail_alpha in (None, alpha) else float(fail_alpha),
+        )
 
     if crossed:
-        return verdict("inconclusive",
-                       f"inconclusive: the bounds cross (lower {_fmt(lower)} > upper {_fmt(upper)} after {n} "
-                       f"items): the drop was not the same across the items, so no single drop fits them; "
-                       f"present the items in a shuffled order")
+        return verdict(
+            "inconclusive",
+            f"inconclusive: the bounds cross (lower {_fmt(lower)} > upper {_fmt(upper)} after {n} "
+            f"items): the drop was not the same across the items, so no single drop fits them; "
+            f"present the items in a shuffled order",
+        )
     if shown_below:
-        return verdict("pass", f"pass: n={n} bounds the drop at {_fmt(upper)} <= max_drop {md} (one-sided {conf} "
-                               f"anytime-valid upper bound; observed drop {_fmt(drop)})")
+        return verdict(
+            "pass",
+            f"pass: n={n} bounds the drop at {_fmt(upper)} <= max_drop {md} (one-sided {conf} "
+            f"anytime-valid upper bound; observed drop {_fmt(drop)})",
+        )
     if shown_above:
-        return verdict("fail", f"fail: regression shown: n={n} bounds the drop from below at {_fmt(lower)} > "
-                               f"max_drop {md} (one-sided {fail_conf} anytime-valid lower bound; observed drop "
-                               f"{_fmt(drop)})")
-    head = (f"inconclusive: n={n} bounds the drop at {_fmt(upper)}, above max_drop {md}, and from below "
-            f"at {_fmt(lower)}, not above it (one-sided {levels} anytime-valid bounds; observed drop {_fmt(drop)})")
+        return verdict(
+            "fail",
+            f"fail: regression shown: n={n} bounds the drop from below at {_fmt(lower)} > "
+            f"max_drop {md} (one-sided {fail_conf} anytime-valid lower bound; observed drop "
+            f"{_fmt(drop)})",
+        )
+    head = (
+        f"inconclusive: n={n} bounds the drop at {_fmt(upper)}, above max_drop {md}, and from below "
+        f"at {_fmt(lower)}, not above it (one-sided {levels} anytime-valid bounds; observed drop {_fmt(drop)})"
+    )
     rates = _rates(x, losses, wins)
     needed: int | None = None
     if abs(drop - max_drop) <= 1e-12:
-        tail = (f"the observed drop sits at the margin, so more items at the observed {rates} "
-                f"would not settle it either way")
+        tail = (
+            f"the observed drop sits at the margin, so more items at the observed {rates} "
+            f"would not settle it either way"
+        )
     else:
         side: Side = "upper" if drop < max_drop else "lower"
         goal = f"bound it at {md}" if side == "upper" else f"show it above {md}"
@@ -479,8 +505,7 @@ def run_sequential(
             batches += 1
             pairs.append(_diffs(got[:, 0], got[:, 1]))
             n += got.shape[0]
-            verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=False,
-                              fail_alpha=fail_alpha)
+            verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=False, fail_alpha=fail_alpha)
             if on_batch is not None:
                 on_batch(dataclasses.replace(verdict, batches=batches))
             if verdict.verdict != "inconclusive":
@@ -492,16 +517,32 @@ def run_sequential(
         if max_seconds is not None and clock() - start >= max_seconds:
             stopped_by = "max_seconds" if n < max_items else "max_items"
             break
-    why = {"verdict": "shown", "max_items": f"the item budget ({max_items}) spent",
-           "max_seconds": f"the time budget ({max_seconds:g} s) spent" if max_seconds else "",
-           "exhausted": "the items ran out"}[stopped_by]
+    why = {
+        "verdict": "shown",
+        "max_items": f"the item budget ({max_items}) spent",
+        "max_seconds": f"the time budget ({max_seconds:g} s) spent" if max_seconds else "",
+        "exhausted": "the items ran out",
+    }[stopped_by]
     if verdict is None:
         return SequentialVerdict(
-            verdict="inconclusive", n=0, drop=math.nan, lower=-1.0, upper=1.0, max_drop=float(max_drop),
-            alpha=float(alpha), n_needed=None, horizon=horizon, batches=0, stopped_by=stopped_by,
+            verdict="inconclusive",
+            n=0,
+            drop=math.nan,
+            lower=-1.0,
+            upper=1.0,
+            max_drop=float(max_drop),
+            alpha=float(alpha),
+            n_needed=None,
+            horizon=horizon,
+            batches=0,
+            stopped_by=stopped_by,
             message=f"inconclusive: no items to compare ({why})",
         )
     if verdict.verdict == "inconclusive":  # the projection, once, for the verdict that is returned
         verdict = _decide(np.concatenate(pairs), max_drop, alpha, horizon, project=True, fail_alpha=fail_alpha)
-    return dataclasses.replace(verdict, batches=batches, stopped_by=stopped_by,
-                               message=f"{verdict.message} [after {batches} batches of up to {batch_size}: {why}]")
+    return dataclasses.replace(
+        verdict,
+        batches=batches,
+        stopped_by=stopped_by,
+        message=f"{verdict.message} [after {batches} batches of up to {batch_size}: {why}]",
+    )

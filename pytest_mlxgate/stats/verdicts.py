@@ -59,11 +59,21 @@ class VerdictOutcome:
     method: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "n": self.n, "value": self.value, "lower": self.lower,
-                "upper": self.upper, "limit": self.limit, "n_needed": self.n_needed, "method": self.method}
+        return {
+            "verdict": self.verdict,
+            "n": self.n,
+            "value": self.value,
+            "lower": self.lower,
+            "upper": self.upper,
+            "limit": self.limit,
+            "n_needed": self.n_needed,
+            "method": self.method,
+        }
 
 
-def binary_drop_bounds(b: float, c: float, n: float, *, alpha: float, fail_alpha: float | None = None) -> tuple[float, float]:
+def binary_drop_bounds(
+    b: float, c: float, n: float, *, alpha: float, fail_alpha: float | None = None
+) -> tuple[float, float]:
     """(lower at 1 - fail_alpha, upper at 1 - alpha), one-sided Tango score bounds of P(loss) - P(win)."""
     upper = tango_interval(b, c, n, 1.0 - 2.0 * alpha)[1]  # type: ignore[arg-type]
     lower = tango_interval(b, c, n, 1.0 - 2.0 * (fail_alpha or alpha))[0]  # type: ignore[arg-type]
@@ -92,8 +102,9 @@ def _first_n(clears: Callable[[int], bool], n: int) -> int | None:
     return hi
 
 
-def drop_n_needed_binary(b: int, c: int, n: int, *, max_drop: float, alpha: float,
-                         fail_alpha: float | None = None) -> int | None:
+def drop_n_needed_binary(
+    b: int, c: int, n: int, *, max_drop: float, alpha: float, fail_alpha: float | None = None
+) -> int | None:
     """About how many items at the observed loss and win rates would decide the drop against max_drop."""
     drop = (b - c) / n
     if drop == max_drop:
@@ -107,8 +118,9 @@ def drop_n_needed_binary(b: int, c: int, n: int, *, max_drop: float, alpha: floa
     return _first_n(clears, n)
 
 
-def drop_n_needed_graded(drop: float, sd: float, n: int, *, max_drop: float, alpha: float,
-                         fail_alpha: float | None = None) -> int | None:
+def drop_n_needed_graded(
+    drop: float, sd: float, n: int, *, max_drop: float, alpha: float, fail_alpha: float | None = None
+) -> int | None:
     """The normal-approximation n at which mean +- z sd/sqrt(n) clears the margin (graded scores)."""
     gap = abs(max_drop - drop)
     if gap == 0:

@@ -52,8 +52,19 @@ def check(
     lo, hi = _end(lower), _end(upper)
     if verdict is None:
         verdict = bounds_verdict(lo, hi, limit, direction)
-    made = Check(metric=metric, key=key, value=_end(value), lower=lo, upper=hi, limit=float(limit),
-                 direction=direction, verdict=verdict, n=int(n), n_needed=n_needed, method=method)
+    made = Check(
+        metric=metric,
+        key=key,
+        value=_end(value),
+        lower=lo,
+        upper=hi,
+        limit=float(limit),
+        direction=direction,
+        verdict=verdict,
+        n=int(n),
+        n_needed=n_needed,
+        method=method,
+    )
     if p_value is not None:
         made["p_value"] = float(p_value)
     if context is not None:
@@ -101,8 +112,14 @@ class MessageFn(Protocol):
     def __call__(self, *, verdict: str, nodeid: str, rerun: str) -> str: ...
 
 
-def given_limits(assertion: str, given: Mapping[str, float | None], *, example: str,
-                 usable: Callable[[str, float], bool], what: str = "is not a usable limit") -> dict[str, float]:
+def given_limits(
+    assertion: str,
+    given: Mapping[str, float | None],
+    *,
+    example: str,
+    usable: Callable[[str, float], bool],
+    what: str = "is not a usable limit",
+) -> dict[str, float]:
     """The limits an assertion was given (None: not asked), each checked: TypeError for none at all
     (saying `example`), ValueError naming the first unusable one."""
     limits = {k: float(v) for k, v in given.items() if v is not None}
@@ -123,8 +140,11 @@ def conclude(target: Target | None, conclusion: Conclusion, message: MessageFn) 
         target.publish(conclusion)
     if conclusion.verdict not in ("fail", "inconclusive"):
         return
-    text = message(verdict=conclusion.verdict, nodeid=target.nodeid if target is not None else "",
-                   rerun=target.rerun if target is not None else "")
+    text = message(
+        verdict=conclusion.verdict,
+        nodeid=target.nodeid if target is not None else "",
+        rerun=target.rerun if target is not None else "",
+    )
     if conclusion.verdict == "fail":
         raise AssertionError(text)
     # the warning names the line that called the assertion: settle_inconclusive <- conclude <- assert_...

@@ -52,8 +52,14 @@ def test_nice_ceil_refuses_what_has_no_round_number_above(bad: float) -> None:
 
 
 def _kl(mean: tuple[float, float], p99: tuple[float, float], top1: tuple[float, float]) -> dict[str, Any]:
-    return {"mean": mean[0], "mean_ci": [mean[0] * 0.8, mean[1]], "p99": p99[0],
-            "quantile_ci": {"p99": [p99[0] * 0.8, p99[1]]}, "top1": top1[0], "top1_ci": [top1[1], 1.0]}
+    return {
+        "mean": mean[0],
+        "mean_ci": [mean[0] * 0.8, mean[1]],
+        "p99": p99[0],
+        "quantile_ci": {"p99": [p99[0] * 0.8, p99[1]]},
+        "top1": top1[0],
+        "top1_ci": [top1[1], 1.0],
+    }
 
 
 def _pasted(line: str) -> dict[str, float]:
@@ -71,7 +77,8 @@ AT_LEAST = 1 - 1e-9  # float rounding: 10 * 3e-9 is 3.0000000000000004e-8, its r
 
 @given(mean=within_mean, p99=within_p99, miss=st.floats(min_value=1e-4, max_value=0.2), floor=st.floats(0, 1e-3))
 def test_every_suggested_limit_clears_the_lever_and_the_floor_by_the_rule_or_sits_at_the_quality_bound(
-        mean: float, p99: float, miss: float, floor: float) -> None:
+    mean: float, p99: float, miss: float, floor: float
+) -> None:
     kl = _kl((mean, mean * 1.3), (p99, p99 * 1.5), (1 - miss / 2, 1 - miss))
     floors = {"mean": floor, "p99": floor * 3, "top1": 1 - floor}
     s = suggest_limits(kl, floors, None)
@@ -101,9 +108,14 @@ def measurements(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, float]]:
     """Any lever's KL statistics (intervals around their values, or none) and any A/A floors."""
     mean, p99, top1 = draw(kl_value), draw(kl_value), draw(fraction)
     spread = draw(st.floats(min_value=0.0, max_value=2.0))
-    kl = {"mean": mean, "mean_ci": [max(0.0, mean - spread), mean + spread], "p99": p99,
-          "quantile_ci": {"p99": [max(0.0, p99 - 2 * spread), p99 + 2 * spread]},
-          "top1": top1, "top1_ci": [max(0.0, top1 - spread / 10), min(1.0, top1 + spread / 10)]}
+    kl = {
+        "mean": mean,
+        "mean_ci": [max(0.0, mean - spread), mean + spread],
+        "p99": p99,
+        "quantile_ci": {"p99": [max(0.0, p99 - 2 * spread), p99 + 2 * spread]},
+        "top1": top1,
+        "top1_ci": [max(0.0, top1 - spread / 10), min(1.0, top1 + spread / 10)],
+    }
     if draw(st.booleans()):  # one prompt: no intervals at all
         kl = {**kl, "mean_ci": [None, None], "quantile_ci": {"p99": [None, None]}, "top1_ci": [None, None]}
     floors = {"mean": draw(st.floats(0, 0.5)), "p99": draw(st.floats(0, 3.0)), "top1": draw(fraction)}
@@ -127,7 +139,8 @@ def test_no_suggestion_is_ever_beyond_the_quality_bounds(m: tuple[dict[str, Any]
 
 @given(measurements())
 def test_a_calibration_beyond_the_quality_bounds_never_prints_pasteable_limits(
-        m: tuple[dict[str, Any], dict[str, float]]) -> None:
+    m: tuple[dict[str, Any], dict[str, float]],
+) -> None:
     kl, floors = m
     speed = {"contexts": {"64": {"decode": {"ratio": 3.0, "ratio_ci": [2.5, 3.5]}, "kv": {"ratio": 0.3}}}}
     s = suggest_limits(kl, floors, speed)
@@ -145,9 +158,12 @@ def test_a_calibration_beyond_the_quality_bounds_never_prints_pasteable_limits(
         assert f"{b['metric']} " in s["breaks"]["message"] and "BEYOND the quality bound" in s["breaks"]["message"]
 
 
-@given(measurements(), st.text(min_size=1, max_size=40).filter(lambda t: "".join(c for c in t if c.isprintable()).strip()))
+@given(
+    measurements(), st.text(min_size=1, max_size=40).filter(lambda t: "".join(c for c in t if c.isprintable()).strip())
+)
 def test_an_accepted_break_says_so_in_the_code_the_text_and_the_record(
-        m: tuple[dict[str, Any], dict[str, float]], reason: str) -> None:
+    m: tuple[dict[str, Any], dict[str, float]], reason: str
+) -> None:
     kl, floors = m
     s = suggest_limits(kl, floors, None, accept_broken=reason)
     one_line = " ".join("".join(c if c.isprintable() else " " for c in reason).split())  # a comment holds one line
@@ -168,14 +184,26 @@ def test_the_anchors_the_quality_bounds_were_chosen_from() -> None:
     """The loosest lever this project gates (4-bit weights on the embedded model, gates/test_weights.py's
     figures) still gets limits, capped; the issue's float16-accumulating RMSNorm (mean KL 8.4, top-1 0%)
     and 2-bit weights (15.1, 0%) get none."""
-    four_bit = {"mean": 0.66, "mean_ci": [0.54, 0.78], "p99": 2.8, "quantile_ci": {"p99": [2.6, 3.0]},
-                "top1": 0.559, "top1_ci": [0.462, 0.656]}
+    four_bit = {
+        "mean": 0.66,
+        "mean_ci": [0.54, 0.78],
+        "p99": 2.8,
+        "quantile_ci": {"p99": [2.6, 3.0]},
+        "top1": 0.559,
+        "top1_ci": [0.462, 0.656],
+    }
     s = suggest_limits(four_bit, {"mean": 0.0, "p99": 0.0, "top1": 1.0}, None)
     assert s["kl_limits"] == {"mean": 2.0, "p99": 10.0, "top1": 0.3}  # each at its bound: the rule's x4 is looser
     assert sum("capped at the quality bound" in n for n in s["notes"]) == 3
     for mean, top1 in ((8.4, 0.0), (15.1, 0.0), (2.19, 0.312)):  # the last: RoPE's cache offset dropped
-        broken = {"mean": mean, "mean_ci": [mean * 0.8, mean * 1.2], "p99": mean * 3,
-                  "quantile_ci": {"p99": [mean * 2, mean * 4]}, "top1": top1, "top1_ci": [top1 * 0.7, top1 * 1.3]}
+        broken = {
+            "mean": mean,
+            "mean_ci": [mean * 0.8, mean * 1.2],
+            "p99": mean * 3,
+            "quantile_ci": {"p99": [mean * 2, mean * 4]},
+            "top1": top1,
+            "top1_ci": [top1 * 0.7, top1 * 1.3],
+        }
         s = suggest_limits(broken, {"mean": 0.0, "p99": 0.0, "top1": 1.0}, None)
         assert s["code"] == [] and "this lever breaks the model" in s["breaks"]["message"], mean
 
@@ -199,24 +227,35 @@ def test_every_project_gate_s_limits_sit_within_the_quality_bounds() -> None:
                 assert asked[key] >= cap if key == "top1" else asked[key] <= cap, (name, key, asked[key])
 
 
-@pytest.mark.parametrize(("kind", "target", "ref", "declare", "cand_value"), [
-    ("patch", "mlx.core.fast.rms_norm", "pytest_mlxgate.reference_ops:rms_norm", 'KNOWN_BAD = "mymod:broken"',
-     "mymod:broken"),
-    ("patch", "mlx.core.fast.rms_norm", None, 'KNOWN_BAD = "mymod:broken"', "mymod:broken"),
-    ("env", "MLX_PERF_KERNEL", "0", 'KNOWN_BAD = "BROKEN"', "BROKEN"),
-    ("kv", None, "plain", "KNOWN_BAD = 2", "2"),
-    ("weights", None, "weights as loaded", "KNOWN_BAD = 2", "2"),
-])
+@pytest.mark.parametrize(
+    ("kind", "target", "ref", "declare", "cand_value"),
+    [
+        (
+            "patch",
+            "mlx.core.fast.rms_norm",
+            "pytest_mlxgate.reference_ops:rms_norm",
+            'KNOWN_BAD = "mymod:broken"',
+            "mymod:broken",
+        ),
+        ("patch", "mlx.core.fast.rms_norm", None, 'KNOWN_BAD = "mymod:broken"', "mymod:broken"),
+        ("env", "MLX_PERF_KERNEL", "0", 'KNOWN_BAD = "BROKEN"', "BROKEN"),
+        ("kv", None, "plain", "KNOWN_BAD = 2", "2"),
+        ("weights", None, "weights as loaded", "KNOWN_BAD = 2", "2"),
+    ],
+)
 def test_the_known_bad_step_names_what_to_plant_and_a_command_that_must_fail(
-        kind: str, target: str | None, ref: str | None, declare: str, cand_value: str) -> None:
+    kind: str, target: str | None, ref: str | None, declare: str, cand_value: str
+) -> None:
     step = known_bad_step("gates/my gate.py", {"kind": kind, "name": "lv", "target": target, "ref": ref})
     assert step["declare"] == declare
     compile(step["declare"], "<declare>", "exec")
     argv = shlex.split(step["command"])
     assert argv[:2] == ["pytest", "gates/my gate.py"]
     assert argv[argv.index("--mlx-lever") + 1] == "lv" and argv[argv.index("--mlx-cand-value") + 1] == cand_value
-    assert argv[argv.index("--mlx-ref-value") + 1] == {None: "original" if kind == "patch" else "unset",
-                                                        "weights as loaded": "none"}.get(ref, ref)
+    assert argv[argv.index("--mlx-ref-value") + 1] == {
+        None: "original" if kind == "patch" else "unset",
+        "weights as loaded": "none",
+    }.get(ref, ref)
     if target:
         assert target in step["what"]
 
@@ -226,13 +265,16 @@ def test_a_model_lever_s_known_bad_step_is_another_model() -> None:
     assert step["declare"] is None and step["command"] == "pytest gates/test_m.py --mlx-candidate BROKEN_MODEL"
 
 
-@pytest.mark.parametrize(("args", "kwargs", "words"), [
-    ((), {}, "takes only accept_broken="),
-    (("why",), {}, "takes only accept_broken="),
-    ((), {"accept_broken": "  "}, "give the reason as text"),
-    ((), {"accept_broken": True}, "give the reason as text"),
-    ((), {"accept_broken": "x", "limits": 3}, "got limits"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "words"),
+    [
+        ((), {}, "takes only accept_broken="),
+        (("why",), {}, "takes only accept_broken="),
+        ((), {"accept_broken": "  "}, "give the reason as text"),
+        ((), {"accept_broken": True}, "give the reason as text"),
+        ((), {"accept_broken": "x", "limits": 3}, "got limits"),
+    ],
+)
 def test_an_acceptance_without_a_reason_is_refused(args: tuple[Any, ...], kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         accept_broken_reason(args, kwargs, "marker mlx_calibrate on gates/test_x.py::test_drift")
@@ -240,9 +282,14 @@ def test_an_acceptance_without_a_reason_is_refused(args: tuple[Any, ...], kwargs
 
 
 def test_a_record_from_before_the_quality_bounds_still_renders() -> None:
-    old = {"rule": "rule: ...", "rows": [{"metric": "mean KL", "key": "mean", "value": 1e-3, "bound": 2e-3,
-                                          "floor": 1e-8}],
-           "kl_limits": {"mean": 1e-2}, "speed_goals": {}, "notes": [], "code": ["assert_kl_below(paired, mean=0.01)"]}
+    old = {
+        "rule": "rule: ...",
+        "rows": [{"metric": "mean KL", "key": "mean", "value": 1e-3, "bound": 2e-3, "floor": 1e-8}],
+        "kl_limits": {"mean": 1e-2},
+        "speed_goals": {},
+        "notes": [],
+        "code": ["assert_kl_below(paired, mean=0.01)"],
+    }
     text = _render(old)
     assert "assert_kl_below(paired, mean=0.01)" in text and "then plant a known-bad variant" in text
 
@@ -252,8 +299,9 @@ def test_an_identical_lever_gets_no_kl_limit_and_says_why() -> None:
     s = suggest_limits(kl, {"mean": 0.0, "p99": 0.0, "top1": 1.0}, None)
     assert s["kl_limits"] == {} and s["code"] == []
     assert any("identical on this backend" in n for n in s["notes"])
-    assert "no limit could be sized" in "\n".join(calibration_lines(
-        {"module": "gates/test_x.py", "lever": "x", "shape": {}, "suggested": s}))
+    assert "no limit could be sized" in "\n".join(
+        calibration_lines({"module": "gates/test_x.py", "lever": "x", "shape": {}, "suggested": s})
+    )
 
 
 def test_a_lever_identical_here_gets_limits_from_the_floor_alone() -> None:
@@ -263,10 +311,12 @@ def test_a_lever_identical_here_gets_limits_from_the_floor_alone() -> None:
 
 
 def _speed(decode: tuple[float, float, float], kv: float | None, weights: tuple[int, int] | None = None) -> dict:
-    ctx = {"prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1]},
-           "decode": {"ratio": decode[0], "ratio_ci": [decode[1], decode[2]]}, "kv": {"ratio": kv}}
-    speed: dict[str, Any] = {"contexts": {"64": {**ctx, "decode": {"ratio": 9.0, "ratio_ci": [9.0, 9.0]}},
-                                          "256": ctx}}
+    ctx = {
+        "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1]},
+        "decode": {"ratio": decode[0], "ratio_ci": [decode[1], decode[2]]},
+        "kv": {"ratio": kv},
+    }
+    speed: dict[str, Any] = {"contexts": {"64": {**ctx, "decode": {"ratio": 9.0, "ratio_ci": [9.0, 9.0]}}, "256": ctx}}
     if weights:
         speed["weights_bytes"] = {"reference": weights[0], "candidate": weights[1]}
     return speed
@@ -285,7 +335,7 @@ def test_a_slower_lever_gets_no_speed_goal() -> None:
     assert any("decode @256: not shown faster here (x0.86, lower bound 0.80)" in n for n in s["notes"])
 
 
-CAL_GATE = '''
+CAL_GATE = """
 import pytest
 from pytest_mlxgate import assert_faster, assert_kl_below, assert_smaller
 
@@ -302,15 +352,17 @@ def test_drift(paired):
 
 def test_speed(paired):
     {speed}
-'''
+"""
 
 
 @pytest.mark.slow  # three pytester sessions on the tiny model
 def test_calibration_measures_suggests_and_its_suggestions_pass_the_gate(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     pytester.makeini("[pytest]\n")
-    pytester.makepyfile(test_kv=CAL_GATE.format(drift="pytest.fail('no limits yet')",
-                                                speed="pytest.fail('no goals yet')"))
+    pytester.makepyfile(
+        test_kv=CAL_GATE.format(drift="pytest.fail('no limits yet')", speed="pytest.fail('no goals yet')")
+    )
     report, db = tmp_path / "r.json", tmp_path / "h.sqlite"
     common = [f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "--mlx-allow-untrained"]
     result = pytester.runpytest_subprocess(*common, "--mlx-calibrate", f"--mlx-report={report}", f"--mlx-db={db}")
@@ -318,7 +370,11 @@ def test_calibration_measures_suggests_and_its_suggestions_pass_the_gate(
     out = result.stdout.str()
     assert "mlxgate calibration" in out and "test_kv.py — calibration, no verdict" in out
     assert "A/A: reference arm with prefill chunk" in out and "speed (both arms interleaved)" in out
-    code = [line.strip() for line in out.splitlines() if line.strip().startswith(("assert_kl_below(", "assert_faster(", "assert_smaller("))]
+    code = [
+        line.strip()
+        for line in out.splitlines()
+        if line.strip().startswith(("assert_kl_below(", "assert_faster(", "assert_smaller("))
+    ]
     assert code and code[0].startswith("assert_kl_below(paired, mean=")
     assert "this lever breaks the model" not in out  # 4-bit KV keeps the tiny model: within the quality bounds
     assert "known-bad step" in out and "--mlx-lever kv4 --mlx-ref-value plain --mlx-cand-value 2" in out

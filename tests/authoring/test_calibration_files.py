@@ -68,8 +68,12 @@ def _skipped_here(module: Path) -> str | None:
 
 def test_the_project_s_gates_with_limits_are_the_ones_expected() -> None:
     """The parametrization below is not vacuous: it covers every gate module with a limit."""
-    assert {p.name for p in WITH_LIMITS} >= {"test_attention.py", "test_kv_cache.py", "test_weights.py",
-                                             "test_custom_kernel.py"}
+    assert {p.name for p in WITH_LIMITS} >= {
+        "test_attention.py",
+        "test_kv_cache.py",
+        "test_weights.py",
+        "test_custom_kernel.py",
+    }
     assert "test_snapshot.py" not in {p.name for p in WITH_LIMITS}
 
 
@@ -80,10 +84,14 @@ def test_every_gate_s_limits_keep_the_rule_against_its_calibration_file(module: 
     if findings.missing:
         reason = _skipped_here(module)
         if reason is None:
-            pytest.fail(f"{shown} has limits but no calibration file ({findings.file}): run {findings.refresh} "
-                        "and commit the file it writes")
-        pytest.skip(f"{shown}: no calibration file, and it does not run here ({reason}); calibrate it where it "
-                    f"runs: {findings.refresh}")
+            pytest.fail(
+                f"{shown} has limits but no calibration file ({findings.file}): run {findings.refresh} "
+                "and commit the file it writes"
+            )
+        pytest.skip(
+            f"{shown}: no calibration file, and it does not run here ({reason}); calibrate it where it "
+            f"runs: {findings.refresh}"
+        )
     if findings.stale:
         warnings.warn(StaleCalibrationWarning(findings.stale_text()), stacklevel=1)
     assert not findings.problems, findings.problem_text()
@@ -122,6 +130,7 @@ def _sci(x: float) -> str:
 
 
 # -- the check fails what it should -------------------------------------------------------------------
+
 
 @pytest.fixture
 def kv_gate(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
@@ -184,8 +193,9 @@ def test_limits_that_pass_the_known_bad_variant_fail(kv_gate: tuple[Path, dict[s
     limit = min(QUALITY_BOUNDS["mean"], bad_lower * 2)  # loose enough for the known-bad, within the quality bound
     _plant(module, f"assert_kl_below(paired, mean={limit:.3g})")
     problems = module_findings(module).problems
-    assert any(p.startswith("KNOWN_BAD = {'bits': 4") and "is not shown to fail the gate's KL limits" in p
-               for p in problems), problems
+    assert any(
+        p.startswith("KNOWN_BAD = {'bits': 4") and "is not shown to fail the gate's KL limits" in p for p in problems
+    ), problems
 
 
 def test_a_limit_beyond_the_quality_bounds_fails(kv_gate: tuple[Path, dict[str, Any]]) -> None:
@@ -214,8 +224,10 @@ def test_a_check_of_one_test_reads_only_that_test_s_limits(kv_gate: tuple[Path, 
 
 # -- stale ----------------------------------------------------------------------------------------------
 
+
 def test_a_calibration_measured_on_other_serving_code_is_stale_and_names_the_command(
-        kv_gate: tuple[Path, dict[str, Any]]) -> None:
+    kv_gate: tuple[Path, dict[str, Any]],
+) -> None:
     module, doc = kv_gate
     doc["serving_code"]["files"]["kl/arms.py"] = "0" * 64
     calibration_path(module).write_text(json.dumps(doc))
@@ -230,24 +242,34 @@ def test_a_calibration_of_another_lever_or_sizes_is_stale(kv_gate: tuple[Path, d
     module, _ = kv_gate
     module.write_text(module.read_text().replace("mlx_kl(prompts=16,", "mlx_kl(prompts=32,"))
     assert [s for s in module_findings(module).stale if "the gate's own declarations changed since (pytestmark)" in s]
-    module.write_text(module.read_text().replace("mlx_kl(prompts=32,", "mlx_kl(prompts=16,").replace(
-        'KNOWN_BAD = {"bits": 4,', 'KNOWN_BAD = {"bits": 3,'))
+    module.write_text(
+        module.read_text()
+        .replace("mlx_kl(prompts=32,", "mlx_kl(prompts=16,")
+        .replace('KNOWN_BAD = {"bits": 4,', 'KNOWN_BAD = {"bits": 3,')
+    )
     assert [s for s in module_findings(module).stale if "(KNOWN_BAD)" in s]
 
 
 def test_a_limit_change_docstring_or_formatting_does_not_make_a_calibration_stale(
-        kv_gate: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    kv_gate: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     module, _ = kv_gate
-    module.write_text(module.read_text().replace('"""Gate:', '"""Gate (reworded):', 1)
-                      .replace("top1=0.", "top1 = 0.").replace("\nKNOWN_BAD", "\n# a comment\nKNOWN_BAD"))
+    module.write_text(
+        module.read_text()
+        .replace('"""Gate:', '"""Gate (reworded):', 1)
+        .replace("top1=0.", "top1 = 0.")
+        .replace("\nKNOWN_BAD", "\n# a comment\nKNOWN_BAD")
+    )
     assert module_findings(module).stale == []
     source = tmp_path / "arms.py"
     source.write_text('"""Doc."""\nimport math\n\ndef f(x):\n    return math.exp(x) + 1\n')
     before = source_digest(source)
     # reworded, reformatted, typed, the import moved into the function: the same computation
-    source.write_text('"""Another doc."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import os\n\n\n'
-                      'def f( x: float ) -> float:  # same code\n    """Its doc."""\n    import math\n\n'
-                      '    return (math.exp(x) + 1)\n')
+    source.write_text(
+        '"""Another doc."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import os\n\n\n'
+        'def f( x: float ) -> float:  # same code\n    """Its doc."""\n    import math\n\n'
+        "    return (math.exp(x) + 1)\n"
+    )
     assert source_digest(source) == before
     source.write_text('"""Doc."""\nimport math\n\ndef f(x):\n    return math.exp(x) + 2\n')
     assert source_digest(source) != before
@@ -268,10 +290,15 @@ def test_the_serving_code_digest_names_files_that_exist() -> None:
 
 # -- the file ---------------------------------------------------------------------------------------------
 
+
 def _doc(**over: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"suggested": {"z": 1, "a": 2}, "calibration_format": FORMAT, "module": "gates/test_x.py",
-                           "drift": {"metrics": {"mean": {"value": 1e-3, "lower": 5e-4, "upper": float("nan")}}},
-                           "aa_floor": {"mean": 1e-8}}
+    doc: dict[str, Any] = {
+        "suggested": {"z": 1, "a": 2},
+        "calibration_format": FORMAT,
+        "module": "gates/test_x.py",
+        "drift": {"metrics": {"mean": {"value": 1e-3, "lower": 5e-4, "upper": float("nan")}}},
+        "aa_floor": {"mean": 1e-8},
+    }
     doc["drift"]["metrics"]["mean"]["upper"] = 2e-3
     doc.update(over)
     return doc
@@ -289,12 +316,16 @@ def test_the_file_is_written_in_one_order_every_time(tmp_path: Path) -> None:
     assert b"NaN" not in render(_doc(extra={"x": float("nan")}))
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"drift": {"metrics": {"mean": {"value": 1e-3, "lower": None, "upper": None}}}}, "no 95% interval"),
-    ({"aa_floor": {}}, "no A/A floor"),
-])
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"drift": {"metrics": {"mean": {"value": 1e-3, "lower": None, "upper": None}}}}, "no 95% interval"),
+        ({"aa_floor": {}}, "no A/A floor"),
+    ],
+)
 def test_a_measurement_with_nothing_to_check_against_never_replaces_a_file(
-        tmp_path: Path, change: dict[str, Any], words: str) -> None:
+    tmp_path: Path, change: dict[str, Any], words: str
+) -> None:
     path = tmp_path / "calibration" / "test_x.json"
     write_calibration(path, _doc())
     good = path.read_bytes()
@@ -322,9 +353,16 @@ floor_value = st.floats(min_value=0.0, max_value=1e-3, allow_nan=False)
 
 @given(mean=kl_bound, p99=kl_bound, miss=st.floats(min_value=1e-4, max_value=0.3), floor=floor_value)
 def test_every_suggested_limit_keeps_the_check_unless_its_note_says_the_floor_is_too_close(
-        mean: float, p99: float, miss: float, floor: float) -> None:
-    kl = {"mean": mean / 2, "mean_ci": [mean / 4, mean], "p99": p99 / 2, "quantile_ci": {"p99": [p99 / 4, p99]},
-          "top1": 1 - miss / 2, "top1_ci": [1 - miss, 1.0]}
+    mean: float, p99: float, miss: float, floor: float
+) -> None:
+    kl = {
+        "mean": mean / 2,
+        "mean_ci": [mean / 4, mean],
+        "p99": p99 / 2,
+        "quantile_ci": {"p99": [p99 / 4, p99]},
+        "top1": 1 - miss / 2,
+        "top1_ci": [1 - miss, 1.0],
+    }
     floors = {"mean": floor, "p99": floor * 3, "top1": 1 - floor}
     s = suggest_limits(kl, floors, None)
     bounds = {"mean": mean, "p99": p99, "top1": 1 - miss}
@@ -334,8 +372,11 @@ def test_every_suggested_limit_keeps_the_check_unless_its_note_says_the_floor_is
         assert problems == [] or (floor_noted and all("A/A floor" in p for p in problems)), (key, limit, problems)
 
 
-@given(key=st.sampled_from(["mean", "p99", "p90", "top1"]), bound=st.floats(min_value=1e-9, max_value=0.3),
-       floor=floor_value)
+@given(
+    key=st.sampled_from(["mean", "p99", "p90", "top1"]),
+    bound=st.floats(min_value=1e-9, max_value=0.3),
+    floor=floor_value,
+)
 def test_the_tightest_accepted_limit_is_accepted_and_a_tighter_one_is_not(key: str, bound: float, floor: float) -> None:
     lever_bound, floor_at = (1 - bound, 1 - floor) if key == "top1" else (bound, floor)
     least = least_kl_limit(key, lever_bound, floor_at)
@@ -349,21 +390,29 @@ def test_the_tightest_accepted_limit_is_accepted_and_a_tighter_one_is_not(key: s
 
 
 def test_a_known_bad_variant_is_caught_only_when_its_interval_is_beyond_a_limit() -> None:
-    drift = {"metrics": {"mean": {"value": 0.1, "lower": 0.05, "upper": 0.2},
-                         "top1": {"value": 0.8, "lower": 0.7, "upper": 0.9}}}
+    drift = {
+        "metrics": {
+            "mean": {"value": 0.1, "lower": 0.05, "upper": 0.2},
+            "top1": {"value": 0.8, "lower": 0.7, "upper": 0.9},
+        }
+    }
     assert known_bad_verdict(drift, [Limit("t", "assert_kl_below", "mean", 0.01)])[0] == "fail"
     assert known_bad_verdict(drift, [Limit("t", "assert_kl_below", "mean", 0.1)])[0] == "inconclusive"
     assert known_bad_verdict(drift, [Limit("t", "assert_kl_below", "mean", 0.5)])[0] == "pass"
     assert known_bad_verdict(drift, [Limit("t", "assert_kl_below", "top1", 0.95)])[0] == "fail"
-    assert known_bad_verdict(drift, [Limit("t", "assert_kl_below", "top1", 0.5),
-                                     Limit("t", "assert_kl_below", "mean", 0.01)])[0] == "fail"
+    assert (
+        known_bad_verdict(
+            drift, [Limit("t", "assert_kl_below", "top1", 0.5), Limit("t", "assert_kl_below", "mean", 0.01)]
+        )[0]
+        == "fail"
+    )
     assert known_bad_verdict(drift, [Limit("t", "assert_kl_below", "top1", 0.5)])[0] == "pass"
     assert math.isclose(QUALITY_BOUNDS["top1"], 0.3)
 
 
 # -- on the tiny model: --mlx-calibrate writes the file, --mlx-aa reads it --------------------------------
 
-TINY_GATE = '''
+TINY_GATE = """
 import pytest
 from pytest_mlxgate import assert_faster, assert_kl_below
 
@@ -378,12 +427,13 @@ KNOWN_BAD = {known_bad}
 
 def test_drift(paired):
     {drift}
-'''
+"""
 
 
 @pytest.mark.slow  # pytester sessions on the tiny model
 def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path
+) -> None:
     pytester.makeini("[pytest]\n")
     common = [f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "--mlx-allow-untrained", "--mlx-db=off"]
     gate = pytester.path / "test_kv.py"
@@ -392,8 +442,9 @@ def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
 
     result = pytester.runpytest_subprocess(*common, "--mlx-calibrate")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*known-bad KNOWN_BAD = 2: mean KL *",
-                                 "*calibration file: calibration/test_kv.json written*"])
+    result.stdout.fnmatch_lines(
+        ["*known-bad KNOWN_BAD = 2: mean KL *", "*calibration file: calibration/test_kv.json written*"]
+    )
     doc = json.loads(path.read_text())
     assert doc["module"] == "test_kv.py" and doc["model"]["commit"] and doc["machine"]["device"] == "cpu"
     assert doc["drift"]["n_prompts"] == 4 and doc["drift"]["metrics"]["mean"]["upper"] is not None
@@ -404,26 +455,38 @@ def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
     # a quick look at other sizes suggests, but leaves the file as it was
     result = pytester.runpytest_subprocess(*common, "--mlx-calibrate", "--mlx-kl-prompts=2")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*calibration file: calibration/test_kv.json not written: --mlx-kl-prompts made "
-                                 "this another measurement than the gate's own*(the one there is kept)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*calibration file: calibration/test_kv.json not written: --mlx-kl-prompts made "
+            "this another measurement than the gate's own*(the one there is kept)"
+        ]
+    )
     assert path.read_bytes() == good
     # a known-bad variant that cannot be measured fails the calibration, and the file stays too
     gate.write_text(TINY_GATE.format(known_bad='"plain"', drift="pytest.fail('no limits yet')"))
     result = pytester.runpytest_subprocess(*common, "--mlx-calibrate")
     result.assert_outcomes(errors=1)
     assert "During handling of the above exception" not in result.stdout.str()
-    result.stdout.fnmatch_lines(["*the known-bad variant KNOWN_BAD = 'plain' could not be measured, so the "
-                                 "calibration file was not written (calibration/test_kv.json is left as it was)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*the known-bad variant KNOWN_BAD = 'plain' could not be measured, so the "
+            "calibration file was not written (calibration/test_kv.json is left as it was)*"
+        ]
+    )
     assert path.read_bytes() == good
 
     # --mlx-aa: limits the file shows wrong fail before any arm runs, saying which and how to fix them
     gate.write_text(TINY_GATE.format(known_bad="2", drift="assert_kl_below(paired, mean=1e-12)"))
     result = pytester.runpytest_subprocess(*common, "--mlx-aa")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*test_kv.py: its limits break the calibration rule against *test_kv.json:",
-                                 "*mean=1e-12: the lever's 95% bound * is beyond it, so the gate does not pass the "
-                                 "lever it was calibrated on*",
-                                 "*fix: set the limits the calibration suggests*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_kv.py: its limits break the calibration rule against *test_kv.json:",
+            "*mean=1e-12: the lever's 95% bound * is beyond it, so the gate does not pass the "
+            "lever it was calibrated on*",
+            "*fix: set the limits the calibration suggests*",
+        ]
+    )
     # limits that keep the rule (the tightest the check accepts for this file; the untrained tiny model's
     # top-1 A/A floor is too noisy for any top-1 limit): the A/A run goes on to its floor check
     metrics, floors = doc["drift"]["metrics"], doc["aa_floor"]
@@ -431,8 +494,9 @@ def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
     assert None not in least.values(), least
     drift = "assert_kl_below(paired, " + ", ".join(f"{k}={v!r}" for k, v in least.items()) + ")"
     gate.write_text(TINY_GATE.format(known_bad="2", drift=drift))
-    result = pytester.runpytest_subprocess(*common, "--mlx-aa", "-W",
-                                           "error::pytest_mlxgate.errors.StaleCalibrationWarning")
+    result = pytester.runpytest_subprocess(
+        *common, "--mlx-aa", "-W", "error::pytest_mlxgate.errors.StaleCalibrationWarning"
+    )
     result.assert_outcomes(passed=1)
     # a stale file: the same run warns, naming the command that refreshes it
     stale = json.loads(good)
@@ -440,8 +504,12 @@ def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
     path.write_text(json.dumps(stale))
     result = pytester.runpytest_subprocess(*common, "--mlx-aa")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*StaleCalibrationWarning: *test_kv.json is stale: the serving code changed since "
-                                 "it was measured (serving/caches.py;*refresh it: pytest test_kv.py --mlx-calibrate"])
+    result.stdout.fnmatch_lines(
+        [
+            "*StaleCalibrationWarning: *test_kv.json is stale: the serving code changed since "
+            "it was measured (serving/caches.py;*refresh it: pytest test_kv.py --mlx-calibrate"
+        ]
+    )
     # no file at all: --mlx-aa as before, silently
     path.unlink()
     result = pytester.runpytest_subprocess(*common, "--mlx-aa")

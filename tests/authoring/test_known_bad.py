@@ -24,10 +24,12 @@ def rms_norm_without_the_root(x, weight, eps, *, stream=None):
     return (x / (ms + eps) * weight).astype(x.dtype)
 '''
 
-NORM_LEVER = ('pytest.mark.mlx_lever("norm", patch="mlx.core.fast.rms_norm", '
-              'ref="pytest_mlxgate.reference_ops:rms_norm", cand=None)')
+NORM_LEVER = (
+    'pytest.mark.mlx_lever("norm", patch="mlx.core.fast.rms_norm", '
+    'ref="pytest_mlxgate.reference_ops:rms_norm", cand=None)'
+)
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below, assert_known_bad_fails
 
@@ -42,7 +44,7 @@ def test_drift(paired):
 
 def test_known_bad(paired):
     assert_known_bad_fails(paired, KNOWN_BAD, test_drift)
-'''
+"""
 
 BAD = "kb_kernels:rms_norm_without_the_root"
 CASES = {
@@ -56,29 +58,48 @@ CASES = {
     "badvalue": (NORM_LEVER, 4, "not a name!", "assert_kl_below(paired, mean=1e-3)"),
     "undeclared": (NORM_LEVER, 4, None, "assert_kl_below(paired, mean=1e-3)"),
     # gates/test_kv_cache.py's and gates/test_weights.py's forms: fewer bits as the known-bad
-    "kv": ('pytest.mark.mlx_lever("kv", kv=True, ref="plain", cand={"bits": 8, "group_size": 64}, path="serving")',
-           4, 2, "assert_kl_below(paired, mean=1e-4, p99=1e-3)"),
-    "weights": ('pytest.mark.mlx_lever("weights", weights=True, ref=None, cand={"bits": 8, "group_size": 64})',
-                4, {"bits": 2, "group_size": 64}, "assert_kl_below(paired, mean=1e-3, p99=1e-2)"),
+    "kv": (
+        'pytest.mark.mlx_lever("kv", kv=True, ref="plain", cand={"bits": 8, "group_size": 64}, path="serving")',
+        4,
+        2,
+        "assert_kl_below(paired, mean=1e-4, p99=1e-3)",
+    ),
+    "weights": (
+        'pytest.mark.mlx_lever("weights", weights=True, ref=None, cand={"bits": 8, "group_size": 64})',
+        4,
+        {"bits": 2, "group_size": 64},
+        "assert_kl_below(paired, mean=1e-3, p99=1e-2)",
+    ),
 }
 
 
 @pytest.mark.slow  # two pytester sessions on the tiny model, ten gate modules
 def test_a_known_bad_test_passes_only_when_the_drift_test_fails_its_variant(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     pytester.makeini("[pytest]\n")
     (pytester.path / "kb_kernels.py").write_text(BROKEN_KERNELS)
     for name, (lever, prompts, known_bad, drift) in CASES.items():
-        pytester.makepyfile(**{f"test_{name}": GATE.format(lever=lever, prompts=prompts, known_bad=known_bad,
-                                                           drift=drift)})
+        pytester.makepyfile(
+            **{f"test_{name}": GATE.format(lever=lever, prompts=prompts, known_bad=known_bad, drift=drift)}
+        )
     report = tmp_path / "r.json"
     common = [f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "--mlx-db=off", "-rA"]
     result = pytester.runpytest_subprocess(*common, f"--mlx-report={report}", "-k", "test_known_bad")
-    outcomes = {line.split(" ")[1].split("::")[0][5:-3]: line.split(" ")[0]
-                for line in result.outlines if line.startswith(("PASSED ", "FAILED ", "ERROR "))}
-    assert outcomes == {"caught": "PASSED", "kv": "PASSED", "weights": "PASSED", **{
-        name: "FAILED" for name in ("loose", "nolimits", "inconclusive", "plainassert", "isref", "badvalue",
-                                    "undeclared")}}, result.stdout.str()
+    outcomes = {
+        line.split(" ")[1].split("::")[0][5:-3]: line.split(" ")[0]
+        for line in result.outlines
+        if line.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
+    assert outcomes == {
+        "caught": "PASSED",
+        "kv": "PASSED",
+        "weights": "PASSED",
+        **{
+            name: "FAILED"
+            for name in ("loose", "nolimits", "inconclusive", "plainassert", "isref", "badvalue", "undeclared")
+        },
+    }, result.stdout.str()
     out = result.stdout.str()
     assert "Traceback" not in out
     for words in [
@@ -107,7 +128,8 @@ def test_a_known_bad_test_passes_only_when_the_drift_test_fails_its_variant(
 @pytest.mark.slow  # a pytester session (it stops before any arm runs)
 def test_an_acceptance_without_a_reason_fails_the_calibration(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
     pytester.makeini("[pytest]\n")
-    pytester.makepyfile(test_g=f'''
+    pytester.makepyfile(
+        test_g=f"""
 import pytest
 
 pytestmark = [{NORM_LEVER}, pytest.mark.mlx_calibrate(accept_broken="")]
@@ -115,10 +137,13 @@ pytestmark = [{NORM_LEVER}, pytest.mark.mlx_calibrate(accept_broken="")]
 
 def test_drift(paired):
     pass
-''')
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off",
-                                           "--mlx-calibrate")
+"""
+    )
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off", "--mlx-calibrate"
+    )
     result.assert_outcomes(errors=1)  # the paired fixture refuses it, saying why
-    result.stdout.fnmatch_lines(["*marker mlx_calibrate on test_g.py::test_drift: accept_broken='': give the reason "
-                                 "as text*"])
+    result.stdout.fnmatch_lines(
+        ["*marker mlx_calibrate on test_g.py::test_drift: accept_broken='': give the reason as text*"]
+    )
     assert "Traceback" not in result.stdout.str()

@@ -13,7 +13,7 @@ import pytest
 if TYPE_CHECKING:
     from pytest_mlxgate.capability.result import CapabilityRun
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_capability_at_least
 
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", c
 
 def test_capability(paired):
     assert_capability_at_least(paired, "mmlu", {bounds}, n=8)
-'''
+"""
+
 
 @pytest.fixture
 def gate_dir(pytester: pytest.Pytester) -> pytest.Pytester:
@@ -37,8 +38,9 @@ def test_a_capability_gate_pairs_both_arms_and_reports_the_capability_score(
     # 8 agreeing items bound a drop at 25.3 points (one-sided 95%): a 30-point margin is shown
     gate_dir.makepyfile(test_cap=GATE.format(bounds="max_drop=0.3"))
     report = tmp_path / "cap.json"
-    result = gate_dir.runpytest_subprocess("--mlx-offline", f"--mlx-report={report}", "--mlx-db=off",
-                                           "-p", "no:randomly")
+    result = gate_dir.runpytest_subprocess(
+        "--mlx-offline", f"--mlx-report={report}", "--mlx-db=off", "-p", "no:randomly"
+    )
     result.assert_outcomes(passed=1)
     records = {r["mode"]: r for r in json.loads(report.read_text())["gates"]}
     cap = records["capability"]
@@ -60,27 +62,44 @@ def test_a_floor_the_candidate_cannot_clear_fails_with_scores_and_n(gate_dir: py
     gate_dir.makepyfile(test_cap=GATE.format(bounds="floor=0.95"))
     result = gate_dir.runpytest_subprocess("--mlx-offline", "--mlx-db=off", "-p", "no:randomly")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*capability gate failed (regression shown): test_cap.py::test_capability",
-        "*mmlu: fail: the candidate's score is shown below the floor: one-sided 95% upper bound *% < floor 95.0% "
-        "(n=8, Wilson score)",
-        "*reference *% (*–*%) → candidate *% (*–*%), n=8 paired items",
-        "*re-run: pytest test_cap.py::test_capability*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*capability gate failed (regression shown): test_cap.py::test_capability",
+            "*mmlu: fail: the candidate's score is shown below the floor: one-sided 95% upper bound *% < floor 95.0% "
+            "(n=8, Wilson score)",
+            "*reference *% (*–*%) → candidate *% (*–*%), n=8 paired items",
+            "*re-run: pytest test_cap.py::test_capability*",
+        ]
+    )
 
 
-def _run(ref: list[int], cand: list[int]) -> "CapabilityRun":
+def _run(ref: list[int], cand: list[int]) -> CapabilityRun:
     from pytest_mlxgate.capability.base import Item, ItemResult
     from pytest_mlxgate.capability.result import CapabilityRun
 
     items = [Item(id=f"q{i}", messages=({"role": "user", "content": f"question {i}"},)) for i in range(len(ref))]
 
     def results(scores: list[int], tag: str) -> list[ItemResult]:
-        return [ItemResult(item_id=it.id, prompt_hash="h", output=f"{tag} answer {it.id}", score=float(s),
-                           verdict="correct" if s else "wrong") for it, s in zip(items, scores)]
+        return [
+            ItemResult(
+                item_id=it.id,
+                prompt_hash="h",
+                output=f"{tag} answer {it.id}",
+                score=float(s),
+                verdict="correct" if s else "wrong",
+            )
+            for it, s in zip(items, scores)
+        ]
 
-    return CapabilityRun(task="gsm8k", tier="smoke", graded=False, items=items, reference=results(ref, "ref"),
-                         candidate=results(cand, "cand"), rendered={it.id: f"rendered question {it.id}" for it in items})
+    return CapabilityRun(
+        task="gsm8k",
+        tier="smoke",
+        graded=False,
+        items=items,
+        reference=results(ref, "ref"),
+        candidate=results(cand, "cand"),
+        rendered={it.id: f"rendered question {it.id}" for it in items},
+    )
 
 
 def test_a_real_drop_on_paired_items_fails_with_discordant_counts_and_flipped_items() -> None:
@@ -93,8 +112,10 @@ def test_a_real_drop_on_paired_items_fails_with_discordant_counts_and_flipped_it
         assert_capability_at_least({"gsm8k": _run(ref, cand)}, "gsm8k", max_drop=0.0)
     text = str(failure.value)
     assert text.startswith("capability gate failed (regression shown)")
-    assert ("gsm8k: fail (regression shown): drop 13.3 points is more than the allowed 0.0 points; n=60 bounds it "
-            "from below at 5.5 points (one-sided p=0.0107 < alpha, exact-mcnemar)") in text
+    assert (
+        "gsm8k: fail (regression shown): drop 13.3 points is more than the allowed 0.0 points; n=60 bounds it "
+        "from below at 5.5 points (one-sided p=0.0107 < alpha, exact-mcnemar)"
+    ) in text
     assert "discordant: 9 lost, 1 gained" in text
     assert "reference 50.0% (" in text and "candidate 36.7% (" in text and "n=60 paired items" in text
     assert text.count("flipped q") == 3 and "reference correct 'ref answer q0'" in text

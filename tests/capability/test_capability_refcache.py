@@ -18,8 +18,13 @@ from pytest_mlxgate.common.keys import canonical_json
 from pytest_mlxgate.common.refstore import EntryStore, seal, unseal
 from pytest_mlxgate.levers.lever import Lever
 
-BASE = {"model": "org/tiny@" + "0" * 40, "tokenizer": "t", "dtype": "float32", "machine": {"device": "cpu"},
-        "lever": "ref-value"}
+BASE = {
+    "model": "org/tiny@" + "0" * 40,
+    "tokenizer": "t",
+    "dtype": "float32",
+    "machine": {"device": "cpu"},
+    "lever": "ref-value",
+}
 
 
 @pytest.fixture
@@ -47,8 +52,16 @@ def _run(s: dict[str, Any], *, key: dict[str, Any] | None = None, **kw: Any) -> 
     s["arms"].clear()
     opts: dict[str, Any] = {"n": None, "max_new_tokens": None, **kw}
     tier = opts.pop("tier", "full")
-    return runner.run_capability("cached", tier, reference=s["model"], candidate=s["model"], lever=lever,
-                                 reference_cache=s["cache"], reference_key=key or BASE, **opts)
+    return runner.run_capability(
+        "cached",
+        tier,
+        reference=s["model"],
+        candidate=s["model"],
+        lever=lever,
+        reference_cache=s["cache"],
+        reference_key=key or BASE,
+        **opts,
+    )
 
 
 def test_an_unchanged_gate_runs_only_its_candidate_arm(setup: dict[str, Any]) -> None:
@@ -60,8 +73,9 @@ def test_an_unchanged_gate_runs_only_its_candidate_arm(setup: dict[str, Any]) ->
     assert again.rendered == first.rendered  # reports still show the exact inputs
 
 
-@pytest.mark.parametrize("change", ["model", "lever", "data", "n", "tier", "max_new_tokens", "code", "generation",
-                                    "refresh"])
+@pytest.mark.parametrize(
+    "change", ["model", "lever", "data", "n", "tier", "max_new_tokens", "code", "generation", "refresh"]
+)
 def test_each_key_input_is_a_miss(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     _run(setup)
     kw: dict[str, Any] = {}
@@ -101,8 +115,10 @@ def test_a_damaged_entry_is_a_miss_and_is_rewritten(setup: dict[str, Any]) -> No
     assert _run(setup).reference_source == "cache"  # stored again after the miss
 
 
-RESULTS = [ItemResult(f"item-{i}", f"{i:016x}", f"out {i} é", float(i % 2), ("wrong", "correct")[i % 2],
-                      {"n": i}) for i in range(3)]
+RESULTS = [
+    ItemResult(f"item-{i}", f"{i:016x}", f"out {i} é", float(i % 2), ("wrong", "correct")[i % 2], {"n": i})
+    for i in range(3)
+]
 
 
 def test_every_single_byte_flip_of_an_entry_is_a_miss_said_once(tmp_path: Path) -> None:
@@ -130,9 +146,15 @@ def test_a_broken_document_behind_a_valid_seal_never_raises(tmp_path: Path) -> N
     cache = CapabilityCache(tmp_path, report=lambda line: None)
     path = cache.store(BASE, RESULTS)
     payload = unseal(path.read_bytes())
-    docs = [bytes(payload[:i]) + bytes([payload[i] ^ 0x20]) + payload[i + 1:] for i in range(len(payload))]
-    docs += [b"[]", b"null", b'{"key": 1}', json.dumps({"key": json.loads(canonical_json(BASE)), "results": 7}).encode(),
-             json.dumps({"key": json.loads(canonical_json(BASE)), "results": [{"item_id": 1}] * 3}).encode(), b"\xff\xfe"]
+    docs = [bytes(payload[:i]) + bytes([payload[i] ^ 0x20]) + payload[i + 1 :] for i in range(len(payload))]
+    docs += [
+        b"[]",
+        b"null",
+        b'{"key": 1}',
+        json.dumps({"key": json.loads(canonical_json(BASE)), "results": 7}).encode(),
+        json.dumps({"key": json.loads(canonical_json(BASE)), "results": [{"item_id": 1}] * 3}).encode(),
+        b"\xff\xfe",
+    ]
     for doc in docs:
         path.write_bytes(seal(doc))
         got = cache.load(BASE, 3)  # must not raise
@@ -150,11 +172,15 @@ def test_task_code_digest_covers_the_task_classes_bases(tmp_path: Path, monkeypa
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
     assert refcache.task_code_digest(mmlu.TASK) == sha(mmlu.__file__)  # one file: exactly its bytes, as before
-    assert refcache.task_code_digest(arc_easy.TASK) not in (sha(arc_easy.__file__), refcache.task_code_digest(piqa.TASK))
+    assert refcache.task_code_digest(arc_easy.TASK) not in (
+        sha(arc_easy.__file__),
+        refcache.task_code_digest(piqa.TASK),
+    )
     base = tmp_path / "mlxgate_digest_base.py"
     base.write_text("class Base:\n    def score(self): return 1\n")
     (tmp_path / "mlxgate_digest_task.py").write_text(
-        "from mlxgate_digest_base import Base\nclass Task(Base):\n    pass\n")
+        "from mlxgate_digest_base import Base\nclass Task(Base):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         import mlxgate_digest_task  # type: ignore[import-not-found]

@@ -53,8 +53,14 @@ def _mc_slack(p: float, sims: int) -> float:
 
 @pytest.mark.parametrize(
     "p, expected",
-    [(0.975, 1.959963984540054), (0.95, 1.6448536269514722), (0.8, 0.8416212335729143),
-     (0.999, 3.090232306167813), (0.5, 0.0), (1e-10, -6.361340902404056)],
+    [
+        (0.975, 1.959963984540054),
+        (0.95, 1.6448536269514722),
+        (0.8, 0.8416212335729143),
+        (0.999, 3.090232306167813),
+        (0.5, 0.0),
+        (1e-10, -6.361340902404056),
+    ],
 )
 def test_normal_quantile_matches_the_table(p: float, expected: float) -> None:
     assert normal_quantile(p) == pytest.approx(expected, rel=1e-12, abs=1e-15)
@@ -104,8 +110,14 @@ def test_wilson_lower_is_one_sided() -> None:
 
 @pytest.mark.parametrize(
     "b, c, expected",
-    [(7, 1, Fraction(1 + 8, 256)), (5, 0, Fraction(1, 32)), (3, 3, Fraction(20 + 15 + 6 + 1, 64)),
-     (0, 4, Fraction(1)), (1, 0, Fraction(1, 2)), (10, 2, Fraction(1 + 12 + 66, 4096))],
+    [
+        (7, 1, Fraction(1 + 8, 256)),
+        (5, 0, Fraction(1, 32)),
+        (3, 3, Fraction(20 + 15 + 6 + 1, 64)),
+        (0, 4, Fraction(1)),
+        (1, 0, Fraction(1, 2)),
+        (10, 2, Fraction(1 + 12 + 66, 4096)),
+    ],
 )
 def test_mcnemar_exact_by_hand(b: int, c: int, expected: Fraction) -> None:
     assert mcnemar_exact_p(b, c) == pytest.approx(float(expected), rel=1e-12)
@@ -144,8 +156,14 @@ def _brute_force_z(b: int, c: int, n: int, delta: float) -> float:
 
 @pytest.mark.parametrize(
     "b, c, n, delta",
-    [(13, 9, 300, 0.02), (1, 7, 21, -0.1), (40, 20, 160, 0.05), (5, 0, 100, 0.01), (0, 6, 80, 0.03),
-     (30, 25, 60, -0.2)],
+    [
+        (13, 9, 300, 0.02),
+        (1, 7, 21, -0.1),
+        (40, 20, 160, 0.05),
+        (5, 0, 100, 0.01),
+        (0, 6, 80, 0.03),
+        (30, 25, 60, -0.2),
+    ],
 )
 def test_score_z_restricted_mle_matches_brute_force(b: int, c: int, n: int, delta: float) -> None:
     assert score_z(b, c, n, delta) == pytest.approx(_brute_force_z(b, c, n, delta), abs=1e-4)
@@ -163,8 +181,13 @@ def test_tango_interval_matches_fagerland_2014() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 200).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n)).flatmap(
-    lambda t: st.tuples(st.just(t[0]), st.just(t[1]), st.integers(0, t[0] - t[1])))))
+@given(
+    st.integers(1, 200).flatmap(
+        lambda n: st.tuples(st.just(n), st.integers(0, n)).flatmap(
+            lambda t: st.tuples(st.just(t[0]), st.just(t[1]), st.integers(0, t[0] - t[1]))
+        )
+    )
+)
 def test_score_z_decreases_in_delta_and_the_interval_holds_the_estimate(t: tuple[int, int, int]) -> None:
     n, b, c = t
     zs = [score_z(b, c, n, d) for d in np.linspace(-0.99, 0.99, 41)]
@@ -175,8 +198,14 @@ def test_score_z_decreases_in_delta_and_the_interval_holds_the_estimate(t: tuple
 
 def test_score_test_size_by_exact_enumeration() -> None:
     # Worst-case places from the module docs: few discordant pairs, mostly losses, at the boundary.
-    for n, max_drop, pd in [(300, 0.01, 0.015), (100, 0.02, 0.05), (300, 0.02, 0.03), (300, 0.02, 0.10),
-                            (1000, 0.01, 0.5), (50, 0.05, 0.3)]:
+    for n, max_drop, pd in [
+        (300, 0.01, 0.015),
+        (100, 0.02, 0.05),
+        (300, 0.02, 0.03),
+        (300, 0.02, 0.10),
+        (1000, 0.01, 0.5),
+        (50, 0.05, 0.3),
+    ]:
         size = power_binary_exact(n, pd, max_drop, max_drop=max_drop)
         assert size <= ALPHA, (n, max_drop, pd, size)
 
@@ -200,8 +229,9 @@ def test_power_binary_exact_agrees_with_enumerating_every_table() -> None:
 # --- size and power by simulation -------------------------------------------------------------------------
 
 
-def _simulate_items(rng: np.random.Generator, n: int, p_ref: float, p_loss: float, p_win: float
-                    ) -> tuple[list[bool], list[bool]]:
+def _simulate_items(
+    rng: np.random.Generator, n: int, p_ref: float, p_loss: float, p_win: float
+) -> tuple[list[bool], list[bool]]:
     """Item-level outcomes: ref correct w.p. p_ref; candidate flips right->wrong / wrong->right."""
     ref = rng.random(n) < p_ref
     u = rng.random(n)
@@ -215,8 +245,9 @@ def test_aa_size_end_to_end(max_drop: float) -> None:
     # Identical true accuracy (A/A), 300 items, 10% discordance: false alarms <= alpha.
     rng = np.random.default_rng(17)
     sims = 1500
-    rejected = sum(drop_exceeds(*_simulate_items(rng, 300, 0.7, 0.05, 0.05), max_drop=max_drop).rejected
-                   for _ in range(sims))
+    rejected = sum(
+        drop_exceeds(*_simulate_items(rng, 300, 0.7, 0.05, 0.05), max_drop=max_drop).rejected for _ in range(sims)
+    )
     assert rejected / sims <= ALPHA + _mc_slack(ALPHA, sims)
 
 
@@ -246,8 +277,7 @@ def test_power_end_to_end_with_a_margin() -> None:
     # A 6-point real drop against a 2-point margin, 10% discordance, 1000 items: caught nearly always.
     rng = np.random.default_rng(23)
     sims = 300
-    hits = sum(drop_exceeds(*_simulate_items(rng, 1000, 0.7, 0.08, 0.02), max_drop=0.02).rejected
-               for _ in range(sims))
+    hits = sum(drop_exceeds(*_simulate_items(rng, 1000, 0.7, 0.08, 0.02), max_drop=0.02).rejected for _ in range(sims))
     assert hits / sims >= 0.95
 
 
@@ -279,8 +309,7 @@ def _skewed(rng: np.random.Generator, n: int, frac: float) -> tuple[np.ndarray, 
 
 
 @pytest.mark.slow  # 1000 simulated studies x 499 resamples per case
-@pytest.mark.parametrize("case, seed", [("aa-dense", 1), ("margin-boundary", 2), ("aa-sparse", 3),
-                                        ("aa-skewed", 4)])
+@pytest.mark.parametrize("case, seed", [("aa-dense", 1), ("margin-boundary", 2), ("aa-sparse", 3), ("aa-skewed", 4)])
 def test_graded_size(case: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     sims = 1000
@@ -306,8 +335,10 @@ def test_graded_power() -> None:
     # A 3-point mean drop, 30% of 300 items changed, margin 0: caught >= 85% of the time (measured 92%).
     rng = np.random.default_rng(2)
     sims = 400
-    hits = sum(drop_test_graded(*_graded(rng, 300, 0.03, 0.3), max_drop=0.0, resamples=499, seed=s).rejected
-               for s in range(sims))
+    hits = sum(
+        drop_test_graded(*_graded(rng, 300, 0.03, 0.3), max_drop=0.0, resamples=499, seed=s).rejected
+        for s in range(sims)
+    )
     assert hits / sims >= 0.85
 
 
@@ -317,8 +348,7 @@ def test_graded_edge_cases_and_direction() -> None:
     assert (same.drop, same.p_value, same.rejected, same.drop_ci) == (0.0, 1.0, False, (0.0, 0.0))
     worse = drop_test_graded(ref, ref - 0.1, max_drop=0.05, resamples=200)  # every item lost 0.1
     assert worse.rejected and worse.drop == pytest.approx(0.1)
-    better = drop_within(ref, np.clip(ref + np.sin(np.arange(50)) * 0.05 + 0.05, 0, 1), max_drop=0.0,
-                         resamples=999)
+    better = drop_within(ref, np.clip(ref + np.sin(np.arange(50)) * 0.05 + 0.05, 0, 1), max_drop=0.0, resamples=999)
     assert better.rejected and better.alternative == "within" and better.drop < 0
     again = drop_test_graded(ref, ref[::-1], max_drop=0.0, resamples=300, seed=9)
     assert again == drop_test_graded(ref, ref[::-1], max_drop=0.0, resamples=300, seed=9)
@@ -370,8 +400,19 @@ def test_drop_test_json_is_strict() -> None:
     doc = t.to_json()
     assert json.loads(json.dumps(doc, allow_nan=False)) == doc
     assert doc["b"] == 1 and doc["c"] == 0 and doc["rejected"] is False
-    odd = DropTest(method="paired-bootstrap", n=3, ref_score=0.5, cand_score=0.4, drop=0.1,
-                   drop_ci=(-math.inf, math.nan), max_drop=0.0, p_value=math.nan, rejected=False, b=None, c=None)
+    odd = DropTest(
+        method="paired-bootstrap",
+        n=3,
+        ref_score=0.5,
+        cand_score=0.4,
+        drop=0.1,
+        drop_ci=(-math.inf, math.nan),
+        max_drop=0.0,
+        p_value=math.nan,
+        rejected=False,
+        b=None,
+        c=None,
+    )
     doc = odd.to_json()
     json.dumps(doc, allow_nan=False)
     assert doc["drop_ci"] == [None, None] and doc["p_value"] is None and doc["b"] is None

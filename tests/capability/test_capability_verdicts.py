@@ -19,11 +19,25 @@ def run_of(ref: list[float], cand: list[float], *, task: str = "gsm8k", graded: 
     items = [Item(id=f"q{i}", text=f"question {i}") for i in range(len(ref))]
 
     def results(scores: list[float], tag: str) -> list[ItemResult]:
-        return [ItemResult(item_id=it.id, prompt_hash="h", output=f"{tag} {it.id}", score=float(s),
-                           verdict="correct" if s >= 1 else "wrong") for it, s in zip(items, scores)]
+        return [
+            ItemResult(
+                item_id=it.id,
+                prompt_hash="h",
+                output=f"{tag} {it.id}",
+                score=float(s),
+                verdict="correct" if s >= 1 else "wrong",
+            )
+            for it, s in zip(items, scores)
+        ]
 
-    return CapabilityRun(task=task, tier="smoke", graded=graded, items=items, reference=results(ref, "ref"),
-                         candidate=results(cand, "cand"))
+    return CapabilityRun(
+        task=task,
+        tier="smoke",
+        graded=graded,
+        items=items,
+        reference=results(ref, "ref"),
+        candidate=results(cand, "cand"),
+    )
 
 
 class FakePaired:
@@ -43,9 +57,19 @@ class FakePaired:
         return self.runs[name]
 
     def publish(self, conclusion: Conclusion) -> None:
-        self.records.append(dict(gate_record(
-            nodeid=self.nodeid, mode=conclusion.mode, verdict=conclusion.verdict, checks=conclusion.checks,
-            bounds=conclusion.bounds, rerun=self.rerun, **conclusion.fields)))
+        self.records.append(
+            dict(
+                gate_record(
+                    nodeid=self.nodeid,
+                    mode=conclusion.mode,
+                    verdict=conclusion.verdict,
+                    checks=conclusion.checks,
+                    bounds=conclusion.bounds,
+                    rerun=self.rerun,
+                    **conclusion.fields,
+                )
+            )
+        )
 
 
 def agree(n: int) -> tuple[list[float], list[float]]:
@@ -68,14 +92,21 @@ def test_pass_needs_the_upper_bound_inside_the_margin_and_says_what_n_would_tell
         assert_capability_at_least(paired, "gsm8k", max_drop=0.10)
     text = str(failure.value)
     assert text.startswith("capability gate inconclusive (nothing shown either way): test_x.py::test_capability")
-    assert ("gsm8k: inconclusive: n=24 bounds the drop at 10.1 points (one-sided 95% upper bound, Tango score), "
-            "above the allowed 10.0 points; observed drop 0.0 points") in text
+    assert (
+        "gsm8k: inconclusive: n=24 bounds the drop at 10.1 points (one-sided 95% upper bound, Tango score), "
+        "above the allowed 10.0 points; observed drop 0.0 points"
+    ) in text
     assert "about 25 items (1 more) at the observed discordance (0 lost, 0 gained in 24) would bound it at 10.0" in text
     assert "an inconclusive gate fails" in text and "re-run: pytest gates/test_x.py::test_capability" in text
     record = paired.records[-1]
     assert record["verdict"] == "inconclusive"
     assert record["checks"][0] | {"upper": None} == record["checks"][0] | {
-        "verdict": "inconclusive", "n": 24, "n_needed": 25, "limit": 0.10, "upper": None}
+        "verdict": "inconclusive",
+        "n": 24,
+        "n_needed": 25,
+        "limit": 0.10,
+        "upper": None,
+    }
     assert record["checks"][0]["upper"] > 0.10 and "passed" not in record["checks"][0]
 
 
@@ -92,8 +123,11 @@ def test_a_regression_is_shown_only_when_the_drop_test_rejects_at_the_margin() -
     assert paired.records[-1]["checks"][0]["verdict"] == "fail"
     # the same 25-point drop against a 20-point margin: neither inside nor shown beyond it
     paired = FakePaired({"gsm8k": run_of(ref, lost)})
-    with pytest.raises(AssertionError, match=r"gsm8k: inconclusive: n=40 bounds the drop at .* above the allowed "
-                                             r"20\.0 points; observed drop 25\.0 points"):
+    with pytest.raises(
+        AssertionError,
+        match=r"gsm8k: inconclusive: n=40 bounds the drop at .* above the allowed "
+        r"20\.0 points; observed drop 25\.0 points",
+    ):
         assert_capability_at_least(paired, "gsm8k", max_drop=0.20)
 
 
@@ -124,12 +158,18 @@ def test_a_floor_passes_fails_or_cannot_tell() -> None:
     ref = [1.0] * 18 + [0.0] * 2
     paired = FakePaired({"gsm8k": run_of(ref, list(ref))})  # 90% of 20: one-sided lower bound 73.8%
     assert_capability_at_least(paired, "gsm8k", floor=0.70)
-    with pytest.raises(AssertionError, match=r"gsm8k: inconclusive: candidate's one-sided 95% lower bound 73\.8% "
-                                             r"< floor 80\.0% ≤ upper bound"):
+    with pytest.raises(
+        AssertionError,
+        match=r"gsm8k: inconclusive: candidate's one-sided 95% lower bound 73\.8% "
+        r"< floor 80\.0% ≤ upper bound",
+    ):
         assert_capability_at_least(FakePaired({"gsm8k": run_of(ref, list(ref))}), "gsm8k", floor=0.80)
     low = [1.0] * 5 + [0.0] * 15  # 25%: one-sided upper bound 44.0%
-    with pytest.raises(AssertionError, match=r"gsm8k: fail: the candidate's score is shown below the floor: one-sided "
-                                             r"95% upper bound 4\d\.\d% < floor 50\.0% \(n=20, Wilson score\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"gsm8k: fail: the candidate's score is shown below the floor: one-sided "
+        r"95% upper bound 4\d\.\d% < floor 50\.0% \(n=20, Wilson score\)",
+    ):
         assert_capability_at_least(FakePaired({"gsm8k": run_of(low, low)}), "gsm8k", floor=0.50)
 
 
@@ -139,8 +179,9 @@ def test_graded_scores_use_the_paired_bootstrap_bounds() -> None:
     paired = FakePaired({"ifeval": run_of(ref, cand, task="ifeval", graded=True)})
     assert_capability_at_least(paired, "ifeval", max_drop=0.15)
     with pytest.raises(AssertionError, match="fail .regression shown.: drop 6.2 points"):
-        assert_capability_at_least(FakePaired({"ifeval": run_of(ref, cand, task="ifeval", graded=True)}),
-                                   "ifeval", max_drop=0.02)
+        assert_capability_at_least(
+            FakePaired({"ifeval": run_of(ref, cand, task="ifeval", graded=True)}), "ifeval", max_drop=0.02
+        )
 
 
 def test_inconclusive_warns_or_xfails_on_request_and_never_passes_silently() -> None:
@@ -167,11 +208,14 @@ def test_a_budget_is_passed_to_the_run_with_the_gates_margin_and_levels() -> Non
     assert paired.records[-1]["bounds"]["budget"] == {"items": 64, "seconds": None, "batch": 8}
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"floor": 0.5, "n": Budget()}, TypeError, "needs max_drop"),
-    ({"max_drop": 0.1, "n": 0}, ValueError, "a positive number of items"),
-    ({"max_drop": 0.1, "n": 2.5}, ValueError, "a positive number of items"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"floor": 0.5, "n": Budget()}, TypeError, "needs max_drop"),
+        ({"max_drop": 0.1, "n": 0}, ValueError, "a positive number of items"),
+        ({"max_drop": 0.1, "n": 2.5}, ValueError, "a positive number of items"),
+    ],
+)
 def test_bad_sizes_are_refused_with_the_fix(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         assert_capability_at_least(FakePaired({}), "gsm8k", **kwargs)

@@ -31,8 +31,13 @@ class Toy(ClozeTask):
     def make_item(self, index: int, row: Any) -> Item:
         if not row["choices"]:
             raise ValueError("no choices")
-        return Item(id=f"toy/{row['id']}", text=f"Q: {row['q']}\nA:", kind="choice",
-                    choices=tuple(f" {c}" for c in row["choices"]), target=row["gold"])
+        return Item(
+            id=f"toy/{row['id']}",
+            text=f"Q: {row['q']}\nA:",
+            kind="choice",
+            choices=tuple(f" {c}" for c in row["choices"]),
+            target=row["gold"],
+        )
 
 
 def toy_rows(n: int) -> list[dict[str, Any]]:
@@ -61,8 +66,9 @@ def test_per_char_normalisation_divides_by_the_continuation_length_with_its_spac
         ("per_char", [-math.inf, -math.inf], "invalid", ""),
     ],
 )
-def test_score_picks_the_argmax(normalization: cloze.Normalization, logprobs: list[float], verdict: str,
-                                output: str) -> None:
+def test_score_picks_the_argmax(
+    normalization: cloze.Normalization, logprobs: list[float], verdict: str, output: str
+) -> None:
     result = Toy([], normalization).score(ITEM, "", choice_logprobs=logprobs)
     assert (result.verdict, result.output, result.score) == (verdict, output, 1.0 if verdict == "correct" else 0.0)
     assert result.detail["gold"] == 1 and result.detail["normalization"] == normalization

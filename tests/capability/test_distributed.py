@@ -58,8 +58,9 @@ def test_ranks_holding_different_items_refuse_to_pair_them() -> None:
         D._agree([a, {**a, "items": "xyz"}], "w")
 
 
-def test_exchange_and_one_rank_are_the_plain_run(tiny_model_dir: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exchange_and_one_rank_are_the_plain_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import mlx.core as mx
     import mlx_lm
 
@@ -106,8 +107,19 @@ def _free_base_port(count: int) -> int:
 
 
 def _launch(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    cmd = [str(LAUNCH), "-n", "2", "--backend", "ring", "--starting-port", str(_free_base_port(2)),
-           "--python", sys.executable, str(SCRIPT), *args]
+    cmd = [
+        str(LAUNCH),
+        "-n",
+        "2",
+        "--backend",
+        "ring",
+        "--starting-port",
+        str(_free_base_port(2)),
+        "--python",
+        sys.executable,
+        str(SCRIPT),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -138,14 +150,17 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> None:
     probe = _launch(["--probe", str(where)], where, timeout=60)
     sums = [where / f"probe{r}.json" for r in range(2)]
     if not all(p.is_file() for p in sums):
-        pytest.skip(f"MLX's ring backend cannot run two local ranks here: mlx.launch exited {probe.returncode}: "
-                    f"{(probe.stderr or probe.stdout).strip()[-800:]}")
+        pytest.skip(
+            f"MLX's ring backend cannot run two local ranks here: mlx.launch exited {probe.returncode}: "
+            f"{(probe.stderr or probe.stdout).strip()[-800:]}"
+        )
     assert [json.loads(p.read_text()) for p in sums] == [{"size": 2, "sum": 2.0}] * 2
 
 
 @pytest.mark.slow  # two mlx.launch jobs (ring backend, 2 local ranks) and the same run in this process: ~20 s
-def test_two_ranks_on_the_ring_backend_equal_one_process_item_by_item(ring: None, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_ranks_on_the_ring_backend_equal_one_process_item_by_item(
+    ring: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import mlx_lm
     from distributed_capability import measure, write_data
     from tinymodel import build_tiny_model
@@ -204,13 +219,16 @@ def test_two_ranks_on_the_ring_backend_equal_one_process_item_by_item(ring: None
     monkeypatch.setattr(user_tasks, "_REGISTRY", {})
     again = measure(models, data, fixed=run_capability, sequential=run_capability_sequential, cache=tmp_path / "cache")
     assert {again["runs"][t]["reference_source"] for t in ("pick", "says")} == {"cache"}
-    assert _without_timings(again, details=False)["runs"]["pick"] == _without_timings(
-        single, details=False)["runs"]["pick"] | {"reference_source": "cache"}
-    print(f"mlx.launch job (2 ranks, incl. start-up) {launched_s:.1f} s, rank 0 measuring {rank0['seconds']:.1f} s; "
-          f"one process measuring {single_s:.1f} s")
+    assert _without_timings(again, details=False)["runs"]["pick"] == _without_timings(single, details=False)["runs"][
+        "pick"
+    ] | {"reference_source": "cache"}
+    print(
+        f"mlx.launch job (2 ranks, incl. start-up) {launched_s:.1f} s, rank 0 measuring {rank0['seconds']:.1f} s; "
+        f"one process measuring {single_s:.1f} s"
+    )
 
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_capability_at_least
 
@@ -222,7 +240,7 @@ register(__import__("pathlib").Path("data"))
 
 def test_capability(paired):
     assert_capability_at_least(paired, ["pick", "says"], max_drop=0.05)
-'''
+"""
 
 
 @pytest.mark.slow  # a pytest gate session as two mlx.launch ranks, and the same session in one process: ~25 s
@@ -238,17 +256,55 @@ def test_a_gate_session_under_mlx_launch_splits_items_and_only_rank_0_writes(rin
     env = {**__import__("os").environ, "PYTHONPATH": str(SCRIPT.parent)}
 
     def session(report: str, db: str) -> list[str]:
-        return ["-m", "pytest", "test_gate.py", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "no:randomly",
-                f"--mlx-candidate={cand}", f"--mlx-reference={ref}", "--mlx-inconclusive=warn",
-                f"--mlx-report={report}", f"--mlx-db={db}", "-rA"]
+        return [
+            "-m",
+            "pytest",
+            "test_gate.py",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            f"--mlx-candidate={cand}",
+            f"--mlx-reference={ref}",
+            "--mlx-inconclusive=warn",
+            f"--mlx-report={report}",
+            f"--mlx-db={db}",
+            "-rA",
+        ]
 
     launched = subprocess.run(
-        [str(LAUNCH), "-n", "2", "--backend", "ring", "--starting-port", str(_free_base_port(2)),
-         "--python", sys.executable, "--", *session("dist.json", "dist.sqlite")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, check=False)
+        [
+            str(LAUNCH),
+            "-n",
+            "2",
+            "--backend",
+            "ring",
+            "--starting-port",
+            str(_free_base_port(2)),
+            "--python",
+            sys.executable,
+            "--",
+            *session("dist.json", "dist.sqlite"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
     said = launched.stdout + launched.stderr
-    one = subprocess.run([sys.executable, *session("single.json", "off")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=150, check=False)
+    one = subprocess.run(
+        [sys.executable, *session("single.json", "off")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
     assert (tmp_path / "single.json").is_file(), one.stdout + one.stderr
     assert (tmp_path / "dist.json").is_file(), said
     assert "mlxgate: rank 1: the summary and reports are rank 0's" in said

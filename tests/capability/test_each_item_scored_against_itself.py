@@ -58,9 +58,16 @@ class AlignedTask:
         return self
 
     def load(self, tier: str, *, n: int | None = None, seed: int = 0) -> list[Item]:
-        items = [Item(id=f"item{i:02d}", text=_prompt(i), kind="choice" if i % 2 else "generate",
-                      choices=_choices(i) if i % 2 else (), target=self.targets.get(f"item{i:02d}"))
-                 for i in range(N_ITEMS)]
+        items = [
+            Item(
+                id=f"item{i:02d}",
+                text=_prompt(i),
+                kind="choice" if i % 2 else "generate",
+                choices=_choices(i) if i % 2 else (),
+                target=self.targets.get(f"item{i:02d}"),
+            )
+            for i in range(N_ITEMS)
+        ]
         return items[:n] if n is not None else items
 
     def render(self, item: Item, tokenizer: Any) -> str:
@@ -71,8 +78,14 @@ class AlignedTask:
             assert choice_logprobs is not None
             pred = int(np.argmax(choice_logprobs))
             ok = pred == item.target["pick"]
-            return ItemResult(item.id, "", item.choices[pred], float(ok), "correct" if ok else "wrong",
-                              {"logprobs": [float(v) for v in choice_logprobs]})
+            return ItemResult(
+                item.id,
+                "",
+                item.choices[pred],
+                float(ok),
+                "correct" if ok else "wrong",
+                {"logprobs": [float(v) for v in choice_logprobs]},
+            )
         ok = output == item.target
         return ItemResult(item.id, "", output, float(ok), "correct" if ok else "wrong", {})
 
@@ -96,7 +109,9 @@ def _oracle(model: Any, tok: Any) -> dict[str, Any]:
             full = list(tok.encode(text + choice))
             assert full[: len(prompt)] == prompt
             read = list(range(len(prompt), len(full)))  # position p - 1 predicts token p
-            rows = np.asarray(model(mx.array(full)[None])[0].astype(mx.float32), dtype=np.float64)[[p - 1 for p in read]]
+            rows = np.asarray(model(mx.array(full)[None])[0].astype(mx.float32), dtype=np.float64)[
+                [p - 1 for p in read]
+            ]
             top = rows.max(axis=-1, keepdims=True)
             logp = rows - top - np.log(np.exp(rows - top).sum(axis=-1, keepdims=True))
             logps.append(float(sum(logp[k, full[p]] for k, p in enumerate(read))))
@@ -124,8 +139,9 @@ def task(model_and_oracle: tuple[Any, Any, dict[str, Any]], monkeypatch: pytest.
     return aligned
 
 
-def _check_each_against_its_own(items: Sequence[Item], results: Sequence[ItemResult], oracle: dict[str, Any],
-                                arm: str) -> None:
+def _check_each_against_its_own(
+    items: Sequence[Item], results: Sequence[ItemResult], oracle: dict[str, Any], arm: str
+) -> None:
     assert len(results) == len(items)
     for item, result in zip(items, results, strict=True):
         where = f"{arm} arm, {item.id} ({item.text!r})"
@@ -133,7 +149,9 @@ def _check_each_against_its_own(items: Sequence[Item], results: Sequence[ItemRes
         assert result.prompt_hash == prompt_hash(str(item.text)), where
         want = oracle[item.id]
         if item.kind == "choice":
-            np.testing.assert_allclose(result.detail["logprobs"], want["logprobs"], atol=1e-3, err_msg=where)  # float32 sums
+            np.testing.assert_allclose(
+                result.detail["logprobs"], want["logprobs"], atol=1e-3, err_msg=where
+            )  # float32 sums
             assert result.output == item.choices[want["pick"]], where
         else:
             assert result.output == want, where
@@ -141,14 +159,16 @@ def _check_each_against_its_own(items: Sequence[Item], results: Sequence[ItemRes
 
 
 @pytest.mark.parametrize("batch_size", [3, 16])
-def test_each_output_is_scored_against_its_own_item(model_and_oracle: tuple[Any, Any, dict[str, Any]],
-                                                    task: AlignedTask, batch_size: int) -> None:
+def test_each_output_is_scored_against_its_own_item(
+    model_and_oracle: tuple[Any, Any, dict[str, Any]], task: AlignedTask, batch_size: int
+) -> None:
     from pytest_mlxgate.capability.runner import run_capability
 
     model, tok, oracle = model_and_oracle
     lever = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="1")
-    run = run_capability("aligned", "full", n=None, reference=(model, tok), candidate=(model, tok), lever=lever,
-                         batch_size=batch_size)
+    run = run_capability(
+        "aligned", "full", n=None, reference=(model, tok), candidate=(model, tok), lever=lever, batch_size=batch_size
+    )
     assert [it.id for it in run.items] == [f"item{i:02d}" for i in range(N_ITEMS)]
     _check_each_against_its_own(run.items, run.reference, oracle, "reference")
     _check_each_against_its_own(run.items, run.candidate, oracle, "candidate")
@@ -156,7 +176,8 @@ def test_each_output_is_scored_against_its_own_item(model_and_oracle: tuple[Any,
 
 
 def test_each_output_is_scored_against_its_own_item_batch_by_batch(
-        model_and_oracle: tuple[Any, Any, dict[str, Any]], task: AlignedTask) -> None:
+    model_and_oracle: tuple[Any, Any, dict[str, Any]], task: AlignedTask
+) -> None:
     from pytest_mlxgate.capability.runner import (
         run_capability_sequential,
         sequential_order,
@@ -165,8 +186,16 @@ def test_each_output_is_scored_against_its_own_item_batch_by_batch(
     model, tok, oracle = model_and_oracle
     lever = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="1")
     # max_drop 0 is never shown for equal arms: every batch runs (5 + 5 + 4 items)
-    run = run_capability_sequential("aligned", "full", budget=Budget(items=N_ITEMS, batch=5), max_drop=0.0,
-                                    alpha=0.05, reference=(model, tok), candidate=(model, tok), lever=lever)
+    run = run_capability_sequential(
+        "aligned",
+        "full",
+        budget=Budget(items=N_ITEMS, batch=5),
+        max_drop=0.0,
+        alpha=0.05,
+        reference=(model, tok),
+        candidate=(model, tok),
+        lever=lever,
+    )
     assert [it.id for it in run.items] == [it.id for it in sequential_order("aligned", task.load("full"))]
     assert run.sequential is not None and run.sequential["batches"] == 3
     _check_each_against_its_own(run.items, run.reference, oracle, "reference")

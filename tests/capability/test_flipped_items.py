@@ -17,8 +17,9 @@ def run(n: int, losses: int, wins: int) -> CapabilityRun:
     for i in range(losses, losses + wins):
         ref[i] = ItemResult(items[i].id, "h", "wrong", 0.0, "wrong")
     rendered = {it.id: "few-shot " * 200 + it.text for it in items}
-    return CapabilityRun(task="gsm8k", tier="smoke", graded=False, items=items, reference=ref, candidate=cand,
-                         rendered=rendered)
+    return CapabilityRun(
+        task="gsm8k", tier="smoke", graded=False, items=items, reference=ref, candidate=cand, rendered=rendered
+    )
 
 
 def test_the_flipped_items_come_capped_losses_first_with_prompt_tails_and_both_outputs() -> None:

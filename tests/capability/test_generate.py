@@ -61,11 +61,15 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 def _mmlu_like(n_subjects: int, per_subject: int) -> tuple[list[str], list[tuple[str, ...]]]:
     texts = []
     for s in range(n_subjects):
-        shots = "".join(f"Question: fact {s}.{k} is which letter?\nA. one\nB. two\nC. three\nD. four\nAnswer: "
-                        f"{'ABCD'[k % 4]}\n\n" for k in range(5))
+        shots = "".join(
+            f"Question: fact {s}.{k} is which letter?\nA. one\nB. two\nC. three\nD. four\nAnswer: {'ABCD'[k % 4]}\n\n"
+            for k in range(5)
+        )
         header = f"The following are multiple choice questions (with answers) about topic {s}.\n\n"
-        texts += [header + shots + f"Question: item {i} of topic {s}?\nA. x\nB. y\nC. z\nD. w\nAnswer:"
-                  for i in range(per_subject)]
+        texts += [
+            header + shots + f"Question: item {i} of topic {s}?\nA. x\nB. y\nC. z\nD. w\nAnswer:"
+            for i in range(per_subject)
+        ]
     return texts, [(" A", " B", " C", " D")] * len(texts)
 
 
@@ -121,19 +125,29 @@ def test_an_arm_reports_items_done_as_they_finish(tiny_model_dir: Path, tmp_path
     from pytest_mlxgate.levers.lever import Lever
 
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"Item {i}:", "choices": [" a", " b"], "target": " a"}) + "\n"
-                            for i in range(5)))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"Item {i}:", "choices": [" a", " b"], "target": " a"}) + "\n" for i in range(5))
+    )
     task = JsonlTask("t", path, scoring=scoring, max_new_tokens=2)
     model, tok = mlx_lm.load(str(tiny_model_dir))
     lever = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="0")
     calls: list[tuple[int, int]] = []
-    results, _ = run_arm(task, task.load("full"), model, tok, lever, "reference", batch_size=2,
-                         progress=lambda done, total: calls.append((done, total)))
+    results, _ = run_arm(
+        task,
+        task.load("full"),
+        model,
+        tok,
+        lever,
+        "reference",
+        batch_size=2,
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert len(results) == 5 and calls and calls[-1] == (5, 5)
     assert all(total == 5 for _, total in calls) and [d for d, _ in calls] == sorted(d for d, _ in calls)
 
 
 # --- the vocabulary projection only where a choice is read -------------------------------------------
+
 
 @pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_gemma4_dir", "tiny_gemma4_multimodal_dir"])
 def test_the_split_head_gives_the_full_forwards_logits(fixture: str, request: pytest.FixtureRequest) -> None:
@@ -147,8 +161,10 @@ def test_the_split_head_gives_the_full_forwards_logits(fixture: str, request: py
     model, tok = mlx_lm.load(str(request.getfixturevalue(fixture)))
     head = _split_head(model)
     assert head is not None, "a known architecture must take the fast path"
-    rows = [tok.encode("The capital of France is Paris, and the capital of Spain is"),
-            tok.encode("One two three four five six seven eight nine ten eleven twelve")]
+    rows = [
+        tok.encode("The capital of France is Paris, and the capital of Spain is"),
+        tok.encode("One two three four five six seven eight nine ten eleven twelve"),
+    ]
     width = max(map(len, rows))
     tokens = mx.array([r + [0] * (width - len(r)) for r in rows])
     index = mx.array([[0, 5, len(rows[0]) - 1], [2, 3, len(rows[1]) - 1]])

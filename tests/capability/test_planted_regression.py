@@ -27,7 +27,7 @@ def no_scale(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream
     return _plain(q, k, v, scale=0.0, mask=mask, sinks=sinks)
 '''
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import Budget, assert_capability_at_least
 
@@ -38,16 +38,19 @@ pytestmark = pytest.mark.mlx_lever(
 
 def test_capability(paired):
     assert_capability_at_least(paired, "arc_easy", max_drop={max_drop}, n={n})
-'''
+"""
 
 
-def _gate_session(pytester: pytest.Pytester, tmp_path: Path, name: str, **gate: object) -> tuple[pytest.RunResult, dict]:
+def _gate_session(
+    pytester: pytest.Pytester, tmp_path: Path, name: str, **gate: object
+) -> tuple[pytest.RunResult, dict]:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(broken=BROKEN, **{name: GATE.format(**gate)})
     pytester.syspathinsert()
     report = tmp_path / "r.json"
-    result = pytester.runpytest_subprocess("--mlx-offline", "--mlx-db=off", f"--mlx-report={report}",
-                                           "-p", "no:randomly")
+    result = pytester.runpytest_subprocess(
+        "--mlx-offline", "--mlx-db=off", f"--mlx-report={report}", "-p", "no:randomly"
+    )
     (record,) = json.loads(report.read_text())["gates"]
     return result, record
 
@@ -55,8 +58,9 @@ def _gate_session(pytester: pytest.Pytester, tmp_path: Path, name: str, **gate: 
 # One session each (not both in one): under xdist (./dev test) the two run side by side.
 @pytest.mark.slow  # the embedded model answering ARC-Easy in a pytester session
 def test_the_exact_lever_is_shown_within_the_margin(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    result, exact = _gate_session(pytester, tmp_path, "test_exact", cand="None", max_drop=0.10,
-                                  n="Budget(items=64, batch=16)")
+    result, exact = _gate_session(
+        pytester, tmp_path, "test_exact", cand="None", max_drop=0.10, n="Budget(items=64, batch=16)"
+    )
     result.assert_outcomes(passed=1)
     (check,) = exact["checks"]
     assert exact["verdict"] == "pass" and check["verdict"] == "pass" and check["upper"] <= 0.10  # the drop's bound
@@ -68,10 +72,12 @@ def test_the_exact_lever_is_shown_within_the_margin(pytester: pytest.Pytester, t
 def test_a_lost_softmax_scale_is_a_shown_regression(pytester: pytest.Pytester, tmp_path: Path) -> None:
     result, broken = _gate_session(pytester, tmp_path, "test_broken", cand='"broken:no_scale"', max_drop=0.05, n=64)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*capability gate failed (regression shown): test_broken.py::test_capability",
-        "*arc_easy: fail (regression shown): drop 23.4 points is more than the allowed 5.0 points; n=64 bounds it "
-        "from below at * points (one-sided p=0.0102 < alpha, score-margin); discordant: 19 lost, 4 gained",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*capability gate failed (regression shown): test_broken.py::test_capability",
+            "*arc_easy: fail (regression shown): drop 23.4 points is more than the allowed 5.0 points; n=64 bounds it "
+            "from below at * points (one-sided p=0.0102 < alpha, score-margin); discordant: 19 lost, 4 gained",
+        ]
+    )
     (bad,) = broken["checks"]
     assert broken["verdict"] == "fail" and bad["verdict"] == "fail" and bad["n"] == 64

@@ -36,8 +36,9 @@ def tiny(tiny_model_dir: Path) -> LoadedModel:
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(str(tiny_model_dir))[:2]
-    snap = ResolvedSnapshot(name="tiny", kind="local", repo_id=None, commit="local", path=str(tiny_model_dir),
-                            source="local")
+    snap = ResolvedSnapshot(
+        name="tiny", kind="local", repo_id=None, commit="local", path=str(tiny_model_dir), source="local"
+    )
     return LoadedModel(model, tokenizer, snap)
 
 
@@ -76,9 +77,18 @@ class ScaledNorms:
 def _paired(model: LoadedModel, lever: Lever, cache: ReferenceCache | None) -> PairedRun:
     shape = RunShape(path="prefill", tokens=16, decode=4)
     seqs = build_sequences(default_prompts(), model.tokenizer, n=2, tokens=shape.tokens)
-    return PairedRun(lever=lever, shape=shape, sequences=seqs, sequences_digest=sequences_digest(seqs),
-                     candidate=model, reference=None, machine=dict(MACHINE), cache=cache, allow_untrained=True,
-                     capability_options={"tier": "full"})
+    return PairedRun(
+        lever=lever,
+        shape=shape,
+        sequences=seqs,
+        sequences_digest=sequences_digest(seqs),
+        candidate=model,
+        reference=None,
+        machine=dict(MACHINE),
+        cache=cache,
+        allow_untrained=True,
+        capability_options={"tier": "full"},
+    )
 
 
 def _outputs(run: Any) -> list[str]:
@@ -87,13 +97,21 @@ def _outputs(run: Any) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["context", "env"])
 def test_gates_whose_reference_values_differ_do_not_share_reference_outputs(
-        tiny: LoadedModel, task: str, tmp_path: Path, kind: str) -> None:
+    tiny: LoadedModel, task: str, tmp_path: Path, kind: str
+) -> None:
     cache = ReferenceCache(tmp_path / "ref")
 
     def lever(ref: str) -> Lever:
         if kind == "context":
-            return Lever(name="norms", kind="context", target="norm_scale", ref=ref, cand="plain", path="prefill",
-                         factory=ScaledNorms(tiny.model))
+            return Lever(
+                name="norms",
+                kind="context",
+                target="norm_scale",
+                ref=ref,
+                cand="plain",
+                path="prefill",
+                factory=ScaledNorms(tiny.model),
+            )
         return Lever(name="flag", kind="env", target="MLXGATE_TEST_UNUSED_FLAG", ref=ref, cand="1", path="prefill")
 
     first_ref, other_ref = ("plain", "scaled") if kind == "context" else ("0", "2")

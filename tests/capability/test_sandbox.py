@@ -46,7 +46,9 @@ def _name_self(marker: str) -> str:
     return f"import ctypes\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)\n"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="the netns claim is for Linux as root")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0, reason="the netns claim is for Linux as root"
+)
 def test_isolation_available_reports_netns_here() -> None:
     kind, layers = isolation_available()
     assert kind == "netns", layers
@@ -96,9 +98,15 @@ def test_no_network_not_even_to_a_listener_on_the_hosts_loopback() -> None:
 
 
 @needs_isolation
-@pytest.mark.parametrize("bomb", ["while True:\n    os.fork()\n",
-                                  pytest.param("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                                               marks=pytest.mark.slow)])  # slow: it runs to the wall limit
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        "while True:\n    os.fork()\n",
+        pytest.param(
+            "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", marks=pytest.mark.slow
+        ),
+    ],
+)  # slow: it runs to the wall limit
 def test_fork_bomb_ends_within_the_wall_limit_and_leaves_nothing(bomb: str) -> None:
     marker = f"mxbomb{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
@@ -237,8 +245,14 @@ def test_no_isolation_raises_unless_the_user_opts_in() -> None:
         print(r.status, r.isolation, r.stdout.strip())
     """)
     env = {"PATH": "/nonexistent", "HOME": os.environ.get("HOME", "/tmp")}
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.returncode == 0, done.stderr
     assert "(None, 'no `unshare` on PATH" in done.stdout
     assert "REFUSED:" in done.stdout and "--mlx-allow-unsandboxed" in done.stdout
@@ -273,12 +287,27 @@ def _launch(tmp_path: Path, **cfg: object) -> tuple[int, list[str]]:
     """Run the launcher by path, as the sandbox does but with no wrapper and no mounts: (its exit status,
     its report lines)."""
     report_r, report_w = os.pipe()
-    config = {"applied": ["test"], "mounts": None, "drop": "none", "uid": os.getuid(), "gid": os.getgid(),
-              "cwd": str(tmp_path), "env": {"PATH": "/usr/bin:/bin"}, "rlimits": [["RLIMIT_CORE", [0, 0]]],
-              "report_fd": report_w, **cfg}
+    config = {
+        "applied": ["test"],
+        "mounts": None,
+        "drop": "none",
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "cwd": str(tmp_path),
+        "env": {"PATH": "/usr/bin:/bin"},
+        "rlimits": [["RLIMIT_CORE", [0, 0]]],
+        "report_fd": report_w,
+        **cfg,
+    }
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)], pass_fds=(report_w,),
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60, cwd=tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(config)],
+            pass_fds=(report_w,),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
     finally:
         os.close(report_w)
     with os.fdopen(report_r, "rb") as report:
@@ -291,7 +320,9 @@ def test_the_launcher_reports_ready_then_how_the_program_ended(tmp_path: Path) -
     rc, lines = _launch(tmp_path, argv=[py, "-I", "-S", "-c", "import os, sys; sys.exit(3 if os.getcwd() else 0)"])
     assert rc == 0 and len(lines) == 2, lines
     assert lines[0].split()[:2] == ["ready", "test+no-new-privs"] and lines[1] == "exit 3"
-    rc, lines = _launch(tmp_path, argv=[py, "-I", "-S", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    rc, lines = _launch(
+        tmp_path, argv=[py, "-I", "-S", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    )
     assert rc == 0 and lines[1:] == [f"signal {int(signal.SIGKILL)}"], lines
 
 

@@ -31,28 +31,42 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
 
 
 def _task(path: Path, targets: list[int] | None = None, n: int = 120) -> None:
-    rows = [{"prompt": f"Item {i}: {WORDS[i % 10]} or {WORDS[(i * 3 + 1) % 10]}?",
-             "choices": [f" {WORDS[i % 10]}", f" {WORDS[(i * 3 + 1) % 10]}"],
-             "target": 0 if targets is None else targets[i]} for i in range(n)]
+    rows = [
+        {
+            "prompt": f"Item {i}: {WORDS[i % 10]} or {WORDS[(i * 3 + 1) % 10]}?",
+            "choices": [f" {WORDS[i % 10]}", f" {WORDS[(i * 3 + 1) % 10]}"],
+            "target": 0 if targets is None else targets[i],
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     jsonl_task("pick", path, scoring="choice")
 
 
 def _seq(reference: Any, candidate: Any, *, budget: Budget, max_drop: float = 0.10, **kw: Any) -> Any:
     said: list[str] = []
-    run = runner.run_capability_sequential("pick", "full", budget=budget, max_drop=max_drop, alpha=0.05,
-                                           reference=reference, candidate=candidate, lever=LEVER,
-                                           say=said.append, **kw)
+    run = runner.run_capability_sequential(
+        "pick",
+        "full",
+        budget=budget,
+        max_drop=max_drop,
+        alpha=0.05,
+        reference=reference,
+        candidate=candidate,
+        lever=LEVER,
+        say=said.append,
+        **kw,
+    )
     return run, said
 
 
-def test_identical_arms_stop_as_soon_as_the_drop_is_bounded(models: tuple[Any, Any], tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_identical_arms_stop_as_soon_as_the_drop_is_bounded(
+    models: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(user_tasks, "_REGISTRY", {})
     _task(tmp_path / "t.jsonl")
     cache = CapabilityCache(tmp_path / "cache")
-    run, said = _seq(models[0], models[0], budget=Budget(items=120, batch=8),
-                     reference_cache=cache, reference_key=KEY)
+    run, said = _seq(models[0], models[0], budget=Budget(items=120, batch=8), reference_cache=cache, reference_key=KEY)
     seq = run.sequential
     # no discordant pair: the betting sequence bounds the drop at 0.10 after 38 items, i.e. the 5th batch
     assert seq["verdict"] == "pass" and seq["stopped_by"] == "verdict" and seq["batches"] == 5
@@ -63,8 +77,9 @@ def test_identical_arms_stop_as_soon_as_the_drop_is_bounded(models: tuple[Any, A
     assert again.reference_source == "cache" and [it.id for it in again.items] == [it.id for it in run.items]
 
 
-def test_items_come_in_a_seeded_shuffled_order(models: tuple[Any, Any], tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_items_come_in_a_seeded_shuffled_order(
+    models: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(user_tasks, "_REGISTRY", {})
     _task(tmp_path / "t.jsonl", n=40)
     task = runner.load_task("pick")
@@ -74,8 +89,9 @@ def test_items_come_in_a_seeded_shuffled_order(models: tuple[Any, Any], tmp_path
     assert runner.sequential_order("pick", pool) == order
 
 
-def test_a_planted_regression_is_shown_and_a_small_budget_is_inconclusive(models: tuple[Any, Any], tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planted_regression_is_shown_and_a_small_budget_is_inconclusive(
+    models: tuple[Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pytest_mlxgate.capability.generate import choice_logprobs_many
 
     monkeypatch.setattr(user_tasks, "_REGISTRY", {})

@@ -32,7 +32,11 @@ def test_prompts_continuations_and_gold_are_olmes_own() -> None:
     for doc_id, item in enumerate(full):
         doc = olmes[doc_id]
         assert (item.text, item.choices, item.target, item.id) == (
-            doc.query, doc.continuations, doc.label, f"arc_easy/{doc.native_id}")
+            doc.query,
+            doc.continuations,
+            doc.label,
+            f"arc_easy/{doc.native_id}",
+        )
         assert TASK.render(item, tokenizer=None) == doc.query
     assert full[0].text == "Question: Which technology was developed most recently?\nAnswer:"
     assert full[0].choices == (" cellular telephone", " television", " refrigerator", " airplane")
@@ -40,8 +44,9 @@ def test_prompts_continuations_and_gold_are_olmes_own() -> None:
 
 def test_digit_answer_keys_map_to_their_position() -> None:
     digits = [i for i in TASK.load("full") if i.meta["labels"][0] == "1"]
-    assert digits and all(i.meta["labels"][: len(i.choices)] == [str(k + 1) for k in range(len(i.choices))]
-                          for i in digits)
+    assert digits and all(
+        i.meta["labels"][: len(i.choices)] == [str(k + 1) for k in range(len(i.choices))] for i in digits
+    )
 
 
 def test_smoke_tier_is_a_seeded_sample_of_64() -> None:

@@ -28,6 +28,7 @@ EXPECTED_COUNTS = {"simple": 400, "multiple": 200, "parallel": 200, "parallel_mu
 
 # ---- helpers ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def all_items() -> list[Item]:
     return TASK.load("full")
@@ -53,8 +54,11 @@ def gold_calls(item: Item) -> list[Call]:
     for answer in item.target["possible_answer"]:
         ((name, params),) = answer.items()
         required = functions[name]["parameters"].get("required", [])
-        args = {p: _pick(next(v for v in allowed if v != ""))
-                for p, allowed in params.items() if not ("" in allowed and p not in required)}
+        args = {
+            p: _pick(next(v for v in allowed if v != ""))
+            for p, allowed in params.items()
+            if not ("" in allowed and p not in required)
+        }
         calls.append((name, args))
     return calls
 
@@ -72,8 +76,9 @@ def python_call(calls: list[Call]) -> str:
 
 
 def openai(calls: list[Call]) -> str:
-    return json.dumps({"tool_calls": [{"type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-                                      for n, a in calls]})
+    return json.dumps(
+        {"tool_calls": [{"type": "function", "function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]}
+    )
 
 
 def llama3(calls: list[Call]) -> str:
@@ -88,8 +93,15 @@ def fenced(calls: list[Call]) -> str:
     return "Here you go:\n```json\n" + bare_json(calls) + "\n```"
 
 
-FORMATS = {"hermes": hermes, "json": bare_json, "python": python_call, "openai": openai,
-           "llama3": llama3, "mistral": mistral, "fenced": fenced}
+FORMATS = {
+    "hermes": hermes,
+    "json": bare_json,
+    "python": python_call,
+    "openai": openai,
+    "llama3": llama3,
+    "mistral": mistral,
+    "fenced": fenced,
+}
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +129,7 @@ def _perturb_value(v: Any) -> Any:
 
 
 # ---- data ------------------------------------------------------------------------------------------
+
 
 def test_category_files_and_counts(all_items: list[Item]) -> None:
     assert bfcl.CATEGORY_FILES["simple"] == "BFCL_v4_simple_python.json"
@@ -162,8 +175,17 @@ def test_schemas_are_converted_to_json_schema_types(all_items: list[Item]) -> No
     seen = Counter(t for i in all_items for tool in i.tools or () for t in types(tool["function"]["parameters"]))
     assert not {"dict", "float", "tuple", "any"} & set(seen)
     assert {"object", "number", "array", "integer", "string", "boolean"} <= set(seen)
-    tool = convert_schema({"name": "f", "description": "d", "parameters": {"type": "dict", "properties": {
-        "x": {"type": "any"}, "p": {"type": "tuple", "items": {"type": "float"}}}, "required": ["x"]}})
+    tool = convert_schema(
+        {
+            "name": "f",
+            "description": "d",
+            "parameters": {
+                "type": "dict",
+                "properties": {"x": {"type": "any"}, "p": {"type": "tuple", "items": {"type": "float"}}},
+                "required": ["x"],
+            },
+        }
+    )
     params = tool["function"]["parameters"]
     assert tool["type"] == "function" and params["type"] == "object"
     assert "type" not in params["properties"]["x"]
@@ -171,6 +193,7 @@ def test_schemas_are_converted_to_json_schema_types(all_items: list[Item]) -> No
 
 
 # ---- scoring real items ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_gold_calls_are_correct_in_every_format(sample: list[Item], fmt: str) -> None:
@@ -183,8 +206,11 @@ def test_gold_calls_are_correct_in_every_format(sample: list[Item], fmt: str) ->
 
 def test_all_answerable_items_accept_their_gold_calls(all_items: list[Item]) -> None:
     """The whole dataset, not just the sample: the matcher agrees with BFCL's answers everywhere."""
-    bad = [i.id for i in all_items if i.meta["category"] != "irrelevance"
-           and TASK.score(i, python_call(gold_calls(i))).verdict != "correct"]
+    bad = [
+        i.id
+        for i in all_items
+        if i.meta["category"] != "irrelevance" and TASK.score(i, python_call(gold_calls(i))).verdict != "correct"
+    ]
     assert bad == []
 
 
@@ -260,41 +286,71 @@ def test_irrelevance(all_items: list[Item]) -> None:
     for item in items:
         func = item.target["functions"][0]
         args = {p: 1 for p in func["parameters"].get("required", [])}
-        for out in (hermes([(func["name"], args)]), python_call([(func["name"], args)]),
-                    python_call([("some_other_function", {})])):
+        for out in (
+            hermes([(func["name"], args)]),
+            python_call([(func["name"], args)]),
+            python_call([("some_other_function", {})]),
+        ):
             r = TASK.score(item, out)
             assert (r.verdict, r.score) == ("unexpected_call", 0.0), (item.id, out)
-        for prose in ("None of the provided functions can answer this question.",
-                      "The answer is 42.", "", f"[{func['name']}(", "[]"):
+        for prose in (
+            "None of the provided functions can answer this question.",
+            "The answer is 42.",
+            "",
+            f"[{func['name']}(",
+            "[]",
+        ):
             r = TASK.score(item, prose)
             assert (r.verdict, r.score) == ("correct", 1.0), (item.id, prose)
 
 
 # ---- matcher semantics (BFCL's AST checker) --------------------------------------------------------
 
-FUNC = {"name": "geo.lookup", "parameters": {"type": "dict", "required": ["city", "radius"], "properties": {
-    "city": {"type": "string"}, "radius": {"type": "float"}, "count": {"type": "integer"},
-    "exact": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
-    "meta": {"type": "dict", "properties": {"k": {"type": "string"}}}}}}
-ANSWER = {"geo.lookup": {"city": ["New York City", "NYC"], "radius": [5.0], "count": [3, ""],
-                         "exact": [True, ""], "tags": [["Food", "Bars"], ""], "meta": [{"k": ["v"]}, ""]}}
+FUNC = {
+    "name": "geo.lookup",
+    "parameters": {
+        "type": "dict",
+        "required": ["city", "radius"],
+        "properties": {
+            "city": {"type": "string"},
+            "radius": {"type": "float"},
+            "count": {"type": "integer"},
+            "exact": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "meta": {"type": "dict", "properties": {"k": {"type": "string"}}},
+        },
+    },
+}
+ANSWER = {
+    "geo.lookup": {
+        "city": ["New York City", "NYC"],
+        "radius": [5.0],
+        "count": [3, ""],
+        "exact": [True, ""],
+        "tags": [["Food", "Bars"], ""],
+        "meta": [{"k": ["v"]}, ""],
+    }
+}
 
 
-@pytest.mark.parametrize("args,ok", [
-    ({"city": "new york city", "radius": 5.0}, True),  # case-insensitive
-    ({"city": "New-York  City.", "radius": 5}, True),  # punctuation/space normalised; int for float
-    ({"city": "NYC", "radius": 5.0, "count": 3, "exact": True}, True),
-    ({"city": "NYC", "radius": 5.0, "tags": ["food", "bars"], "meta": {"k": "V"}}, True),
-    ({"city": "Boston", "radius": 5.0}, False),
-    ({"city": "NYC", "radius": 5.5}, False),
-    ({"city": "NYC", "radius": "5.0"}, False),  # a string is not a float
-    ({"city": "NYC", "radius": 5.0, "count": 3.0}, False),  # a float is not an integer
-    ({"city": "NYC", "radius": 5.0, "count": True}, False),  # nor is a bool
-    ({"city": "NYC", "radius": 5.0, "tags": ["Bars", "Food"]}, False),  # lists keep their order
-    ({"city": "NYC", "radius": 5.0, "meta": {"k": "v", "x": "y"}}, False),
-    ({"city": "NYC"}, False),
-    ({"city": "NYC", "radius": 5.0, "unknown": 1}, False),
-])
+@pytest.mark.parametrize(
+    "args,ok",
+    [
+        ({"city": "new york city", "radius": 5.0}, True),  # case-insensitive
+        ({"city": "New-York  City.", "radius": 5}, True),  # punctuation/space normalised; int for float
+        ({"city": "NYC", "radius": 5.0, "count": 3, "exact": True}, True),
+        ({"city": "NYC", "radius": 5.0, "tags": ["food", "bars"], "meta": {"k": "V"}}, True),
+        ({"city": "Boston", "radius": 5.0}, False),
+        ({"city": "NYC", "radius": 5.5}, False),
+        ({"city": "NYC", "radius": "5.0"}, False),  # a string is not a float
+        ({"city": "NYC", "radius": 5.0, "count": 3.0}, False),  # a float is not an integer
+        ({"city": "NYC", "radius": 5.0, "count": True}, False),  # nor is a bool
+        ({"city": "NYC", "radius": 5.0, "tags": ["Bars", "Food"]}, False),  # lists keep their order
+        ({"city": "NYC", "radius": 5.0, "meta": {"k": "v", "x": "y"}}, False),
+        ({"city": "NYC"}, False),
+        ({"city": "NYC", "radius": 5.0, "unknown": 1}, False),
+    ],
+)
 def test_check_call_rules(args: dict[str, Any], ok: bool) -> None:
     assert check_call(FUNC, ToolCall("geo.lookup", args), ANSWER).ok is ok
 
@@ -342,24 +398,30 @@ def test_parallel_matching_is_not_greedy() -> None:
 
 # ---- the parser --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,fmt", [
-    ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "hermes"),
-    ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}', "hermes"),  # unclosed at the end
-    ('{"name": "f", "parameters": {"a": 1}}', "json"),
-    ('[{"name": "f", "arguments": {"a": 1}}]', "json"),
-    ('{"function": "f", "parameters": {"a": 1}}', "json"),
-    ('{"tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}]}',
-     "openai"),
-    ("[f(a=1)]", "python"),
-    ("f(a=1)", "python"),
-    ('<|python_tag|>{"name": "f", "parameters": {"a": 1}}<|eom_id|>', "llama3"),
-    ('[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]', "mistral"),
-    ('[TOOL_CALLS]f[ARGS]{"a": 1}', "mistral"),
-    ('```json\n{"name": "f", "arguments": {"a": 1}}\n```', "fenced"),
-    ("```python\n[f(a=1)]\n```", "fenced"),
-    ('Sure, calling it now: {"name": "f", "arguments": {"a": 1}} done.', "embedded-json"),
-    ('<TOOLCALL>[f(a=1)]</TOOLCALL>', "toolcall-tag"),
-])
+
+@pytest.mark.parametrize(
+    "text,fmt",
+    [
+        ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "hermes"),
+        ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}', "hermes"),  # unclosed at the end
+        ('{"name": "f", "parameters": {"a": 1}}', "json"),
+        ('[{"name": "f", "arguments": {"a": 1}}]', "json"),
+        ('{"function": "f", "parameters": {"a": 1}}', "json"),
+        (
+            '{"tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\\"a\\": 1}"}}]}',
+            "openai",
+        ),
+        ("[f(a=1)]", "python"),
+        ("f(a=1)", "python"),
+        ('<|python_tag|>{"name": "f", "parameters": {"a": 1}}<|eom_id|>', "llama3"),
+        ('[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]', "mistral"),
+        ('[TOOL_CALLS]f[ARGS]{"a": 1}', "mistral"),
+        ('```json\n{"name": "f", "arguments": {"a": 1}}\n```', "fenced"),
+        ("```python\n[f(a=1)]\n```", "fenced"),
+        ('Sure, calling it now: {"name": "f", "arguments": {"a": 1}} done.', "embedded-json"),
+        ("<TOOLCALL>[f(a=1)]</TOOLCALL>", "toolcall-tag"),
+    ],
+)
 def test_parser_formats(text: str, fmt: str) -> None:
     parsed = parse_tool_calls(text)
     assert parsed.format == fmt and parsed.calls == (ToolCall("f", {"a": 1}),), parsed
@@ -367,8 +429,10 @@ def test_parser_formats(text: str, fmt: str) -> None:
 
 def test_parser_python_values() -> None:
     parsed = parse_tool_calls("[a.b.c(x=-1.5, y=[1, (2, 3)], z={'k': None}, w=True, v=var, u=2*3), g()]")
-    assert parsed.calls == (ToolCall("a.b.c", {"x": -1.5, "y": [1, [2, 3]], "z": {"k": None}, "w": True,
-                                               "v": "var", "u": 6}), ToolCall("g", {}))
+    assert parsed.calls == (
+        ToolCall("a.b.c", {"x": -1.5, "y": [1, [2, 3]], "z": {"k": None}, "w": True, "v": "var", "u": 6}),
+        ToolCall("g", {}),
+    )
     assert parse_tool_calls("f(1, b=2)").calls == (ToolCall("f", {"b": 2}),)  # positional: ignored, as BFCL
 
 
@@ -380,14 +444,16 @@ def test_parser_prose_is_no_call() -> None:
 
 def test_parser_never_executes(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    for text in (f"__import__('os').system('touch {marker}')",
-                 f"[__import__('os').system('touch {marker}')]",
-                 f"[f(a=(lambda: __import__('os').system('touch {marker}'))())]",
-                 f"<tool_call>__import__('os').system('touch {marker}')</tool_call>",
-                 f"[f(a=open('{marker}', 'w'))]",
-                 f"[f(a=exec('open(\"{marker}\", \"w\")'))]",
-                 f"[f(a=[x for x in __import__('os').system('touch {marker}')])]",
-                 "[f(a=9**9**9**9)]"):
+    for text in (
+        f"__import__('os').system('touch {marker}')",
+        f"[__import__('os').system('touch {marker}')]",
+        f"[f(a=(lambda: __import__('os').system('touch {marker}'))())]",
+        f"<tool_call>__import__('os').system('touch {marker}')</tool_call>",
+        f"[f(a=open('{marker}', 'w'))]",
+        f'[f(a=exec(\'open("{marker}", "w")\'))]',
+        f"[f(a=[x for x in __import__('os').system('touch {marker}')])]",
+        "[f(a=9**9**9**9)]",
+    ):
         parsed = parse_tool_calls(text)
         assert not any(c.name.endswith("system") for c in parsed.calls), parsed
         for c in parsed.calls:  # a nested call may only survive as inert text
@@ -397,15 +463,18 @@ def test_parser_never_executes(tmp_path: Path) -> None:
     assert bad.calls == () and bad.malformed and "dotted name" in bad.reason
 
 
-@pytest.mark.parametrize("text", [
-    "[" * 16_000 + "]" * 16_000,
-    '{"name": "f", "arguments": ' + '{"a": ' * 4_000 + "1" + "}" * 4_001,
-    "[f(a=" + "[" * 5_000 + "]" * 5_000 + ")]",
-    "f(" * 10_000,
-    '<tool_call>' * 3_000,
-    "x" * 1_000_000,
-    "<tool_call>" + '{"name": "f", "arguments": {"a": 1}}' * 2 + "</tool_call>" + "\x00\ud800",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 16_000 + "]" * 16_000,
+        '{"name": "f", "arguments": ' + '{"a": ' * 4_000 + "1" + "}" * 4_001,
+        "[f(a=" + "[" * 5_000 + "]" * 5_000 + ")]",
+        "f(" * 10_000,
+        "<tool_call>" * 3_000,
+        "x" * 1_000_000,
+        "<tool_call>" + '{"name": "f", "arguments": {"a": 1}}' * 2 + "</tool_call>" + "\x00\ud800",
+    ],
+)
 def test_parser_hostile_inputs_are_bounded_and_safe(text: str) -> None:
     parsed = parse_tool_calls(text)
     assert isinstance(parsed.reason, str)
@@ -416,11 +485,14 @@ def test_parser_hostile_inputs_are_bounded_and_safe(text: str) -> None:
     json.dumps(parsed.to_json())
 
 
-@pytest.mark.parametrize("text", [
-    "[" + ", ".join("f(a=1)" for _ in range(500)) + "]",
-    json.dumps([{"name": "f", "arguments": {}}] * 500),
-    '<tool_call>{"name": "f", "arguments": {}}</tool_call>' * 500,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" + ", ".join("f(a=1)" for _ in range(500)) + "]",
+        json.dumps([{"name": "f", "arguments": {}}] * 500),
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>' * 500,
+    ],
+)
 def test_parser_caps_call_count(text: str) -> None:
     parsed = parse_tool_calls(text)
     assert parsed.calls == () and parsed.malformed and "many" in parsed.reason
@@ -438,13 +510,45 @@ def test_parser_contains_unexpected_failures(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(
-    st.text(max_size=300),
-    st.lists(st.sampled_from(['<tool_call>', '</tool_call>', '{', '}', '[', ']', '"name"', ':', ',', '"f"',
-                              '(', ')', '=', 'f', 'a', '1', "'", '"', '```', '[TOOL_CALLS]', '[ARGS]',
-                              '<|python_tag|>', '"arguments"', 'lambda', '.', '**', '-']),
-             max_size=60).map("".join),
-))
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.lists(
+            st.sampled_from(
+                [
+                    "<tool_call>",
+                    "</tool_call>",
+                    "{",
+                    "}",
+                    "[",
+                    "]",
+                    '"name"',
+                    ":",
+                    ",",
+                    '"f"',
+                    "(",
+                    ")",
+                    "=",
+                    "f",
+                    "a",
+                    "1",
+                    "'",
+                    '"',
+                    "```",
+                    "[TOOL_CALLS]",
+                    "[ARGS]",
+                    "<|python_tag|>",
+                    '"arguments"',
+                    "lambda",
+                    ".",
+                    "**",
+                    "-",
+                ]
+            ),
+            max_size=60,
+        ).map("".join),
+    )
+)
 def test_parser_never_raises(text: str) -> None:
     parsed = parse_tool_calls(text)
     for call in parsed.calls:
@@ -453,6 +557,7 @@ def test_parser_never_raises(text: str) -> None:
 
 
 # ---- presentation ----------------------------------------------------------------------------------
+
 
 def test_embedded_prompt_lists_the_functions(tokenizer: Any, sample: list[Item]) -> None:
     assert supports_tools(tokenizer) is False  # SmolLM2's ChatML template has no `tools`
@@ -473,11 +578,14 @@ def test_fallback_prompt_is_bfcls_own_default() -> None:
     functions = [{"name": "f.g", "description": "d", "parameters": {"type": "dict", "properties": {}}}]
     style = dp.PROMPT_STYLE_TEMPLATES["classic"]
     theirs = dp.PROMPT_TEMPLATE_MAPPING["plaintext"].format(
-        persona=style["persona"], task=style["task"],
-        tool_call_format=style["tool_call_no_tag"].format(output_format=dp.OUTPUT_FORMAT_MAPPING["python"],
-                                                          param_types=dp.PARAM_TYPE_MAPPING["python"]),
+        persona=style["persona"],
+        task=style["task"],
+        tool_call_format=style["tool_call_no_tag"].format(
+            output_format=dp.OUTPUT_FORMAT_MAPPING["python"], param_types=dp.PARAM_TYPE_MAPPING["python"]
+        ),
         multiturn_behavior=style["multiturn_behavior"],
-        available_tools=style["available_tools"].format(format="json", functions=json.dumps(functions, indent=4)))
+        available_tools=style["available_tools"].format(format="json", functions=json.dumps(functions, indent=4)),
+    )
     assert bfcl.fallback_system_prompt(functions) == theirs
 
 

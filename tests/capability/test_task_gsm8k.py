@@ -199,7 +199,7 @@ def test_render_through_the_real_chat_template(full: list[Item], tokenizer: Any)
     at = rendered.index(question)
     assert at > positions[-1]
     # After the question only the template's turn markers: the assistant answers next.
-    assert rendered[at + len(question):] == "<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered[at + len(question) :] == "<|im_end|>\n<|im_start|>assistant\n"
     assert rendered.count("<|im_start|>assistant") == len(EXEMPLARS) + 1
     with pytest.raises(ValueError):
         TASK.render(Item(id="x", text="raw"), tokenizer)
@@ -218,8 +218,10 @@ def test_missing_data_says_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_cached_hub_snapshot_is_a_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    rows = [{"question": "How many?", "answer": "2 + 2 = 4\n#### 4"},
-            {"question": "How much?", "answer": "It costs 1,500.\n#### 1,500"}]
+    rows = [
+        {"question": "How many?", "answer": "2 + 2 = 4\n#### 4"},
+        {"question": "How much?", "answer": "It costs 1,500.\n#### 1,500"},
+    ]
     (tmp_path / "main").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "main" / "test-00000-of-00001.parquet")
     monkeypatch.setattr(gsm8k, "package_file", lambda *a: None)

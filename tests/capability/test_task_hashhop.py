@@ -33,6 +33,7 @@ def ntok(tokenizer: Any, text: str) -> int:
 
 # ---------------------------------------------------------------- an independent resolver
 
+
 def lines_of(context: str) -> list[tuple[str, str]]:
     """The context's assignments in order, parsed without the module's regexes."""
     out = []
@@ -92,6 +93,7 @@ def case(seed: int = 0, *, tokens: int = 1024, hops: int = 3, tok: Any = None, n
 
 
 # ---------------------------------------------------------------- the generator
+
 
 def test_same_seed_same_case_and_different_seed_different() -> None:
     assert case(7) == case(7)
@@ -203,6 +205,7 @@ def test_bad_arguments() -> None:
 
 # ---------------------------------------------------------------- length in real tokens
 
+
 def test_chars_per_token_constant_matches_embedded_tokenizer(tokenizer: Any) -> None:
     rng = random.Random(123)
 
@@ -255,8 +258,9 @@ def test_chat_items_render_under_1300_tokens(tokenizer: Any) -> None:
         assert rendered.rstrip().endswith("assistant")  # generation prompt appended
         q = item.target
         word = "assignment" if q["hops"] == 1 else "assignments"
-        assert (f"Starting from {q['start']}, follow {q['hops']} {word}: what hash do you reach? "
-                "Answer with the hash only.") in rendered
+        assert (
+            f"Starting from {q['start']}, follow {q['hops']} {word}: what hash do you reach? Answer with the hash only."
+        ) in rendered
 
 
 def test_full_items_are_about_12k_tokens(tokenizer: Any) -> None:
@@ -269,6 +273,7 @@ def test_full_items_are_about_12k_tokens(tokenizer: Any) -> None:
 
 # ---------------------------------------------------------------- the task
 
+
 def test_task_shape_and_tiers() -> None:
     task: Task = TASK  # the protocol, checked by mypy
     assert (task.name, task.graded, task.max_new_tokens) == ("hashhop", False, 32)
@@ -277,8 +282,13 @@ def test_task_shape_and_tiers() -> None:
     smoke = TASK.load("smoke")
     assert len(smoke) == 12
     assert Counter(i.meta["hops"] for i in smoke) == {1: 6, 2: 6}
-    assert [i.id for i in smoke[:5]] == ["hashhop-0-0-h1", "hashhop-0-1-h2", "hashhop-0-2-h1",
-                                         "hashhop-0-3-h2", "hashhop-0-4-h1"]
+    assert [i.id for i in smoke[:5]] == [
+        "hashhop-0-0-h1",
+        "hashhop-0-1-h2",
+        "hashhop-0-2-h1",
+        "hashhop-0-3-h2",
+        "hashhop-0-4-h1",
+    ]
     assert len(TASK.load("smoke", n=5)) == 5
     for item in smoke:
         assert set(item.target) == {"answer", "hops", "start"}
@@ -317,6 +327,7 @@ def test_context_size_is_configurable() -> None:
 
 # ---------------------------------------------------------------- scoring
 
+
 @pytest.fixture(scope="module")
 def item() -> Item:
     return CHAT.load("full", n=3)[2]  # the chat form, hops 3
@@ -328,9 +339,18 @@ def score(item: Item, output: str) -> ItemResult:
 
 def test_score_right_answer_in_many_wrappers(item: Item) -> None:
     answer = item.target["answer"]
-    for output in (answer, f"  {answer}\n", f'"{answer}"', f"'{answer}'.", f"**{answer}**", f"`{answer}`",
-                   f"The answer is {answer}.", f"Following the chain, you reach: {answer}!",
-                   f"responsibilities aside, it is {answer}", f"{answer}<|im_end|>"):
+    for output in (
+        answer,
+        f"  {answer}\n",
+        f'"{answer}"',
+        f"'{answer}'.",
+        f"**{answer}**",
+        f"`{answer}`",
+        f"The answer is {answer}.",
+        f"Following the chain, you reach: {answer}!",
+        f"responsibilities aside, it is {answer}",
+        f"{answer}<|im_end|>",
+    ):
         r = score(item, output)
         assert (r.verdict, r.score, r.passed) == ("correct", 1.0, True), output
         assert r.detail["hops"] == 3 and r.detail["chain_position"] == 3 and r.output == output
@@ -358,8 +378,17 @@ def test_score_wrong_answers(item: Item) -> None:
 
 def test_score_malformed_and_hostile(item: Item) -> None:
     answer = item.target["answer"]
-    for output in ("", "   ", "I don't know.", answer[:15], answer + "x", "x" + answer,
-                   "A" * 10_000, "= " * 5_000, "\x00" * 100):
+    for output in (
+        "",
+        "   ",
+        "I don't know.",
+        answer[:15],
+        answer + "x",
+        "x" + answer,
+        "A" * 10_000,
+        "= " * 5_000,
+        "\x00" * 100,
+    ):
         r = score(item, output)
         assert (r.verdict, r.score) == ("no_answer", 0.0), output[:40]
         assert r.detail["extracted"] is None and r.detail["hops"] == 3
@@ -397,6 +426,7 @@ def test_extract_hash_prefers_context_hashes() -> None:
 
 # ---------------------------------------------------------------- scoring the smoke form (chains)
 
+
 @pytest.fixture(scope="module")
 def two_hop() -> Item:
     return TASK.load("smoke", n=2)[1]  # the chain form, hops 2
@@ -415,7 +445,9 @@ def test_chain_form_scores_the_hash_the_chain_reaches(two_hop: Item) -> None:
     }
     for output, (verdict, position, written) in cases.items():
         r = TASK.score(two_hop, output)
-        assert (r.verdict, r.detail["chain_position"], r.detail["hashes_written"]) == (verdict, position, written), output
+        assert (r.verdict, r.detail["chain_position"], r.detail["hashes_written"]) == (verdict, position, written), (
+            output
+        )
         assert r.score == (1.0 if verdict == "correct" else 0.0)
     for output in ("", " \n" + answer, " I don't know", " " + answer[:15]):
         r = TASK.score(two_hop, output)

@@ -14,8 +14,9 @@ from pytest_mlxgate.capability.tasks.humaneval import (
     load_problems,
 )
 
-needs_sandbox = pytest.mark.skipif(isolation_available()[0] is None,
-                                   reason=f"no sandbox isolation here: {isolation_available()[1]}")
+needs_sandbox = pytest.mark.skipif(
+    isolation_available()[0] is None, reason=f"no sandbox isolation here: {isolation_available()[1]}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,21 @@ def test_program_keeps_the_prompts_preamble_or_appends_a_body(problems: dict[str
 
 
 @needs_sandbox
-@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/32", "HumanEval/38",
-                                     "HumanEval/53", "HumanEval/87", "HumanEval/107", "HumanEval/129", "HumanEval/163"])
+@pytest.mark.parametrize(
+    "task_id",
+    [
+        "HumanEval/0",
+        "HumanEval/2",
+        "HumanEval/10",
+        "HumanEval/32",
+        "HumanEval/38",
+        "HumanEval/53",
+        "HumanEval/87",
+        "HumanEval/107",
+        "HumanEval/129",
+        "HumanEval/163",
+    ],
+)
 def test_canonical_solutions_pass(task_id: str, problems: dict[str, dict[str, str]]) -> None:
     p = problems[task_id]
     result = TASK.score(_item(task_id), _fenced(p["prompt"] + p["canonical_solution"]))

@@ -133,8 +133,10 @@ def test_agrees_with_reference_strict_and_loose(reference: Any) -> None:
         for i, iid in enumerate(rec["instruction_id_list"]):
             checked[iid] += 1
             if (ours.strict[i], ours.loose[i]) != (ref_strict[i], ref_loose[i]):
-                disagreements.append(f"row {n} {iid}: ours strict/loose={ours.strict[i]}/{ours.loose[i]} "
-                                     f"reference={ref_strict[i]}/{ref_loose[i]} response={response[:80]!r}")
+                disagreements.append(
+                    f"row {n} {iid}: ours strict/loose={ours.strict[i]}/{ours.loose[i]} "
+                    f"reference={ref_strict[i]}/{ref_loose[i]} response={response[:80]!r}"
+                )
     assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(disagreements)
     assert set(checked) == set(ck.INSTRUCTION_TYPES)
 
@@ -159,14 +161,22 @@ def test_sentence_and_capital_counts_match_nltk(reference: Any) -> None:
 # ------------------------------------------------------------------ checks that must fail
 
 
-@pytest.mark.parametrize(("iid", "kwargs", "good", "bad"), [
-    ("punctuation:no_comma", {}, "no commas here", "one, two"),
-    ("detectable_format:title", {}, "<<T>> x", "<< >> x"),
-    ("startend:quotation", {}, '"hi"', '"'),
-    ("detectable_format:json_format", {}, '```json\n{"a": 1}\n```', "{a: 1}"),
-    ("length_constraints:number_sentences", {"num_sentences": 2, "relation": "less than"}, "Dr. Who came.", "Hi. Bye."),
-    ("combination:two_responses", {}, "a\n******\nb", "a\n******\na"),
-])
+@pytest.mark.parametrize(
+    ("iid", "kwargs", "good", "bad"),
+    [
+        ("punctuation:no_comma", {}, "no commas here", "one, two"),
+        ("detectable_format:title", {}, "<<T>> x", "<< >> x"),
+        ("startend:quotation", {}, '"hi"', '"'),
+        ("detectable_format:json_format", {}, '```json\n{"a": 1}\n```', "{a: 1}"),
+        (
+            "length_constraints:number_sentences",
+            {"num_sentences": 2, "relation": "less than"},
+            "Dr. Who came.",
+            "Hi. Bye.",
+        ),
+        ("combination:two_responses", {}, "a\n******\nb", "a\n******\na"),
+    ],
+)
 def test_single_checks(iid: str, kwargs: dict[str, Any], good: str, bad: str) -> None:
     assert ck.check_instruction(iid, kwargs, good) is True
     assert ck.check_instruction(iid, kwargs, bad) is False
@@ -188,8 +198,9 @@ def test_loose_passes_where_strict_fails_on_a_preamble() -> None:
 
 def test_language_unverifiable_without_langdetect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ck, "language_detection_available", lambda: False)
-    v = ck.evaluate_response(["language:response_language", "punctuation:no_comma"], [{"language": "fr"}, {}],
-                             "Bonjour tout le monde")
+    v = ck.evaluate_response(
+        ["language:response_language", "punctuation:no_comma"], [{"language": "fr"}, {}], "Bonjour tout le monde"
+    )
     assert v.strict == (None, True) and v.prompt_strict  # judged on what can be checked
     assert ck.check_instruction("change_case:english_capital", {}, "not upper") is False  # decided without it
     assert ck.check_instruction("change_case:english_capital", {}, "ALL UPPER") is None
@@ -223,9 +234,17 @@ def test_load_tiers_are_deterministic(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_full_tier_prefers_cached_hub_dataset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    (tmp_path / task_mod.HUB_FILE).write_text(json.dumps(
-        {"key": 1000, "prompt": "Say hi without commas.", "instruction_id_list": ["punctuation:no_comma"],
-         "kwargs": [{"num_words": None}]}) + "\n")
+    (tmp_path / task_mod.HUB_FILE).write_text(
+        json.dumps(
+            {
+                "key": 1000,
+                "prompt": "Say hi without commas.",
+                "instruction_id_list": ["punctuation:no_comma"],
+                "kwargs": [{"num_words": None}],
+            }
+        )
+        + "\n"
+    )
     import pytest_mlxgate.hub as hub
 
     monkeypatch.setattr(hub, "snapshot_download", lambda *a, **k: tmp_path)

@@ -50,7 +50,9 @@ def test_prompt_format_is_the_standard_five_shot(full: list[Item]) -> None:
     def block(row: dict[str, object]) -> str:
         choices = row["choices"]
         assert isinstance(choices, list)
-        return str(row["question"]).strip() + "".join(f"\n{letters[k]}. {c}" for k, c in enumerate(choices)) + "\nAnswer:"
+        return (
+            str(row["question"]).strip() + "".join(f"\n{letters[k]}. {c}" for k, c in enumerate(choices)) + "\nAnswer:"
+        )
 
     expected = "The following are multiple choice questions (with answers) about high school physics.\n\n"
     for shot in subject["dev"]:
@@ -155,8 +157,10 @@ def test_missing_data_says_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_cached_hub_snapshot_is_a_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    rows = [{"question": f"q{i}", "subject": "astronomy", "choices": ["w", "x", "y", "z"], "answer": i % 4}
-            for i in range(7)]
+    rows = [
+        {"question": f"q{i}", "subject": "astronomy", "choices": ["w", "x", "y", "z"], "answer": i % 4}
+        for i in range(7)
+    ]
     for subject in ("astronomy", "all"):  # "all" repeats every subject: it must be skipped
         (tmp_path / subject).mkdir()
         pq.write_table(pa.Table.from_pylist(rows), tmp_path / subject / "test-00000-of-00001.parquet")

@@ -26,7 +26,11 @@ def test_prompts_continuations_and_gold_are_olmes_own() -> None:
     for doc_id, item in enumerate(full):
         doc = olmes[doc_id]
         assert (item.text, item.choices, item.target, item.id) == (
-            doc.query, doc.continuations, doc.label, f"piqa/{doc.native_id}")
+            doc.query,
+            doc.continuations,
+            doc.label,
+            f"piqa/{doc.native_id}",
+        )
     assert full[0].text == "Goal: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
     assert full[0].choices[0].startswith(" Provide the guinea pig")
 

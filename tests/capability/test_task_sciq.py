@@ -27,7 +27,11 @@ def test_prompts_continuations_and_gold_are_olmes_own() -> None:
     for doc_id, item in enumerate(full):
         doc = olmes[doc_id]
         assert (item.text, item.choices, item.target, item.id) == (
-            doc.query, doc.continuations, doc.label, f"sciq/{doc.native_id}")
+            doc.query,
+            doc.continuations,
+            doc.label,
+            f"sciq/{doc.native_id}",
+        )
         assert "\n" not in (item.text or "").removesuffix("\nAnswer:")  # no support paragraph
     assert full[0].text == "Question: Who proposed the theory of evolution by natural selection?\nAnswer:"
     assert full[0].choices == (" Linnaeus", " shaw", " Scopes", " darwin")

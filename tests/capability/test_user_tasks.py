@@ -74,16 +74,22 @@ def test_registration_mistakes_say_what_to_do() -> None:
 
 def test_an_unknown_task_lists_what_is_known_and_how_to_add_one() -> None:
     register_task(Echo())
-    with pytest.raises(MlxgateUsageError, match=r"'nope' is not a capability task; known: mmlu, .*hashhop, arc_easy, piqa, sciq, echo\. "
-                                                r"Define your own with pytest_mlxgate.register_task"):
+    with pytest.raises(
+        MlxgateUsageError,
+        match=r"'nope' is not a capability task; known: mmlu, .*hashhop, arc_easy, piqa, sciq, echo\. "
+        r"Define your own with pytest_mlxgate.register_task",
+    ):
         load_task("nope")
 
 
 def test_a_jsonl_task_reads_text_and_chat_items_with_stable_ids(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "t.jsonl", [
-        {"id": "q1", "prompt": "2+2=", "target": "4"},
-        {"messages": [{"role": "user", "content": "Capital of France?"}], "target": "Paris"},
-    ])
+    path = _jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"id": "q1", "prompt": "2+2=", "target": "4"},
+            {"messages": [{"role": "user", "content": "Capital of France?"}], "target": "Paris"},
+        ],
+    )
     task = jsonl_task("arith", path)
     items = task.load("smoke")
     assert [i.id for i in items][0] == "q1" and items[1].messages is not None and items[1].text is None
@@ -93,26 +99,31 @@ def test_a_jsonl_task_reads_text_and_chat_items_with_stable_ids(tmp_path: Path) 
 
 
 def test_regex_and_choice_scoring(tmp_path: Path) -> None:
-    rx = jsonl_task("rx", _jsonl(tmp_path / "rx.jsonl", [{"prompt": "p", "target": r"\b(4|four)\b"}]),
-                    scoring="regex")
+    rx = jsonl_task("rx", _jsonl(tmp_path / "rx.jsonl", [{"prompt": "p", "target": r"\b(4|four)\b"}]), scoring="regex")
     item = rx.load("full")[0]
     assert rx.score(item, "it is four.").score == 1.0 and rx.score(item, "fourteen").score == 0.0
-    ch = jsonl_task("ch", _jsonl(tmp_path / "ch.jsonl", [{"prompt": "p", "choices": [" yes", " no"], "target": " no"}]),
-                    scoring="choice")
+    ch = jsonl_task(
+        "ch",
+        _jsonl(tmp_path / "ch.jsonl", [{"prompt": "p", "choices": [" yes", " no"], "target": " no"}]),
+        scoring="choice",
+    )
     item = ch.load("full")[0]
     assert item.kind == "choice" and item.target == 1
     assert ch.score(item, "", choice_logprobs=[-2.0, -0.1]).score == 1.0
     assert ch.score(item, "", choice_logprobs=[-0.1, -2.0]).score == 0.0
 
 
-@pytest.mark.parametrize(("row", "scoring", "message"), [
-    ({"target": "x"}, "exact", 'exactly one of "prompt"'),
-    ({"prompt": "p", "messages": [], "target": "x"}, "exact", 'exactly one of "prompt"'),
-    ({"prompt": "p", "target": 3}, "exact", "is a string"),
-    ({"prompt": "p", "target": "("}, "regex", "not a regular expression"),
-    ({"prompt": "p", "target": 0}, "choice", 'needs "choices"'),
-    ({"prompt": "p", "choices": ["a", "b"], "target": "c"}, "choice", "one of the choices or its index"),
-])
+@pytest.mark.parametrize(
+    ("row", "scoring", "message"),
+    [
+        ({"target": "x"}, "exact", 'exactly one of "prompt"'),
+        ({"prompt": "p", "messages": [], "target": "x"}, "exact", 'exactly one of "prompt"'),
+        ({"prompt": "p", "target": 3}, "exact", "is a string"),
+        ({"prompt": "p", "target": "("}, "regex", "not a regular expression"),
+        ({"prompt": "p", "target": 0}, "choice", 'needs "choices"'),
+        ({"prompt": "p", "choices": ["a", "b"], "target": "c"}, "choice", "one of the choices or its index"),
+    ],
+)
 def test_bad_lines_name_the_file_and_line(tmp_path: Path, row: dict[str, Any], scoring: Any, message: str) -> None:
     path = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "target": "a", "choices": ["a", "b"]}, row])
     with pytest.raises(MlxgateUsageError, match=rf"bad\.jsonl:2: .*{message}"):
@@ -140,7 +151,8 @@ def test_smoke_size_and_n_take_the_same_seeded_sample(tmp_path: Path) -> None:
 def test_an_installed_package_publishes_a_task_by_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_tasks.py").write_text(
         "from pytest_mlxgate.capability.user_tasks import JsonlTask\n"
-        f"TASK = JsonlTask('pkgtask', __import__('pathlib').Path({str(tmp_path / 'x.jsonl')!r}))\n")
+        f"TASK = JsonlTask('pkgtask', __import__('pathlib').Path({str(tmp_path / 'x.jsonl')!r}))\n"
+    )
     dist = tmp_path / "my_tasks-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-tasks\nVersion: 0.1\n")
@@ -152,7 +164,7 @@ def test_an_installed_package_publishes_a_task_by_entry_point(tmp_path: Path, mo
         load_task("broken")
 
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_capability_at_least, jsonl_task, register_task
 
@@ -163,30 +175,39 @@ jsonl_task("pick", "pick.jsonl", scoring="choice")
 
 def test_user_tasks(paired):
     assert_capability_at_least(paired, ["colors", "pick"], max_drop=0.6)  # 2 agreeing items bound a drop at 0.575
-'''
+"""
 
 
 @pytest.mark.slow  # two pytester gate sessions on the tiny model
 def test_user_tasks_run_paired_through_a_gate(pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
     pytester.makeini("[pytest]\n")
     _jsonl(pytester.path / "colors.jsonl", [{"prompt": f"Say {w}:", "target": w} for w in ("red", "blue", "green")])
-    _jsonl(pytester.path / "pick.jsonl", [{"prompt": "Pick:", "choices": [" a", " b"], "target": 0}] * 1
-           + [{"prompt": "Pick again:", "choices": [" a", " b"], "target": " b"}])
+    _jsonl(
+        pytester.path / "pick.jsonl",
+        [{"prompt": "Pick:", "choices": [" a", " b"], "target": 0}] * 1
+        + [{"prompt": "Pick again:", "choices": [" a", " b"], "target": " b"}],
+    )
     pytester.makepyfile(test_gate=GATE)
     report = tmp_path / "r.json"
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", f"--mlx-report={report}",
-                                           "--mlx-db=off", "-p", "no:randomly")
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}", f"--mlx-report={report}", "--mlx-db=off", "-p", "no:randomly"
+    )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*mlxgate: scored capability colors (smoke) reference arm: 3 items in * s (*items/s)",
-                                 "*mlxgate: scored capability colors (smoke) candidate arm: 3 items in *"])
+    result.stdout.fnmatch_lines(
+        [
+            "*mlxgate: scored capability colors (smoke) reference arm: 3 items in * s (*items/s)",
+            "*mlxgate: scored capability colors (smoke) candidate arm: 3 items in *",
+        ]
+    )
     records = {r["mode"]: r for r in json.loads(report.read_text())["gates"]}
     tasks = records["capability"]["tasks"]
     assert tasks["colors"]["n"] == 3 and tasks["pick"]["n"] == 2
     assert tasks["colors"]["ref_score"] == tasks["colors"]["cand_score"]  # a flag nothing reads: same outputs
     assert "score" not in records  # the Capability Score is the six built-in tasks: none of them ran here
     assert tasks["colors"]["reference_source"] == "computed"
-    again = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", f"--mlx-report={report}",
-                                          "--mlx-db=off", "-p", "no:randomly")
+    again = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}", f"--mlx-report={report}", "--mlx-db=off", "-p", "no:randomly"
+    )
     again.assert_outcomes(passed=1)
     cached = {r["mode"]: r for r in json.loads(report.read_text())["gates"]}["capability"]["tasks"]
     assert cached["colors"]["reference_source"] == "cache"  # an unchanged gate runs only its candidate arm

@@ -49,9 +49,7 @@ def test_default_alias_is_the_embedded_models_own() -> None:
 
 
 def test_repo_id_with_and_without_revision(aliases: Aliases, tmp_path: Path) -> None:
-    assert parse("org/model", aliases, tmp_path) == CandidateSpec(
-        kind="hub", name="org/model", repo_id="org/model"
-    )
+    assert parse("org/model", aliases, tmp_path) == CandidateSpec(kind="hub", name="org/model", repo_id="org/model")
     spec = parse("org/model@refs/pr/3", aliases, tmp_path)
     assert (spec.repo_id, spec.revision, spec.name) == ("org/model", "refs/pr/3", "org/model@refs/pr/3")
 

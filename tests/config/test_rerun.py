@@ -12,13 +12,17 @@ from pytest_mlxgate.config.rerun import rerun_command
 from pytest_mlxgate.errors import MlxgateUsageError
 
 
-@pytest.mark.parametrize("args", [
-    ["--mlx-endpoint", "http://user:SECRET@127.0.0.1:9"],
-    ["--mlx-endpoint=https://user:SECRET@hub.example.org/prefix"],
-    ["-o", "mlx_endpoint=http://me:SECRET@proxy:3128"],
-])
-def test_the_rerun_command_keeps_the_endpoint_but_masks_its_credentials(pytester: pytest.Pytester,
-                                                                        args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--mlx-endpoint", "http://user:SECRET@127.0.0.1:9"],
+        ["--mlx-endpoint=https://user:SECRET@hub.example.org/prefix"],
+        ["-o", "mlx_endpoint=http://me:SECRET@proxy:3128"],
+    ],
+)
+def test_the_rerun_command_keeps_the_endpoint_but_masks_its_credentials(
+    pytester: pytest.Pytester, args: list[str]
+) -> None:
     config = pytester.parseconfig("--mlx-kl-tokens=8", *args, "--mlx-report=r.json")
     command = rerun_command(config, "test_gate.py::test_drift")
     assert "SECRET" not in command, command
@@ -29,11 +33,14 @@ def test_the_rerun_command_keeps_the_endpoint_but_masks_its_credentials(pytester
 
 def test_the_rerun_command_pairs_flags_with_values_after_masking(pytester: pytest.Pytester) -> None:
     config = pytester.parseconfig("--mlx-endpoint", "http://u:SECRET@127.0.0.1:9", "--mlx-kl-prompts", "3")
-    assert rerun_command(config, "t.py::g") == "pytest t.py::g --mlx-endpoint 'http://***@127.0.0.1:9' --mlx-kl-prompts 3"
+    assert (
+        rerun_command(config, "t.py::g") == "pytest t.py::g --mlx-endpoint 'http://***@127.0.0.1:9' --mlx-kl-prompts 3"
+    )
 
 
-@pytest.mark.parametrize("value", ["user:SECRET@host", "ftp://user:SECRET@host", "http://u:SECRET@host?x=1",
-                                   "//u:SECRET@host"])
+@pytest.mark.parametrize(
+    "value", ["user:SECRET@host", "ftp://user:SECRET@host", "http://u:SECRET@host?x=1", "//u:SECRET@host"]
+)
 def test_a_rejected_endpoint_is_shown_without_its_credentials(value: str) -> None:
     with pytest.raises(MlxgateUsageError, match="is not a hub endpoint") as e:
         check_endpoint(value)

@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # three pytester gate sessions in subprocesses
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_capability_at_least, assert_kl_below, jsonl_task
 
@@ -36,23 +36,31 @@ def test_drift(paired):
 
 def test_capability(paired):
     assert_capability_at_least(paired, "colors", max_drop=0.6)
-'''
+"""
 
 
 @pytest.fixture
 def gate(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeini("[pytest]\n")
     (pytester.path / "colors.jsonl").write_text(
-        "".join(json.dumps({"prompt": f"Say {w}:", "target": w}) + "\n" for w in ("red", "blue", "green")))
+        "".join(json.dumps({"prompt": f"Say {w}:", "target": w}) + "\n" for w in ("red", "blue", "green"))
+    )
     pytester.makepyfile(test_gate=GATE)
     return pytester
 
 
 def _run(p: pytest.Pytester, model: Path, cache: Path, report: Path, *more: str) -> tuple[pytest.RunResult, Any]:
     report.unlink(missing_ok=True)
-    result = p.runpytest_subprocess(f"--mlx-candidate={model}", f"--mlx-report={report}",
-                                    f"--mlx-reference-cache={cache}", "--mlx-db=off", "--mlx-allow-untrained",
-                                    "-p", "no:randomly", *more)
+    result = p.runpytest_subprocess(
+        f"--mlx-candidate={model}",
+        f"--mlx-report={report}",
+        f"--mlx-reference-cache={cache}",
+        "--mlx-db=off",
+        "--mlx-allow-untrained",
+        "-p",
+        "no:randomly",
+        *more,
+    )
     records = json.loads(report.read_text())["gates"] if report.is_file() else []
     return result, {r["mode"]: r for r in records}
 
@@ -60,9 +68,21 @@ def _run(p: pytest.Pytester, model: Path, cache: Path, report: Path, *more: str)
 def _verdicts(records: dict[str, Any]) -> dict[str, Any]:
     """What must not depend on whether the reference came from the cache."""
     kl, cap = records["gate"], records["capability"]  # a KL gate's mode is "gate"
-    return {"kl": (kl["verdict"], kl["stats"]["mean"], kl["stats"]["max"], kl["stats"]["same_top"], kl["stats"]["n_tokens"]),
-            "capability": (cap["verdict"], cap["tasks"]["colors"]["ref_score"], cap["tasks"]["colors"]["cand_score"],
-                           [i["reference"] for i in cap["tasks"]["colors"]["items"]])}
+    return {
+        "kl": (
+            kl["verdict"],
+            kl["stats"]["mean"],
+            kl["stats"]["max"],
+            kl["stats"]["same_top"],
+            kl["stats"]["n_tokens"],
+        ),
+        "capability": (
+            cap["verdict"],
+            cap["tasks"]["colors"]["ref_score"],
+            cap["tasks"]["colors"]["cand_score"],
+            [i["reference"] for i in cap["tasks"]["colors"]["items"]],
+        ),
+    }
 
 
 def _sources(records: dict[str, Any]) -> tuple[str, str]:
@@ -76,7 +96,8 @@ def _flip(path: Path, at: int) -> None:
 
 
 def test_a_damaged_entry_is_said_once_recomputed_replaced_and_then_hit(
-        gate: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    gate: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     cache, report = tmp_path / "refcache", tmp_path / "report.json"
     first, records = _run(gate, tiny_model_dir, cache, report)
     first.assert_outcomes(passed=2)

@@ -45,7 +45,7 @@ def drifting_rms_norm(x, weight, eps):
     return _rms(x, weight * 1.02, eps)
 '''
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -57,7 +57,7 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1.0)
-'''
+"""
 NAN_GATE = GATE.format(cand="nan_rms_norm")
 PASSING_GATE = GATE.format(cand="drifting_rms_norm")  # a real drift, well inside 1.0
 NO_LEVER = "def test_drift(paired):\n    pass\n"  # a setup error: the module declares no lever
@@ -74,9 +74,15 @@ def gates(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str, db: str | None = None) -> pytest.RunResult:
-    return p.runpytest_subprocess(f"--mlx-candidate={model}", f"--mlx-db={db or tmp / 'results.sqlite'}",
-                                  f"--mlx-reference-cache={tmp / 'refcache'}", "--mlx-allow-untrained",
-                                  "-p", "no:randomly", *more)
+    return p.runpytest_subprocess(
+        f"--mlx-candidate={model}",
+        f"--mlx-db={db or tmp / 'results.sqlite'}",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-allow-untrained",
+        "-p",
+        "no:randomly",
+        *more,
+    )
 
 
 def _no_traceback(result: pytest.RunResult) -> None:
@@ -88,13 +94,22 @@ def _no_traceback(result: pytest.RunResult) -> None:
 
 @pytest.mark.parametrize("dist", ["plain", "xdist"])
 def test_nan_logits_and_a_setup_error_are_error_records_everywhere(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, dist: str) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, dist: str
+) -> None:
     if dist == "xdist":
         pytest.importorskip("xdist")
     gates.makepyfile(test_nan=NAN_GATE, test_nolever=NO_LEVER, test_ok=PASSING_GATE, test_skip=SKIPPED)
     report, html, xml = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "r.xml"
-    result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={report}", f"--mlx-html={html}",
-                  f"--junit-xml={xml}", "--mlx-shard=1/1", *(["-n", "2"] if dist == "xdist" else []))
+    result = _run(
+        gates,
+        tiny_model_dir,
+        tmp_path,
+        f"--mlx-report={report}",
+        f"--mlx-html={html}",
+        f"--junit-xml={xml}",
+        "--mlx-shard=1/1",
+        *(["-n", "2"] if dist == "xdist" else []),
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.assert_outcomes(passed=1, failed=1, errors=1, skipped=1)
     _no_traceback(result)
@@ -114,8 +129,11 @@ def test_nan_logits_and_a_setup_error_are_error_records_everywhere(
 
     with sqlite3.connect(tmp_path / "results.sqlite") as db:
         rows = dict(db.execute("SELECT nodeid, verdict FROM quality_runs").fetchall())
-    assert rows == {"test_nan.py::test_drift": "error", "test_nolever.py::test_drift": "error",
-                    "test_ok.py::test_drift": "pass"}
+    assert rows == {
+        "test_nan.py::test_drift": "error",
+        "test_nolever.py::test_drift": "error",
+        "test_ok.py::test_drift": "pass",
+    }
 
     props: dict[str, dict[str, str]] = {}
     for prop in ET.parse(xml).getroot().iter("property"):
@@ -129,10 +147,18 @@ def test_nan_logits_and_a_setup_error_are_error_records_everywhere(
     page = html.read_text()
     assert page.count('class="badge v-error"') >= 2 and "NonFiniteLogitsError" in page and "declares no lever" in page
 
-    result.stdout.fnmatch_lines(["test_nan::test_drift *error in call*ERROR",
-                                 "  NonFiniteLogitsError: the candidate arm (norm=kernels:nan_rms_norm) produced*"])
-    result.stdout.fnmatch_lines(["test_nolever::test_drift *error in setup*ERROR",
-                                 "  test_nolever.py::test_drift uses `paired` but declares no lever*"])
+    result.stdout.fnmatch_lines(
+        [
+            "test_nan::test_drift *error in call*ERROR",
+            "  NonFiniteLogitsError: the candidate arm (norm=kernels:nan_rms_norm) produced*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "test_nolever::test_drift *error in setup*ERROR",
+            "  test_nolever.py::test_drift uses `paired` but declares no lever*",
+        ]
+    )
 
     # the shard's merge is no pass either (before, "1 gate record(s)" and exit 0)
     assert main(["merge", str(report)]) == 1
@@ -142,7 +168,8 @@ def test_nan_logits_and_a_setup_error_are_error_records_everywhere(
 
 
 def test_ctrl_c_in_the_second_module_leaves_a_report_that_says_interrupted(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     gates.makepyfile(test_a=PASSING_GATE, test_b=CTRL_C, test_c=PASSING_GATE)
     report, html = tmp_path / "r.json", tmp_path / "r.html"
     result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={report}", f"--mlx-html={html}")
@@ -152,8 +179,9 @@ def test_ctrl_c_in_the_second_module_leaves_a_report_that_says_interrupted(
     assert doc["not_run"] == ["test_b.py", "test_c.py"]
     assert [(g["nodeid"], g["verdict"]) for g in doc["gates"]] == [("test_a.py::test_drift", "pass")]
     assert doc["run"]["config"]["interrupted"]["reason"] == "KeyboardInterrupt"
-    result.stdout.fnmatch_lines(["*mlxgate: INTERRUPTED (KeyboardInterrupt): 2 module(s) did not run: "
-                                 "test_b.py, test_c.py*"])
+    result.stdout.fnmatch_lines(
+        ["*mlxgate: INTERRUPTED (KeyboardInterrupt): 2 module(s) did not run: test_b.py, test_c.py*"]
+    )
     assert 'class="banner interrupted"' in html.read_text()
     with sqlite3.connect(tmp_path / "results.sqlite") as db:
         (config_json,) = db.execute("SELECT config_json FROM quality_runs").fetchone()
@@ -164,14 +192,19 @@ def test_ctrl_c_in_the_second_module_leaves_a_report_that_says_interrupted(
 
 
 def test_a_report_under_a_file_fails_the_run_with_the_fix(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     gates.makepyfile(test_ok=PASSING_GATE)
     (tmp_path / "afile").write_text("not a directory")
     result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={tmp_path / 'afile' / 'r.json'}")
     result.assert_outcomes(passed=1)  # the gate passed; the run did not deliver its report
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([f"*mlxgate: ERROR: JSON report {tmp_path / 'afile' / 'r.json'} not written*"
-                                 "Fix: --mlx-report PATH in a writable directory*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"*mlxgate: ERROR: JSON report {tmp_path / 'afile' / 'r.json'} not written*"
+            "Fix: --mlx-report PATH in a writable directory*"
+        ]
+    )
     _no_traceback(result)
 
 
@@ -194,7 +227,8 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_disk_fails_the_run_and_leaves_no_earlier_report_to_mistake(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, full_disk: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, full_disk: Path
+) -> None:
     report = full_disk / "r.json"
     report.write_text('{"mlxgate_report": 1, "verdict": "pass", "gates": []}')  # the last run's
     gates.makepyfile(test_ok=PASSING_GATE)
@@ -202,8 +236,9 @@ def test_a_full_disk_fails_the_run_and_leaves_no_earlier_report_to_mistake(
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     assert not report.exists()  # CI's upload of r.json finds nothing, not the last run's pass
     assert json.loads((full_disk / "r.json.stale").read_text())["verdict"] == "pass"  # kept, by another name
-    result.stdout.fnmatch_lines([f"*ERROR: JSON report {report} not written: No space left on device*moved to "
-                                 f"{report}.stale*"])
+    result.stdout.fnmatch_lines(
+        [f"*ERROR: JSON report {report} not written: No space left on device*moved to {report}.stale*"]
+    )
 
 
 @pytest.fixture
@@ -220,13 +255,18 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_an_earlier_report_that_cannot_be_moved_aside_stops_the_run_before_it_starts(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, read_only_dir: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, read_only_dir: Path
+) -> None:
     gates.makepyfile(test_ok=PASSING_GATE)
     report = read_only_dir / "r.json"
     result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={report}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--mlx-report {report}: a report from an earlier run is there and cannot be moved "
-                                 "aside (Read-only file system)*Fix: --mlx-report PATH in a writable directory*"])
+    result.stderr.fnmatch_lines(
+        [
+            f"*--mlx-report {report}: a report from an earlier run is there and cannot be moved "
+            "aside (Read-only file system)*Fix: --mlx-report PATH in a writable directory*"
+        ]
+    )
     assert "passed" not in result.stdout.str()  # no gate ran for a report that could not be delivered
 
 
@@ -240,7 +280,8 @@ def _merge(tmp: Path, name: str, doc: dict[str, Any]) -> int:
 
 
 def test_merge_fails_a_short_shard_an_empty_one_an_unknown_verdict_and_an_interrupted_one(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     gates.makepyfile(test_a=PASSING_GATE, test_b=PASSING_GATE)
     report = tmp_path / "shard.json"
     _run(gates, tiny_model_dir, tmp_path, "--mlx-shard=1/1", f"--mlx-report={report}").assert_outcomes(passed=2)
@@ -292,13 +333,15 @@ conn.execute("ROLLBACK")
 
 
 def test_a_locked_db_costs_one_short_wait_and_its_rows_arrive_with_the_next_run(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     assert DB_BUSY_TIMEOUT_S == 5.0  # the stated wait (it was 60 s per access)
     db = tmp_path / "results.sqlite"
     ResultsDB(db)  # the file exists, as after any earlier run
     gates.makepyfile(test_ok=PASSING_GATE)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         first = _run(gates, tiny_model_dir, tmp_path, db=str(db))
@@ -309,8 +352,12 @@ def test_a_locked_db_costs_one_short_wait_and_its_rows_arrive_with_the_next_run(
     first.assert_outcomes(passed=1)
     assert first.ret == pytest.ExitCode.OK  # the history is a by-product: its rows are queued, not lost
     pending = pending_path(db)
-    first.stdout.fnmatch_lines([f"*results not recorded in the DB yet: {db} is locked by another process (PID "
-                                f"{holder.pid}) (waited 5 s); 1 row(s) queued to {pending}, merged on the next run*"])
+    first.stdout.fnmatch_lines(
+        [
+            f"*results not recorded in the DB yet: {db} is locked by another process (PID "
+            f"{holder.pid}) (waited 5 s); 1 row(s) queued to {pending}, merged on the next run*"
+        ]
+    )
     assert ResultsDB(db).runs() == []
     [queued] = pending.read_text().splitlines()
     first_run = json.loads(queued)["run"]["run_id"]

@@ -15,7 +15,7 @@ from gate_sources import PERTURB
 from hfenv import HfEnv
 
 # One gate over its limit (its failure message prints the re-run command), one within it.
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -31,7 +31,7 @@ def test_over_its_limit(paired):
 
 def test_within_its_limit(paired):
     assert_kl_below(paired, mean=1.0, top1=0.2)
-'''
+"""
 
 REPO = "secrets/tiny"
 SECRET = "SECRET"
@@ -66,14 +66,25 @@ def _stored(paths: list[Path]) -> dict[str, bytes]:
 
 
 @pytest.mark.slow  # a pytester gate session on the tiny model, downloaded from the fake hub
-def test_credentials_in_the_endpoint_are_used_and_stored_nowhere(gates: pytest.Pytester, hub: FakeHub,
-                                                                  tmp_path: Path) -> None:
+def test_credentials_in_the_endpoint_are_used_and_stored_nowhere(
+    gates: pytest.Pytester, hub: FakeHub, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     report, html, junit, db = out / "report.json", out / "report.html", out / "junit.xml", out / "results.sqlite"
     endpoint = _with_credentials(hub.endpoint)
     result = gates.runpytest_subprocess(
-        f"--mlx-candidate={REPO}", "--mlx-endpoint", endpoint, f"--mlx-report={report}", f"--mlx-html={html}",
-        f"--junit-xml={junit}", f"--mlx-db={db}", "-p", "no:randomly", "-rA", "-v")
+        f"--mlx-candidate={REPO}",
+        "--mlx-endpoint",
+        endpoint,
+        f"--mlx-report={report}",
+        f"--mlx-html={html}",
+        f"--junit-xml={junit}",
+        f"--mlx-db={db}",
+        "-p",
+        "no:randomly",
+        "-rA",
+        "-v",
+    )
     text = result.stdout.str() + result.stderr.str()
     # Not a false green: the gate over its limit fails, its report names the re-run command, masked.
     result.assert_outcomes(failed=1, passed=1)
@@ -105,19 +116,29 @@ def test_credentials_in_the_endpoint_are_used_and_stored_nowhere(gates: pytest.P
 
 
 @pytest.mark.slow  # a pytester session whose download fails
-def test_a_download_that_fails_says_so_without_the_credentials(gates: pytest.Pytester, hub: FakeHub,
-                                                               tmp_path: Path) -> None:
+def test_a_download_that_fails_says_so_without_the_credentials(
+    gates: pytest.Pytester, hub: FakeHub, tmp_path: Path
+) -> None:
     """The hub keeps failing (503, no wait asked): the retries run out and the gates error, with the URL
     that failed in the message, its userinfo masked; the JUnit XML carries the same message."""
     hub.inject_api(Fault.status(503, retry_after="0", times=FOREVER))
     junit = tmp_path / "junit.xml"
-    result = gates.runpytest_subprocess(f"--mlx-candidate={REPO}", f"--mlx-endpoint={_with_credentials(hub.endpoint)}",
-                                        f"--junit-xml={junit}", "--mlx-db=off", "-p", "no:randomly", "-rA")
+    result = gates.runpytest_subprocess(
+        f"--mlx-candidate={REPO}",
+        f"--mlx-endpoint={_with_credentials(hub.endpoint)}",
+        f"--junit-xml={junit}",
+        "--mlx-db=off",
+        "-p",
+        "no:randomly",
+        "-rA",
+    )
     text = result.stdout.str() + result.stderr.str()
     result.assert_outcomes(errors=2)
     assert result.ret != 0
     assert "Traceback" not in text, text[-3000:]
-    result.stdout.fnmatch_lines([f"*cannot get the candidate '{REPO}'*gave up after*http://***@127.0.0.1:*answered 503*"])
+    result.stdout.fnmatch_lines(
+        [f"*cannot get the candidate '{REPO}'*gave up after*http://***@127.0.0.1:*answered 503*"]
+    )
     for where, blob in {"terminal": text.encode(), "junit": junit.read_bytes()}.items():
         assert SECRET.encode() not in blob, f"{where} holds the endpoint's password"
     assert "http://***@127.0.0.1:" in junit.read_text()

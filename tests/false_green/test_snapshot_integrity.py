@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # pytester gate sessions in subprocesses
 
 
 # Limits no drift reaches: on any model that loads, this gate passes.
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -35,7 +35,7 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=50.0)
-'''
+"""
 
 
 @pytest.fixture
@@ -83,8 +83,15 @@ def test_a_cached_snapshot_edited_in_place_at_the_same_size_is_refused_not_verif
         f.write(b"9")
     assert blob.stat().st_size == len(data)
 
-    result = gate.runpytest_subprocess(f"--mlx-candidate={repo}", f"--mlx-cache-dir={cache}", "--mlx-offline",
-                                       f"--mlx-db={tmp_path / 'results.sqlite'}", "-p", "no:randomly", *dist)
+    result = gate.runpytest_subprocess(
+        f"--mlx-candidate={repo}",
+        f"--mlx-cache-dir={cache}",
+        "--mlx-offline",
+        f"--mlx-db={tmp_path / 'results.sqlite'}",
+        "-p",
+        "no:randomly",
+        *dist,
+    )
     text = _no_false_green(result)
     assert "config.json: its content changed since it was verified" in text
     assert f"Fix: run `mlxgate get {repo} --cache-dir {cache}` with network" in text
@@ -107,11 +114,14 @@ def test_a_local_candidate_with_a_truncated_safetensors_says_which_file_and_why(
     with open(weights, "r+b") as f:
         f.truncate(size - 65536)  # an interrupted copy
 
-    result = gate.runpytest_subprocess(f"--mlx-candidate={model}", f"--mlx-db={tmp_path / 'results.sqlite'}",
-                                       "-p", "no:randomly", "-p", "no:xdist")
+    result = gate.runpytest_subprocess(
+        f"--mlx-candidate={model}", f"--mlx-db={tmp_path / 'results.sqlite'}", "-p", "no:randomly", "-p", "no:xdist"
+    )
     text = _no_false_green(result)
     result.assert_outcomes(errors=1)
     assert "pass" not in _verdicts(tmp_path / "results.sqlite")
-    assert (f"mlxgate: cannot load the candidate '{model}' ({model}): model.safetensors: it holds {size - 65536} "
-            f"bytes but its header says its tensors end at byte {size} (65536 bytes missing): truncated") in text
+    assert (
+        f"mlxgate: cannot load the candidate '{model}' ({model}): model.safetensors: it holds {size - 65536} "
+        f"bytes but its header says its tensors end at byte {size} (65536 bytes missing): truncated"
+    ) in text
     assert f"Fix: copy or convert the model into {model} again" in text

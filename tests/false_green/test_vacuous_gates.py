@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # pytester gate sessions in subprocesses
 
-KV_LATE = '''
+KV_LATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -27,9 +27,9 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=50, p99=50)
-'''
+"""
 
-PATCH = '''
+PATCH = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -41,9 +41,9 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean={mean}, top1=0.01)
-'''
+"""
 
-KERNELS = '''
+KERNELS = """
 import mlx.core as mx
 
 _rms, _layer = mx.fast.rms_norm, mx.fast.layer_norm
@@ -55,9 +55,9 @@ def same_rms_norm(x, weight, eps):
 
 def broken_layer_norm(x, weight, bias, eps):
     return _layer(x, weight, bias, eps) * 0.0 + float("nan")
-'''
+"""
 
-REFERENCE_V1 = '''
+REFERENCE_V1 = """
 import mlx.core as mx
 
 _rms = mx.fast.rms_norm
@@ -65,11 +65,11 @@ _rms = mx.fast.rms_norm
 
 def rms_norm(x, weight, eps):
     return _rms(x, weight, eps)
-'''
+"""
 
 REFERENCE_V2 = REFERENCE_V1.replace("return _rms(x, weight, eps)", "return _rms(x, weight * 1.5, eps)")
 
-EDITED_REF_GATE = '''
+EDITED_REF_GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -81,7 +81,7 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1e-6, p99=1e-5)
-'''
+"""
 
 
 @pytest.fixture
@@ -94,9 +94,16 @@ def gates(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def _run(pytester: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict]:
     report = tmp / "report.json"
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={model}", f"--mlx-report={report}",
-                                           f"--mlx-reference-cache={tmp / 'refcache'}", "--mlx-db=off",
-                                           "--mlx-allow-untrained", "-p", "no:randomly", *more)
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={model}",
+        f"--mlx-report={report}",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-db=off",
+        "--mlx-allow-untrained",
+        "-p",
+        "no:randomly",
+        *more,
+    )
     data = json.loads(report.read_text()) if report.is_file() else {}
     return result, data
 
@@ -108,16 +115,22 @@ def _no_pass(result: pytest.RunResult, data: dict) -> None:
 
 
 def test_a_kv_plan_that_quantizes_no_scored_position_is_refused(
-        gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     gates.makepyfile(test_kv=KV_LATE.format(start=5000))  # mlx_lm's own default quantized_kv_start
     result, data = _run(gates, tiny_kv_model_dir, tmp_path)
     _no_pass(result, data)
-    result.stdout.fnmatch_lines(["*KV lever 'kv_cache'*serve the same caches at every position*beyond the 24 "
-                                 "tokens*changes nothing the gate measures*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*KV lever 'kv_cache'*serve the same caches at every position*beyond the 24 "
+            "tokens*changes nothing the gate measures*"
+        ]
+    )
 
 
 def test_a_kv_plan_starting_inside_the_decode_window_is_tested(
-        gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     """The refusal's boundary: a start at the last scored position still quantizes (and 2 bits drift)."""
     gates.makepyfile(test_kv=KV_LATE.format(start=23).replace("mean=50, p99=50", "mean=1e-9"))
     result, data = _run(gates, tiny_kv_model_dir, tmp_path)
@@ -127,20 +140,29 @@ def test_a_kv_plan_starting_inside_the_decode_window_is_tested(
 
 
 def test_a_patch_whose_site_is_never_called_is_refused(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     # the llama normalizes with rms_norm: a broken layer_norm is never called, and would "pass"
-    gates.makepyfile(test_norm=PATCH.format(name="layer_norm", target="mlx.core.fast.layer_norm",
-                                            cand="kernels:broken_layer_norm", mean="1e-9"))
+    gates.makepyfile(
+        test_norm=PATCH.format(
+            name="layer_norm", target="mlx.core.fast.layer_norm", cand="kernels:broken_layer_norm", mean="1e-9"
+        )
+    )
     result, data = _run(gates, tiny_model_dir, tmp_path)
     _no_pass(result, data)
-    result.stdout.fnmatch_lines(["*mlx.core.fast.layer_norm was never called during the candidate arm*"
-                                 "never exercised*"])
+    result.stdout.fnmatch_lines(
+        ["*mlx.core.fast.layer_norm was never called during the candidate arm*never exercised*"]
+    )
 
 
 def test_an_exact_exercised_patch_passes_saying_how_many_calls_it_saw(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
-    gates.makepyfile(test_norm=PATCH.format(name="rms_norm", target="mlx.core.fast.rms_norm",
-                                            cand="kernels:same_rms_norm", mean="1e-9"))
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(
+        test_norm=PATCH.format(
+            name="rms_norm", target="mlx.core.fast.rms_norm", cand="kernels:same_rms_norm", mean="1e-9"
+        )
+    )
     result, data = _run(gates, tiny_model_dir, tmp_path)
     result.assert_outcomes(passed=1)
     [record] = data["gates"]
@@ -150,12 +172,25 @@ def test_an_exact_exercised_patch_passes_saying_how_many_calls_it_saw(
 
 
 def test_a_bare_lever_override_never_hijacks_another_modules_lever(
-        gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
-    gates.makepyfile(test_kv=KV_LATE.format(start=0),
-                     test_norm=PATCH.format(name="attention", target="mlx.core.fast.rms_norm",
-                                            cand="kernels:same_rms_norm", mean="1e-9"))
-    result, data = _run(gates, tiny_kv_model_dir, tmp_path, "--mlx-lever", "attention",
-                        "--mlx-ref-value", "original", "--mlx-cand-value", "kernels:same_rms_norm")
+    gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(
+        test_kv=KV_LATE.format(start=0),
+        test_norm=PATCH.format(
+            name="attention", target="mlx.core.fast.rms_norm", cand="kernels:same_rms_norm", mean="1e-9"
+        ),
+    )
+    result, data = _run(
+        gates,
+        tiny_kv_model_dir,
+        tmp_path,
+        "--mlx-lever",
+        "attention",
+        "--mlx-ref-value",
+        "original",
+        "--mlx-cand-value",
+        "kernels:same_rms_norm",
+    )
     result.assert_outcomes(passed=2)
     levers = {g["nodeid"]: g["lever"] for g in data["gates"]}
     assert levers["test_kv.py::test_drift"]["kind"] == "kv"  # not an environment variable named "attention"
@@ -164,18 +199,22 @@ def test_a_bare_lever_override_never_hijacks_another_modules_lever(
 
 
 def test_a_bare_lever_override_that_matches_no_module_is_a_usage_error(
-        gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     gates.makepyfile(test_kv=KV_LATE.format(start=0))
-    result, data = _run(gates, tiny_kv_model_dir, tmp_path, "--mlx-lever", "attention",
-                        "--mlx-ref-value", "0", "--mlx-cand-value", "1")
+    result, data = _run(
+        gates, tiny_kv_model_dir, tmp_path, "--mlx-lever", "attention", "--mlx-ref-value", "0", "--mlx-cand-value", "1"
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--mlx-lever attention: no collected gate module declares a lever named*"
-                                 "env:attention*"])
+    result.stderr.fnmatch_lines(
+        ["*--mlx-lever attention: no collected gate module declares a lever named*env:attention*"]
+    )
     assert not data.get("gates")
 
 
 def test_editing_the_reference_function_recomputes_the_reference(
-        gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     gates.makepyfile(myref=REFERENCE_V1, test_ref=EDITED_REF_GATE)
     first, data = _run(gates, tiny_model_dir, tmp_path)
     first.assert_outcomes(passed=1)

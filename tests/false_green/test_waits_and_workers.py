@@ -33,7 +33,7 @@ def rms_norm(x, weight, eps):
     return _fused(x, weight * 1.02, eps)
 '''
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -49,9 +49,9 @@ def test_drift(paired):
 
 def test_drift_again(paired):
     assert_kl_below(paired, mean={mean})
-'''
+"""
 
-SPEED = '''
+SPEED = """
 import os
 import pytest
 from pytest_mlxgate import assert_faster
@@ -77,7 +77,7 @@ def test_decode_ten_times_faster(paired, request):
 def test_prefill_ten_times_faster(paired, request):
     _where(request)
     assert_faster(paired, prefill=10.0)
-'''
+"""
 
 
 @pytest.fixture
@@ -94,8 +94,9 @@ def tiny_base_model_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
 def _session(pytester: pytest.Pytester, model: Path, *args: str) -> pytest.RunResult:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(slow=SLOW)
-    return pytester.runpytest_subprocess(f"--mlx-candidate={model}", "--mlx-db=off", "--mlx-reference-cache=off",
-                                         "-p", "no:randomly", *args)
+    return pytester.runpytest_subprocess(
+        f"--mlx-candidate={model}", "--mlx-db=off", "--mlx-reference-cache=off", "-p", "no:randomly", *args
+    )
 
 
 def _no_raw_traceback(result: pytest.RunResult) -> None:
@@ -105,32 +106,42 @@ def _no_raw_traceback(result: pytest.RunResult) -> None:
 
 @pytest.mark.slow  # a pytester gate session
 def test_a_lever_that_stalls_is_stopped_by_the_arm_timeout_and_never_passes(
-        pytester: pytest.Pytester, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """5 norm calls per forward x 0.2 s: the candidate arm's first forward takes 1 s, past a 0.5 s limit."""
     monkeypatch.setenv("MLXGATE_TEST_SLEEP_S", "0.2")
     pytester.makepyfile(test_gate=GATE.format(prompts=3, tokens=24, mean="1.0"))
     result = _session(pytester, tiny_model_dir, "--mlx-arm-timeout=0.5")
     result.assert_outcomes(failed=2)  # both tests of the module: the run's error is remembered, not retried
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([
-        ("*ArmTimeoutError: the KL candidate arm (norm=slow:rms_norm) ran past the arm time limit: 24 of 72 "
-         "positions done in * s (limit 0.5 s, --mlx-arm-timeout)*"),
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            (
+                "*ArmTimeoutError: the KL candidate arm (norm=slow:rms_norm) ran past the arm time limit: 24 of 72 "
+                "positions done in * s (limit 0.5 s, --mlx-arm-timeout)*"
+            ),
+        ]
+    )
     assert "raise the limit with --mlx-arm-timeout SECONDS" in result.stdout.str()
     _no_raw_traceback(result)
 
 
 @pytest.mark.slow  # a pytester gate session
 def test_kl_tokens_past_the_models_context_are_refused_before_any_arm_runs(
-        pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
+    pytester: pytest.Pytester, tiny_model_dir: Path
+) -> None:
     """The tiny llama's config says max_position_embeddings 4096."""
     pytester.makepyfile(test_gate=GATE.format(prompts=3, tokens=24, mean="1.0"))
     result = _session(pytester, tiny_model_dir, "--mlx-kl-tokens=5000")
     result.assert_outcomes(errors=2)
-    result.stdout.fnmatch_lines([
-        ("*test_gate.py::test_drift: the KL gate asks for 5000 tokens per sequence, but * serves at most 4096 "
-         "positions (max_position_embeddings in config.json)*"),
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            (
+                "*test_gate.py::test_drift: the KL gate asks for 5000 tokens per sequence, but * serves at most 4096 "
+                "positions (max_position_embeddings in config.json)*"
+            ),
+        ]
+    )
     out = result.stdout.str()
     assert "Fix: --mlx-kl-tokens 4096 or less" in out
     assert "reference arm" not in out and "candidate arm" not in out  # nothing ran
@@ -139,37 +150,43 @@ def test_kl_tokens_past_the_models_context_are_refused_before_any_arm_runs(
 
 @pytest.mark.slow  # a pytester session that generates with the tiny model
 def test_a_base_models_answer_check_completes_a_sentence_instead_of_a_raw_chat_template_error(
-        pytester: pytest.Pytester, tiny_base_model_dir: Path) -> None:
+    pytester: pytest.Pytester, tiny_base_model_dir: Path
+) -> None:
     """Untrained models are allowed in these tests: the completion runs, and its (random) answer fails."""
     pytester.makepyfile(test_snapshot=(ROOT / "gates" / "test_snapshot.py").read_text())
     result = _session(pytester, tiny_base_model_dir, "-k", "test_model_answers")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*AssertionError: greedy completion of 'The capital of France is' (no chat template: a base model): *",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*AssertionError: greedy completion of 'The capital of France is' (no chat template: a base model): *",
+        ]
+    )
     assert "chat_template is not set" not in result.stdout.str()
     _no_raw_traceback(result)
 
 
 @pytest.mark.slow  # a pytester gate session
 def test_a_base_model_fills_a_gate_past_the_default_chat_prompts_and_gets_its_real_verdict(
-        pytester: pytest.Pytester, tiny_base_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, tiny_base_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """40 prompts: before, sequence 38 began with a chat prompt and the gate failed at setup on a base model."""
     monkeypatch.setenv("MLXGATE_TEST_SLEEP_S", "0")
     pytester.makepyfile(test_gate=GATE.format(prompts=40, tokens=12, mean="1e-9"))
     result = _session(pytester, tiny_base_model_dir, "-k", "test_drift and not again")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*AssertionError: KL gate failed (a limit shown crossed): test_gate.py::test_drift",
-        "*mean KL * over 40 prompts, 480 tokens) > limit 1.00e-09  ✗ fail",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*AssertionError: KL gate failed (a limit shown crossed): test_gate.py::test_drift",
+            "*mean KL * over 40 prompts, 480 tokens) > limit 1.00e-09  ✗ fail",
+        ]
+    )
     assert "no chat template" not in result.stdout.str()
 
 
 @pytest.mark.slow  # a pytester gate session under -n 2
 def test_two_tests_of_a_speed_module_under_n2_run_on_one_worker_and_time_speed_once(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before, plain -n 2 sent the two tests to two workers: both built the run and timed the arms at
     once, each speed figure measuring the other worker's load."""
     pytest.importorskip("xdist")

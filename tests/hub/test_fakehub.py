@@ -85,8 +85,11 @@ def test_revision_info_blobs_and_oid_rules(hub: FakeHub, client: httpx.Client) -
     blobs = client.get(f"{hub.endpoint}/api/models/{REPO}/revision/{info['sha']}", params={"blobs": "true"})
     sib = {s["rfilename"]: s for s in blobs.json()["siblings"]}
     small = FILES[SMALL]
-    assert sib[SMALL] == {"rfilename": SMALL, "size": len(small),
-                          "blobId": hashlib.sha1(b"blob %d\0" % len(small) + small).hexdigest()}
+    assert sib[SMALL] == {
+        "rfilename": SMALL,
+        "size": len(small),
+        "blobId": hashlib.sha1(b"blob %d\0" % len(small) + small).hexdigest(),
+    }
     big = FILES[LFS]
     sha = hashlib.sha256(big).hexdigest()
     pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {len(big)}\n".encode()
@@ -238,9 +241,7 @@ def test_lfs_redirects_to_a_cdn_origin_that_rejects_authorization(hub: FakeHub, 
     hub.reset_log()
     bad = client.get(loc, headers={"Authorization": f"Bearer {TOKEN}"})
     assert bad.status_code == 400 and b"Authorization" in bad.content
-    assert [(e.origin, e.status, e.headers.get("authorization")) for e in hub.log] == [
-        ("cdn", 400, f"Bearer {TOKEN}")
-    ]
+    assert [(e.origin, e.status, e.headers.get("authorization")) for e in hub.log] == [("cdn", 400, f"Bearer {TOKEN}")]
     assert hub.bytes_served() == 0
     assert client.get(f"{hub.cdn_endpoint}/lfs/{sha}?sig=forged").status_code == 403
 
@@ -249,8 +250,12 @@ def test_gated_repo_needs_the_right_bearer_token(client: httpx.Client) -> None:
     """Missing token → 401, wrong token → 403, both X-Error-Code GatedRepo; the CDN is presigned."""
     with FakeHub() as hub:
         hub.add_repo(REPO, FILES, gated_token=TOKEN)
-        urls = [f"{hub.endpoint}/api/models/{REPO}/revision/main", f"{hub.endpoint}/api/models/{REPO}/tree/main",
-                hub.file_url(REPO, SMALL), hub.file_url(REPO, LFS)]
+        urls = [
+            f"{hub.endpoint}/api/models/{REPO}/revision/main",
+            f"{hub.endpoint}/api/models/{REPO}/tree/main",
+            hub.file_url(REPO, SMALL),
+            hub.file_url(REPO, LFS),
+        ]
         for url in urls:
             r = client.get(url)
             assert (r.status_code, r.headers["x-error-code"]) == (401, "GatedRepo") and "error" in r.json()
@@ -351,8 +356,9 @@ def test_short_length_is_a_clean_short_response(hub: FakeHub, client: httpx.Clie
 def test_ignore_range_wrong_content_range_and_416(hub: FakeHub, client: httpx.Client) -> None:
     """Range protocol bugs: 200 instead of 206, a shifted 206, a spurious 416."""
     big = FILES[LFS]
-    hub.inject(REPO, LFS, Fault.ignore_range(), Fault.wrong_content_range(10), Fault.wrong_content_range(-7),
-               Fault.range_416())
+    hub.inject(
+        REPO, LFS, Fault.ignore_range(), Fault.wrong_content_range(10), Fault.wrong_content_range(-7), Fault.range_416()
+    )
     r = client.get(_cdn_url(client, hub), headers={"Range": "bytes=100-"})
     assert r.status_code == 200 and r.content == big and "content-range" not in r.headers
     r = client.get(_cdn_url(client, hub), headers={"Range": "bytes=100-"})
@@ -363,7 +369,11 @@ def test_ignore_range_wrong_content_range_and_416(hub: FakeHub, client: httpx.Cl
     r = client.get(_cdn_url(client, hub), headers={"Range": "bytes=0-"})
     assert (r.status_code, r.headers["content-range"]) == (416, f"bytes */{len(big)}")
     assert [e.fault for e in hub.log if e.origin == "cdn"] == [
-        "ignore_range", "wrong_content_range", "wrong_content_range", "range_416"]
+        "ignore_range",
+        "wrong_content_range",
+        "wrong_content_range",
+        "range_416",
+    ]
 
 
 def test_trickle_is_slow_and_stops_when_the_client_leaves(hub: FakeHub, client: httpx.Client) -> None:
@@ -464,8 +474,9 @@ def test_dataset_faults_are_keyed_by_repo_type(hub: FakeHub, client: httpx.Clien
     hub.inject(DATASET, path, Fault.truncate(10), repo_type="dataset")
     with pytest.raises(httpx.RemoteProtocolError):
         client.get(hub.file_url(DATASET, path, repo_type="dataset"), follow_redirects=True)
-    assert client.get(hub.file_url(DATASET, path, repo_type="dataset"), follow_redirects=True).content == \
-        DATA_FILES[path]
+    assert (
+        client.get(hub.file_url(DATASET, path, repo_type="dataset"), follow_redirects=True).content == DATA_FILES[path]
+    )
 
 
 def test_api_faults(hub: FakeHub, client: httpx.Client) -> None:
@@ -548,8 +559,9 @@ def test_real_huggingface_hub_snapshot_download(hf_env: Any, tmp_path: Path) -> 
         assert git_blob_oid(FILES[SMALL]) in blobs  # small ones by git sha1
         assert not [p for p in blobs if p.endswith(".incomplete")]
 
-        dsnap = Path(hf_env.snapshot_download(DATASET, repo_type="dataset", endpoint=hub.endpoint,
-                                              cache_dir=cache, token=False))
+        dsnap = Path(
+            hf_env.snapshot_download(DATASET, repo_type="dataset", endpoint=hub.endpoint, cache_dir=cache, token=False)
+        )
         assert dsnap == cache / "datasets--org--data" / "snapshots" / dcommit
         _check_snapshot(dsnap, DATA_FILES)
 

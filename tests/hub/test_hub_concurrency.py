@@ -147,10 +147,24 @@ def _run_processes(n: int, tmp_path: Path, *, repo: str, cache: Path, endpoint: 
     procs = []
     try:
         for i in range(n):
-            args = {"repo": repo, "cache": str(cache), "endpoint": endpoint, "go": str(go),
-                    "ready": str(tmp_path / f"ready-{i}"), "policy": dataclasses.asdict(policy)}
-            procs.append(subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(args)], cwd=ROOT, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            args = {
+                "repo": repo,
+                "cache": str(cache),
+                "endpoint": endpoint,
+                "go": str(go),
+                "ready": str(tmp_path / f"ready-{i}"),
+                "policy": dataclasses.asdict(policy),
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", CHILD, json.dumps(args)],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         deadline = time.monotonic() + 30
         while not all((tmp_path / f"ready-{i}").exists() for i in range(n)):
             dead = [p for p in procs if p.poll() is not None]
@@ -171,8 +185,9 @@ def _run_processes(n: int, tmp_path: Path, *, repo: str, cache: Path, endpoint: 
                 p.wait()
 
 
-def _check_common(hub: Any, reports: list[dict], *, repo: str, commit: str, cache: Path,
-                  files: dict[str, bytes]) -> None:
+def _check_common(
+    hub: Any, reports: list[dict], *, repo: str, commit: str, cache: Path, files: dict[str, bytes]
+) -> None:
     """Every caller: the same path, the exact bytes; every blob fetched by exactly one of them."""
     snap = cache / repo_folder_name(repo, "model") / "snapshots" / commit
     for r in reports:
@@ -243,11 +258,16 @@ def test_processes_at_once_through_faults(hub: Any, tmp_path: Path, cache_dir: P
 
     def shape(path: str) -> list[tuple[int, str | None, int]]:
         # body_bytes counts any body: a 503's is its JSON error, no file bytes (bytes_served agrees).
-        return [(g.status, g.headers.get("range"), g.body_bytes if g.status in (200, 206) else 0)
-                for g in _content_gets(hub, repo, path)]
+        return [
+            (g.status, g.headers.get("range"), g.body_bytes if g.status in (200, 206) else 0)
+            for g in _content_gets(hub, repo, path)
+        ]
 
-    assert shape(BIG) == [(200, None, 400_000), (503, "bytes=400000-", 0),
-                          (206, "bytes=400000-", len(files[BIG]) - 400_000)]
+    assert shape(BIG) == [
+        (200, None, 400_000),
+        (503, "bytes=400000-", 0),
+        (206, "bytes=400000-", len(files[BIG]) - 400_000),
+    ]
     assert shape(BIG2) == [(503, None, 0), (200, None, 100_000), (206, "bytes=100000-", len(files[BIG2]) - 100_000)]
     assert shape(MID) == [(200, None, len(files[MID]))] * 2
     assert [(s, rng) for s, rng, _ in shape("config.json")] == [(503, None), (200, None), (206, "bytes=10-")]
@@ -256,8 +276,9 @@ def test_processes_at_once_through_faults(hub: Any, tmp_path: Path, cache_dir: P
 
 
 @pytest.mark.slow  # several interpreters at once
-def test_processes_at_once_with_a_left_over_partial(hub: Any, tmp_path: Path, cache_dir: Path,
-                                                   fast_policy: Any) -> None:
+def test_processes_at_once_with_a_left_over_partial(
+    hub: Any, tmp_path: Path, cache_dir: Path, fast_policy: Any
+) -> None:
     """A partial from an earlier run (a correct prefix) is claimed by exactly one process and resumed."""
     repo = "conc/partial"
     files = _files(3)
@@ -288,8 +309,9 @@ def test_processes_at_once_with_a_left_over_partial(hub: Any, tmp_path: Path, ca
 # -------------------------------------------------------------------------------------- threads
 
 
-def test_threads_at_once_fetch_each_blob_once(hub: Any, cache_dir: Path, fast_policy: Any,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_threads_at_once_fetch_each_blob_once(
+    hub: Any, cache_dir: Path, fast_policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = "conc/threads"
     files = _files(4)
     commit = hub.add_repo(repo, files)
@@ -383,8 +405,9 @@ class _NoLock:
         pass
 
 
-def _two_callers(hub: Any, repo: str, cache_dir: Path, policy: Any,
-                 big_etag: str) -> tuple[dict[int, Any], threading.Thread]:
+def _two_callers(
+    hub: Any, repo: str, cache_dir: Path, policy: Any, big_etag: str
+) -> tuple[dict[int, Any], threading.Thread]:
     """Caller 1 in a thread; once its partial of BIG has bytes on disk, caller 2 in this thread.
 
     Returns the results so far (caller 2's is in) and caller 1's thread, still running.
@@ -418,8 +441,9 @@ def _two_callers(hub: Any, repo: str, cache_dir: Path, policy: Any,
     return results, first
 
 
-def test_without_a_working_lock_concurrent_callers_still_succeed(hub: Any, cache_dir: Path, fast_policy: Any,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_working_lock_concurrent_callers_still_succeed(
+    hub: Any, cache_dir: Path, fast_policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both callers must succeed with the exact bytes; the only allowed cost is bytes (at most: each
     caller fetches BIG whole, plus what a writer that lost its file had already received)."""
     repo = "conc/no-lock"
@@ -443,8 +467,9 @@ def test_without_a_working_lock_concurrent_callers_still_succeed(hub: Any, cache
     assert hub.bytes_served(repo, BIG) <= 3 * len(files[BIG])
 
 
-def test_without_a_working_lock_a_published_blob_is_never_rewritten(hub: Any, cache_dir: Path, fast_policy: Any,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_working_lock_a_published_blob_is_never_rewritten(
+    hub: Any, cache_dir: Path, fast_policy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Caller 2 takes over caller 1's live partial, finishes and publishes it, while caller 1 still holds
     that file open. Caller 1's retry is answered 416 (then the hub fails for good), so it restarts: it
     truncates its file, which is now the published blob. Caller 2's verified snapshot must keep its
@@ -459,8 +484,14 @@ def test_without_a_working_lock_a_published_blob_is_never_rewritten(hub: Any, ca
     repo = "conc/no-lock-rewrite"
     files = _files(6)
     commit = hub.add_repo(repo, files)
-    hub.inject(repo, BIG, Fault.trickle(16 * 1024, 0.1), Fault.corrupt(10**9), Fault.range_416(),
-               Fault.status(503, retry_after="0").forever())
+    hub.inject(
+        repo,
+        BIG,
+        Fault.trickle(16 * 1024, 0.1),
+        Fault.corrupt(10**9),
+        Fault.range_416(),
+        Fault.status(503, retry_after="0").forever(),
+    )
     policy = dataclasses.replace(fast_policy, max_retries=1, stall_window=0.3, min_bytes_per_window=100_000)
     monkeypatch.setattr(fetch_mod, "FileLock", _NoLock)
 

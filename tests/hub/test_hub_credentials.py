@@ -32,11 +32,13 @@ def _files() -> dict[str, bytes]:
 
 
 def test_userinfo_is_basic_auth_on_every_hub_request_and_never_reaches_the_cdn(
-        hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
     files = _files()
     hub.add_repo("creds/model", files)
-    path = snapshot_download("creds/model", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint),
-                             policy=fast_policy)
+    path = snapshot_download(
+        "creds/model", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint), policy=fast_policy
+    )
     assert {p.name: p.read_bytes() for p in path.iterdir()} == files
     on_hub = [r for r in hub.log if r.origin == "hub"]
     on_cdn = [r for r in hub.log if r.origin == "cdn"]
@@ -49,10 +51,16 @@ def test_userinfo_is_basic_auth_on_every_hub_request_and_never_reaches_the_cdn(
 
 
 def test_with_a_token_too_the_cdn_still_gets_no_authorization(
-        hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
     hub.add_repo("creds/with-token", _files())
-    snapshot_download("creds/with-token", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint),
-                      token="hf_TOKENabcdefghijklmnopqrstu", policy=fast_policy)
+    snapshot_download(
+        "creds/with-token",
+        cache_dir=cache_dir,
+        endpoint=_with_credentials(hub.endpoint),
+        token="hf_TOKENabcdefghijklmnopqrstu",
+        policy=fast_policy,
+    )
     assert [r.path for r in hub.log if r.origin == "cdn" and "authorization" in r.headers] == []
     assert all("authorization" in r.headers for r in hub.log if r.origin == "hub")
 
@@ -66,20 +74,24 @@ def _chain(e: BaseException | None) -> str:
     return text
 
 
-def test_a_missing_repo_names_the_url_without_the_credentials(hub: FakeHub, cache_dir: Path,
-                                                              fast_policy: RetryPolicy) -> None:
+def test_a_missing_repo_names_the_url_without_the_credentials(
+    hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
     with pytest.raises(HubNotFoundError, match=r"http://\*\*\*@127\.0\.0\.1:\d+/api/models/creds/absent") as e:
-        snapshot_download("creds/absent", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint),
-                          policy=fast_policy)
+        snapshot_download(
+            "creds/absent", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint), policy=fast_policy
+        )
     assert "SECRET" not in _chain(e.value)
 
 
-def test_a_gated_repo_names_the_endpoint_without_the_credentials(hub: FakeHub, cache_dir: Path,
-                                                                 fast_policy: RetryPolicy) -> None:
+def test_a_gated_repo_names_the_endpoint_without_the_credentials(
+    hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
     hub.add_repo("creds/gated", {"config.json": b"{}"}, gated_token="hf_GATEDabcdefghijklmnopqrst")
     with pytest.raises(HubAuthError, match=r"accept its terms on http://\*\*\*@127\.0\.0\.1:\d+;") as e:
-        snapshot_download("creds/gated", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint),
-                          policy=fast_policy)
+        snapshot_download(
+            "creds/gated", cache_dir=cache_dir, endpoint=_with_credentials(hub.endpoint), policy=fast_policy
+        )
     assert "SECRET" not in _chain(e.value)
 
 
@@ -90,10 +102,13 @@ def test_an_unreachable_endpoint_names_it_without_the_credentials(cache_dir: Pat
     assert "SECRET" not in _chain(e.value)
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("http://user:SECRET@h:1/x?sig=S", "http://***@h:1/x"),
-    ("https://u:p@ss@h/x", "https://***@h/x"),
-    ("http://h:1/lfs/ab?sig=SECRET&expires=1", "http://h:1/lfs/ab"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://user:SECRET@h:1/x?sig=S", "http://***@h:1/x"),
+        ("https://u:p@ss@h/x", "https://***@h/x"),
+        ("http://h:1/lfs/ab?sig=SECRET&expires=1", "http://h:1/lfs/ab"),
+    ],
+)
 def test_a_url_in_a_message_loses_userinfo_and_query(url: str, shown: str) -> None:
     assert redact(url) == shown

@@ -52,8 +52,9 @@ def _mount_loop_image(mount: Path, scratch: Path) -> str | None:
     with open(image, "wb") as f:
         f.truncate(IMAGE_BYTES)
     mkfs = shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4"
-    why = _run([mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
-                f"root_owner={os.getuid()}:{os.getgid()}", str(image)])
+    why = _run(
+        [mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", f"root_owner={os.getuid()}:{os.getgid()}", str(image)]
+    )
     return why or _run(_as_root("mount", "-o", "loop", str(image), str(mount)))
 
 
@@ -90,13 +91,18 @@ def _partials(cache_dir: Path, repo_id: str, content: bytes) -> list[Path]:
 
 
 def _content_gets(hub, repo_id: str, path: str) -> list[tuple[str | None, int]]:
-    return [(r.headers.get("range"), r.status) for r in hub.log
-            if r.file == ("model", repo_id, path) and r.method == "GET" and r.status != 302]
+    return [
+        (r.headers.get("range"), r.status)
+        for r in hub.log
+        if r.file == ("model", repo_id, path) and r.method == "GET" and r.status != 302
+    ]
 
 
 def test_the_fix_says_how_much_to_free_or_some_space_when_the_listing_fits() -> None:
-    point = ("there, or point the cache at a disk with room: --mlx-cache-dir DIR (ini mlx_cache_dir), "
-             "HF_HUB_CACHE=DIR, or `mlxgate get --cache-dir DIR`.")
+    point = (
+        "there, or point the cache at a disk with room: --mlx-cache-dir DIR (ini mlx_cache_dir), "
+        "HF_HUB_CACHE=DIR, or `mlxgate get --cache-dir DIR`."
+    )
     assert _fix(5_000_001, 1_000_000) == f"To fix: free at least 4.0 MB {point}"
     # The listed bytes fit, or just fit (another writer took the room): how much to free is not known.
     assert _fix(1_000_000, 1_000_000) == _fix(1_000, 1_000_000) == f"To fix: free some space {point}"
@@ -107,19 +113,23 @@ def test_a_full_disk_error_names_what_is_left_to_fetch_what_is_free_and_how_much
     free = _free(small_disk)  # a filesystem of its own: nobody else writes there
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     message = str(disk_filled_up(cache_dir, cache_dir / "blobs", 3 * free, "org/full", full))
-    assert message.startswith(f"org/full: the disk of the hub cache {cache_dir} filled up while downloading "
-                              f"({os.strerror(errno.ENOSPC)}): {format_bytes(3 * free)} are still to fetch and "
-                              f"{format_bytes(free)} free. ")
+    assert message.startswith(
+        f"org/full: the disk of the hub cache {cache_dir} filled up while downloading "
+        f"({os.strerror(errno.ENOSPC)}): {format_bytes(3 * free)} are still to fetch and "
+        f"{format_bytes(free)} free. "
+    )
     assert message.endswith(f"the next run resumes where this one stopped. {_fix(3 * free, free)}")
     assert f"free at least {format_bytes(2 * free)} there" in message
 
 
-def test_a_listing_bigger_than_any_disk_is_refused_before_a_byte_is_fetched(hub, cache_dir: Path,
-                                                                            fast_policy) -> None:
+def test_a_listing_bigger_than_any_disk_is_refused_before_a_byte_is_fetched(hub, cache_dir: Path, fast_policy) -> None:
     """Runs everywhere: the listing claims a petabyte, which no test machine has free."""
     config = b'{"model_type": "gemma4"}\n'
-    hub.add_repo("org/petabyte", {"config.json": config, "model.safetensors": random.Random(1).randbytes(4096)},
-                 listed_sizes={"model.safetensors": 10**15})
+    hub.add_repo(
+        "org/petabyte",
+        {"config.json": config, "model.safetensors": random.Random(1).randbytes(4096)},
+        listed_sizes={"model.safetensors": 10**15},
+    )
     with pytest.raises(HubDiskFullError) as info:
         snapshot_download("org/petabyte", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
     message = str(info.value)
@@ -169,8 +179,9 @@ def test_the_check_counts_only_what_a_left_over_partial_still_lacks(hub, small_d
 
 # The client writes in CHUNK batches, then a short tail that sits in the file's buffer until flushed.
 @pytest.mark.parametrize("room", [3 * CHUNK // 2, 2 * CHUNK], ids=["in-a-batch", "on-the-buffered-tail"])
-def test_a_disk_that_fills_up_mid_download_keeps_what_was_verified_and_resumes(hub, small_disk: Path,
-                                                                              fast_policy, room: int) -> None:
+def test_a_disk_that_fills_up_mid_download_keeps_what_was_verified_and_resumes(
+    hub, small_disk: Path, fast_policy, room: int
+) -> None:
     """Another writer takes the space after the up-front check passed: the write meets a real ENOSPC."""
     cache_dir = small_disk / "hub-cache"
     first, second = "weights/first.safetensors", "weights/second.safetensors"
@@ -187,8 +198,9 @@ def test_a_disk_that_fills_up_mid_download_keeps_what_was_verified_and_resumes(h
 
     one_at_a_time = dataclasses.replace(fast_policy, workers=1)  # largest first: `first` is done before `second`
     with pytest.raises(HubDiskFullError) as info:
-        snapshot_download("org/fills-up", cache_dir=cache_dir, endpoint=hub.endpoint, policy=one_at_a_time,
-                          progress=fill_the_disk)
+        snapshot_download(
+            "org/fills-up", cache_dir=cache_dir, endpoint=hub.endpoint, policy=one_at_a_time, progress=fill_the_disk
+        )
     assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
 
     # The verified blob stays; the partial stays too, a true prefix, named for the next run to claim.

@@ -77,8 +77,9 @@ def test_snapshot_layout_and_bytes(hub, cache_dir: Path, fast_policy: RetryPolic
 def test_dataset_repo_and_pagination(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
     files = {f"data/part-{i}.jsonl": f'{{"i": {i}}}\n'.encode() * (i + 1) for i in range(8)}
     commit = hub.add_repo("org/ds", files, repo_type="dataset")
-    path = snapshot_download("org/ds", repo_type="dataset", cache_dir=cache_dir, endpoint=hub.endpoint,
-                             policy=fast_policy)
+    path = snapshot_download(
+        "org/ds", repo_type="dataset", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy
+    )
     assert path == cache_dir / "datasets--org--ds" / "snapshots" / commit
     assert _read_snapshot(path) == files
     tree_pages = [r for r in hub.log if "/api/datasets/org/ds/tree/" in r.path]
@@ -89,8 +90,9 @@ def test_a_pinned_complete_snapshot_touches_no_network(hub, cache_dir: Path, fas
     commit = hub.add_repo("org/pinned", _files(2))
     snapshot_download("org/pinned", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
     hub.reset_log()
-    again = snapshot_download("org/pinned", revision=commit, cache_dir=cache_dir, endpoint="http://127.0.0.1:1",
-                              policy=fast_policy)
+    again = snapshot_download(
+        "org/pinned", revision=commit, cache_dir=cache_dir, endpoint="http://127.0.0.1:1", policy=fast_policy
+    )
     assert again.name == commit and hub.log == []
 
 
@@ -146,20 +148,19 @@ def test_env_defaults(hub, tmp_path: Path, monkeypatch, fast_policy, hf_env) -> 
     assert snapshot_download("org/env") == path and hub.log == []
 
 
-def test_gated_repo_errors_name_the_fix_and_never_the_token(hub, cache_dir: Path, fast_policy, caplog,
-                                                            hf_env) -> None:
+def test_gated_repo_errors_name_the_fix_and_never_the_token(hub, cache_dir: Path, fast_policy, caplog, hf_env) -> None:
     caplog.set_level(logging.DEBUG)
     hub.add_repo("org/gated", _files(6), gated_token=TOKEN)
     with pytest.raises(HubAuthError) as no_token:
         snapshot_download("org/gated", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
     assert "HF_TOKEN" in str(no_token.value) and "no token was sent" in str(no_token.value)
     with pytest.raises(HubAuthError) as wrong:
-        snapshot_download("org/gated", cache_dir=cache_dir, endpoint=hub.endpoint, token="hf_wrong_one",
-                          policy=fast_policy)
+        snapshot_download(
+            "org/gated", cache_dir=cache_dir, endpoint=hub.endpoint, token="hf_wrong_one", policy=fast_policy
+        )
     assert "rejected" in str(wrong.value) and "hf_wrong_one" not in str(wrong.value)
     hub.reset_log()
-    path = snapshot_download("org/gated", cache_dir=cache_dir, endpoint=hub.endpoint, token=TOKEN,
-                             policy=fast_policy)
+    path = snapshot_download("org/gated", cache_dir=cache_dir, endpoint=hub.endpoint, token=TOKEN, policy=fast_policy)
     assert _read_snapshot(path) == _files(6)
     cdn = [r for r in hub.log if r.origin == "cdn"]
     assert cdn and all("authorization" not in r.headers for r in cdn)
@@ -179,8 +180,9 @@ def test_not_found(hub, cache_dir: Path, fast_policy) -> None:
         snapshot_download("org/nope", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
     hub.add_repo("org/exists", {"a": b"a"})
     with pytest.raises(HubNotFoundError, match="revision"):
-        snapshot_download("org/exists", revision="no-such-branch", cache_dir=cache_dir, endpoint=hub.endpoint,
-                          policy=fast_policy)
+        snapshot_download(
+            "org/exists", revision="no-such-branch", cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy
+        )
 
 
 @pytest.mark.parametrize("name", ["../escape.txt", "a/../../escape.txt", "/abs.txt", "a//b.txt"])
@@ -249,8 +251,9 @@ def _one_file_repo(hub, name: str) -> tuple[str, bytes]:
 
 def _content_gets(hub, repo: str, path: str) -> list[tuple[str | None, int, int]]:
     """(Range asked, status, body bytes sent) of each GET that answered with the file's bytes, in order."""
-    gets: list[Request] = [r for r in hub.log if r.file == ("model", repo, path) and r.method == "GET"
-                           and r.status != 302]
+    gets: list[Request] = [
+        r for r in hub.log if r.file == ("model", repo, path) and r.method == "GET" and r.status != 302
+    ]
     return [(r.headers.get("range"), r.status, r.body_bytes) for r in gets]
 
 
@@ -265,13 +268,11 @@ def test_an_interrupted_download_asks_once_for_exactly_the_rest(hub, cache_dir: 
     assert written.written == written.peak == size
 
 
-def test_a_200_answer_to_a_range_restarts_the_file_instead_of_appending(hub, cache_dir: Path,
-                                                                        fast_policy) -> None:
+def test_a_200_answer_to_a_range_restarts_the_file_instead_of_appending(hub, cache_dir: Path, fast_policy) -> None:
     repo, content = _one_file_repo(hub, "org/ignore-range")
     hub.inject(repo, BIG, Fault.truncate(100_000), Fault.ignore_range())
     written = _Written()
-    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy,
-                             progress=written)
+    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy, progress=written)
     assert _read_snapshot(path)[BIG] == content
     size = len(content)
     # The whole file came in the one 200 and replaced the partial: no third download after a failed hash.
@@ -285,8 +286,7 @@ def test_a_206_from_another_offset_is_refused_not_appended(hub, cache_dir: Path,
     repo, content = _one_file_repo(hub, f"org/wrong-cr{shift}")
     hub.inject(repo, BIG, Fault.truncate(100_000), Fault.wrong_content_range(shift))
     written = _Written()
-    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy,
-                             progress=written)
+    path = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy, progress=written)
     assert _read_snapshot(path)[BIG] == content
     # Refused unread, then the whole file once without Range (the server's ranges can't be trusted).
     gets = _content_gets(hub, repo, BIG)
@@ -334,8 +334,9 @@ def test_giving_up_names_the_last_error(hub, cache_dir: Path, fast_policy) -> No
     repo, _ = _fault_repo(hub, "org/last-error")
     hub.inject(repo, BIG, Fault.status(500), Fault.status(502), Fault.status(503, retry_after="0").forever())
     with pytest.raises(HubRetryError, match="gave up after 3 tries in a row") as info:
-        snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint,
-                          policy=dataclasses.replace(fast_policy, max_retries=2))
+        snapshot_download(
+            repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=dataclasses.replace(fast_policy, max_retries=2)
+        )
     message = str(info.value)
     assert "answered 503)" in message and "answered 502" not in message and "answered 500" not in message
 

@@ -94,8 +94,9 @@ def test_a_snapshot_written_by_huggingface_hub_is_ours_offline_and_online(
     cache_a = tmp_path / "cache-a"
     total = sum(map(len, files.values()))
 
-    hf_path = Path(hf_env.snapshot_download(repo_id, repo_type=repo_type, endpoint=hub.endpoint,
-                                            cache_dir=cache_a, token=False))
+    hf_path = Path(
+        hf_env.snapshot_download(repo_id, repo_type=repo_type, endpoint=hub.endpoint, cache_dir=cache_a, token=False)
+    )
     root = cache_a / repo_folder_name(repo_id, repo_type)
     assert hf_path == root / "snapshots" / commit
     assert _read_tree(hf_path) == files
@@ -117,8 +118,7 @@ def test_a_snapshot_written_by_huggingface_hub_is_ours_offline_and_online(
     assert report.bytes_checked == total
 
     # Online, we find every blob already there: the API is asked, not one content byte is fetched.
-    ours = snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache_a, endpoint=hub.endpoint,
-                             policy=fast_policy)
+    ours = snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache_a, endpoint=hub.endpoint, policy=fast_policy)
     assert ours == hf_path
     assert _read_tree(ours) == files
     assert hub.bytes_served() == 0
@@ -137,9 +137,7 @@ def test_a_snapshot_written_by_huggingface_hub_is_ours_offline_and_online(
     assert repo.size_on_disk == total
 
 
-def test_a_huggingface_hub_snapshot_with_a_lost_blob_is_refused_offline(
-    hf_env: Any, hub: Any, tmp_path: Path
-) -> None:
+def test_a_huggingface_hub_snapshot_with_a_lost_blob_is_refused_offline(hf_env: Any, hub: Any, tmp_path: Path) -> None:
     """Without a manifest, the offline path's only evidence is the links: a dangling one must fail."""
     repo_id, commit, files = _add(hub, "model", "hf-lost-blob", seed=13)
     cache_a = tmp_path / "cache-a"
@@ -159,8 +157,7 @@ def test_a_snapshot_we_wrote_is_read_by_huggingface_hub(
     repo_id, commit, files = _add(hub, repo_type, "we-write", seed=21 if repo_type == "model" else 22)
     cache_b = tmp_path / "cache-b"
     total = sum(map(len, files.values()))
-    ours = snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache_b, endpoint=hub.endpoint,
-                             policy=fast_policy)
+    ours = snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache_b, endpoint=hub.endpoint, policy=fast_policy)
     root = cache_b / repo_folder_name(repo_id, repo_type)
     assert ours == root / "snapshots" / commit
     assert hub.bytes_served(repo_id) == total
@@ -171,8 +168,7 @@ def test_a_snapshot_we_wrote_is_read_by_huggingface_hub(
     assert Path(got) == ours
     assert _read_tree(Path(got)) == files
     for name, content in files.items():
-        path = hf_env.hf_hub_download(repo_id, name, repo_type=repo_type, cache_dir=cache_b,
-                                      local_files_only=True)
+        path = hf_env.hf_hub_download(repo_id, name, repo_type=repo_type, cache_dir=cache_b, local_files_only=True)
         assert Path(path) == ours / name
         assert Path(path).read_bytes() == content
         assert hf_env.try_to_load_from_cache(repo_id, name, cache_dir=cache_b, repo_type=repo_type) == path
@@ -200,8 +196,7 @@ def test_a_snapshot_we_wrote_is_read_by_huggingface_hub(
     assert info.size_on_disk == total
 
     # huggingface_hub, online on our cache: it asks the API, finds every file cached, fetches no content.
-    got = hf_env.snapshot_download(repo_id, repo_type=repo_type, endpoint=hub.endpoint, cache_dir=cache_b,
-                                   token=False)
+    got = hf_env.snapshot_download(repo_id, repo_type=repo_type, endpoint=hub.endpoint, cache_dir=cache_b, token=False)
     assert Path(got) == ours
     assert hub.bytes_served() == 0
     assert _content_requests(hub) == []
@@ -210,8 +205,9 @@ def test_a_snapshot_we_wrote_is_read_by_huggingface_hub(
     # Single files online too (with a branch name, it HEADs the resolve URL: metadata, no content bytes).
     hub.reset_log()
     name = next(n for n, c in files.items() if len(c) >= LFS_THRESHOLD)
-    path = hf_env.hf_hub_download(repo_id, name, repo_type=repo_type, endpoint=hub.endpoint, cache_dir=cache_b,
-                                  token=False)
+    path = hf_env.hf_hub_download(
+        repo_id, name, repo_type=repo_type, endpoint=hub.endpoint, cache_dir=cache_b, token=False
+    )
     assert Path(path) == ours / name
     assert hub.bytes_served() == 0
     assert {r.method for r in _content_requests(hub)} <= {"HEAD"}
@@ -236,8 +232,7 @@ def test_refs_of_another_revision_are_written_the_way_huggingface_hub_reads_them
     cache_b = tmp_path / "cache-b"
     root = cache_b / repo_folder_name(repo_id, "model")
     ours_main = snapshot_download(repo_id, cache_dir=cache_b, endpoint=hub.endpoint, policy=fast_policy)
-    ours_rev = snapshot_download(repo_id, revision=branch, cache_dir=cache_b, endpoint=hub.endpoint,
-                                 policy=fast_policy)
+    ours_rev = snapshot_download(repo_id, revision=branch, cache_dir=cache_b, endpoint=hub.endpoint, policy=fast_policy)
     assert ours_rev == root / "snapshots" / rev_commit
     assert (root / "refs" / branch).read_bytes() == rev_commit.encode()
     assert (root / "refs" / "main").read_bytes() == main_commit.encode()
@@ -246,8 +241,9 @@ def test_refs_of_another_revision_are_written_the_way_huggingface_hub_reads_them
     got = hf_env.snapshot_download(repo_id, revision=branch, cache_dir=cache_b, local_files_only=True)
     assert Path(got) == ours_rev
     assert _read_tree(Path(got)) == rev_files
-    got = hf_env.hf_hub_download(repo_id, "only-on-the-branch.txt", revision=branch, cache_dir=cache_b,
-                                 local_files_only=True)
+    got = hf_env.hf_hub_download(
+        repo_id, "only-on-the-branch.txt", revision=branch, cache_dir=cache_b, local_files_only=True
+    )
     assert Path(got) == ours_rev / "only-on-the-branch.txt"
     assert Path(hf_env.snapshot_download(repo_id, cache_dir=cache_b, local_files_only=True)) == ours_main
     assert hub.log == []
@@ -259,15 +255,18 @@ def test_refs_of_another_revision_are_written_the_way_huggingface_hub_reads_them
 
     # huggingface_hub writes: we read its ref for that revision, offline, and agree online.
     cache_a = tmp_path / "cache-a"
-    hf_path = Path(hf_env.snapshot_download(repo_id, revision=branch, endpoint=hub.endpoint, cache_dir=cache_a,
-                                            token=False))
+    hf_path = Path(
+        hf_env.snapshot_download(repo_id, revision=branch, endpoint=hub.endpoint, cache_dir=cache_a, token=False)
+    )
     assert (cache_a / repo_folder_name(repo_id, "model") / "refs" / branch).read_bytes() == rev_commit.encode()
     assert snapshot_download(repo_id, revision=branch, cache_dir=cache_a, offline=True) == hf_path
     assert verify_snapshot(repo_id, revision=branch, cache_dir=cache_a).ok
     with pytest.raises(HubOfflineError):  # main was never downloaded into cache A
         snapshot_download(repo_id, cache_dir=cache_a, offline=True)
     hub.reset_log()
-    assert snapshot_download(repo_id, revision=branch, cache_dir=cache_a, endpoint=hub.endpoint,
-                             policy=fast_policy) == hf_path
+    assert (
+        snapshot_download(repo_id, revision=branch, cache_dir=cache_a, endpoint=hub.endpoint, policy=fast_policy)
+        == hf_path
+    )
     assert hub.bytes_served() == 0
     assert _read_tree(hf_path) == rev_files

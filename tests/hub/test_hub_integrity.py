@@ -127,11 +127,15 @@ def test_verify_reports_a_truncated_blob_and_a_small_git_file_edited_in_place_an
 
     report = verify_snapshot(repo, cache_dir=cache_dir)
     assert report.files_checked == len(files)  # every file, the 0-byte and the 70-byte ones included
-    assert sorted(report.problems) == sorted([
-        f"config.json: content hashes to {git_blob_oid(EDITED)}, not {config.name} (corrupt blob {config})",
-        (f"{WEIGHTS}: content hashes to {hashlib.sha256(files[WEIGHTS][:150_000]).hexdigest()}, "
-         f"not {weights.name} (corrupt blob {weights})"),
-    ])
+    assert sorted(report.problems) == sorted(
+        [
+            f"config.json: content hashes to {git_blob_oid(EDITED)}, not {config.name} (corrupt blob {config})",
+            (
+                f"{WEIGHTS}: content hashes to {hashlib.sha256(files[WEIGHTS][:150_000]).hexdigest()}, "
+                f"not {weights.name} (corrupt blob {weights})"
+            ),
+        ]
+    )
 
     hub.reset_log()
     again = snapshot_download(repo, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
@@ -178,9 +182,11 @@ def test_an_in_place_edit_at_the_same_size_fails_offline_get_and_online_get_fetc
     assert mlxgate(["get", repo, "--offline", "--cache-dir", str(cache_dir)]) == 1
     out, err = capsys.readouterr()
     assert out == ""  # no path printed: nothing to use
-    assert err.startswith(f"mlxgate: offline, and files of the cached model {repo}@{snap.name[:7]} are not the "
-                          "bytes that were verified: config.json: its content changed since it was verified: it "
-                          f"hashes to {git_blob_oid(EDITED)}, not {git_blob_oid(CONFIG)}")
+    assert err.startswith(
+        f"mlxgate: offline, and files of the cached model {repo}@{snap.name[:7]} are not the "
+        "bytes that were verified: config.json: its content changed since it was verified: it "
+        f"hashes to {git_blob_oid(EDITED)}, not {git_blob_oid(CONFIG)}"
+    )
     assert f"Fix: run `mlxgate get {repo} --cache-dir {cache_dir}` with network" in err
     assert "Traceback" not in err
     # The pinned form too: a commit's complete-looking snapshot is not taken on its sizes.
@@ -203,8 +209,7 @@ def test_a_pinned_commit_with_an_edited_blob_is_fetched_again_online(
     snap = _download(hub, cache_dir, fast_policy, repo, files)
     _flip_byte(_blob(snap, WEIGHTS), 5000)
     hub.reset_log()
-    again = snapshot_download(repo, revision=snap.name, cache_dir=cache_dir, endpoint=hub.endpoint,
-                              policy=fast_policy)
+    again = snapshot_download(repo, revision=snap.name, cache_dir=cache_dir, endpoint=hub.endpoint, policy=fast_policy)
     assert _read_snapshot(again) == files
     assert _content_requests(hub, repo) == {WEIGHTS: len(files[WEIGHTS])}
 

@@ -27,8 +27,15 @@ from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
 from pytest_mlxgate.hub.hashing import algo_for_etag, hash_file
 from pytest_mlxgate.hub.transport import RetryPolicy
 
-POLICY = RetryPolicy(backoff_base=0.001, backoff_max=0.005, max_retry_after=0.005, stall_window=2.0,
-                     min_bytes_per_window=1, connect_timeout=2.0, workers=3)
+POLICY = RetryPolicy(
+    backoff_base=0.001,
+    backoff_max=0.005,
+    max_retry_after=0.005,
+    stall_window=2.0,
+    min_bytes_per_window=1,
+    connect_timeout=2.0,
+    workers=3,
+)
 _names = itertools.count()
 # Hypothesis, 40 examples a property, each a real download through faults: ~10 s a test. The same
 # behaviours have example-based tests in test_hub_download.py, in the fast lane.
@@ -49,11 +56,22 @@ def repos(draw: st.DrawFn) -> dict[str, bytes]:
 @st.composite
 def faults(draw: st.DrawFn, size: int) -> Fault:
     at = draw(st.integers(0, max(size - 1, 0)))
-    return draw(st.sampled_from([
-        Fault.truncate(at), Fault.reset(at), Fault.status(503, "0"), Fault.status(429, "0"),
-        Fault.status(500), Fault.corrupt(at), Fault.short_length(at), Fault.ignore_range(),
-        Fault.wrong_content_range(draw(st.integers(-50, 50))), Fault.range_416(),
-    ]))
+    return draw(
+        st.sampled_from(
+            [
+                Fault.truncate(at),
+                Fault.reset(at),
+                Fault.status(503, "0"),
+                Fault.status(429, "0"),
+                Fault.status(500),
+                Fault.corrupt(at),
+                Fault.short_length(at),
+                Fault.ignore_range(),
+                Fault.wrong_content_range(draw(st.integers(-50, 50))),
+                Fault.range_416(),
+            ]
+        )
+    )
 
 
 def _check_blobs(cache: Path, repo: str) -> None:
@@ -75,8 +93,9 @@ def _read(path: Path) -> dict[str, bytes]:
 
 @SETTINGS
 @given(data=st.data(), files=repos())
-def test_random_faults_never_corrupt_and_succeed_within_budget(fakehub, data: st.DataObject,
-                                                               files: dict[str, bytes]) -> None:
+def test_random_faults_never_corrupt_and_succeed_within_budget(
+    fakehub, data: st.DataObject, files: dict[str, bytes]
+) -> None:
     repo = f"prop/faults-{next(_names)}"
     fakehub.add_repo(repo, files)
     target = data.draw(st.sampled_from(sorted(files)))
@@ -103,10 +122,8 @@ def test_random_faults_never_corrupt_and_succeed_within_budget(fakehub, data: st
 
 
 @SETTINGS
-@given(size=st.integers(1, 200_000), cut=st.floats(0, 1), seed=st.integers(0, 2**32 - 1),
-       prefix_ok=st.booleans())
-def test_resume_fetches_only_the_missing_suffix(fakehub, size: int, cut: float, seed: int,
-                                                prefix_ok: bool) -> None:
+@given(size=st.integers(1, 200_000), cut=st.floats(0, 1), seed=st.integers(0, 2**32 - 1), prefix_ok=st.booleans())
+def test_resume_fetches_only_the_missing_suffix(fakehub, size: int, cut: float, seed: int, prefix_ok: bool) -> None:
     content = random.Random(seed).randbytes(size)
     repo = f"prop/resume-{next(_names)}"
     fakehub.add_repo(repo, {"w.bin": content}, lfs={"w.bin"})
@@ -142,8 +159,12 @@ def test_a_server_that_always_fails_ends_in_a_hub_error(fakehub, files: dict[str
     target = max(files, key=lambda p: len(files[p]))
     assume(files[target])  # an empty file is never requested: its hash is known without bytes
     assume(kind != "wrong_cr" or len(files[target]) > 1)  # the fake hub clamps the shift to the file
-    fault = {"corrupt": Fault.corrupt(0), "status": Fault.status(503, "0"), "truncate0": Fault.truncate(0),
-             "wrong_cr": Fault.wrong_content_range(1)}[kind]
+    fault = {
+        "corrupt": Fault.corrupt(0),
+        "status": Fault.status(503, "0"),
+        "truncate0": Fault.truncate(0),
+        "wrong_cr": Fault.wrong_content_range(1),
+    }[kind]
     fakehub.clear_faults()
     fakehub.inject(repo, target, fault.forever())
     cache = Path(tempfile.mkdtemp())

@@ -78,8 +78,13 @@ def test_algo_from_blob_name() -> None:
 
 
 def test_lfs_entry_uses_the_content_sha256_not_the_pointer_oid() -> None:
-    entry = {"type": "file", "path": "w.safetensors", "size": 10, "oid": "1" * 40,
-             "lfs": {"oid": "2" * 64, "size": 10, "pointerSize": 130}}
+    entry = {
+        "type": "file",
+        "path": "w.safetensors",
+        "size": 10,
+        "oid": "1" * 40,
+        "lfs": {"oid": "2" * 64, "size": 10, "pointerSize": 130},
+    }
     assert parse_tree_entry(entry, "o/n") == RepoFile("w.safetensors", 10, "2" * 64, "sha256")
     small = {"type": "file", "path": "c.json", "size": 3, "oid": "3" * 40}
     assert parse_tree_entry(small, "o/n") == RepoFile("c.json", 3, "3" * 40, "git-sha1")

@@ -140,8 +140,14 @@ def check_row_rules(x: np.ndarray, ids: np.ndarray, logprobs: np.ndarray, tail_l
 @PROPERTY
 @given(logit_cases)
 def test_sets_follow_the_selection_rules(case: dict[str, float]) -> None:
-    x = random_logits(int(case["seed"]), int(case["t"]), int(case["v"]), float(case["scale"]),
-                      spikes=int(case["spikes"]), masked=float(case["masked"]))
+    x = random_logits(
+        int(case["seed"]),
+        int(case["t"]),
+        int(case["v"]),
+        float(case["scale"]),
+        spikes=int(case["spikes"]),
+        masked=float(case["masked"]),
+    )
     nxt = np.random.default_rng(int(case["seed"])).integers(0, x.shape[1], x.shape[0])
     ref = compact_reference(x, nxt)
     for r, ids in enumerate(rows(ref)):
@@ -209,8 +215,14 @@ def test_rows_with_few_finite_logits_keep_min_keep_tokens() -> None:
 @PROPERTY
 @given(logit_cases)
 def test_identical_logits_give_exactly_zero(case: dict[str, float]) -> None:
-    x = random_logits(int(case["seed"]), int(case["t"]), int(case["v"]), float(case["scale"]),
-                      spikes=int(case["spikes"]), masked=float(case["masked"]))
+    x = random_logits(
+        int(case["seed"]),
+        int(case["t"]),
+        int(case["v"]),
+        float(case["scale"]),
+        spikes=int(case["spikes"]),
+        masked=float(case["masked"]),
+    )
     nxt = np.random.default_rng(1).integers(0, x.shape[1], x.shape[0])
     ref = compact_reference(x, nxt)
     scores = compare(ref, x.copy(), nxt, np.arange(x.shape[0]))
@@ -222,8 +234,9 @@ def test_identical_logits_give_exactly_zero(case: dict[str, float]) -> None:
 @PROPERTY
 @given(logit_cases, st.sampled_from([1e-3, 0.05, 0.5, 3.0]))
 def test_coarse_kl_matches_float64_and_bounds_the_exact_kl(case: dict[str, float], noise: float) -> None:
-    x = random_logits(int(case["seed"]), int(case["t"]), int(case["v"]), float(case["scale"]),
-                      spikes=int(case["spikes"]))
+    x = random_logits(
+        int(case["seed"]), int(case["t"]), int(case["v"]), float(case["scale"]), spikes=int(case["spikes"])
+    )
     rng = np.random.default_rng(int(case["seed"]) + 1)
     y = (x + rng.standard_normal(x.shape) * noise).astype(np.float32)
     nxt = rng.integers(0, x.shape[1], x.shape[0])
@@ -468,8 +481,18 @@ def _corrupt(arrays: dict[str, np.ndarray], how: str) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     "how",
-    ["missing", "offsets_start", "empty_row", "offsets_end", "id_range", "lengths", "float_ids",
-     "vocab_shape", "nan", "positive"],
+    [
+        "missing",
+        "offsets_start",
+        "empty_row",
+        "offsets_end",
+        "id_range",
+        "lengths",
+        "float_ids",
+        "vocab_shape",
+        "nan",
+        "positive",
+    ],
 )
 def test_from_arrays_rejects_inconsistent_arrays(how: str) -> None:
     ref = compact_reference(random_logits(9, 4, 500, 3.0), np.zeros(4, dtype=np.int64))

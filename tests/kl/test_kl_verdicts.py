@@ -12,11 +12,27 @@ from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.results.verdicts import overall_verdict
 
 
-def stats(mean_ci: tuple[float, float], *, mean: float | None = None, top1_ci: tuple[float, float] = (0.99, 1.0),
-          top1: float = 0.995, max_kl: float = 1e-3, n: int = 16) -> dict[str, Any]:
-    return {"n_prompts": n, "mean": mean if mean is not None else sum(mean_ci) / 2, "mean_ci": list(mean_ci),
-            "quantile_ci": {"p99": [1e-4, 2e-4]}, "p99": 1.5e-4, "max": max_kl,
-            "top1": top1, "top1_ci": list(top1_ci), "ln_ppl_ratio": 0.0, "ln_ppl_ratio_ci": [-1e-3, 1e-3]}
+def stats(
+    mean_ci: tuple[float, float],
+    *,
+    mean: float | None = None,
+    top1_ci: tuple[float, float] = (0.99, 1.0),
+    top1: float = 0.995,
+    max_kl: float = 1e-3,
+    n: int = 16,
+) -> dict[str, Any]:
+    return {
+        "n_prompts": n,
+        "mean": mean if mean is not None else sum(mean_ci) / 2,
+        "mean_ci": list(mean_ci),
+        "quantile_ci": {"p99": [1e-4, 2e-4]},
+        "p99": 1.5e-4,
+        "max": max_kl,
+        "top1": top1,
+        "top1_ci": list(top1_ci),
+        "ln_ppl_ratio": 0.0,
+        "ln_ppl_ratio_ci": [-1e-3, 1e-3],
+    }
 
 
 def verdict(s: dict[str, Any], **bounds: float) -> tuple[str, list[dict[str, Any]]]:
@@ -30,7 +46,10 @@ def test_a_bound_inside_every_limit_passes() -> None:
     mean, p99, top1, max_kl = checks  # each interval's two ends, in the metric's units, whatever the direction
     assert (mean["lower"], mean["upper"], mean["direction"]) == (1e-5, 3e-5, "max")
     assert (p99["lower"], p99["upper"]) == (1e-4, 2e-4) and (top1["lower"], top1["upper"], top1["direction"]) == (
-        0.99, 1.0, "min")
+        0.99,
+        1.0,
+        "min",
+    )
     assert max_kl["lower"] == max_kl["upper"] == max_kl["value"] == 1e-3  # observed, not estimated
 
 
@@ -68,12 +87,15 @@ def test_fail_outranks_inconclusive_across_limits() -> None:
 
 @pytest.mark.parametrize(("policy", "outcome"), [("fail", "failed"), ("warn", "passed"), ("xfail", "xfailed")])
 def test_the_inconclusive_policy_fails_warns_or_xfails(pytester: pytest.Pytester, policy: str, outcome: str) -> None:
-    pytester.makepyfile(test_x='''
+    pytester.makepyfile(
+        test_x="""
 from pytest_mlxgate.results.verdicts import settle_inconclusive
 
 def test_gate():
     settle_inconclusive("inconclusive: n=8 bounds the drop at 0.25", "%s")
-''' % policy)
+"""
+        % policy
+    )
     result = pytester.runpytest("-p", "no:randomly", "-W", "default")
     result.assert_outcomes(**{outcome: 1}, **({"warnings": 1} if policy == "warn" else {}))
     if policy == "warn":

@@ -48,18 +48,33 @@ def embedded() -> LoadedModel:
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(str(path))
-    snap = ResolvedSnapshot(name="smollm2-135m", kind="embedded", repo_id=EMBEDDED_REPO_ID,
-                            commit=path.name, path=str(path), source="cached")
+    snap = ResolvedSnapshot(
+        name="smollm2-135m",
+        kind="embedded",
+        repo_id=EMBEDDED_REPO_ID,
+        commit=path.name,
+        path=str(path),
+        source="cached",
+    )
     return LoadedModel(model, tokenizer, snap)
 
 
-def _run(model: LoadedModel, lever: Lever, shape: RunShape, *, n: int = 3, cache: ReferenceCache | None = None,
-         **kw: Any) -> PairedRun:
+def _run(
+    model: LoadedModel, lever: Lever, shape: RunShape, *, n: int = 3, cache: ReferenceCache | None = None, **kw: Any
+) -> PairedRun:
     seqs = build_sequences(default_prompts(), model.tokenizer, n=n, tokens=shape.tokens)
     kw.setdefault("allow_untrained", True)  # tiny random models: the gates' arms are what is tested
-    return PairedRun(lever=lever, shape=shape, sequences=seqs, sequences_digest=sequences_digest(seqs),
-                     candidate=model, reference=kw.pop("reference", None), machine=kw.pop("machine", MACHINE), cache=cache,
-                     **kw)
+    return PairedRun(
+        lever=lever,
+        shape=shape,
+        sequences=seqs,
+        sequences_digest=sequences_digest(seqs),
+        candidate=model,
+        reference=kw.pop("reference", None),
+        machine=kw.pop("machine", MACHINE),
+        cache=cache,
+        **kw,
+    )
 
 
 def env_lever(path: str = "prefill") -> Lever:
@@ -93,8 +108,15 @@ class _ScaledNorm:
 
 
 def perturbing_lever(model: LoadedModel, path: str = "prefill") -> Lever:
-    return Lever(name="norm_scale", kind="context", target="test", ref="plain", cand="scaled",  # type: ignore[arg-type]
-                 path=path, factory=_ScaledNorm(model.model))
+    return Lever(
+        name="norm_scale",
+        kind="context",
+        target="test",
+        ref="plain",
+        cand="scaled",  # type: ignore[arg-type]
+        path=path,
+        factory=_ScaledNorm(model.model),
+    )
 
 
 # -- the real embedded model ---------------------------------------------------------------------
@@ -153,12 +175,15 @@ def test_the_reference_cache_hits_on_an_unchanged_gate(tiny: LoadedModel, tmp_pa
 @pytest.mark.parametrize(
     "change",
     # Three key inputs in the fast lane, the rest (~2 s each on the tiny model) in the full run only.
-    ["lever_ref_value", "sequences", *(pytest.param(c, marks=pytest.mark.slow) for c in ("tokens", "path", "chunk")),
-     "machine", *(pytest.param(c, marks=pytest.mark.slow) for c in ("model_file", "tokenizer"))],
+    [
+        "lever_ref_value",
+        "sequences",
+        *(pytest.param(c, marks=pytest.mark.slow) for c in ("tokens", "path", "chunk")),
+        "machine",
+        *(pytest.param(c, marks=pytest.mark.slow) for c in ("model_file", "tokenizer")),
+    ],
 )
-def test_the_reference_cache_misses_when_any_key_input_changes(
-    tiny: LoadedModel, tmp_path: Path, change: str
-) -> None:
+def test_the_reference_cache_misses_when_any_key_input_changes(tiny: LoadedModel, tmp_path: Path, change: str) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(tiny.snapshot.path, model_dir)
     model = _loaded(model_dir)
@@ -224,7 +249,9 @@ def test_nan_logits_name_the_arm_prompt_and_position(tiny: LoadedModel) -> None:
 
     lever = Lever(name="poison", kind="context", target="t", ref="ok", cand="nan", path="prefill", factory=_Poison())
     run = _run(tiny, lever, RunShape(path="prefill", tokens=16, decode=4), n=2)
-    with pytest.raises(NonFiniteLogitsError, match=r"candidate arm \(poison=nan\) produced NaN logits at prompt 0 .*position 0"):
+    with pytest.raises(
+        NonFiniteLogitsError, match=r"candidate arm \(poison=nan\) produced NaN logits at prompt 0 .*position 0"
+    ):
         run.kl()
 
 
@@ -236,6 +263,8 @@ def test_two_models_with_different_vocabularies_are_refused(tiny: LoadedModel, t
     a, b = sorted(vocab, key=vocab.get)[1000:1002]
     vocab[a], vocab[b] = vocab[b], vocab[a]  # same size, two ids swapped: still not the same tokenizer
     (other / "tokenizer.json").write_text(json.dumps(spec))
-    with pytest.raises(VocabularyMismatchError, match="different tokenizers .* 2 \\(token, id\\) pairs only in the reference"):
+    with pytest.raises(
+        VocabularyMismatchError, match="different tokenizers .* 2 \\(token, id\\) pairs only in the reference"
+    ):
         check_same_vocabulary(_loaded(other, "other"), tiny)
     check_same_vocabulary(tiny, tiny)

@@ -33,13 +33,36 @@ ROOT = Path(__file__).resolve().parents[2]
 DOMAINS = {"code", "prose", "math", "qa", "instructions", "tool", "multilingual", "chat"}
 # Every kind of text the brief asks for, as an id prefix in the default set.
 KINDS = [
-    "code-python", "code-rust", "code-sql", "code-javascript", "code-shell", "code-diff",
-    "prose-narrative", "prose-essay", "prose-news",
-    "math-arithmetic", "math-algebra", "math-proof", "math-latex",
-    "qa-factual", "qa-reading",
-    "instructions-howto", "instructions-recipe", "instructions-list", "instructions-system",
-    "tool-schema", "tool-call", "tool-result",
-    "lang-fr", "lang-de", "lang-es", "lang-zh", "lang-ja", "lang-ru", "lang-ar", "lang-hi",
+    "code-python",
+    "code-rust",
+    "code-sql",
+    "code-javascript",
+    "code-shell",
+    "code-diff",
+    "prose-narrative",
+    "prose-essay",
+    "prose-news",
+    "math-arithmetic",
+    "math-algebra",
+    "math-proof",
+    "math-latex",
+    "qa-factual",
+    "qa-reading",
+    "instructions-howto",
+    "instructions-recipe",
+    "instructions-list",
+    "instructions-system",
+    "tool-schema",
+    "tool-call",
+    "tool-result",
+    "lang-fr",
+    "lang-de",
+    "lang-es",
+    "lang-zh",
+    "lang-ja",
+    "lang-ru",
+    "lang-ar",
+    "lang-hi",
     "chat",
 ]
 # Each non-Latin language prompt must really be written in its script.
@@ -94,9 +117,7 @@ def test_default_chat_prompts_have_turns_and_a_tool_call(prompts: tuple[Prompt, 
     assert calls and all({"name", "arguments"} <= set(call) for call in calls)
 
 
-def test_default_prompts_render_to_400_1200_chars_and_64_tokens(
-    prompts: tuple[Prompt, ...], tokenizer: Any
-) -> None:
+def test_default_prompts_render_to_400_1200_chars_and_64_tokens(prompts: tuple[Prompt, ...], tokenizer: Any) -> None:
     bad = {}
     for p in prompts:
         text = render(p, tokenizer)
@@ -130,9 +151,7 @@ def test_pyproject_ships_the_default_set_as_package_data() -> None:
 # ---------------------------------------------------------------- sequences
 
 
-def check_sequences(
-    seqs: list[TokenSequence], prompts: tuple[Prompt, ...], n: int, tokens: int
-) -> None:
+def check_sequences(seqs: list[TokenSequence], prompts: tuple[Prompt, ...], n: int, tokens: int) -> None:
     assert len(seqs) == n
     assert [s.index for s in seqs] == list(range(n))
     assert all(len(s.ids) == tokens + 1 and all(isinstance(i, int) for i in s.ids) for s in seqs)
@@ -174,9 +193,7 @@ def test_sources_are_exactly_the_prompts_joined(prompts: tuple[Prompt, ...], tok
         if len(parts) > 1:
             assert len(encode(tokenizer, SEPARATOR.join(parts[:-1]))) < tokens + 1
     # Round 0 follows each prompt with the next one in the set.
-    assert all(
-        s.sources[1] == prompts[(s.index + 1) % len(prompts)].id for s in joined
-    )
+    assert all(s.sources[1] == prompts[(s.index + 1) % len(prompts)].id for s in joined)
 
 
 class _CharTokenizer:
@@ -204,9 +221,7 @@ def test_each_round_walks_the_followers_with_its_own_stride() -> None:
     assert len({s.ids for s in seqs}) == 20
 
 
-def test_later_rounds_vary_what_follows_or_where_it_starts(
-    prompts: tuple[Prompt, ...], tokenizer: Any
-) -> None:
+def test_later_rounds_vary_what_follows_or_where_it_starts(prompts: tuple[Prompt, ...], tokenizer: Any) -> None:
     count = len(prompts)
     seqs = build_sequences(prompts, tokenizer, n=2 * count, tokens=256)
     for first, second in zip(seqs[:count], seqs[count:]):
@@ -217,9 +232,7 @@ def test_later_rounds_vary_what_follows_or_where_it_starts(
             assert first.ids[:8] != second.ids[:8]
 
 
-def test_sequences_are_deterministic_and_prefix_stable(
-    prompts: tuple[Prompt, ...], tokenizer: Any
-) -> None:
+def test_sequences_are_deterministic_and_prefix_stable(prompts: tuple[Prompt, ...], tokenizer: Any) -> None:
     a = build_sequences(prompts, tokenizer, n=60, tokens=200)
     b = build_sequences(list(prompts), tokenizer, n=60, tokens=200)
     assert a == b and sequences_digest(a) == sequences_digest(b)
@@ -282,8 +295,13 @@ def test_asking_for_more_distinct_sequences_than_exist_is_an_error(tokenizer: An
 
 @pytest.mark.parametrize(
     ("n", "tokens", "flag"),
-    [(0, 8, "--mlx-kl-prompts"), (4, 0, "--mlx-kl-tokens"), (-1, 8, "--mlx-kl-prompts"),
-     (True, 8, "--mlx-kl-prompts"), (4, 2.5, "--mlx-kl-tokens")],
+    [
+        (0, 8, "--mlx-kl-prompts"),
+        (4, 0, "--mlx-kl-tokens"),
+        (-1, 8, "--mlx-kl-prompts"),
+        (True, 8, "--mlx-kl-prompts"),
+        (4, 2.5, "--mlx-kl-tokens"),
+    ],
 )
 def test_counts_below_one_are_usage_errors(tokenizer: Any, n: Any, tokens: Any, flag: str) -> None:
     with pytest.raises(PromptsError, match=f"{flag} must be a whole number of at least 1"):
@@ -368,14 +386,22 @@ def test_load_prompts_file_reads_text_messages_and_defaults(tmp_path: Path) -> N
         json.dumps({"text": "First prompt."}),
         "",
         "   ",
-        json.dumps({"id": "conv", "domain": "chat", "messages": [
-            {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}),
+        json.dumps(
+            {
+                "id": "conv",
+                "domain": "chat",
+                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            }
+        ),
         json.dumps({"text": "Zürich 東京\u2028raw separator", "domain": "multilingual"}, ensure_ascii=False),
     ]
     path.write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode())  # BOM and CRLF are fine
     got = load_prompts_file(path)
     assert [(p.id, p.domain) for p in got] == [
-        ("mine.jsonl:1", "custom"), ("conv", "chat"), ("mine.jsonl:5", "multilingual")]
+        ("mine.jsonl:1", "custom"),
+        ("conv", "chat"),
+        ("mine.jsonl:5", "multilingual"),
+    ]
     assert got[0].text == "First prompt." and got[2].text == "Zürich 東京\u2028raw separator"
     assert got[1].messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"})
     assert got[1].origin == f"{path}:4"
@@ -391,10 +417,14 @@ OK_LINE = json.dumps({"text": "fine"})
         ('["text", "a list"]', "expected a JSON object, got a list"),
         ('{"id": "x"}', 'neither "text" nor "messages"'),
         ('{"text": "a", "messages": [{"role": "user", "content": "b"}]}', 'both "text" and "messages"'),
-        ('{"messages": [{"role": 5, "content": "hi"}]}',
-         '"messages"[0]["role"] must be a non-empty string, got a number'),
-        ('{"messages": [{"role": "user", "content": ["hi"]}]}',
-         '"messages"[0]["content"] must be a string, got a list'),
+        (
+            '{"messages": [{"role": 5, "content": "hi"}]}',
+            '"messages"[0]["role"] must be a non-empty string, got a number',
+        ),
+        (
+            '{"messages": [{"role": "user", "content": ["hi"]}]}',
+            '"messages"[0]["content"] must be a string, got a list',
+        ),
         ('{"messages": [{"role": "user"}]}', '"messages"[0] has no "content"'),
         ('{"messages": ["hello"]}', '"messages"[0] must be an object'),
         ('{"messages": []}', '"messages" must be a non-empty list of turns, got an empty list'),
@@ -403,8 +433,10 @@ OK_LINE = json.dumps({"text": "fine"})
         ('{"text": 42}', '"text" must be a non-empty string, got a number'),
         ('{"text": "a", "id": 7}', '"id" must be a non-empty string'),
         ('{"prompt": "a", "text": "b"}', "unknown key(s) 'prompt'"),
-        (json.dumps({"id": "mine.jsonl:1", "text": "dup"}),
-         "duplicate prompt id 'mine.jsonl:1' (first used on line 1)"),
+        (
+            json.dumps({"id": "mine.jsonl:1", "text": "dup"}),
+            "duplicate prompt id 'mine.jsonl:1' (first used on line 1)",
+        ),
     ],
 )
 def test_load_prompts_file_errors_name_file_and_line(tmp_path: Path, bad_line: str, expected: str) -> None:
@@ -486,8 +518,9 @@ def test_too_few_plain_prompts_say_why_the_set_is_smaller(base_tokenizer: Any) -
     assert "(the default set's 6 chat prompts are left out" in str(info.value)
 
 
-def test_a_users_chat_prompts_on_a_base_model_skip_the_gate_naming_them(tmp_path: Path, base_tokenizer: Any,
-                                                                        tokenizer: Any) -> None:
+def test_a_users_chat_prompts_on_a_base_model_skip_the_gate_naming_them(
+    tmp_path: Path, base_tokenizer: Any, tokenizer: Any
+) -> None:
     path = tmp_path / "mine.jsonl"
     path.write_text('{"text": "plain"}\n{"id": "conv", "messages": [{"role": "user", "content": "hi"}]}\n')
     mine = load_prompts_file(path)

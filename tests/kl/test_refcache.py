@@ -31,15 +31,17 @@ def _ref(seed: int, positions: int = 4, kept: int = 6, vocab: int = 100) -> RefD
     rng = np.random.default_rng(seed)
     probs = rng.dirichlet(np.ones(kept + 3), positions)[:, :kept]
     logprobs = -np.sort(-np.log(probs), axis=1).astype(np.float32)  # each row descending
-    return RefDistributions.from_arrays({
-        "offsets": np.arange(0, positions * kept + 1, kept, dtype=np.int64),
-        "ids": np.concatenate([rng.permutation(vocab)[:kept] for _ in range(positions)]).astype(np.int32),
-        "logprobs": np.ascontiguousarray(logprobs.reshape(-1)),
-        "tail_logmass": np.log(1 - probs.sum(axis=1)).astype(np.float32),
-        "next_logprob": logprobs[:, 0].copy(),
-        "near_tie": rng.random(positions) < 0.3,
-        "vocab_size": np.asarray(vocab),
-    })
+    return RefDistributions.from_arrays(
+        {
+            "offsets": np.arange(0, positions * kept + 1, kept, dtype=np.int64),
+            "ids": np.concatenate([rng.permutation(vocab)[:kept] for _ in range(positions)]).astype(np.int32),
+            "logprobs": np.ascontiguousarray(logprobs.reshape(-1)),
+            "tail_logmass": np.log(1 - probs.sum(axis=1)).astype(np.float32),
+            "next_logprob": logprobs[:, 0].copy(),
+            "near_tie": rng.random(positions) < 0.3,
+            "vocab_size": np.asarray(vocab),
+        }
+    )
 
 
 REFS = [_ref(0), _ref(1)]
@@ -89,7 +91,7 @@ class _Flipper:
         os.pwrite(self.fd, bytes([self.data[i] ^ mask]), i)
 
     def restore(self, i: int) -> None:
-        os.pwrite(self.fd, self.data[i:i + 1], i)
+        os.pwrite(self.fd, self.data[i : i + 1], i)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -158,8 +160,9 @@ def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
-@pytest.mark.parametrize("kind", ["empty directory", "directory with files", "fifo", "dangling symlink",
-                                  "symlink to a directory", "garbage"])
+@pytest.mark.parametrize(
+    "kind", ["empty directory", "directory with files", "fifo", "dangling symlink", "symlink to a directory", "garbage"]
+)
 def test_anything_but_an_entry_at_its_name_is_a_miss_said_once_and_replaced(tmp_path: Path, kind: str) -> None:
     cache, lines = _cache(tmp_path / "ref")
     path = cache.path_for(KEY)
@@ -256,10 +259,15 @@ def test_the_entry_just_written_stays_even_above_the_cap(tmp_path: Path) -> None
 
     _entries(ReferenceCache(tmp_path, max_bytes=None), 3)
     old_cap = CapabilityCache(tmp_path / "capability", max_bytes=None).store(
-        {"task": "t"}, [ItemResult("i", "h", "out", 1.0, "correct")])
+        {"task": "t"}, [ItemResult("i", "h", "out", 1.0, "correct")]
+    )
     os.utime(old_cap, (1.0, 1.0))
-    foreign = [tmp_path / "notes.txt", tmp_path / ".probe-1", tmp_path / "capability" / "mine.json",
-               tmp_path / ("f" * 40 + ".npz.bak")]
+    foreign = [
+        tmp_path / "notes.txt",
+        tmp_path / ".probe-1",
+        tmp_path / "capability" / "mine.json",
+        tmp_path / ("f" * 40 + ".npz.bak"),
+    ]
     for f in foreign:
         f.write_bytes(b"not the cache's")
         os.utime(f, (1.0, 1.0))
@@ -279,7 +287,8 @@ def test_a_stale_temp_file_is_swept_a_fresh_one_kept(tmp_path: Path) -> None:
 
 
 def test_eviction_never_crashes_when_another_process_deletes_entries(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = ReferenceCache(tmp_path, max_bytes=None)
     paths = _entries(cache, 4)
     listing = cache.files.entries()
@@ -301,10 +310,22 @@ def test_eviction_never_crashes_when_another_process_deletes_entries(
         assert store.evict(keep=paths[3]) == []
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("2GiB", 2 * 1024**3), ("500MB", 500_000_000), ("500 mb", 500_000_000), ("1.5G", 1_500_000_000),
-    ("64KiB", 65536), ("123", 123), ("0", 0), ("none", None), ("None", None), ("off", None), ("1tib", 2**40),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2GiB", 2 * 1024**3),
+        ("500MB", 500_000_000),
+        ("500 mb", 500_000_000),
+        ("1.5G", 1_500_000_000),
+        ("64KiB", 65536),
+        ("123", 123),
+        ("0", 0),
+        ("none", None),
+        ("None", None),
+        ("off", None),
+        ("1tib", 2**40),
+    ],
+)
 def test_parse_cache_max(text: str, expected: int | None) -> None:
     assert parse_cache_max(text) == expected
 

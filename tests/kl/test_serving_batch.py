@@ -35,8 +35,11 @@ def test_batches_hold_a_bounded_amount_of_logits(tiny_kv_model_dir: Path, monkey
     # the first batch of 4 (vocabulary unknown yet), then batches of 2: 4 + 2 + 2 + 1
     assert counters.reference_forwards == 4 * (1 + shape.decode)
     one_at_a_time = ArmCounters()
-    list(arms._batches(model, seqs, dataclasses.replace(shape, batched=False), parse_kv_value("plain"), one_at_a_time,
-                       "reference"))
+    list(
+        arms._batches(
+            model, seqs, dataclasses.replace(shape, batched=False), parse_kv_value("plain"), one_at_a_time, "reference"
+        )
+    )
     assert one_at_a_time.reference_forwards == 9 * (1 + shape.decode)
 
 

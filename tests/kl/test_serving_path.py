@@ -37,8 +37,9 @@ class Steps:
     tokens: np.ndarray  # (decode,) the token fed after step k: the one row k predicts
 
 
-def generate_step_oracle(model: Any, ids: list[int], shape: RunShape, plan: KVPlan,
-                         monkeypatch: pytest.MonkeyPatch | None = None) -> Steps:
+def generate_step_oracle(
+    model: Any, ids: list[int], shape: RunShape, plan: KVPlan, monkeypatch: pytest.MonkeyPatch | None = None
+) -> Steps:
     """`ids` through `mlx_lm.generate.generate_step`: the prompt is `ids[:prefix + 1]` (mlx_lm
     prefills all of it but its last token), then each step feeds the next id of `ids`.
 
@@ -65,9 +66,14 @@ def generate_step_oracle(model: Any, ids: list[int], shape: RunShape, plan: KVPl
         monkeypatch.setattr(loop, "maybe_quantize_kv_cache", lambda cache, *_a, **_k: plan.maybe_quantize(cache))
         extra = {"prompt_cache": plan.make_cache(model), "kv_bits": 8}  # kv_bits: any, the plan decides
     logprobs, tokens = [], []
-    for token, lp in generate_step(mx.array(list(ids[: prefix + 1])), model, max_tokens=shape.decode,
-                                   sampler=sampler, prefill_step_size=shape.chunk or SERVING_PREFILL_STEP,
-                                   **extra):
+    for token, lp in generate_step(
+        mx.array(list(ids[: prefix + 1])),
+        model,
+        max_tokens=shape.decode,
+        sampler=sampler,
+        prefill_step_size=shape.chunk or SERVING_PREFILL_STEP,
+        **extra,
+    ):
         tokens.append(int(token))
         logprobs.append(np.asarray(lp.astype(mx.float32)))
     return Steps(np.stack(logprobs), np.asarray(tokens, dtype=np.int32))
@@ -96,7 +102,7 @@ def llama(tiny_kv_model_dir: Path) -> tuple[Any, Any]:
 def _sequences(tok: Any, n: int) -> list[Any]:
     seqs = build_sequences(default_prompts(), tok, n=n, tokens=TOKENS)
     for s in seqs:  # the check can fail: shifting next_tokens by one changes them
-        assert list(s.ids[PREFIX : TOKENS]) != list(s.ids[PREFIX + 1 : TOKENS + 1])
+        assert list(s.ids[PREFIX:TOKENS]) != list(s.ids[PREFIX + 1 : TOKENS + 1])
     return seqs
 
 
@@ -110,8 +116,9 @@ PLANS = [
 
 
 @pytest.mark.parametrize("plan_value, chunk", PLANS)
-def test_each_decoded_position_is_generate_steps_own(llama: tuple[Any, Any], plan_value: str,
-                                                     chunk: int | None) -> None:
+def test_each_decoded_position_is_generate_steps_own(
+    llama: tuple[Any, Any], plan_value: str, chunk: int | None
+) -> None:
     model, tok = llama
     shape = RunShape(path="serving", tokens=TOKENS, decode=DECODE, chunk=chunk, batched=False)
     plan = parse_kv_value(plan_value)
@@ -122,8 +129,13 @@ def test_each_decoded_position_is_generate_steps_own(llama: tuple[Any, Any], pla
         np.testing.assert_array_equal(out.next_tokens, want.tokens)
         ours = mlx_log_softmax(out.logits)
         for k in range(DECODE):  # position by position, so a failure names the first one that differs
-            np.testing.assert_allclose(ours[k], want.logprobs[k], atol=1e-5, rtol=0,
-                                       err_msg=f"{plan_value}: decode step {k} (position {PREFIX + k})")
+            np.testing.assert_allclose(
+                ours[k],
+                want.logprobs[k],
+                atol=1e-5,
+                rtol=0,
+                err_msg=f"{plan_value}: decode step {k} (position {PREFIX + k})",
+            )
         # the ln-PPL check reads the log-probability of the token each row predicts
         picked = ours[np.arange(DECODE), out.next_tokens]
         np.testing.assert_allclose(picked, want.logprobs[np.arange(DECODE), want.tokens], atol=1e-5, rtol=0)
@@ -150,8 +162,9 @@ def test_the_arms_score_what_generate_step_computed(llama: tuple[Any, Any]) -> N
     and both arms' next-token log-probabilities (what ln-PPL and the worst tokens report) are
     generate_step's, for the reference plan and the candidate plan alike."""
     model, tok = llama
-    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand=f"bits=4,group_size=32,start={PREFIX + 2}",
-                  path="serving")
+    lever = Lever(
+        name="kv", kind="kv", target=None, ref="plain", cand=f"bits=4,group_size=32,start={PREFIX + 2}", path="serving"
+    )
     shape = RunShape(path="serving", tokens=TOKENS, decode=DECODE)
     seqs = _sequences(tok, 5)
     refs = arms.run_reference(model, seqs, shape, lever, counters=ArmCounters())
@@ -169,9 +182,12 @@ def test_the_arms_score_what_generate_step_computed(llama: tuple[Any, Any]) -> N
 
 
 @pytest.mark.parametrize("fixture", ["tiny_kv_model_dir", "tiny_gemma4_dir"])
-@pytest.mark.parametrize("plan_value", ["plain", "bits=8,group_size=64,start=0", f"bits=4,group_size=32,start={PREFIX + 3}"])
-def test_each_row_of_a_batch_is_generate_steps_sequence(fixture: str, plan_value: str, request: pytest.FixtureRequest,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "plan_value", ["plain", "bits=8,group_size=64,start=0", f"bits=4,group_size=32,start={PREFIX + 3}"]
+)
+def test_each_row_of_a_batch_is_generate_steps_sequence(
+    fixture: str, plan_value: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A batch of five through the serving path, each row against generate_step on that sequence
     alone (gemma-4: sliding-window and KV-shared caches; its quantized plans through the plan's caches)."""
     model, tok = _load(request.getfixturevalue(fixture))

@@ -58,8 +58,10 @@ def _load(name: str) -> types.ModuleType:
 crn = _load("custom_rms_norm")
 check = _load("custom_rms_norm_check")
 
-NO_BACKEND = pytest.mark.skipif(crn.kernel_backend() is not None,
-                                reason=f"this machine has MLX's {crn.kernel_backend()} backend: run the gate itself")
+NO_BACKEND = pytest.mark.skipif(
+    crn.kernel_backend() is not None,
+    reason=f"this machine has MLX's {crn.kernel_backend()} backend: run the gate itself",
+)
 
 
 # --- the gate on this machine --------------------------------------------------------------------
@@ -90,9 +92,25 @@ def test_gate_module_is_collected_and_skipped_before_any_model_loads(tmp_path: P
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MLXGATE_", "PYTEST_"))}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "gates/test_custom_kernel.py", "-rs", "-q", "-p", "no:cacheprovider",
-         "--mlx-db", "off", "--mlx-candidate", "nobody/no-such-model"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "gates/test_custom_kernel.py",
+            "-rs",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--mlx-db",
+            "off",
+            "--mlx-candidate",
+            "nobody/no-such-model",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
@@ -102,8 +120,9 @@ def test_gate_module_is_collected_and_skipped_before_any_model_loads(tmp_path: P
 
 @NO_BACKEND
 def test_check_script_says_why_and_exits_0() -> None:
-    run = subprocess.run([sys.executable, "gates/custom_rms_norm_check.py"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "gates/custom_rms_norm_check.py"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip() == f"custom_rms_norm_check: skipped: {crn.SKIP_REASON}"
 
@@ -185,8 +204,22 @@ def test_source_names_every_parameter_and_balances(backend: str) -> None:
     assert source.count(barrier) == 2
 
 
-@pytest.mark.parametrize(("d", "threads"), [(1, 32), (7, 32), (64, 32), (128, 32), (129, 64), (576, 160),
-                                            (2048, 512), (2560, 640), (4096, 1024), (4097, 1024), (10**6, 1024)])
+@pytest.mark.parametrize(
+    ("d", "threads"),
+    [
+        (1, 32),
+        (7, 32),
+        (64, 32),
+        (128, 32),
+        (129, 64),
+        (576, 160),
+        (2048, 512),
+        (2560, 640),
+        (4096, 1024),
+        (4097, 1024),
+        (10**6, 1024),
+    ],
+)
 def test_launch_threads(d: int, threads: int) -> None:
     assert crn.launch_threads(d) == threads
 
@@ -225,8 +258,9 @@ def _fd1_into(path: Path) -> Iterator[None]:
             os.close(saved)
 
 
-def _launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, x: Any, w: Any,
-            metal_source: str | None = None) -> tuple[dict[str, Any], str | None]:
+def _launch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, x: Any, w: Any, metal_source: str | None = None
+) -> tuple[dict[str, Any], str | None]:
     """rms_norm(x, w) as `backend` would launch it: the kernel call's arguments, and on Metal the source
     MLX generated for it (traced with mx.export_function: no Metal device needed)."""
     import mlx.core as mx
@@ -246,7 +280,11 @@ def _launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, x: An
             return recorder.calls[0], None
         printed = tmp_path / f"metal-{len(list(tmp_path.iterdir()))}.txt"
         args = [x] if w is None else [x, w]
-        fn = (lambda xa: crn.rms_norm(xa, None, check.EPS)) if w is None else (lambda xa, wa: crn.rms_norm(xa, wa, check.EPS))
+        fn = (
+            (lambda xa: crn.rms_norm(xa, None, check.EPS))
+            if w is None
+            else (lambda xa, wa: crn.rms_norm(xa, wa, check.EPS))
+        )
         with _fd1_into(printed):
             mx.export_function(str(printed.with_suffix(".mlxfn")), fn, *args)
     text = printed.read_text()
@@ -258,8 +296,14 @@ def _launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, x: An
 #: (x shape, x dtype, weight): idle threads (D < 32), several simdgroups/warps, the 1024-thread cap with a loop
 #: over a longer row, no weight, a promoted (float32) result, and an x small enough that MLX passes it to
 #: Metal as `constant` (under 8 elements).
-LAUNCHES = [((3, 64), "float32", "same"), ((2, 3, 576), "float16", "same"), ((2, 4097), "bfloat16", "none"),
-            ((2, 2560), "float16", "float32"), ((3, 7), "float32", "same"), ((1, 1, 4), "float16", "same")]
+LAUNCHES = [
+    ((3, 64), "float32", "same"),
+    ((2, 3, 576), "float16", "same"),
+    ((2, 4097), "bfloat16", "none"),
+    ((2, 2560), "float16", "float32"),
+    ((3, 7), "float32", "same"),
+    ((1, 1, 4), "float16", "same"),
+]
 
 
 def _inputs(shape: tuple[int, ...], dtype: str, weight: str, key: int) -> tuple[Any, Any]:
@@ -270,8 +314,9 @@ def _inputs(shape: tuple[int, ...], dtype: str, weight: str, key: int) -> tuple[
 
 @pytest.mark.parametrize("backend", ["metal", "cuda"])
 @pytest.mark.parametrize(("shape", "dtype", "weight"), LAUNCHES)
-def test_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, shape: tuple[int, ...], dtype: str,
-                weight: str) -> None:
+def test_launch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, shape: tuple[int, ...], dtype: str, weight: str
+) -> None:
     import mlx.core as mx
 
     x, w = _inputs(shape, dtype, weight, key=1)
@@ -293,6 +338,7 @@ def test_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, s
         name, params, target = _metal_signature(source)
         types_ = {n: t for t, n in params}
         metal = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t"}
+
         def space(a: Any) -> str:
             return "device" if a.size >= 8 else "constant"  # MLX passes inputs under 8 elements as constant
 
@@ -335,18 +381,31 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def _cuda_text(template: list[tuple[str, Any]], input_dtypes: list[Any], output_dtype: Any, source: str,
-               header: str = _MLX_CUDA_HEADER) -> tuple[str, str]:
+def _cuda_text(
+    template: list[tuple[str, Any]],
+    input_dtypes: list[Any],
+    output_dtype: Any,
+    source: str,
+    header: str = _MLX_CUDA_HEADER,
+) -> tuple[str, str]:
     """(kernel name, the translation unit MLX's cuda_kernel compiles) for our inputs x, w, eps and out, as
     build_kernel writes it: its default header, the namespace, the signature (x_shape because the source
     names it), one `using`/`constexpr` line per template argument, then the body."""
-    suffix = "".join("_" + (("t" if v else "f") if isinstance(v, bool) else _TYPE_STRING[_dtype_name(v)])
-                     for _, v in template)
+    suffix = "".join(
+        "_" + (("t" if v else "f") if isinstance(v, bool) else _TYPE_STRING[_dtype_name(v)]) for _, v in template
+    )
     name = f"custom_kernel_mlxgate_rms_norm{suffix}"
     x_t, w_t, eps_t = (_CUDA_TYPES[_dtype_name(t)] for t in input_dtypes)
-    lines = [header, "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n",
-             f"__global__ void {name}(\n", f"    const {x_t}* x,\n", "    const __grid_constant__ Shape x_shape,\n",
-             f"    const {w_t}* w,\n", f"    const {eps_t}* eps,\n", f"    {_CUDA_TYPES[_dtype_name(output_dtype)]}* out) {{\n"]
+    lines = [
+        header,
+        "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n",
+        f"__global__ void {name}(\n",
+        f"    const {x_t}* x,\n",
+        "    const __grid_constant__ Shape x_shape,\n",
+        f"    const {w_t}* w,\n",
+        f"    const {eps_t}* eps,\n",
+        f"    {_CUDA_TYPES[_dtype_name(output_dtype)]}* out) {{\n",
+    ]
     for arg, value in template:
         if isinstance(value, bool):
             lines.append(f"  constexpr bool {arg} = {'true' if value else 'false'};\n")
@@ -367,8 +426,15 @@ def _all_cuda_kernels(header: str = _MLX_CUDA_HEADER) -> list[tuple[str, str]]:
                 w_dtype_in = w_dtype if has_weight else x_dtype
                 if not has_weight and w_dtype != mx.float32:
                     continue  # no weight: one kernel per x dtype
-                kernels.append(_cuda_text(crn.template_args(x_dtype, w_dtype_in, out, has_weight),
-                                          [x_dtype, w_dtype_in, mx.float32], out, crn.CUDA_SOURCE, header))
+                kernels.append(
+                    _cuda_text(
+                        crn.template_args(x_dtype, w_dtype_in, out, has_weight),
+                        [x_dtype, w_dtype_in, mx.float32],
+                        out,
+                        crn.CUDA_SOURCE,
+                        header,
+                    )
+                )
     return kernels
 
 
@@ -403,8 +469,22 @@ def test_cuda_source_compiles_with_nvcc(tmp_path: Path) -> None:
     unit = tmp_path / "rms_norm.cu"
     unit.write_text("\n".join(text for _, text in kernels))
     ptx = tmp_path / "rms_norm.ptx"
-    run = subprocess.run(["nvcc", "-std=c++17", "--ptx", "-arch=sm_80", f"-I{tmp_path / 'stub'}",
-                          f"-I{wheel_include}", str(unit), "-o", str(ptx)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            "nvcc",
+            "-std=c++17",
+            "--ptx",
+            "-arch=sm_80",
+            f"-I{tmp_path / 'stub'}",
+            f"-I{wheel_include}",
+            str(unit),
+            "-o",
+            str(ptx),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     ours = [line for line in (run.stdout + run.stderr).splitlines() if unit.name in line]
     assert not ours, "nvcc warns about the kernel:\n" + "\n".join(ours)  # (the toolkit's own headers may warn)
@@ -494,7 +574,9 @@ inline float sub_sum(float v) {
 }
 """
 
-_METAL_SHIM = _COMMON_SHIM + r"""
+_METAL_SHIM = (
+    _COMMON_SHIM
+    + r"""
 using uint = unsigned int;
 using float16_t = _Float16;
 using bfloat16_t = bf16_emu;
@@ -507,8 +589,11 @@ namespace metal { namespace precise { inline float rsqrt(float v) { return 1.0f 
 #define constant
 #define threadgroup static  // one group runs at a time: a function-local static is its threadgroup memory
 """
+)
 
-_CUDA_SHIM = _COMMON_SHIM + r"""
+_CUDA_SHIM = (
+    _COMMON_SHIM
+    + r"""
 using __half = _Float16;
 using __nv_bfloat16 = bf16_emu;
 struct dim3 { unsigned x, y, z; };
@@ -527,6 +612,7 @@ using Strides = std::array<int64_t, 10>;
 #define __grid_constant__
 #define __shared__ static  // one block runs at a time: a function-local static is its shared memory
 """
+)
 
 _RUNNER = r"""
 static std::vector<unsigned char> slurp(const char* path) {
@@ -629,12 +715,16 @@ def _emulator(backend: str, sources: list[str]) -> str:
             name, params = _cuda_signature(source)
             unit = source
             call = f"mlx::core::cu::{name}"
-            setup = ("threadIdx = {unsigned(lid), 0u, 0u}; blockIdx = {unsigned(g), 0u, 0u}; "
-                     "blockDim = {unsigned(threads), 1u, 1u}; gridDim = {unsigned(groups), 1u, 1u}; ")
+            setup = (
+                "threadIdx = {unsigned(lid), 0u, 0u}; blockIdx = {unsigned(g), 0u, 0u}; "
+                "blockDim = {unsigned(threads), 1u, 1u}; gridDim = {unsigned(groups), 1u, 1u}; "
+            )
         assert units.setdefault(name, unit) == unit, f"two different sources share the kernel name {name}"
         args = ", ".join(_argument(backend, t, n) for t, n in params)
-        cases.append(f"    case {which}: launch(groups, threads, [&](int g, int lid) {{ (void)g; (void)lid; "
-                     f"{setup}{call}({args}); }}); break;")
+        cases.append(
+            f"    case {which}: launch(groups, threads, [&](int g, int lid) {{ (void)g; (void)lid; "
+            f"{setup}{call}({args}); }}); break;"
+        )
     shim = _METAL_SHIM if backend == "metal" else _CUDA_SHIM
     shape_t = "using mlx_shape_t = std::array<int32_t, 10>;\n"
     return shim + "\n".join(units.values()) + "\n" + shape_t + _RUNNER.replace("CASES", "\n".join(cases))
@@ -657,8 +747,9 @@ def _from_raw(data: bytes, dtype: Any, shape: tuple[int, ...]) -> Any:
     return mx.array(np.frombuffer(data, dtype=np.uint16).reshape(shape)).view(dtype)
 
 
-def _emulate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str,
-             cases: list[tuple[Any, Any]], body: str | None = None) -> list[Any]:
+def _emulate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, cases: list[tuple[Any, Any]], body: str | None = None
+) -> list[Any]:
     """Each (x, w) through rms_norm's own launch, the kernel run under the stand-in; the outputs."""
     import mlx.core as mx
 
@@ -670,14 +761,25 @@ def _emulate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str,
             sources.append(metal_source)
         else:
             x2, w_in, eps = call["inputs"]
-            sources.append(_cuda_text(call["template"], [x2.dtype, w_in.dtype, eps.dtype], call["output_dtypes"][0],
-                                      body if body is not None else crn.CUDA_SOURCE, header="")[1])
+            sources.append(
+                _cuda_text(
+                    call["template"],
+                    [x2.dtype, w_in.dtype, eps.dtype],
+                    call["output_dtypes"][0],
+                    body if body is not None else crn.CUDA_SOURCE,
+                    header="",
+                )[1]
+            )
         launches.append(call)
     program = tmp_path / f"emulate_{backend}.cpp"
     program.write_text(_emulator(backend, sources))
     binary = tmp_path / f"emulate_{backend}"
-    built = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-w", str(program), "-o", str(binary)],
-                           capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        ["g++", "-std=c++20", "-O1", "-pthread", "-w", str(program), "-o", str(binary)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, f"the stand-in did not compile {program}:\n{built.stderr[-6000:]}"
     outputs = []
     for which, ((x, w), call) in enumerate(zip(cases, launches, strict=True)):
@@ -691,9 +793,24 @@ def _emulate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str,
         (tmp_path / "x.bin").write_bytes(_raw(x.reshape(rows, d)))
         (tmp_path / "w.bin").write_bytes(_raw(w if w is not None else crn._no_weight(x.dtype)))
         out_bytes = rows * d * (4 if out_dtype == mx.float32 else 2)
-        ran = subprocess.run([str(binary), str(which), str(gx // threads), str(threads), str(rows), str(d),
-                              str(tmp_path / "x.bin"), str(tmp_path / "w.bin"), repr(check.EPS),
-                              str(tmp_path / "out.bin"), str(out_bytes)], capture_output=True, text=True, timeout=300)
+        ran = subprocess.run(
+            [
+                str(binary),
+                str(which),
+                str(gx // threads),
+                str(threads),
+                str(rows),
+                str(d),
+                str(tmp_path / "x.bin"),
+                str(tmp_path / "w.bin"),
+                repr(check.EPS),
+                str(tmp_path / "out.bin"),
+                str(out_bytes),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert ran.returncode == 0, ran.stderr
         outputs.append(_from_raw((tmp_path / "out.bin").read_bytes(), out_dtype, tuple(out_shape)).reshape(x.shape))
     return outputs
@@ -705,11 +822,13 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C
 @pytest.mark.slow
 @needs_gxx
 @pytest.mark.parametrize("backend", ["metal", "cuda"])
-def test_kernel_body_under_the_stand_in_matches_mx_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                        backend: str) -> None:
+def test_kernel_body_under_the_stand_in_matches_mx_fast(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str
+) -> None:
     cases = [_inputs(shape, dtype, weight, key=k) for k, (shape, dtype, weight) in enumerate(LAUNCHES)]
-    for (shape, dtype, weight), (x, w), ours in zip(LAUNCHES, cases, _emulate(monkeypatch, tmp_path, backend, cases),
-                                                     strict=True):
+    for (shape, dtype, weight), (x, w), ours in zip(
+        LAUNCHES, cases, _emulate(monkeypatch, tmp_path, backend, cases), strict=True
+    ):
         ok, detail = check.compare(x, w, ours)
         assert ok, f"{backend} {shape} {dtype} weight={weight}: {detail}"
 
@@ -717,8 +836,9 @@ def test_kernel_body_under_the_stand_in_matches_mx_fast(monkeypatch: pytest.Monk
 @pytest.mark.slow
 @needs_gxx
 @pytest.mark.parametrize("backend", ["metal", "cuda"])
-def test_the_stand_in_catches_a_sum_one_element_short(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                      backend: str) -> None:
+def test_the_stand_in_catches_a_sum_one_element_short(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str
+) -> None:
     source = crn.METAL_SOURCE if backend == "metal" else crn.CUDA_SOURCE
     first_loop = "i < d; i += nthreads) {\n        const float v"
     assert source.count(first_loop) == 1

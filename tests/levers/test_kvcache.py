@@ -25,8 +25,20 @@ def test_plain_values(value: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [8, "8", "q8", "Q8", "8bit", "8-bit", "bits=8", "bits=8,group_size=64,start=0",
-              " bits = 8 , start = 0 ", {"bits": 8}, {"bits": 8, "group_size": 64, "start": 0}],
+    "value",
+    [
+        8,
+        "8",
+        "q8",
+        "Q8",
+        "8bit",
+        "8-bit",
+        "bits=8",
+        "bits=8,group_size=64,start=0",
+        " bits = 8 , start = 0 ",
+        {"bits": 8},
+        {"bits": 8, "group_size": 64, "start": 0},
+    ],
 )
 def test_uniform_8bit_forms_agree(value: object) -> None:
     plan = parse_kv_value(value)
@@ -80,11 +92,14 @@ def _write(path: Path, config: object) -> Path:
 
 
 def test_config_with_layer_object(tmp_path: Path) -> None:
-    path = _write(tmp_path / "kv_config.json", {
-        "default": {"bits": 8, "group_size": 64},
-        "quantized_kv_start": 16,
-        "layers": {"0": {"bits": 4, "group_size": 32}, "3": None, "5": {"bits": 6, "start": 0}},
-    })
+    path = _write(
+        tmp_path / "kv_config.json",
+        {
+            "default": {"bits": 8, "group_size": 64},
+            "quantized_kv_start": 16,
+            "layers": {"0": {"bits": 4, "group_size": 32}, "3": None, "5": {"bits": 6, "start": 0}},
+        },
+    )
     plan = parse_kv_value(str(path))
     assert plan.for_layer(0) == KVSpec(4, 32, 16)  # inherits quantized_kv_start
     assert plan.for_layer(3) is None
@@ -175,10 +190,19 @@ def tiny_llama(n_layers: int = 3, seed: int = 0) -> Any:
     from mlx_lm.models import llama
 
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=n_layers, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5, vocab_size=256,
-    ))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=n_layers,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            rms_norm_eps=1e-5,
+            vocab_size=256,
+        )
+    )
     mx.eval(model.parameters())
     return model
 
@@ -194,8 +218,9 @@ def _tokens(n: int, seed: int = 1) -> Any:
     return mx.array(np.random.default_rng(seed).integers(0, 256, n), dtype=mx.int32)[None]
 
 
-def _serve(model: Any, plan: KVPlan, prefix: int = 16, decode: int = 8,
-           step: Any = None) -> tuple[np.ndarray, list[Any]]:
+def _serve(
+    model: Any, plan: KVPlan, prefix: int = 16, decode: int = 8, step: Any = None
+) -> tuple[np.ndarray, list[Any]]:
     """Prefix through the cache, then one token per call: what the serving path does."""
     import mlx.core as mx
 
@@ -222,9 +247,15 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 def test_maybe_quantize_per_layer_specs(model: Any, tmp_path: Path) -> None:
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-    plan = parse_kv_value(_write(tmp_path / "kv.json", {
-        "default": {"bits": 8, "group_size": 64}, "layers": {"0": {"bits": 4, "group_size": 32}, "2": None},
-    }))
+    plan = parse_kv_value(
+        _write(
+            tmp_path / "kv.json",
+            {
+                "default": {"bits": 8, "group_size": 64},
+                "layers": {"0": {"bits": 4, "group_size": 32}, "2": None},
+            },
+        )
+    )
     _, cache = _serve(model, plan, prefix=5, decode=2)
     assert isinstance(cache[0], QuantizedKVCache) and (cache[0].bits, cache[0].group_size) == (4, 32)
     assert isinstance(cache[1], QuantizedKVCache) and (cache[1].bits, cache[1].group_size) == (8, 64)
@@ -287,8 +318,9 @@ def test_make_cache_refuses_plan_for_more_layers(model: Any, tmp_path: Path) -> 
 
 # --- what a plan quantizes within a length, and what it refuses ---------------------------------
 
-_specs = st.none() | st.builds(KVSpec, bits=st.sampled_from([4, 8]), group_size=st.sampled_from([32, 64]),
-                               start=st.integers(0, 12))
+_specs = st.none() | st.builds(
+    KVSpec, bits=st.sampled_from([4, 8]), group_size=st.sampled_from([32, 64]), start=st.integers(0, 12)
+)
 
 
 def _replaced_after(model: Any, plan: KVPlan, positions: int) -> dict[int, Any]:
@@ -302,12 +334,21 @@ def _replaced_after(model: Any, plan: KVPlan, positions: int) -> dict[int, Any]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(default=_specs, layers=st.dictionaries(st.integers(0, 2), _specs, max_size=3),
-       types=st.dictionaries(st.just("full_attention"), _specs, max_size=1), fake=st.booleans(),
-       positions=st.integers(2, 15))
+@given(
+    default=_specs,
+    layers=st.dictionaries(st.integers(0, 2), _specs, max_size=3),
+    types=st.dictionaries(st.just("full_attention"), _specs, max_size=1),
+    fake=st.booleans(),
+    positions=st.integers(2, 15),
+)
 def test_quantized_within_names_the_layers_the_serving_path_quantizes(
-        model: Any, default: KVSpec | None, layers: dict[int, KVSpec | None], types: dict[str, KVSpec | None],
-        fake: bool, positions: int) -> None:
+    model: Any,
+    default: KVSpec | None,
+    layers: dict[int, KVSpec | None],
+    types: dict[str, KVSpec | None],
+    fake: bool,
+    positions: int,
+) -> None:
     """Per-layer specs over per-type specs over the default, each from its own start: the layers (and
     their bits and group size) are those the plan's own caches turn quantized within `positions`."""
     plan = KVPlan(default=default, layers=layers, types=types, source="test", fake=fake)
@@ -334,8 +375,10 @@ def test_check_caches_lists_every_problem_of_the_plan(model: Any) -> None:
     assert rest.endswith(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
     problems = rest.removesuffix(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)").split("; ")
     assert problems == [
-        ("layers [1] are KV-shared and keep no cache (1 reads layer 0): quantize their source layers instead, "
-         "and set these to null"),
+        (
+            "layers [1] are KV-shared and keep no cache (1 reads layer 0): quantize their source layers instead, "
+            "and set these to null"
+        ),
         "it sets attention types ['sliding_attention'], but the model's cached layers are ['full_attention']",
     ]
 

@@ -39,7 +39,12 @@ class Boom(Exception):
 
 def test_env_marker() -> None:
     lever = lever_from_marker(mark("perf_kernel", env="MLX_BUN_PERF_KERNEL", ref="0", cand="1"))
-    assert (lever.name, lever.kind, lever.target, lever.path) == ("perf_kernel", "env", "MLX_BUN_PERF_KERNEL", "prefill")
+    assert (lever.name, lever.kind, lever.target, lever.path) == (
+        "perf_kernel",
+        "env",
+        "MLX_BUN_PERF_KERNEL",
+        "prefill",
+    )
     assert lever.value("reference") == "0" and lever.value("candidate") == "1"
     assert lever.describe() == "perf_kernel: 0 → 1 · path=prefill"
 
@@ -241,8 +246,9 @@ def test_patch_restored_when_body_raises(modules: types.SimpleNamespace) -> None
     assert modules.a.f is modules.f and modules.b.f is modules.f
 
 
-def test_patch_undoes_copies_bound_during_the_body(modules: types.SimpleNamespace,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_patch_undoes_copies_bound_during_the_body(
+    modules: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     late = types.ModuleType("mlxgate_throwaway_late")
     lever = Lever("p", "patch", "mlxgate_throwaway_a.f", ref=_replacement, cand=None)
     with lever.applied("reference"):
@@ -261,13 +267,19 @@ def test_patch_value_not_callable(modules: types.SimpleNamespace) -> None:
 
 def test_patch_import_errors_name_the_module(modules: types.SimpleNamespace) -> None:
     target = Lever("p", "patch", "no_such_pkg_mlxgate.sub.attr", ref=_replacement, cand=None)
-    with pytest.raises(LeverError, match=r"module 'no_such_pkg_mlxgate' cannot be imported"), target.applied("reference"):
+    with (
+        pytest.raises(LeverError, match=r"module 'no_such_pkg_mlxgate' cannot be imported"),
+        target.applied("reference"),
+    ):
         pass
     value = Lever("p", "patch", "mlxgate_throwaway_a.f", ref="no_such_mod_mlxgate:thing", cand=None)
     with pytest.raises(LeverError, match=r"importing module 'no_such_mod_mlxgate' failed"), value.applied("reference"):
         pass
     attr = Lever("p", "patch", "os.path.no_such_attr_mlxgate", ref=_replacement, cand=None)
-    with pytest.raises(LeverError, match=r"os\.path has no attribute 'no_such_attr_mlxgate'"), attr.applied("reference"):
+    with (
+        pytest.raises(LeverError, match=r"os\.path has no attribute 'no_such_attr_mlxgate'"),
+        attr.applied("reference"),
+    ):
         pass
     assert modules.a.f is modules.f
 
@@ -304,10 +316,18 @@ def test_patch_mlx_lm_alias_copies() -> None:
 
     lever = Lever("sdpa", "patch", "mlx_lm.models.base.scaled_dot_product_attention", ref=spy, cand=None)
     mx.random.seed(0)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=3, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256,
-    ))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=3,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=256,
+        )
+    )
     with lever.applied("reference"):
         assert llama.scaled_dot_product_attention is spy
         mx.eval(model(mx.array([[1, 2, 3]])))
@@ -332,13 +352,20 @@ def test_patch_of_scalar_does_not_hunt_for_copies(monkeypatch: pytest.MonkeyPatc
 def test_options_replace_declared_values() -> None:
     declared = lever_from_marker(mark("perf_kernel", env="MLX_BUN_PERF_KERNEL", ref="0", cand="1", path="serving"))
     lever = lever_from_options("perf_kernel", "unset", "2", declared)
-    assert (lever.name, lever.kind, lever.target, lever.path) == ("perf_kernel", "env", "MLX_BUN_PERF_KERNEL", "serving")
+    assert (lever.name, lever.kind, lever.target, lever.path) == (
+        "perf_kernel",
+        "env",
+        "MLX_BUN_PERF_KERNEL",
+        "serving",
+    )
     assert (lever.ref, lever.cand) == (None, "2")
 
 
 def test_options_replace_declared_patch_and_kv() -> None:
     patch = lever_from_marker(mark("attention", patch=SDPA, ref=REF_SDPA, cand=None))
-    lever = lever_from_options("attention", "original", "pytest_mlxgate.reference_ops.scaled_dot_product_attention", patch)
+    lever = lever_from_options(
+        "attention", "original", "pytest_mlxgate.reference_ops.scaled_dot_product_attention", patch
+    )
     assert (lever.ref, lever.cand) == (None, "pytest_mlxgate.reference_ops.scaled_dot_product_attention")
     assert lever_from_options("attention", "none", REF_SDPA, patch).ref is None
     with pytest.raises(LeverError, match="not an object name"):
@@ -360,12 +387,20 @@ def test_options_context_value_is_passed_as_string() -> None:
 @pytest.mark.parametrize("name", ["MLX_BUN_PERF_KERNEL", "env:MLX_BUN_PERF_KERNEL"])
 def test_options_new_env_lever(name: str) -> None:
     lever = lever_from_options(name, "0", "1", None)  # the ancestor's --self VAR --ref-value 0 --cand-value 1
-    assert (lever.kind, lever.target, lever.ref, lever.cand, lever.path) == ("env", "MLX_BUN_PERF_KERNEL", "0", "1", "prefill")
+    assert (lever.kind, lever.target, lever.ref, lever.cand, lever.path) == (
+        "env",
+        "MLX_BUN_PERF_KERNEL",
+        "0",
+        "1",
+        "prefill",
+    )
 
 
 def test_options_new_lever_beside_a_declared_one() -> None:
     declared = lever_from_marker(mark("attention", patch=SDPA, ref=REF_SDPA, cand=None, path="serving"))
-    lever = lever_from_options("patch:mlx.core.fast.rms_norm", "pytest_mlxgate.reference_ops:rms_norm", "original", declared)
+    lever = lever_from_options(
+        "patch:mlx.core.fast.rms_norm", "pytest_mlxgate.reference_ops:rms_norm", "original", declared
+    )
     assert (lever.kind, lever.target, lever.cand, lever.path) == ("patch", "mlx.core.fast.rms_norm", None, "serving")
     kv = lever_from_options("kv", "plain", "bits=8,group_size=32", declared)
     assert kv.kind == "kv" and kv.path == "serving" and kv.kv_plan("candidate").default == KVSpec(8, 32)
@@ -455,7 +490,12 @@ def test_to_json_is_json_serializable(tmp_path: Path) -> None:
         assert all(v is None or isinstance(v, str) for v in data.values())
         assert json.loads(json.dumps(data)) == data
     assert levers[0].to_json() == {
-        "name": "attention", "kind": "patch", "target": SDPA, "ref": REF_SDPA, "cand": "original", "path": "prefill",
+        "name": "attention",
+        "kind": "patch",
+        "target": SDPA,
+        "ref": REF_SDPA,
+        "cand": "original",
+        "path": "prefill",
     }
     assert levers[4].to_json()["cand"] == "{'a': [1]}"
 

@@ -100,8 +100,9 @@ def _mask(kind: str | None, b: int, n_q: int, q_len: int, k_len: int) -> tuple[A
 
 
 @pytest.mark.parametrize(("b", "n_q", "n_kv", "q_len", "k_len", "d", "mask_kind"), CASES)
-def test_sdpa_matches_fast_float32(b: int, n_q: int, n_kv: int, q_len: int, k_len: int, d: int,
-                                   mask_kind: str | None) -> None:
+def test_sdpa_matches_fast_float32(
+    b: int, n_q: int, n_kv: int, q_len: int, k_len: int, d: int, mask_kind: str | None
+) -> None:
     import mlx.core as mx
 
     q, k, v = _normal((b, n_q, q_len, d), 1), _normal((b, n_kv, k_len, d), 2), _normal((b, n_kv, k_len, d), 3)
@@ -164,10 +165,18 @@ def tiny_llama(n_layers: int = 2, seed: int = 0) -> Any:
     from mlx_lm.models import llama
 
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=n_layers, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256,
-    ))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=n_layers,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=256,
+        )
+    )
     mx.eval(model.parameters())
     return model
 
@@ -185,14 +194,16 @@ def _logits(model: Any, lever: Lever, arm: Any) -> np.ndarray:
 calls = {"n": 0}
 
 
-def counting_reference_sdpa(q: Any, k: Any, v: Any, *, scale: float, mask: Any = None, sinks: Any = None,
-                            stream: Any = None) -> Any:
+def counting_reference_sdpa(
+    q: Any, k: Any, v: Any, *, scale: float, mask: Any = None, sinks: Any = None, stream: Any = None
+) -> Any:
     calls["n"] += 1
     return scaled_dot_product_attention(q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
 
 
-def wrong_scale_sdpa(q: Any, k: Any, v: Any, *, scale: float, mask: Any = None, sinks: Any = None,
-                     stream: Any = None) -> Any:
+def wrong_scale_sdpa(
+    q: Any, k: Any, v: Any, *, scale: float, mask: Any = None, sinks: Any = None, stream: Any = None
+) -> Any:
     return scaled_dot_product_attention(q, k, v, scale=scale * 1.1, mask=mask, sinks=sinks, stream=stream)
 
 
@@ -257,12 +268,16 @@ def rope_cases(draw: st.DrawFn) -> dict[str, Any]:
     kind = draw(st.sampled_from(["int", "scalar", "size1", "vector"]))
     values = draw(st.lists(st.integers(-8, 2048), min_size=batch, max_size=batch))
     return {
-        "shape": shape, "dims": dims, "traditional": draw(st.booleans()),
+        "shape": shape,
+        "dims": dims,
+        "traditional": draw(st.booleans()),
         "base": draw(st.sampled_from([None, 10000.0, 500000.0, 1e6, 100.0])),
         "scale": draw(st.sampled_from([1.0, 0.5, 0.25, 2.0, 1 / 8, 0.37])),
-        "offset_kind": kind, "offsets": values if kind == "vector" else values[:1],
+        "offset_kind": kind,
+        "offsets": values if kind == "vector" else values[:1],
         "offset_dtype": draw(st.sampled_from(["int32", "int64", "uint16"])) if kind != "int" else None,
-        "dtype": draw(st.sampled_from(DTYPES)), "seed": draw(st.integers(0, 2**31 - 1)),
+        "dtype": draw(st.sampled_from(DTYPES)),
+        "seed": draw(st.integers(0, 2**31 - 1)),
         "amplitude": draw(st.sampled_from([1.0, 0.01, 30.0])),
     }
 
@@ -283,8 +298,14 @@ def _rope_inputs(case: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     freqs = None
     if case["base"] is None:  # positive, from fast (period ~3 positions) to slow, like llama3's scaled ones
         freqs = mx.array(np.exp(rng.uniform(np.log(0.5), np.log(1e5), case["dims"] // 2)).astype(np.float32))
-    kwargs = {"dims": case["dims"], "traditional": case["traditional"], "base": case["base"],
-              "scale": case["scale"], "offset": offset, "freqs": freqs}
+    kwargs = {
+        "dims": case["dims"],
+        "traditional": case["traditional"],
+        "base": case["base"],
+        "scale": case["scale"],
+        "offset": offset,
+        "freqs": freqs,
+    }
     return x.astype(getattr(mx, case["dtype"])), kwargs
 
 
@@ -308,8 +329,9 @@ def _exact_rope(x: Any, kwargs: dict[str, Any]) -> np.ndarray:
     offsets = offsets.reshape(-1, *([1] * (xs.ndim - 2)))  # (1 or B, 1.., 1): one per batch row
     theta = ((np.arange(length) + offsets) * kwargs["scale"])[..., None] * inv  # (B|1, 1.., T, half)
     cos, sin = np.cos(theta), np.sin(theta)
-    first, second = (slice(0, dims, 2), slice(1, dims, 2)) if kwargs["traditional"] else \
-        (slice(0, half), slice(half, dims))
+    first, second = (
+        (slice(0, dims, 2), slice(1, dims, 2)) if kwargs["traditional"] else (slice(0, half), slice(half, dims))
+    )
     out = xs.copy()
     out[..., first] = xs[..., first] * cos - xs[..., second] * sin
     out[..., second] = xs[..., first] * sin + xs[..., second] * cos
@@ -415,8 +437,12 @@ def test_rope_invariants(case: dict[str, Any], data: st.DataObject) -> None:
     halves = _call_rope(rope, x[..., mx.array(perm)], {**kwargs, "traditional": False})
     traditional = _call_rope(rope, x, {**kwargs, "traditional": True})
     traditional_rounding = _pair_norm(x, {**kwargs, "traditional": True}) * (4 * UNIT[dtype] + 8 * U32) + _tiny(dtype)
-    _assert_within(halves[..., mx.array(np.argsort(perm))][..., :dims], _f64(traditional[..., :dims]),
-                   traditional_rounding, "traditional vs de-interleaved halves")
+    _assert_within(
+        halves[..., mx.array(np.argsort(perm))][..., :dims],
+        _f64(traditional[..., :dims]),
+        traditional_rounding,
+        "traditional vs de-interleaved halves",
+    )
 
 
 def test_rope_position_zero_is_the_identity() -> None:
@@ -441,9 +467,14 @@ def layer_norm_cases(draw: st.DrawFn) -> dict[str, Any]:
     dtype = draw(st.sampled_from(DTYPES))
     param_dtype = draw(st.sampled_from([dtype, "float32"]))
     return {
-        "shape": shape, "dtype": dtype, "weight": draw(st.booleans()), "bias": draw(st.booleans()),
-        "param_dtype": param_dtype, "eps": draw(st.sampled_from([1e-5, 1e-6, 1e-3, 0.1])),
-        "shift": draw(st.sampled_from([0.0, 1.0, -4.0])), "scale": draw(st.sampled_from([1.0, 0.01, 30.0])),
+        "shape": shape,
+        "dtype": dtype,
+        "weight": draw(st.booleans()),
+        "bias": draw(st.booleans()),
+        "param_dtype": param_dtype,
+        "eps": draw(st.sampled_from([1e-5, 1e-6, 1e-3, 0.1])),
+        "shift": draw(st.sampled_from([0.0, 1.0, -4.0])),
+        "scale": draw(st.sampled_from([1.0, 0.01, 30.0])),
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
 
@@ -546,10 +577,24 @@ BAD_ROPE = {
 def _bad_rope_args(overrides: dict[str, Any]) -> dict[str, Any]:
     import mlx.core as mx
 
-    values = {"ones4": mx.ones(4), "ones3": mx.ones(3), "2d": mx.zeros((4, 8)), "int": mx.zeros((2, 3, 4, 8), mx.int32),
-              "float-array": mx.array(1.5), "2d-offset": mx.array([[1]]), "3-vector": mx.array([1, 2, 3])}
-    args: dict[str, Any] = {"a": mx.zeros((2, 3, 4, 8)), "dims": 8, "traditional": False, "base": 10000.0,
-                            "scale": 1.0, "offset": 0, "freqs": None}
+    values = {
+        "ones4": mx.ones(4),
+        "ones3": mx.ones(3),
+        "2d": mx.zeros((4, 8)),
+        "int": mx.zeros((2, 3, 4, 8), mx.int32),
+        "float-array": mx.array(1.5),
+        "2d-offset": mx.array([[1]]),
+        "3-vector": mx.array([1, 2, 3]),
+    }
+    args: dict[str, Any] = {
+        "a": mx.zeros((2, 3, 4, 8)),
+        "dims": 8,
+        "traditional": False,
+        "base": 10000.0,
+        "scale": 1.0,
+        "offset": 0,
+        "freqs": None,
+    }
     args.update({k: values[v] if isinstance(v, str) else v for k, v in overrides.items()})
     return args
 
@@ -564,18 +609,26 @@ def test_rope_rejects_what_mlx_rejects(overrides: dict[str, Any], message: str) 
             mx.eval(op(args.pop("a"), args.pop("dims"), **args))
 
 
-@pytest.mark.parametrize(("case", "message"), [
-    ("weight size", r"weight must be one-dimensional with x's last dimension \(8\); got shape \(7,\)"),
-    ("2-D bias", r"bias must be one-dimensional .* got shape \(1, 8\)"),
-    ("scalar x", "at least 1 dimension"),
-    ("integer x", "int32 is not a floating type"),
-], ids=["weight size", "2-D bias", "scalar x", "integer x"])
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("weight size", r"weight must be one-dimensional with x's last dimension \(8\); got shape \(7,\)"),
+        ("2-D bias", r"bias must be one-dimensional .* got shape \(1, 8\)"),
+        ("scalar x", "at least 1 dimension"),
+        ("integer x", "int32 is not a floating type"),
+    ],
+    ids=["weight size", "2-D bias", "scalar x", "integer x"],
+)
 def test_layer_norm_rejects_what_mlx_rejects(case: str, message: str) -> None:
     import mlx.core as mx
 
     x = mx.zeros((2, 8))
-    args = {"weight size": (x, mx.ones(7), None), "2-D bias": (x, None, mx.ones((1, 8))),
-            "scalar x": (mx.array(1.0), None, None), "integer x": (mx.zeros((2, 8), mx.int32), None, None)}[case]
+    args = {
+        "weight size": (x, mx.ones(7), None),
+        "2-D bias": (x, None, mx.ones((1, 8))),
+        "scalar x": (mx.array(1.0), None, None),
+        "integer x": (mx.zeros((2, 8), mx.int32), None, None),
+    }[case]
     for op, match in ((mx.fast.layer_norm, r"^\[layer_norm\]"), (layer_norm, f"^layer_norm: .*{message}")):
         with pytest.raises(ValueError, match=match):
             mx.eval(op(*args, 1e-5))
@@ -620,20 +673,42 @@ def _serve(model: Any, tokens: Any) -> np.ndarray:
     return np.concatenate([np.array(prefill[0]), np.array(decode[0])])
 
 
-@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8}],
-                         ids=["base", "llama3-freqs"])
-def test_fast_ops_plain_runs_a_real_model_through_the_references(plain_calls: dict[str, int],
-                                                                 rope_scaling: Any) -> None:
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        None,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
+    ],
+    ids=["base", "llama3-freqs"],
+)
+def test_fast_ops_plain_runs_a_real_model_through_the_references(
+    plain_calls: dict[str, int], rope_scaling: Any
+) -> None:
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models import llama
 
     mx.random.seed(0)
-    model = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256, rope_theta=10000.0, rope_scaling=rope_scaling,
-    ))
+    model = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=256,
+            rope_theta=10000.0,
+            rope_scaling=rope_scaling,
+        )
+    )
     mx.eval(model.parameters())
     assert type(model.model.layers[0].self_attn.rope).__name__ == ("RoPE" if rope_scaling is None else "Llama3RoPE")
     tokens = mx.array(np.random.default_rng(3).integers(0, 256, 12), dtype=mx.int32)[None]
@@ -674,13 +749,16 @@ def test_fast_ops_restores_everything_when_the_body_raises(monkeypatch: pytest.M
     assert ro.rope is compat.rope and ro.rope.__module__ == "pytest_mlxgate.levers.reference_ops"
 
 
-@pytest.mark.parametrize(("value", "patched"), [
-    ("rms_norm,rope", {"rms_norm", "rope"}),
-    (" layer_norm ", {"layer_norm"}),
-    ("rope,rope", {"rope"}),
-    ("fused", set()),
-    (None, set()),
-])
+@pytest.mark.parametrize(
+    ("value", "patched"),
+    [
+        ("rms_norm,rope", {"rms_norm", "rope"}),
+        (" layer_norm ", {"layer_norm"}),
+        ("rope,rope", {"rope"}),
+        ("fused", set()),
+        (None, set()),
+    ],
+)
 def test_fast_ops_patches_only_the_ops_named(value: Any, patched: set[str]) -> None:
     import mlx.core as mx
 
@@ -716,8 +794,9 @@ def test_stream_argument_runs_there() -> None:
         np.array(rope(x, 8, traditional=True, base=1e4, scale=1.0, offset=3, stream=mx.cpu)),
         np.array(rope(x, 8, traditional=True, base=1e4, scale=1.0, offset=3)),
     )
-    np.testing.assert_array_equal(np.array(layer_norm(x, None, None, 1e-5, stream=mx.cpu)),
-                                  np.array(layer_norm(x, None, None, 1e-5)))
+    np.testing.assert_array_equal(
+        np.array(layer_norm(x, None, None, 1e-5, stream=mx.cpu)), np.array(layer_norm(x, None, None, 1e-5))
+    )
 
 
 def test_compiled_off_runs_a_compiled_function_op_by_op_and_on_restores_compilation() -> None:

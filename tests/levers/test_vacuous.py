@@ -30,11 +30,19 @@ def tiny_llama(tiny_kv_model_dir: Path) -> Any:
     return mlx_lm.load(str(tiny_kv_model_dir))[0]
 
 
-@pytest.mark.parametrize(("start", "tokens", "quantizes"), [
-    (0, 24, True), (23, 24, True), (24, 24, False), (5000, 24, False), (5000, 6000, True),
-])
+@pytest.mark.parametrize(
+    ("start", "tokens", "quantizes"),
+    [
+        (0, 24, True),
+        (23, 24, True),
+        (24, 24, False),
+        (5000, 24, False),
+        (5000, 6000, True),
+    ],
+)
 def test_a_layer_quantizes_within_a_length_exactly_when_its_start_is_before_the_last_fed_token(
-        tiny_llama: Any, start: int, tokens: int, quantizes: bool) -> None:
+    tiny_llama: Any, start: int, tokens: int, quantizes: bool
+) -> None:
     plan = parse_kv_value({"bits": 4, "start": start})
     layers = plan.quantized_within(tiny_llama, tokens)
     assert bool(layers) is quantizes
@@ -50,10 +58,12 @@ def test_a_kv_lever_is_refused_when_both_plans_serve_the_same_caches(tiny_llama:
         require_kv_difference("kv", PLAIN, PLAIN, tiny_llama, 24, where="the serving path")
     same = parse_kv_value({"bits": 8})
     with pytest.raises(VacuousLeverError, match="both plans quantize the same layers"):
-        require_kv_difference("kv", same, parse_kv_value("bits=8,group_size=64,start=0"), tiny_llama, 24,
-                              where="the serving path")
-    require_kv_difference("kv", PLAIN, parse_kv_value({"bits": 8, "start": 23}), tiny_llama, 24,
-                          where="the serving path")  # quantizes before the last position: tested, no error
+        require_kv_difference(
+            "kv", same, parse_kv_value("bits=8,group_size=64,start=0"), tiny_llama, 24, where="the serving path"
+        )
+    require_kv_difference(
+        "kv", PLAIN, parse_kv_value({"bits": 8, "start": 23}), tiny_llama, 24, where="the serving path"
+    )  # quantizes before the last position: tested, no error
 
 
 def test_a_vacuous_lever_error_is_a_lever_error_with_its_fix() -> None:
@@ -86,14 +96,22 @@ def test_a_patch_never_called_is_refused_and_one_called_is_not() -> None:
         lever.require_exercised("candidate", 0, during="prefill path")
     lever.require_exercised("candidate", 1, during="prefill path")
     Lever(name="flag", kind="env", target="FLAG", ref="0", cand="1").require_exercised(
-        "candidate", 0, during="prefill path")  # an env lever has no site to count: not refused
+        "candidate", 0, during="prefill path"
+    )  # an env lever has no site to count: not refused
 
 
-@pytest.mark.parametrize(("name", "declared", "applies"), [
-    ("attention", "attention", True), ("attention", "kv_cache", False), ("attention", None, True),
-    ("env:attention", "kv_cache", True), ("patch:a.b", "kv_cache", True), ("kv", "attention", True),
-    ("model", "kv_cache", True),
-])
+@pytest.mark.parametrize(
+    ("name", "declared", "applies"),
+    [
+        ("attention", "attention", True),
+        ("attention", "kv_cache", False),
+        ("attention", None, True),
+        ("env:attention", "kv_cache", True),
+        ("patch:a.b", "kv_cache", True),
+        ("kv", "attention", True),
+        ("model", "kv_cache", True),
+    ],
+)
 def test_a_bare_override_addresses_only_its_own_module(name: str, declared: str | None, applies: bool) -> None:
     assert override_applies(name, declared) is applies
 
@@ -116,7 +134,8 @@ def _write_module(root: Path, name: str, body: str) -> Any:
 
 
 def test_the_key_follows_the_source_of_every_callable_the_lever_names(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.syspath_prepend(str(tmp_path))
     v1 = "def ref(x):\n    return x\n\nclass Factory:\n    def __call__(self, value):\n        return open(__file__)\n"
     mod = _write_module(tmp_path, "mlxgate_keyed_ref", v1)
@@ -125,8 +144,10 @@ def test_the_key_follows_the_source_of_every_callable_the_lever_names(
     before = (patch.key("reference"), context.key("reference"), patch.key("candidate"))
     assert '"code"' in before[0] and "mlxgate_keyed_ref:ref" in before[0]
     assert "mlxgate_keyed_ref:Factory" in before[1]  # a callable instance is named by its class, not its address
-    assert Lever(name="ctx", kind="context", target=None, ref=0, cand=1,
-                 factory=mod.Factory()).key("reference") == before[1]  # another instance: the same key
+    assert (
+        Lever(name="ctx", kind="context", target=None, ref=0, cand=1, factory=mod.Factory()).key("reference")
+        == before[1]
+    )  # another instance: the same key
 
     mod = _write_module(tmp_path, "mlxgate_keyed_ref", v1.replace("return x", "return x * 2"))  # same names
     patch = Lever(name="fn", kind="patch", target="os.path:join", ref="mlxgate_keyed_ref:ref", cand=None)
@@ -160,10 +181,14 @@ def test_a_kv_lever_on_a_capability_task_it_cannot_change_is_refused(tmp_path: P
     from pytest_mlxgate.capability.user_tasks import jsonl_task
 
     model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))
-    choice = jsonl_task("vacuous_choice", _jsonl(tmp_path / "c.jsonl", [{"prompt": "p", "choices": [" a", " b"],
-                                                                          "target": " a"}]), scoring="choice")
-    gen = jsonl_task("vacuous_gen", _jsonl(tmp_path / "g.jsonl", [{"prompt": "Say red:", "target": "red"}]),
-                     max_new_tokens=4)
+    choice = jsonl_task(
+        "vacuous_choice",
+        _jsonl(tmp_path / "c.jsonl", [{"prompt": "p", "choices": [" a", " b"], "target": " a"}]),
+        scoring="choice",
+    )
+    gen = jsonl_task(
+        "vacuous_gen", _jsonl(tmp_path / "g.jsonl", [{"prompt": "Say red:", "target": "red"}]), max_new_tokens=4
+    )
     eight = Lever(name="kv8", kind="kv", target=None, ref="plain", cand={"bits": 8}, path="serving")
     with pytest.raises(VacuousLeverError, match="scored by its choices' log-probabilities"):
         run_arm(choice, choice.load("smoke"), model, tokenizer, eight, "candidate")

@@ -12,19 +12,34 @@ from pytest_mlxgate.errors import LeverError
 from pytest_mlxgate.levers.weights import WeightsSpec, parse_weights_value
 
 
-@pytest.mark.parametrize(("value", "spec"), [
-    (None, None), ("float", None), ("none", None), (8, WeightsSpec(8, 64)), ("q4", WeightsSpec(4, 64)),
-    ("4bit", WeightsSpec(4, 64)), ("bits=4,group_size=32", WeightsSpec(4, 32)),
-    ({"bits": 6, "group_size": 128}, WeightsSpec(6, 128)),
-])
+@pytest.mark.parametrize(
+    ("value", "spec"),
+    [
+        (None, None),
+        ("float", None),
+        ("none", None),
+        (8, WeightsSpec(8, 64)),
+        ("q4", WeightsSpec(4, 64)),
+        ("4bit", WeightsSpec(4, 64)),
+        ("bits=4,group_size=32", WeightsSpec(4, 32)),
+        ({"bits": 6, "group_size": 128}, WeightsSpec(6, 128)),
+    ],
+)
 def test_values(value: object, spec: WeightsSpec | None) -> None:
     assert parse_weights_value(value) == spec
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    (7, "bits"), ({"bits": 4, "group_size": 48}, "groups of"), ({"bits": 4, "scale": 2}, "unknown keys"),
-    ("fast", "not a quantization"), (True, "not a quantization"), ([4], "not a quantization"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (7, "bits"),
+        ({"bits": 4, "group_size": 48}, "groups of"),
+        ({"bits": 4, "scale": 2}, "unknown keys"),
+        ("fast", "not a quantization"),
+        (True, "not a quantization"),
+        ([4], "not a quantization"),
+    ],
+)
 def test_bad_values_say_what_works(value: object, message: str) -> None:
     with pytest.raises(LeverError, match=message):
         parse_weights_value(value)
@@ -81,9 +96,16 @@ def test_a_weights_gate_measures_drift_between_float_and_4_bit(tiny_kv_model_dir
     assert lever.two_models and lever.key("reference") != lever.key("candidate")
     shape = RunShape(path="prefill", tokens=24, decode=4)
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=3, tokens=shape.tokens)
-    run = PairedRun(lever=lever, shape=shape, sequences=seqs, sequences_digest=sequences_digest(seqs),
-                    candidate=quantized_copy(loaded, WeightsSpec(4, 64)), reference=loaded,
-                    machine={"device": "cpu", "blas": "test"}, allow_untrained=True)
+    run = PairedRun(
+        lever=lever,
+        shape=shape,
+        sequences=seqs,
+        sequences_digest=sequences_digest(seqs),
+        candidate=quantized_copy(loaded, WeightsSpec(4, 64)),
+        reference=loaded,
+        machine={"device": "cpu", "blas": "test"},
+        allow_untrained=True,
+    )
     result = run.kl()
     assert result.stats.mean > 1e-4 and result.reference_model is not None
     assert result.counters.reference_forwards == 3 and result.counters.candidate_forwards == 3

@@ -47,9 +47,7 @@ CHAT_TEXT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 2 you
 
 
 def _sha256_files(directory: pathlib.Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())
-    }
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +127,7 @@ def test_conversion_is_deterministic(
         "convert_gguf(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]))\n"
     )
     root = pathlib.Path(gguf_mod.__file__).resolve().parent.parent
-    subprocess.run(
-        [sys.executable, "-c", code, str(gguf_path), str(tmp_path)], check=True, cwd=root, timeout=300
-    )
+    subprocess.run([sys.executable, "-c", code, str(gguf_path), str(tmp_path)], check=True, cwd=root, timeout=300)
     try:
         assert _sha256_files(tmp_path) == _sha256_files(converted[0])
     finally:
@@ -294,9 +290,7 @@ def gguf_reader_tokenizer_fields(gguf_path: pathlib.Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
-def test_matches_a_from_scratch_reference_bpe(
-    tokenizer: Any, gguf_reader_tokenizer_fields: dict[str, Any]
-) -> None:
+def test_matches_a_from_scratch_reference_bpe(tokenizer: Any, gguf_reader_tokenizer_fields: dict[str, Any]) -> None:
     fields = gguf_reader_tokenizer_fields
     assert fields["pre_tokenizer_type"] == "smollm"
     reference = ReferenceBPE(fields["tokens"], fields["merges"], fields["token_type"])
@@ -305,9 +299,7 @@ def test_matches_a_from_scratch_reference_bpe(
 
 
 @pytest.mark.slow  # converts the embedded GGUF (0.5 GB) and loads it
-def test_matches_transformers_gguf_tokenizer(
-    tokenizer: Any, gguf_reader_tokenizer_fields: dict[str, Any]
-) -> None:
+def test_matches_transformers_gguf_tokenizer(tokenizer: Any, gguf_reader_tokenizer_fields: dict[str, Any]) -> None:
     # transformers' own GGUF tokenizer builder. As of 5.24 it does not know llama.cpp's "smollm"
     # pre-tokenizer (numerics split off one by one) and falls back to plain GPT-2 splitting. With
     # this vocab that only shows on non-ASCII numerics such as " ½", so those are left out here;

@@ -70,7 +70,7 @@ def test_an_edit_in_place_is_caught_on_reuse_and_rebuilt_without_verify(cache: P
     assert ensure_embedded_snapshot(cache) == snapshot
     assert blob.read_bytes() == original
     [aside] = set(blob.parent.glob(f"{blob.name}.corrupt-*")) - earlier  # the edit is kept aside, not lost
-    assert aside.read_bytes()[at:at + 1] == b"9"
+    assert aside.read_bytes()[at : at + 1] == b"9"
 
 
 def test_reuse_hashes_no_blob_while_its_stamp_matches(

@@ -36,6 +36,7 @@ def _truncate_to(n: int | Callable[[int], int]) -> Callable[[Path], None]:
         size = (d / WEIGHTS).stat().st_size
         with open(d / WEIGHTS, "r+b") as f:
             f.truncate(n(size) if callable(n) else n)
+
     return cut
 
 
@@ -77,9 +78,13 @@ def test_an_unreadable_file_is_named_with_its_reason_and_the_fix(model_copy: Pat
 def test_the_byte_count_of_a_truncation_is_the_files_own(model_copy: Path) -> None:
     size = (model_copy / WEIGHTS).stat().st_size
     _truncate_to(size - 4096)(model_copy)
-    assert unreadable_file(model_copy) == (WEIGHTS, (
-        f"it holds {size - 4096} bytes but its header says its tensors end at byte {size} (4096 bytes missing): "
-        "truncated, an incomplete copy or download"))
+    assert unreadable_file(model_copy) == (
+        WEIGHTS,
+        (
+            f"it holds {size - 4096} bytes but its header says its tensors end at byte {size} (4096 bytes missing): "
+            "truncated, an incomplete copy or download"
+        ),
+    )
     assert _header_len(model_copy) > 0
 
 
@@ -107,8 +112,9 @@ def test_a_hub_snapshot_that_cannot_be_read_points_at_verify_and_get(model_copy:
     with pytest.raises(ModelUnavailableError) as info:
         load_mlx(snap, "candidate")
     message = str(info.value)
-    assert message.startswith(f"mlxgate: cannot load the candidate 'tiny' (org/tiny@{commit[:7]} at {model_copy}): "
-                              f"{WEIGHTS}: it holds")
+    assert message.startswith(
+        f"mlxgate: cannot load the candidate 'tiny' (org/tiny@{commit[:7]} at {model_copy}): {WEIGHTS}: it holds"
+    )
     assert "`mlxgate verify tiny --repair`" in message and "`mlxgate get tiny`" in message
 
 

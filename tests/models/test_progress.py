@@ -132,13 +132,20 @@ def test_counting_files_instead_of_bytes() -> None:
 def test_counting_items_with_their_rate() -> None:
     """Capability arms: `scoring …: 12 items / 40 items at 2 items/s, ETA 0:14`, then one closing line."""
     clock, lines = Clock(), list[str]()
-    progress = LineProgress(lines.append, "capability mmlu (smoke) reference arm", unit="items", action="scoring",
-                            count_rate=True, clock=clock)
+    progress = LineProgress(
+        lines.append,
+        "capability mmlu (smoke) reference arm",
+        unit="items",
+        action="scoring",
+        count_rate=True,
+        clock=clock,
+    )
     progress(0, 40)
     clock.now += 6
     progress(12, 40)
-    assert lines == ["mlxgate: scoring capability mmlu (smoke) reference arm: 12 items / 40 items at 2 items/s, "
-                     "ETA 0:14"]
+    assert lines == [
+        "mlxgate: scoring capability mmlu (smoke) reference arm: 12 items / 40 items at 2 items/s, ETA 0:14"
+    ]
     clock.now += 14
     progress(40, 40)
     progress.finish("scored")

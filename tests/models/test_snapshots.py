@@ -22,7 +22,11 @@ def test_local_directory_is_its_own_snapshot(tmp_path: Path) -> None:
     spec = CandidateSpec(kind="local", name="./m", path=tmp_path)
     snap = materialize(spec)
     assert (snap.kind, snap.commit, snap.path, snap.repo_id, snap.source) == (
-        "local", "local", str(tmp_path), None, "local",
+        "local",
+        "local",
+        str(tmp_path),
+        None,
+        "local",
     )
     assert snap.pinned == str(tmp_path)
 
@@ -34,8 +38,9 @@ def test_hub_snapshot_is_pinned_to_its_commit(hub: FakeHub, hf_env: HfEnv, tmp_p
     size = sum(len(b) for b in files.values())
     spec = CandidateSpec(kind="hub", name="alias", repo_id="snapshots/model")
     seen: list[tuple[int, int]] = []
-    first = materialize(spec, cache_dir=tmp_path / "c", endpoint=hub.endpoint, offline=False,
-                        progress=lambda d, t: seen.append((d, t)))
+    first = materialize(
+        spec, cache_dir=tmp_path / "c", endpoint=hub.endpoint, offline=False, progress=lambda d, t: seen.append((d, t))
+    )
     assert first.commit == commit and first.dir.name == commit
     assert first.dir == tmp_path / "c" / "models--snapshots--model" / "snapshots" / commit
     assert (first.source, first.fetched_bytes) == ("downloaded", size)

@@ -30,18 +30,34 @@ from pytest_mlxgate.results.verdicts import (
     worst_verdict,
 )
 
-MESSAGE = ("the candidate arm (norm=kernels:nan) produced NaN logits at prompt 0, position 3: a broken kernel "
-           "or overflow, not drift\nsecond line <b>bold</b>")
+MESSAGE = (
+    "the candidate arm (norm=kernels:nan) produced NaN logits at prompt 0, position 3: a broken kernel "
+    "or overflow, not drift\nsecond line <b>bold</b>"
+)
 
 
 def nan_record() -> dict:
-    return dict(error_record(nodeid="gates/test_nan.py::test_drift", phase="call", error_type="NonFiniteLogitsError",
-                             message=MESSAGE, rerun="pytest gates/test_nan.py::test_drift"))
+    return dict(
+        error_record(
+            nodeid="gates/test_nan.py::test_drift",
+            phase="call",
+            error_type="NonFiniteLogitsError",
+            message=MESSAGE,
+            rerun="pytest gates/test_nan.py::test_drift",
+        )
+    )
 
 
 def run_info(**config: object) -> RunInfo:
-    return RunInfo(run_id="r" * 32, started="2026-12-01T10:00:00Z", code_commit=None, code_dirty=None, argv=[],
-                   config=dict(config), machine={})
+    return RunInfo(
+        run_id="r" * 32,
+        started="2026-12-01T10:00:00Z",
+        code_commit=None,
+        code_dirty=None,
+        argv=[],
+        config=dict(config),
+        machine={},
+    )
 
 
 def test_error_is_the_worst_word_and_no_unknown_word_passes() -> None:
@@ -65,8 +81,9 @@ def test_the_run_verdict_never_says_pass_for_an_error_an_interruption_or_nothing
 
 
 def test_an_error_record_keeps_the_first_lines_of_its_message() -> None:
-    record = error_record(nodeid="a.py::t", phase="setup", error_type="OSError",
-                          message="\n".join(f"line {i}" for i in range(40)))
+    record = error_record(
+        nodeid="a.py::t", phase="setup", error_type="OSError", message="\n".join(f"line {i}" for i in range(40))
+    )
     assert record["verdict"] == "error" and record["mode"] == "error" and record["gate"] == "a::t"
     lines = record["error"]["message"].splitlines()
     assert lines[:ERROR_LINES] == [f"line {i}" for i in range(ERROR_LINES)] and lines[-1] == "…"
@@ -92,8 +109,15 @@ def test_junit_and_github_carry_the_error() -> None:
 
 
 def test_the_html_report_shows_the_error_escaped_and_an_interrupted_banner() -> None:
-    page = html_report([nan_record()], run=run_info(interrupted={"reason": "KeyboardInterrupt",  # type: ignore[list-item]
-                                                                  "not_run": ["gates/test_b.py"]}))
+    page = html_report(
+        [nan_record()],
+        run=run_info(
+            interrupted={
+                "reason": "KeyboardInterrupt",  # type: ignore[list-item]
+                "not_run": ["gates/test_b.py"],
+            }
+        ),
+    )
     assert '<section class="gate v-error"' in page and '<span class="badge v-error">ERROR</span>' in page
     assert "<h3>Error in call</h3>" in page and "second line &lt;b&gt;bold&lt;/b&gt;" in page
     assert "<b>bold</b>" not in page
@@ -128,8 +152,9 @@ def test_the_db_keeps_an_error_row_and_compare_calls_pass_to_error_a_regression(
 
 
 @pytest.mark.parametrize("verdict", ["error", "maybe", None])
-def test_merge_fails_on_an_error_or_an_unknown_verdict(tmp_path: Path, verdict: str | None,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_merge_fails_on_an_error_or_an_unknown_verdict(
+    tmp_path: Path, verdict: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pytest_mlxgate.cli import main
 
     record = nan_record() if verdict == "error" else dict(gate_record(nodeid="a.py::t", mode="gate", verdict="pass"))

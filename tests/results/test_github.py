@@ -26,15 +26,32 @@ from pytest_mlxgate.results.github import (
 from pytest_mlxgate.results.records import gate_record
 from pytest_mlxgate.results.verdicts import overall_verdict
 
-STATS: dict[str, Any] = {"n_prompts": 16, "n_tokens": 512, "mean": 3.1e-4, "mean_ci": [2.5e-4, 4.0e-4],
-                         "top1": 0.99, "top1_ci": [0.97, 0.995], "max": 6e-3}
+STATS: dict[str, Any] = {
+    "n_prompts": 16,
+    "n_tokens": 512,
+    "mean": 3.1e-4,
+    "mean_ci": [2.5e-4, 4.0e-4],
+    "top1": 0.99,
+    "top1_ci": [0.97, 0.995],
+    "max": 6e-3,
+}
 MODEL = {"name": "e4b", "pinned": "mlx-community/gemma-4-e4b-it-4bit@abcdef0"}
 
 
 def record(nodeid: str, mean: float, **more: Any) -> dict[str, Any]:
     checks = kl_checks(STATS, {"mean": mean, "top1": 0.95})
-    return dict(gate_record(nodeid=nodeid, mode="gate", verdict=overall_verdict(checks), checks=checks,
-                            stats=STATS, candidate=MODEL, rerun=f"pytest {nodeid}", **more))
+    return dict(
+        gate_record(
+            nodeid=nodeid,
+            mode="gate",
+            verdict=overall_verdict(checks),
+            checks=checks,
+            stats=STATS,
+            candidate=MODEL,
+            rerun=f"pytest {nodeid}",
+            **more,
+        )
+    )
 
 
 FAIL, UNSURE, PASS = 1e-4, 3.5e-4, 1e-3  # mean limits below, inside and above the interval [2.5e-4, 4e-4]
@@ -49,7 +66,8 @@ def test_escaping_follows_actions_toolkit() -> None:
     assert escape_property("50% done\r\nnext: a,b") == "50%25 done%0D%0Anext%3A a%2Cb"
     assert escape_data("%0A") == "%250A"  # an escape in the text is not read as one
     assert workflow_command("error", "m\n", file="a b.py", line=3, title="t: x", col=None) == (
-        "::error file=a b.py,line=3,title=t%3A x::m%0A")
+        "::error file=a b.py,line=3,title=t%3A x::m%0A"
+    )
     assert workflow_command("notice", "plain") == "::notice::plain"
 
 
@@ -63,8 +81,10 @@ def test_check_text_says_value_interval_limit_and_verdict() -> None:
 
 def test_def_line_skips_decorators_to_the_def(tmp_path: Path) -> None:
     source = tmp_path / "test_x.py"
-    source.write_text("import pytest\n\n\n@pytest.mark.parametrize(\n    'x', [1],\n)\n@pytest.mark.slow\n"
-                      "async def test_a(x):\n    pass\n\n\ndef test_b():\n    pass\n")
+    source.write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize(\n    'x', [1],\n)\n@pytest.mark.slow\n"
+        "async def test_a(x):\n    pass\n\n\ndef test_b():\n    pass\n"
+    )
     assert def_line(source, 3) == 8  # pytest reports the first decorator's line, 0-based
     assert def_line(source, 11) == 12
     assert def_line(tmp_path / "gone.py", 4) == 5
@@ -89,12 +109,16 @@ def test_annotations_error_per_failing_gate_warning_per_inconclusive_at_most_ten
     locations = {r["nodeid"]: (r["nodeid"].split("::")[0], 10 + i) for i, r in enumerate(everything[:-1])}
     lines = annotation_lines(everything, locations)
     errors = [line for line in lines if line.startswith("::error ")]
-    assert len(errors) == 10 and errors[0].startswith("::error file=gates/test_f.py,line=10,title=mlxgate fail%3A "
-                                                      "test_f%3A%3Atest_00::FAIL test_f::test_00: mean KL 3.1e-04")
+    assert len(errors) == 10 and errors[0].startswith(
+        "::error file=gates/test_f.py,line=10,title=mlxgate fail%3A "
+        "test_f%3A%3Atest_00::FAIL test_f::test_00: mean KL 3.1e-04"
+    )
     assert "vs limit ≤ 1e-04: fail · top-1 99.0%25 [97.0%25, 99.5%25]" in errors[0]  # % is escaped in the message
     assert "re-run: pytest gates/test_f.py::test_00" in errors[0]
-    assert lines[10] == ("::notice title=mlxgate::3 more failing gates not annotated (GitHub shows 10 per kind); "
-                         "the job summary and the JSON report list every gate")
+    assert lines[10] == (
+        "::notice title=mlxgate::3 more failing gates not annotated (GitHub shows 10 per kind); "
+        "the job summary and the JSON report list every gate"
+    )
     warnings = [line for line in lines if line.startswith("::warning ")]
     assert len(warnings) == 3 and all("::INCONCLUSIVE " in w for w in warnings)
     assert len(lines) == 14 and not any("test_ok" in line or "not_a_test_item" in line for line in lines)
@@ -112,19 +136,31 @@ def test_an_annotation_is_one_line_whatever_the_gate_holds() -> None:
 
 
 def test_the_step_summary_puts_failing_gates_first_with_figures_models_and_reports() -> None:
-    speed = {"id": "s", "contexts": {"256": {"reference": {"decode_tps": 10.0, "kv_bytes": 1 << 20},
-                                            "candidate": {"decode_tps": 13.0, "kv_bytes": 1 << 19},
-                                            "decode": {"ratio": 1.3, "ratio_ci": [1.2, 1.4]}}}}
-    records = [record("gates/test_a.py::test_pass", PASS, speed=speed), record("gates/test_b.py::test_unsure", UNSURE),
-               record("gates/test_c.py::test_fail", FAIL)]
+    speed = {
+        "id": "s",
+        "contexts": {
+            "256": {
+                "reference": {"decode_tps": 10.0, "kv_bytes": 1 << 20},
+                "candidate": {"decode_tps": 13.0, "kv_bytes": 1 << 19},
+                "decode": {"ratio": 1.3, "ratio_ci": [1.2, 1.4]},
+            }
+        },
+    }
+    records = [
+        record("gates/test_a.py::test_pass", PASS, speed=speed),
+        record("gates/test_b.py::test_unsure", UNSURE),
+        record("gates/test_c.py::test_fail", FAIL),
+    ]
     text = step_summary(records, reports=[("JSON report", "results/gates.json")])  # type: ignore[arg-type]
     lines = text.splitlines()
     assert lines[0] == "### mlxgate: 3 gates — 1 fail · 1 inconclusive · 1 pass"
     rows = [line for line in lines if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == ["test_c::test_fail", "test_b::test_unsure", "test_a::test_pass"]
-    assert rows[0].startswith("| `test_c::test_fail` | ❌ fail | mean KL 3.1e-04 [2.5e-04, 4.0e-04] vs limit ≤ "
-                              "1e-04: fail<br>top-1 99.0% [97.0%, 99.5%] vs limit ≥ 95.0%: pass | 16 prompts · "
-                              "512 tokens |")
+    assert rows[0].startswith(
+        "| `test_c::test_fail` | ❌ fail | mean KL 3.1e-04 [2.5e-04, 4.0e-04] vs limit ≤ "
+        "1e-04: fail<br>top-1 99.0% [97.0%, 99.5%] vs limit ≥ 95.0%: pass | 16 prompts · "
+        "512 tokens |"
+    )
     assert "⚠️ inconclusive" in rows[1] and "✅ pass" in rows[2]
     assert "- `test_a::test_pass`: speed @256: prefill ×? (tok/s ? → ?) · decode ×1.30 [1.20, 1.40]" in text
     assert f"Model: `{MODEL['pinned']}`  " in lines and "JSON report: `results/gates.json`  " in lines

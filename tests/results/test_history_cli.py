@@ -25,7 +25,7 @@ from pytest_mlxgate.results.json_report import REPORT_VERSION
 from pytest_mlxgate.results.records import RunInfo
 from pytest_mlxgate.results.summary import summary_lines
 
-PERTURB = '''
+PERTURB = """
 import mlx.core as mx
 
 _fused = mx.fast.rms_norm
@@ -33,9 +33,9 @@ _fused = mx.fast.rms_norm
 
 def rms_norm(x, weight, eps):
     return _fused(x, weight * 1.02, eps)
-'''
+"""
 
-DRIFT = '''
+DRIFT = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -47,9 +47,9 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1.0, top1=0.2)
-'''
+"""
 
-NEUTRAL = '''
+NEUTRAL = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -61,9 +61,9 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1e-9, max=1e-9)
-'''
+"""
 
-KV = '''
+KV = """
 import pytest
 from pytest_mlxgate import assert_kl_below, assert_smaller
 
@@ -81,10 +81,14 @@ def test_drift(paired):
 
 def test_memory(paired):
     assert_smaller(paired, kv=0.5)
-'''
+"""
 
-GATES = ["test_drift.py::test_drift", "test_kv.py::test_drift", "test_kv.py::test_memory",
-         "test_neutral.py::test_drift"]
+GATES = [
+    "test_drift.py::test_drift",
+    "test_kv.py::test_drift",
+    "test_kv.py::test_memory",
+    "test_neutral.py::test_drift",
+]
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,24 @@ class Runs:
 
 def _pytest(root: Path, model: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "pytest", f"--mlx-candidate={model}", "-p", "no:randomly",
-                           "-p", "no:cacheprovider", *args], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--mlx-candidate={model}",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +170,9 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.slow  # the three pytest sessions of `runs`
-def test_report_gives_the_runs_json_report_back_byte_for_byte(runs: Runs, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_gives_the_runs_json_report_back_byte_for_byte(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     full = runs.doc(runs.full)
     again = tmp_path / "again.json"
     code, out, err = cli(capsys, "report", full["run"]["run_id"][:10], f"--db={runs.db}", f"--json={again}")
@@ -165,8 +185,9 @@ def test_report_gives_the_runs_json_report_back_byte_for_byte(runs: Runs, tmp_pa
 
 
 @pytest.mark.slow  # the three pytest sessions of `runs`
-def test_report_of_a_json_report_and_of_latest(runs: Runs, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_of_a_json_report_and_of_latest(
+    runs: Runs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, out, _ = cli(capsys, "report", str(runs.full))
     assert code == 0 and f"from {runs.full}" in out.splitlines()[0]
     monkeypatch.chdir(runs.root)  # the default DB: the one pytest wrote under its rootdir
@@ -190,7 +211,7 @@ def test_history_shows_each_gate_by_commit_and_time(runs: Runs, capsys: pytest.C
     for column in ("run", "commit", "verdict", "mean KL [95% interval]", "top-1 (lower)", "decode", "KV"):
         assert column in header
     at = lines.index(blocks["test_drift.py::test_drift"])
-    drift = lines[at + 2: at + 5]
+    drift = lines[at + 2 : at + 5]
     assert [row.split()[4] for row in drift] == ["pass", "pass", "fail"] and drift[2].split()[3] == "ccccccc"
     commit = runs.doc(runs.full)["run"]["code_commit"]
     assert drift[0].split()[3] == commit[:7] and runs.doc(runs.full)["run"]["code_dirty"] is False
@@ -199,14 +220,15 @@ def test_history_shows_each_gate_by_commit_and_time(runs: Runs, capsys: pytest.C
 
 
 @pytest.mark.slow  # the three pytest sessions of `runs`
-def test_history_of_one_gate_by_the_end_of_its_node_id_and_last(runs: Runs, capsys: pytest.CaptureFixture[str]
-                                                                ) -> None:
+def test_history_of_one_gate_by_the_end_of_its_node_id_and_last(runs: Runs, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "history", "test_drift.py::test_drift", "--last", "1", f"--db={runs.db}")
     assert code == 0
     assert out.splitlines()[0] == "test_drift.py::test_drift  (last 1 of 3 runs)" and len(out.splitlines()) == 3
     code, out, _ = cli(capsys, "history", "test_kv.py", f"--db={runs.db}")  # a module: its gates
     assert code == 0 and [line.split("  (")[0] for line in out.splitlines() if not line.startswith(" ")] == [
-        "test_kv.py::test_drift", "test_kv.py::test_memory"]
+        "test_kv.py::test_drift",
+        "test_kv.py::test_memory",
+    ]
     code, _, err = cli(capsys, "history", "test_nothing", f"--db={runs.db}")
     assert code == 2 and "no gate 'test_nothing' in the results history" in err and "test_kv.py::test_memory" in err
 
@@ -225,8 +247,9 @@ def test_compare_finds_the_regression_and_exits_1(runs: Runs, capsys: pytest.Cap
     assert "test_kv.py::test_memory  pass" in lines
     assert any(line.lstrip().startswith("decode") and "Δ +0.00" in line for line in lines)
     assert any(line.lstrip().startswith("KV") and "Δ +0.000" in line for line in lines)
-    assert lines[-1] == ("4 gate(s) in both runs, 1 changed verdict; 1 regression(s) (pass → fail or error): "
-                         "test_drift.py::test_drift")
+    assert lines[-1] == (
+        "4 gate(s) in both runs, 1 changed verdict; 1 regression(s) (pass → fail or error): test_drift.py::test_drift"
+    )
     code, out, _ = cli(capsys, "compare", "latest", full_id, f"--db={runs.db}")  # fail -> pass is no regression
     assert code == 0 and out.splitlines()[-1].endswith("no regression (pass → fail or error)")
 
@@ -245,8 +268,9 @@ def test_compare_json_reports_lists_gates_in_one_run_only(runs: Runs, capsys: py
 
 
 @pytest.mark.slow  # the three pytest sessions of `runs`
-def test_merged_shards_are_the_unsharded_runs_gates(runs: Runs, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_merged_shards_are_the_unsharded_runs_gates(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     s1, s2 = (runs.doc(p) for p in runs.shards)
     assert s1["run"]["config"]["shard"]["plan"] == s2["run"]["config"]["shard"]["plan"]  # planned alike
     assert {g["nodeid"] for g in s1["gates"]}.isdisjoint(g["nodeid"] for g in s2["gates"])
@@ -271,8 +295,13 @@ def test_merged_shards_are_the_unsharded_runs_gates(runs: Runs, tmp_path: Path,
 @pytest.mark.slow  # the three pytest sessions of `runs`
 def test_the_console_script_exit_codes(runs: Runs) -> None:
     def mlxgate(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "pytest_mlxgate.cli", *args], cwd=runs.root,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_mlxgate.cli", *args],
+            cwd=runs.root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     assert mlxgate("history").returncode == 0  # the default DB under the rootdir
     assert mlxgate("compare", "latest~3", "latest").returncode == 1  # the full run, then the regressed one
@@ -287,15 +316,19 @@ def test_the_console_script_exit_codes(runs: Runs) -> None:
 
 
 def test_resolve_run_latest_back_and_prefixes() -> None:
-    runs = [{"run_id": rid, "started": f"2026-12-0{i}T00:00:00Z"} for i, rid in
-            enumerate(("abc111", "abc222", "def333"), 1)]
+    runs = [
+        {"run_id": rid, "started": f"2026-12-0{i}T00:00:00Z"} for i, rid in enumerate(("abc111", "abc222", "def333"), 1)
+    ]
     assert resolve_run(runs, "latest")["run_id"] == "def333"
     assert resolve_run(runs, "latest~2")["run_id"] == "abc111"
     assert resolve_run(runs, "ABC2")["run_id"] == "abc222"
-    for spec, message in (("abc", "'abc' starts 2 run ids: abc111, abc222; give more of it"),
-                          ("latest~3", "holds 3 run(s), so latest~2 is the oldest"),
-                          ("latest~x", "write latest, latest~1"), ("", "no run ''"),
-                          ("zzz", "no run 'zzz' in the results history; the latest: def333")):
+    for spec, message in (
+        ("abc", "'abc' starts 2 run ids: abc111, abc222; give more of it"),
+        ("latest~3", "holds 3 run(s), so latest~2 is the oldest"),
+        ("latest~x", "write latest, latest~1"),
+        ("", "no run ''"),
+        ("zzz", "no run 'zzz' in the results history; the latest: def333"),
+    ):
         with pytest.raises(CliError, match=re.escape(message)):
             resolve_run(runs, spec)
     with pytest.raises(CliError, match="no runs yet"):
@@ -303,8 +336,12 @@ def test_resolve_run_latest_back_and_prefixes() -> None:
 
 
 def test_match_gates_by_node_id_its_end_module_or_name() -> None:
-    ids = ["gates/test_kv.py::test_drift", "gates/test_kv.py::test_memory", "gates/sub/test_attn.py::test_drift",
-           "mlxgate::capability_score"]
+    ids = [
+        "gates/test_kv.py::test_drift",
+        "gates/test_kv.py::test_memory",
+        "gates/sub/test_attn.py::test_drift",
+        "mlxgate::capability_score",
+    ]
     names = {"gates/test_kv.py::test_drift": "test_kv::test_drift"}
     assert match_gates(ids, "gates/test_kv.py::test_drift") == ids[:1]
     assert match_gates(ids, "test_kv.py::test_drift") == ids[:1]
@@ -316,17 +353,32 @@ def test_match_gates_by_node_id_its_end_module_or_name() -> None:
 
 
 def _capability_record(cand: float, verdict: str) -> dict[str, Any]:
-    return {"nodeid": "gates/test_cap.py::test_mmlu", "gate": "test_cap::test_mmlu", "mode": "capability",
-            "verdict": verdict, "time": "2026-12-01T00:00:00Z", "stats": {"n_prompts": 20},
-            "tasks": {"mmlu": {"ref_score": 0.5, "cand_score": cand, "n": 20},
-                      "gsm8k": {"ref_score": 0.25, "cand_score": 0.25, "n": 20}}}
+    return {
+        "nodeid": "gates/test_cap.py::test_mmlu",
+        "gate": "test_cap::test_mmlu",
+        "mode": "capability",
+        "verdict": verdict,
+        "time": "2026-12-01T00:00:00Z",
+        "stats": {"n_prompts": 20},
+        "tasks": {
+            "mmlu": {"ref_score": 0.5, "cand_score": cand, "n": 20},
+            "gsm8k": {"ref_score": 0.25, "cand_score": 0.25, "n": 20},
+        },
+    }
 
 
 def test_history_and_compare_show_capability_per_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = ResultsDB(tmp_path / "h.sqlite")
     for i, (cand, verdict) in enumerate(((0.5, "pass"), (0.35, "fail")), 1):
-        run = RunInfo(run_id=str(i) * 32, started=f"2026-12-0{i}T00:00:00Z", code_commit="ab"[i - 1] * 40,
-                      code_dirty=True, argv=[], config={}, machine={})
+        run = RunInfo(
+            run_id=str(i) * 32,
+            started=f"2026-12-0{i}T00:00:00Z",
+            code_commit="ab"[i - 1] * 40,
+            code_dirty=True,
+            argv=[],
+            config={},
+            machine={},
+        )
         db.append(run, [_capability_record(cand, verdict)])  # type: ignore[list-item]
     code, out, _ = cli(capsys, "history", "test_cap.py::test_mmlu", f"--db={tmp_path / 'h.sqlite'}")
     assert code == 0
@@ -340,22 +392,26 @@ def test_history_and_compare_show_capability_per_task(tmp_path: Path, capsys: py
     assert "  gsm8k  ref → cand 25.0% → 25.0% vs 25.0% → 25.0%   Δ cand − ref +0.0 points" in out.splitlines()
 
 
-def test_commands_without_a_history_say_where_they_looked(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_commands_without_a_history_say_where_they_looked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "tox.ini").write_text("[pytest]\n")
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")  # the rootdir is where pytest would put it: the ini's folder
     for args in (["history"], ["compare", "latest~1", "latest"], ["report", "latest"]):
         code, _, err = cli(capsys, *args)
         assert code == 2
-        assert err == (f"mlxgate: error: no results history at {tmp_path / '.mlxgate' / 'results.sqlite'} (the "
-                       "default: .mlxgate/results.sqlite under pytest's rootdir here); run the gates first (pytest "
-                       "gates/), or pass --db PATH (the file --mlx-db wrote)\n")
+        assert err == (
+            f"mlxgate: error: no results history at {tmp_path / '.mlxgate' / 'results.sqlite'} (the "
+            "default: .mlxgate/results.sqlite under pytest's rootdir here); run the gates first (pytest "
+            "gates/), or pass --db PATH (the file --mlx-db wrote)\n"
+        )
 
 
 @pytest.mark.slow  # the three pytest sessions of `runs`
 def test_report_and_merge_write_the_html_report_with_the_history_as_it_stood(
-        runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first, last = tmp_path / "first.html", tmp_path / "last.html"
     code, out, _ = cli(capsys, "report", "latest~3", f"--db={runs.db}", f"--html={first}")
     assert code == 0 and out.splitlines()[-1] == f"mlxgate: HTML report → {first}"

@@ -17,8 +17,10 @@ from pytest_mlxgate.results.html_report import PLOTS, write_html_report
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH (nor MLXGATE_CHROMIUM): the HTML report's headless-browser check "
-    "needs one; on Debian `apt-get install chromium` (./dev test installs it)")
+    CHROMIUM is None,
+    reason="no chromium on PATH (nor MLXGATE_CHROMIUM): the HTML report's headless-browser check "
+    "needs one; on Debian `apt-get install chromium` (./dev test installs it)",
+)
 
 _LAYOUT = """
 Array.from(document.querySelectorAll('section.gate')).map(s => ({
@@ -45,10 +47,15 @@ def keep_artifact(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[
     return kept
 
 
-def test_the_report_renders_in_headless_chromium(tmp_path: Path, request: pytest.FixtureRequest,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    records: list[Any] = [kl_record(), capability_record(), speed_record(),
-                          kl_record(with_profile=False, nodeid="gates/test_old.py::test_drift")]
+def test_the_report_renders_in_headless_chromium(
+    tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    records: list[Any] = [
+        kl_record(),
+        capability_record(),
+        speed_record(),
+        kl_record(with_profile=False, nodeid="gates/test_old.py::test_drift"),
+    ]
     report = tmp_path / "report.html"
     write_html_report(report, records, history=history_for(records), run=run_info())
     assert CHROMIUM is not None
@@ -56,9 +63,11 @@ def test_the_report_renders_in_headless_chromium(tmp_path: Path, request: pytest
         page = browser.open(report)
         assert page.errors == []  # no console error, no exception, no load the CSP blocked or that failed
         layout = page.evaluate(_LAYOUT)
-        expected = {"gate": [*PLOTS["kl"], *PLOTS["history"]],
-                    "capability": [*PLOTS["capability"], *PLOTS["history"]],
-                    "speed": [*PLOTS["speed"], *PLOTS["history"]]}
+        expected = {
+            "gate": [*PLOTS["kl"], *PLOTS["history"]],
+            "capability": [*PLOTS["capability"], *PLOTS["history"]],
+            "speed": [*PLOTS["speed"], *PLOTS["history"]],
+        }
         assert sorted(s["mode"] for s in layout) == ["capability", "gate", "gate", "speed"]
         for section in layout:
             assert [p["name"] for p in section["plots"]] == expected[section["mode"]], section
@@ -76,10 +85,12 @@ def test_the_report_renders_in_headless_chromium(tmp_path: Path, request: pytest
 def test_the_check_sees_console_errors_and_blocked_loads(tmp_path: Path) -> None:
     """The page above passes because it is clean, not because the driver hears nothing."""
     bad = tmp_path / "bad.html"
-    bad.write_text("<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" "
-                   "content=\"default-src 'none'; script-src 'unsafe-inline'\"></head><body>"
-                   "<script>console.error('planted')</script><img src=\"https://example.invalid/x.png\">"
-                   "</body></html>")
+    bad.write_text(
+        '<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" '
+        "content=\"default-src 'none'; script-src 'unsafe-inline'\"></head><body>"
+        "<script>console.error('planted')</script><img src=\"https://example.invalid/x.png\">"
+        "</body></html>"
+    )
     assert CHROMIUM is not None
     with Browser(CHROMIUM) as browser:
         errors = browser.open(bad).errors

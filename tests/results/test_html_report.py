@@ -39,8 +39,15 @@ def page(records: list[dict[str, Any]]) -> str:
 
 def sections(page: str) -> dict[str, str]:
     """Each gate's section by its mode (the markup between its <section> and </section>)."""
-    return {m.group(1): m.group(0) for m in re.finditer(r'<section class="gate[^"]*" id="g\d+" data-mode="(\w+)">'
-                                                        r".*?</section>", page, re.S)}
+    return {
+        m.group(1): m.group(0)
+        for m in re.finditer(
+            r'<section class="gate[^"]*" id="g\d+" data-mode="(\w+)">'
+            r".*?</section>",
+            page,
+            re.S,
+        )
+    }
 
 
 def plots(section: str) -> list[str]:
@@ -55,13 +62,21 @@ def test_every_section_is_there_for_a_kl_a_capability_and_a_speed_gate(page: str
     assert set(by_mode) == {"gate", "capability", "speed"}
     for section in by_mode.values():
         assert "<h3>Verdict</h3>" in section
-        assert re.search(r"<th>metric</th><th>value</th><th>95% interval</th><th>limit</th><th>verdict</th>"
-                         r"<th>n</th>", section)
+        assert re.search(
+            r"<th>metric</th><th>value</th><th>95% interval</th><th>limit</th><th>verdict</th>"
+            r"<th>n</th>",
+            section,
+        )
         assert "<h3>History</h3>" in section
     kl, cap, speed = by_mode["gate"], by_mode["capability"], by_mode["speed"]
     assert plots(kl) == [*PLOTS["kl"], *PLOTS["history"]]
-    for heading in ("KL distribution", "KL by position", "Top-1 flips and near ties", "Per-prompt mean KL",
-                    "Worst tokens in their context"):
+    for heading in (
+        "KL distribution",
+        "KL by position",
+        "Top-1 flips and near ties",
+        "Per-prompt mean KL",
+        "Worst tokens in their context",
+    ):
         assert f"<h3>{heading}</h3>" in kl
     assert plots(cap) == [*PLOTS["capability"], *PLOTS["history"]]
     assert "<h3>Capability per task</h3>" in cap and "<h3>Flipped items</h3>" in cap
@@ -73,8 +88,11 @@ def test_every_section_is_there_for_a_kl_a_capability_and_a_speed_gate(page: str
 
 def test_the_verdict_table_has_value_interval_limit_verdict_and_n(page: str) -> None:
     kl = sections(page)["gate"]
-    row = re.search(r"<tr><td>mean KL</td><td>([^<]+)</td><td>\[([^<]+)\]</td><td>≤ 2e-03</td>"
-                    r'<td><span class="badge v-(\w+)">[^<]+</span>[^<]*</td><td>6</td></tr>', kl)
+    row = re.search(
+        r"<tr><td>mean KL</td><td>([^<]+)</td><td>\[([^<]+)\]</td><td>≤ 2e-03</td>"
+        r'<td><span class="badge v-(\w+)">[^<]+</span>[^<]*</td><td>6</td></tr>',
+        kl,
+    )
     assert row, kl[:3000]
     assert row.group(3) in ("pass", "fail", "inconclusive")
 
@@ -157,10 +175,17 @@ def test_a_gate_with_many_prompts_keeps_a_small_record_and_a_bounded_page() -> N
     # ...and by the renderer too, whatever a record holds (a hand-made or future one)
     huge = copy.deepcopy(big)
     n = 20_000
-    huge["kl_profile"]["prompts"] = {"index": list(range(n)), "mean": [1e-3] * n, "ci": [[1e-4, 2e-3]] * n,
-                                     "n_tokens": [64] * n, "total": n}
+    huge["kl_profile"]["prompts"] = {
+        "index": list(range(n)),
+        "mean": [1e-3] * n,
+        "ci": [[1e-4, 2e-3]] * n,
+        "n_tokens": [64] * n,
+        "total": n,
+    }
     huge["kl_profile"]["by_position"] = {k: [1] * n for k in ("first", "last", "n", "flips", "near_tie_flips")} | {
-        "median": [1e-3] * n, "p90": [2e-3] * n}
+        "median": [1e-3] * n,
+        "p90": [2e-3] * n,
+    }
     huge["stats"]["worst"] = huge["stats"]["worst"] * 2000
     size = len(html_report([huge]).encode())
     assert size < 400_000, size
@@ -216,8 +241,9 @@ def test_history_rows_come_from_the_results_db(tmp_path: Path, records: list[dic
     assert rows[records[0]["nodeid"]][0]["mean_kl"] == pytest.approx(records[0]["stats"]["mean"])
 
 
-def test_the_report_is_written_atomically_and_readable_by_everyone(tmp_path: Path,
-                                                                  records: list[dict[str, Any]]) -> None:
+def test_the_report_is_written_atomically_and_readable_by_everyone(
+    tmp_path: Path, records: list[dict[str, Any]]
+) -> None:
     path = tmp_path / "out" / "report.html"
     write_html_report(path, records, run=run_info())  # type: ignore[arg-type]
     assert path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
@@ -255,7 +281,6 @@ def test_figures_escape_every_text_and_write_no_namespace_url() -> None:
     assert "http" not in svg
     assert 'class="err open"' in svg  # the unbounded lower end: dashed to the edge
     ET.fromstring(message("<nothing>"))
-    ET.fromstring(sparkline([1.0, None, 3.0], tips=["<a>", "", "<c>"], classes=["v-pass", "", "v-fail"],
-                            reference=2.0))
+    ET.fromstring(sparkline([1.0, None, 3.0], tips=["<a>", "", "<c>"], classes=["v-pass", "", "v-fail"], reference=2.0))
     assert "no values" in sparkline([None, None])
     assert esc("a\x00b\x1bc") == "abc"  # control characters XML cannot hold are dropped

@@ -19,23 +19,49 @@ from pytest_mlxgate.results.records import RunInfo
 COMMIT = "a" * 40
 
 
-def run_info(run_id: str, *, commit: str | None = COMMIT, shard: tuple[int, int] | None = None,
-             plan: str = "p1", started: str = "2026-12-01T10:00:00Z", inconclusive: str = "fail",
-             modules: list[str] | None = None, **facts: Any) -> RunInfo:
-    config: dict[str, Any] = {"candidate": "smollm2-135m", "gate": {"shard": None, "inconclusive": inconclusive},
-                              **facts}
+def run_info(
+    run_id: str,
+    *,
+    commit: str | None = COMMIT,
+    shard: tuple[int, int] | None = None,
+    plan: str = "p1",
+    started: str = "2026-12-01T10:00:00Z",
+    inconclusive: str = "fail",
+    modules: list[str] | None = None,
+    **facts: Any,
+) -> RunInfo:
+    config: dict[str, Any] = {
+        "candidate": "smollm2-135m",
+        "gate": {"shard": None, "inconclusive": inconclusive},
+        **facts,
+    }
     argv = ["gates"]
     if shard is not None:
         config["shard"] = {"index": shard[0], "count": shard[1], "plan": plan, "modules": modules or []}
         config["gate"]["shard"] = f"{shard[0]}/{shard[1]}"
         argv += ["--mlx-shard", f"{shard[0]}/{shard[1]}", f"--mlx-shard={shard[0]}/{shard[1]}"]
-    return RunInfo(run_id=run_id, started=started, code_commit=commit, code_dirty=False, argv=argv, config=config,
-                   machine={"device": "cpu", "mlx": "0.32"})
+    return RunInfo(
+        run_id=run_id,
+        started=started,
+        code_commit=commit,
+        code_dirty=False,
+        argv=argv,
+        config=config,
+        machine={"device": "cpu", "mlx": "0.32"},
+    )
 
 
 def record(nodeid: str, verdict: str = "pass", **more: Any) -> dict[str, Any]:
-    return {"nodeid": nodeid, "gate": nodeid.replace(".py", ""), "mode": "gate", "verdict": verdict,
-            "time": "2026-12-01T10:01:00Z", "stats": {"mean": 1e-4, "mean_ci": [5e-5, 2e-4]}, "checks": [], **more}
+    return {
+        "nodeid": nodeid,
+        "gate": nodeid.replace(".py", ""),
+        "mode": "gate",
+        "verdict": verdict,
+        "time": "2026-12-01T10:01:00Z",
+        "stats": {"mean": 1e-4, "mean_ci": [5e-5, 2e-4]},
+        "checks": [],
+        **more,
+    }
 
 
 def capability(nodeid: str, task: str, ref: float, cand: float) -> dict[str, Any]:
@@ -48,10 +74,15 @@ def write(path: Path, run: RunInfo, records: list[dict[str, Any]]) -> Path:
 
 
 def test_worst_verdict_wins_fail_over_inconclusive_over_pass() -> None:
-    for verdicts, expected in ((["pass", "fail"], "fail"), (["inconclusive", "pass"], "inconclusive"),
-                               (["inconclusive", "fail"], "fail"), (["fail", "inconclusive", "pass"], "fail"),
-                               (["pass", "pass"], "pass"), (["pass", "measured"], "measured"),
-                               (["error", "fail"], "error")):
+    for verdicts, expected in (
+        (["pass", "fail"], "fail"),
+        (["inconclusive", "pass"], "inconclusive"),
+        (["inconclusive", "fail"], "fail"),
+        (["fail", "inconclusive", "pass"], "fail"),
+        (["pass", "pass"], "pass"),
+        (["pass", "measured"], "measured"),
+        (["error", "fail"], "error"),
+    ):
         records = [record("t.py::g", v) for v in verdicts]
         assert worst(records)["verdict"] == expected  # type: ignore[arg-type]
         assert worst(records[::-1])["verdict"] == expected  # type: ignore[arg-type]
@@ -95,12 +126,22 @@ def test_shards_must_all_be_there_once_and_planned_alike(tmp_path: Path) -> None
 
 
 def test_the_merged_run_one_id_the_first_start_no_shard_and_the_score_made_again(tmp_path: Path) -> None:
-    score = {"nodeid": "mlxgate::capability_score", "gate": "Capability Score", "mode": "score",
-             "verdict": "partial", "time": "2026-12-01T10:02:00Z", "capability_score": {"candidate": 0.0}}
-    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2), started="2026-12-01T10:05:00Z"),
-              [capability("cap_a.py::t", "mmlu", 0.5, 0.4), score])
-    b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [capability("cap_b.py::t", "gsm8k", 0.3, 0.3),
-                                                                      score])
+    score = {
+        "nodeid": "mlxgate::capability_score",
+        "gate": "Capability Score",
+        "mode": "score",
+        "verdict": "partial",
+        "time": "2026-12-01T10:02:00Z",
+        "capability_score": {"candidate": 0.0},
+    }
+    a = write(
+        tmp_path / "a.json",
+        run_info("1" * 32, shard=(1, 2), started="2026-12-01T10:05:00Z"),
+        [capability("cap_a.py::t", "mmlu", 0.5, 0.4), score],
+    )
+    b = write(
+        tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [capability("cap_b.py::t", "gsm8k", 0.3, 0.3), score]
+    )
     first = merge_reports([read_report(a), read_report(b)])
     again = merge_reports([read_report(b), read_report(a)])
     assert first.run.run_id == again.run.run_id and len(first.run.run_id) == 32  # the same shards, the same run
@@ -110,13 +151,16 @@ def test_the_merged_run_one_id_the_first_start_no_shard_and_the_score_made_again
     assert [m["shard"] for m in first.run.config["merged"]] == ["1/2", "2/2"]
     scores = [r for r in first.records if r["nodeid"] == "mlxgate::capability_score"]
     (s,) = scores
-    assert s["capability_score"]["tasks"] == {"mmlu": {"reference": 0.5, "candidate": 0.4, "n": 10},
-                                              "gsm8k": {"reference": 0.3, "candidate": 0.3, "n": 10}}
+    assert s["capability_score"]["tasks"] == {
+        "mmlu": {"reference": 0.5, "candidate": 0.4, "n": 10},
+        "gsm8k": {"reference": 0.3, "candidate": 0.3, "n": 10},
+    }
     assert s["capability_score"]["partial"] is True and s["time"] == "2026-12-01T10:01:00Z"
 
 
-def test_merge_exits_1_when_a_gate_fails_and_writes_the_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                             ) -> None:
+def test_merge_exits_1_when_a_gate_fails_and_writes_the_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2)), [record("a.py::x", "pass")])
     b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [record("b.py::x", "fail")])
     out = tmp_path / "m.json"
@@ -130,8 +174,9 @@ def test_merge_exits_1_when_a_gate_fails_and_writes_the_json(tmp_path: Path, cap
 
 def test_an_inconclusive_gate_fails_the_merge_only_where_the_run_failed_it(tmp_path: Path) -> None:
     for policy, code in (("fail", 1), ("warn", 0)):
-        a = write(tmp_path / f"{policy}.json", run_info("1" * 32, inconclusive=policy),
-                  [record("a.py::x", "inconclusive")])
+        a = write(
+            tmp_path / f"{policy}.json", run_info("1" * 32, inconclusive=policy), [record("a.py::x", "inconclusive")]
+        )
         assert main(["merge", str(a)]) == code
 
 
@@ -142,15 +187,19 @@ def test_merge_refuses_what_is_not_a_report(tmp_path: Path, capsys: pytest.Captu
     newer = json.loads(good.read_text())
     newer["mlxgate_report"] = 99
     (tmp_path / "newer.json").write_text(json.dumps(newer))
-    for name, message in (("junk.json", "is not JSON"), ("other.json", "is not an mlxgate JSON report"),
-                          ("newer.json", "report of version 99, this mlxgate reads version 1"),
-                          ("missing.json", "cannot read the report")):
+    for name, message in (
+        ("junk.json", "is not JSON"),
+        ("other.json", "is not an mlxgate JSON report"),
+        ("newer.json", "report of version 99, this mlxgate reads version 1"),
+        ("missing.json", "cannot read the report"),
+    ):
         assert main(["merge", str(tmp_path / name)]) == 2
         assert message in capsys.readouterr().err
 
 
 def test_a_planned_module_without_a_record_is_an_error_record_and_fails_the_merge(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2), modules=["a.py", "b.py"]), [record("a.py::x")])
     b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2), modules=["c.py"]), [record("c.py::x")])
     merged = merge_reports([read_report(a), read_report(b)])
@@ -167,8 +216,11 @@ def test_a_planned_module_without_a_record_is_an_error_record_and_fails_the_merg
 
 def test_a_module_the_shard_says_ran_without_a_record_is_no_failure(tmp_path: Path) -> None:
     """All its gates skipped (an untrained model, a missing GPU): a skip is not a vanished gate."""
-    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 1), modules=["a.py", "b.py"],
-                                            without_records={"b.py": "2 skipped"}), [record("a.py::x")])
+    a = write(
+        tmp_path / "a.json",
+        run_info("1" * 32, shard=(1, 1), modules=["a.py", "b.py"], without_records={"b.py": "2 skipped"}),
+        [record("a.py::x")],
+    )
     merged = merge_reports([read_report(a)])
     assert merged.problems == [] and [r["nodeid"] for r in merged.records] == ["a.py::x"]
     assert main(["merge", str(a)]) == 0
@@ -178,8 +230,13 @@ def test_an_empty_or_interrupted_shard_fails_the_merge(tmp_path: Path, capsys: p
     empty = write(tmp_path / "e.json", run_info("1" * 32, shard=(1, 1), modules=["a.py"]), [])
     assert main(["merge", str(empty)]) == 1
     assert "(its report has no gates at all): a.py" in capsys.readouterr().err
-    stopped = write(tmp_path / "s.json", run_info("2" * 32, shard=(1, 1), modules=["a.py"],
-                                                  interrupted={"reason": "KeyboardInterrupt", "not_run": ["a.py"]}), [])
+    stopped = write(
+        tmp_path / "s.json",
+        run_info(
+            "2" * 32, shard=(1, 1), modules=["a.py"], interrupted={"reason": "KeyboardInterrupt", "not_run": ["a.py"]}
+        ),
+        [],
+    )
     merged = merge_reports([read_report(stopped)])
     assert merged.run.config["interrupted"] == {"reason": f"{stopped}: KeyboardInterrupt", "not_run": ["a.py"]}
     assert main(["merge", str(stopped)]) == 1

@@ -33,57 +33,286 @@ RESULTS = Path(__file__).resolve().parents[2] / "pytest_mlxgate" / "results"
 
 # -- checks: (as version 1 wrote them, as the current code writes them) ------------------------------
 
-KL_MEAN = ({"metric": "mean KL", "key": "mean", "value": 3.1e-4, "bound": 4e-4, "other_bound": 2.5e-4, "limit": 1e-3,
-            "direction": "max", "n": 16, "n_needed": None, "verdict": "pass", "passed": True},
-           {"metric": "mean KL", "key": "mean", "value": 3.1e-4, "lower": 2.5e-4, "upper": 4e-4, "limit": 1e-3,
-            "direction": "max", "n": 16, "n_needed": None, "verdict": "pass"})
-KL_P99 = ({"metric": "p99 KL", "key": "p99", "value": 2.2e-3, "bound": 2.6e-3, "other_bound": 1.9e-3, "limit": 2.4e-3,
-           "direction": "max", "n": 16, "n_needed": 65, "verdict": "inconclusive", "passed": False},
-          {"metric": "p99 KL", "key": "p99", "value": 2.2e-3, "lower": 1.9e-3, "upper": 2.6e-3, "limit": 2.4e-3,
-           "direction": "max", "n": 16, "n_needed": 65, "verdict": "inconclusive"})
-KL_TOP1 = ({"metric": "top-1", "key": "top1", "value": 0.99, "bound": 0.97, "other_bound": 0.995, "limit": 0.95,
-            "direction": "min", "n": 16, "n_needed": None, "verdict": "pass", "passed": True},
-           {"metric": "top-1", "key": "top1", "value": 0.99, "lower": 0.97, "upper": 0.995, "limit": 0.95,
-            "direction": "min", "n": 16, "n_needed": None, "verdict": "pass"})
-DROP = ({"metric": "gsm8k drop", "key": "drop", "value": 0.025, "bound": 0.1046, "lower": -0.0648, "limit": 0.1,
-         "direction": "max", "p_value": 0.854, "n": 40, "n_needed": 44, "method": "Tango score",
-         "verdict": "inconclusive", "passed": False},
-        {"metric": "gsm8k drop", "key": "drop", "value": 0.025, "lower": -0.0648, "upper": 0.1046, "limit": 0.1,
-         "direction": "max", "p_value": 0.854, "n": 40, "n_needed": 44, "method": "Tango score",
-         "verdict": "inconclusive"})
-SCORE = ({"metric": "gsm8k score", "key": "score", "value": 0.725, "bound": 0.597, "upper": 0.824, "limit": 0.3,
-          "direction": "min", "n": 40, "n_needed": None, "method": "Wilson score", "verdict": "pass", "passed": True},
-         {"metric": "gsm8k score", "key": "score", "value": 0.725, "lower": 0.597, "upper": 0.824, "limit": 0.3,
-          "direction": "min", "n": 40, "n_needed": None, "method": "Wilson score", "verdict": "pass"})
-DECODE = ({"metric": "decode tok/s @512", "key": "speed.decode", "limit": 1.05, "direction": "min", "context": 512,
-           "value": 1.3, "bound": 1.2, "other_bound": 1.4, "n": 9, "n_needed": None,
-           "method": "geometric mean of paired ratios, Student-t on their logs", "verdict": "pass", "passed": True},
-          {"metric": "decode tok/s @512", "key": "speed.decode", "limit": 1.05, "direction": "min", "context": 512,
-           "value": 1.3, "lower": 1.2, "upper": 1.4, "n": 9, "n_needed": None,
-           "method": "geometric mean of paired ratios, Student-t on their logs", "verdict": "pass"})
-KV = ({"metric": "KV bytes @128", "key": "speed.kv", "limit": 0.3, "direction": "max", "context": 128, "value": 0.25,
-       "bound": 0.25, "other_bound": 0.25, "n": 1, "n_needed": None, "method": "bytes counted over the cache arrays "
-       "(exact)", "verdict": "pass", "passed": True},
-      {"metric": "KV bytes @128", "key": "speed.kv", "limit": 0.3, "direction": "max", "context": 128, "value": 0.25,
-       "lower": 0.25, "upper": 0.25, "n": 1, "n_needed": None, "method": "bytes counted over the cache arrays "
-       "(exact)", "verdict": "pass"})
+KL_MEAN = (
+    {
+        "metric": "mean KL",
+        "key": "mean",
+        "value": 3.1e-4,
+        "bound": 4e-4,
+        "other_bound": 2.5e-4,
+        "limit": 1e-3,
+        "direction": "max",
+        "n": 16,
+        "n_needed": None,
+        "verdict": "pass",
+        "passed": True,
+    },
+    {
+        "metric": "mean KL",
+        "key": "mean",
+        "value": 3.1e-4,
+        "lower": 2.5e-4,
+        "upper": 4e-4,
+        "limit": 1e-3,
+        "direction": "max",
+        "n": 16,
+        "n_needed": None,
+        "verdict": "pass",
+    },
+)
+KL_P99 = (
+    {
+        "metric": "p99 KL",
+        "key": "p99",
+        "value": 2.2e-3,
+        "bound": 2.6e-3,
+        "other_bound": 1.9e-3,
+        "limit": 2.4e-3,
+        "direction": "max",
+        "n": 16,
+        "n_needed": 65,
+        "verdict": "inconclusive",
+        "passed": False,
+    },
+    {
+        "metric": "p99 KL",
+        "key": "p99",
+        "value": 2.2e-3,
+        "lower": 1.9e-3,
+        "upper": 2.6e-3,
+        "limit": 2.4e-3,
+        "direction": "max",
+        "n": 16,
+        "n_needed": 65,
+        "verdict": "inconclusive",
+    },
+)
+KL_TOP1 = (
+    {
+        "metric": "top-1",
+        "key": "top1",
+        "value": 0.99,
+        "bound": 0.97,
+        "other_bound": 0.995,
+        "limit": 0.95,
+        "direction": "min",
+        "n": 16,
+        "n_needed": None,
+        "verdict": "pass",
+        "passed": True,
+    },
+    {
+        "metric": "top-1",
+        "key": "top1",
+        "value": 0.99,
+        "lower": 0.97,
+        "upper": 0.995,
+        "limit": 0.95,
+        "direction": "min",
+        "n": 16,
+        "n_needed": None,
+        "verdict": "pass",
+    },
+)
+DROP = (
+    {
+        "metric": "gsm8k drop",
+        "key": "drop",
+        "value": 0.025,
+        "bound": 0.1046,
+        "lower": -0.0648,
+        "limit": 0.1,
+        "direction": "max",
+        "p_value": 0.854,
+        "n": 40,
+        "n_needed": 44,
+        "method": "Tango score",
+        "verdict": "inconclusive",
+        "passed": False,
+    },
+    {
+        "metric": "gsm8k drop",
+        "key": "drop",
+        "value": 0.025,
+        "lower": -0.0648,
+        "upper": 0.1046,
+        "limit": 0.1,
+        "direction": "max",
+        "p_value": 0.854,
+        "n": 40,
+        "n_needed": 44,
+        "method": "Tango score",
+        "verdict": "inconclusive",
+    },
+)
+SCORE = (
+    {
+        "metric": "gsm8k score",
+        "key": "score",
+        "value": 0.725,
+        "bound": 0.597,
+        "upper": 0.824,
+        "limit": 0.3,
+        "direction": "min",
+        "n": 40,
+        "n_needed": None,
+        "method": "Wilson score",
+        "verdict": "pass",
+        "passed": True,
+    },
+    {
+        "metric": "gsm8k score",
+        "key": "score",
+        "value": 0.725,
+        "lower": 0.597,
+        "upper": 0.824,
+        "limit": 0.3,
+        "direction": "min",
+        "n": 40,
+        "n_needed": None,
+        "method": "Wilson score",
+        "verdict": "pass",
+    },
+)
+DECODE = (
+    {
+        "metric": "decode tok/s @512",
+        "key": "speed.decode",
+        "limit": 1.05,
+        "direction": "min",
+        "context": 512,
+        "value": 1.3,
+        "bound": 1.2,
+        "other_bound": 1.4,
+        "n": 9,
+        "n_needed": None,
+        "method": "geometric mean of paired ratios, Student-t on their logs",
+        "verdict": "pass",
+        "passed": True,
+    },
+    {
+        "metric": "decode tok/s @512",
+        "key": "speed.decode",
+        "limit": 1.05,
+        "direction": "min",
+        "context": 512,
+        "value": 1.3,
+        "lower": 1.2,
+        "upper": 1.4,
+        "n": 9,
+        "n_needed": None,
+        "method": "geometric mean of paired ratios, Student-t on their logs",
+        "verdict": "pass",
+    },
+)
+KV = (
+    {
+        "metric": "KV bytes @128",
+        "key": "speed.kv",
+        "limit": 0.3,
+        "direction": "max",
+        "context": 128,
+        "value": 0.25,
+        "bound": 0.25,
+        "other_bound": 0.25,
+        "n": 1,
+        "n_needed": None,
+        "method": "bytes counted over the cache arrays (exact)",
+        "verdict": "pass",
+        "passed": True,
+    },
+    {
+        "metric": "KV bytes @128",
+        "key": "speed.kv",
+        "limit": 0.3,
+        "direction": "max",
+        "context": 128,
+        "value": 0.25,
+        "lower": 0.25,
+        "upper": 0.25,
+        "n": 1,
+        "n_needed": None,
+        "method": "bytes counted over the cache arrays (exact)",
+        "verdict": "pass",
+    },
+)
 # A/A: the floor is one figure, compared with the limit; `passed` was its only verdict
-FLOOR_MAX = ({"metric": "p99 KL floor", "key": "p99", "value": 1e-3, "bound": 1e-3, "limit": 5e-4, "direction": "max",
-              "passed": False},
-             {"metric": "p99 KL floor", "key": "p99", "value": 1e-3, "lower": None, "upper": 1e-3, "limit": 5e-4,
-              "direction": "max", "verdict": "fail"})
-FLOOR_MIN = ({"metric": "top-1 floor", "key": "top1", "value": 0.97, "bound": 0.97, "limit": 0.95, "direction": "min",
-              "passed": True},
-             {"metric": "top-1 floor", "key": "top1", "value": 0.97, "lower": 0.97, "upper": None, "limit": 0.95,
-              "direction": "min", "verdict": "pass"})
+FLOOR_MAX = (
+    {
+        "metric": "p99 KL floor",
+        "key": "p99",
+        "value": 1e-3,
+        "bound": 1e-3,
+        "limit": 5e-4,
+        "direction": "max",
+        "passed": False,
+    },
+    {
+        "metric": "p99 KL floor",
+        "key": "p99",
+        "value": 1e-3,
+        "lower": None,
+        "upper": 1e-3,
+        "limit": 5e-4,
+        "direction": "max",
+        "verdict": "fail",
+    },
+)
+FLOOR_MIN = (
+    {
+        "metric": "top-1 floor",
+        "key": "top1",
+        "value": 0.97,
+        "bound": 0.97,
+        "limit": 0.95,
+        "direction": "min",
+        "passed": True,
+    },
+    {
+        "metric": "top-1 floor",
+        "key": "top1",
+        "value": 0.97,
+        "lower": 0.97,
+        "upper": None,
+        "limit": 0.95,
+        "direction": "min",
+        "verdict": "pass",
+    },
+)
 # the oldest records: `passed` only, no far end
-OLDEST = ({"metric": "mean KL", "key": "mean", "value": 3.1e-4, "bound": 4e-4, "limit": 1e-3, "direction": "max",
-           "passed": True},
-          {"metric": "mean KL", "key": "mean", "value": 3.1e-4, "lower": None, "upper": 4e-4, "limit": 1e-3,
-           "direction": "max", "verdict": "pass"})
-CHECKS = {"kl max": KL_MEAN, "kl inconclusive": KL_P99, "kl min": KL_TOP1, "capability drop": DROP,
-          "capability floor": SCORE, "speed min": DECODE, "memory max": KV, "aa floor max": FLOOR_MAX,
-          "aa floor min": FLOOR_MIN, "oldest": OLDEST}
+OLDEST = (
+    {
+        "metric": "mean KL",
+        "key": "mean",
+        "value": 3.1e-4,
+        "bound": 4e-4,
+        "limit": 1e-3,
+        "direction": "max",
+        "passed": True,
+    },
+    {
+        "metric": "mean KL",
+        "key": "mean",
+        "value": 3.1e-4,
+        "lower": None,
+        "upper": 4e-4,
+        "limit": 1e-3,
+        "direction": "max",
+        "verdict": "pass",
+    },
+)
+CHECKS = {
+    "kl max": KL_MEAN,
+    "kl inconclusive": KL_P99,
+    "kl min": KL_TOP1,
+    "capability drop": DROP,
+    "capability floor": SCORE,
+    "speed min": DECODE,
+    "memory max": KV,
+    "aa floor max": FLOOR_MAX,
+    "aa floor min": FLOOR_MIN,
+    "oldest": OLDEST,
+}
 
 
 @pytest.mark.parametrize("name", CHECKS)
@@ -98,58 +327,131 @@ def test_migrate_check_reads_every_old_shape_into_lower_upper_and_a_verdict(name
 # -- records: (version 1, current) ---------------------------------------------------------------
 
 MODEL = {"name": "smollm2-135m", "repo_id": "org/SmolLM2", "commit": "0" * 40, "pinned": "org/SmolLM2@0000000"}
-STATS = {"n_prompts": 16, "n_tokens": 512, "confidence": 0.95, "mean": 3.1e-4, "mean_ci": [2.5e-4, 4e-4],
-         "p99": 2.2e-3, "quantile_ci": {"p99": [1.9e-3, 2.6e-3]}, "max": 6e-3, "same_top": 0.98,
-         "same_top_ci": [0.96, 0.99], "top1": 0.99, "top1_ci": [0.97, 0.995], "flips": 3, "near_tie_flips": 1,
-         "worst": [{"prompt": 3, "position": 40, "kl": 6e-3, "token_id": 7, "ref_top1": 7, "cand_top1": 9,
-                    "p_ref": 0.4, "p_cand": 0.3}]}
+STATS = {
+    "n_prompts": 16,
+    "n_tokens": 512,
+    "confidence": 0.95,
+    "mean": 3.1e-4,
+    "mean_ci": [2.5e-4, 4e-4],
+    "p99": 2.2e-3,
+    "quantile_ci": {"p99": [1.9e-3, 2.6e-3]},
+    "max": 6e-3,
+    "same_top": 0.98,
+    "same_top_ci": [0.96, 0.99],
+    "top1": 0.99,
+    "top1_ci": [0.97, 0.995],
+    "flips": 3,
+    "near_tie_flips": 1,
+    "worst": [
+        {
+            "prompt": 3,
+            "position": 40,
+            "kl": 6e-3,
+            "token_id": 7,
+            "ref_top1": 7,
+            "cand_top1": 9,
+            "p_ref": 0.4,
+            "p_cand": 0.3,
+        }
+    ],
+}
 
 
 def _base(nodeid: str, mode: str, verdict: str, **more: Any) -> dict[str, Any]:
-    return {"nodeid": nodeid, "gate": nodeid.replace("gates/", "").replace(".py", ""), "mode": mode,
-            "candidate": MODEL, "reference_model": None, "lever": {"name": "kv8", "kind": "kv", "ref": "plain",
-                                                                    "cand": "8-bit"},
-            "path": "serving", "verdict": verdict, "time": "2026-11-01T10:00:00Z", "durations": {"total_s": 2.5},
-            "rerun": f"pytest {nodeid}", **more}
+    return {
+        "nodeid": nodeid,
+        "gate": nodeid.replace("gates/", "").replace(".py", ""),
+        "mode": mode,
+        "candidate": MODEL,
+        "reference_model": None,
+        "lever": {"name": "kv8", "kind": "kv", "ref": "plain", "cand": "8-bit"},
+        "path": "serving",
+        "verdict": verdict,
+        "time": "2026-11-01T10:00:00Z",
+        "durations": {"total_s": 2.5},
+        "rerun": f"pytest {nodeid}",
+        **more,
+    }
 
 
 def _items(n: int, lost: int) -> list[dict[str, Any]]:
     """A task's paired items as the capability runner records them; the first `lost` flip to wrong."""
-    return [{"id": f"q{i}", "prompt_hash": "h",
-             "reference": {"output": f"answer {i}", "score": 1.0, "verdict": "correct"},
-             "candidate": {"output": "no idea" if i < lost else f"answer {i}", "score": 0.0 if i < lost else 1.0,
-                           "verdict": "wrong" if i < lost else "correct"}} for i in range(n)]
+    return [
+        {
+            "id": f"q{i}",
+            "prompt_hash": "h",
+            "reference": {"output": f"answer {i}", "score": 1.0, "verdict": "correct"},
+            "candidate": {
+                "output": "no idea" if i < lost else f"answer {i}",
+                "score": 0.0 if i < lost else 1.0,
+                "verdict": "wrong" if i < lost else "correct",
+            },
+        }
+        for i in range(n)
+    ]
 
 
 def _speed() -> dict[str, Any]:
     def arm(tps: float, kv: int) -> dict[str, Any]:
         return {"prefill_tps": 200.0, "decode_tps": tps, "peak_bytes": 3 << 20, "kv_bytes": kv}
 
-    return {"id": "s1", "shape": {"contexts": [128, 512], "decode": 16, "repetitions": 9},
-            "contexts": {str(c): {"context": c, "reference": arm(10.0, c << 13), "candidate": arm(13.0, c << 11),
-                                  "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], "n": 9},
-                                  "decode": {"ratio": 1.3, "ratio_ci": [1.2, 1.4], "n": 9},
-                                  "kv": {"ratio": 0.25}} for c in (128, 512)},
-            "weights_bytes": {"reference": 1 << 20, "candidate": 1 << 20}}
+    return {
+        "id": "s1",
+        "shape": {"contexts": [128, 512], "decode": 16, "repetitions": 9},
+        "contexts": {
+            str(c): {
+                "context": c,
+                "reference": arm(10.0, c << 13),
+                "candidate": arm(13.0, c << 11),
+                "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], "n": 9},
+                "decode": {"ratio": 1.3, "ratio_ci": [1.2, 1.4], "n": 9},
+                "kv": {"ratio": 0.25},
+            }
+            for c in (128, 512)
+        },
+        "weights_bytes": {"reference": 1 << 20, "candidate": 1 << 20},
+    }
 
 
 def _pairs() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     items = _items(10, 2)
-    task = {"n": 10, "ref_score": 1.0, "cand_score": 0.8, "ref_ci": [0.72, 1.0], "cand_ci": [0.49, 0.94],
-            "items": items, "drop_verdict": {"verdict": "inconclusive", "value": 0.2, "lower": 0.03, "upper": 0.47,
-                                             "limit": 0.1, "n": 10, "n_needed": 60, "method": "Tango score"}}
+    task = {
+        "n": 10,
+        "ref_score": 1.0,
+        "cand_score": 0.8,
+        "ref_ci": [0.72, 1.0],
+        "cand_ci": [0.49, 0.94],
+        "items": items,
+        "drop_verdict": {
+            "verdict": "inconclusive",
+            "value": 0.2,
+            "lower": 0.03,
+            "upper": 0.47,
+            "limit": 0.1,
+            "n": 10,
+            "n_needed": 60,
+            "method": "Tango score",
+        },
+    }
     flipped = {"total": 2, "items": items[:2]}  # what the current runner keeps (with prompts, when it has them)
     pairs = {}
     for name, mode, checks, more in (
-            ("kl", "gate", (KL_MEAN, KL_P99, KL_TOP1), {"stats": STATS, "sizes": {"prompts": 16}}),
-            ("capability", "capability", (DROP, SCORE), {"stats": {"n_prompts": 10}, "skipped": {"mmlu": "no data"}}),
-            ("speed", "speed", (DECODE, KV), {"speed": _speed()}),
-            ("aa", "aa", (FLOOR_MAX, FLOOR_MIN), {"stats": STATS, "aa": {"floors": {"p99": 1e-3, "top1": 0.97}}}),
-            ("oldest", "gate", (OLDEST,), {"stats": STATS})):
+        ("kl", "gate", (KL_MEAN, KL_P99, KL_TOP1), {"stats": STATS, "sizes": {"prompts": 16}}),
+        ("capability", "capability", (DROP, SCORE), {"stats": {"n_prompts": 10}, "skipped": {"mmlu": "no data"}}),
+        ("speed", "speed", (DECODE, KV), {"speed": _speed()}),
+        ("aa", "aa", (FLOOR_MAX, FLOOR_MIN), {"stats": STATS, "aa": {"floors": {"p99": 1e-3, "top1": 0.97}}}),
+        ("oldest", "gate", (OLDEST,), {"stats": STATS}),
+    ):
         verdict = "fail" if name == "aa" else "inconclusive" if name in ("kl", "capability") else "pass"
         old = _base(f"gates/test_{name}.py::test_{name}", mode, verdict, checks=[c for c, _ in checks], **more)
-        new = _base(f"gates/test_{name}.py::test_{name}", mode, verdict, checks=[c for _, c in checks], **more,
-                    record_version=RECORD_VERSION)
+        new = _base(
+            f"gates/test_{name}.py::test_{name}",
+            mode,
+            verdict,
+            checks=[c for _, c in checks],
+            **more,
+            record_version=RECORD_VERSION,
+        )
         if name == "capability":
             old["tasks"] = {"gsm8k": copy.deepcopy(task)}
             new["tasks"] = {"gsm8k": {**copy.deepcopy(task), "flipped": flipped}}
@@ -158,8 +460,15 @@ def _pairs() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
 
 
 PAIRS = _pairs()
-RUN = RunInfo(run_id="1" * 32, started="2026-11-01T09:59:00Z", code_commit="c" * 40, code_dirty=False,
-              argv=["gates"], config={}, machine={"device": "cpu"})
+RUN = RunInfo(
+    run_id="1" * 32,
+    started="2026-11-01T09:59:00Z",
+    code_commit="c" * 40,
+    code_dirty=False,
+    argv=["gates"],
+    config={},
+    machine={"device": "cpu"},
+)
 
 
 def _without_record_property(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -174,13 +483,15 @@ def test_an_old_record_reads_as_the_same_record_written_today_in_every_report(na
     assert read_old == type(read_old)(**{**read_new.__dict__, "record_version": 1})  # the same model, field by field
     assert summary_lines([old], width=120) == summary_lines([new], width=120)  # type: ignore[list-item]
     assert _without_record_property(junit_properties(old)) == _without_record_property(  # type: ignore[arg-type]
-        junit_properties(new))  # type: ignore[arg-type]
+        junit_properties(new)
+    )  # type: ignore[arg-type]
     assert gate_line(old) == gate_line(new)  # type: ignore[arg-type]
     assert step_summary([old]) == step_summary([new])  # type: ignore[list-item]
     assert html_report([old], run=RUN) == html_report([new], run=RUN)  # type: ignore[list-item]
     row_old, row_new = (dict(zip(history._COLUMN_NAMES, history._row(RUN, r), strict=True)) for r in (old, new))  # type: ignore[arg-type]
     assert {k: v for k, v in row_old.items() if k != "record_json"} == {
-        k: v for k, v in row_new.items() if k != "record_json"}
+        k: v for k, v in row_new.items() if k != "record_json"
+    }
 
 
 def test_old_checks_read_with_their_bounds_on_the_right_side() -> None:
@@ -222,8 +533,7 @@ def test_an_old_capability_task_gets_its_flipped_items_from_its_paired_items() -
 def test_gate_record_writes_the_current_shape_whatever_shape_its_checks_came_in(tmp_path: Path) -> None:
     old_checks = [copy.deepcopy(c) for c, _ in (KL_MEAN, KL_TOP1, FLOOR_MAX)]
     given = copy.deepcopy(old_checks)
-    record = gate_record(nodeid="gates/test_kv.py::test_drift", mode="gate", verdict="fail", checks=given,
-                         stats=STATS)
+    record = gate_record(nodeid="gates/test_kv.py::test_drift", mode="gate", verdict="fail", checks=given, stats=STATS)
     assert record["record_version"] == RECORD_VERSION
     assert record["checks"] == [new for _, new in (KL_MEAN, KL_TOP1, FLOOR_MAX)]
     assert given == old_checks  # the producer's dicts are left as they were
@@ -240,20 +550,21 @@ def _version_1_db(path: Path, rows: list[tuple[RunInfo, dict[str, Any]]]) -> Non
     """A results DB as mlxgate wrote it before the speed columns (schema 1), holding version-1 records."""
     v1 = history._COLUMNS[: len(history._COLUMNS) - len(history._SPEED_COLUMNS)]
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE quality_runs (id INTEGER PRIMARY KEY, "
-                     + ", ".join(f"{n} {k}" for n, k in v1) + ")")
+        conn.execute("CREATE TABLE quality_runs (id INTEGER PRIMARY KEY, " + ", ".join(f"{n} {k}" for n, k in v1) + ")")
         for run, record in rows:
             values = dict(zip(history._COLUMN_NAMES, history._row(run, record), strict=True))  # type: ignore[arg-type]
             values["record_json"] = json.dumps(record)  # the record exactly as the old code stored it
             names = ", ".join(n for n, _ in v1)
-            conn.execute(f"INSERT INTO quality_runs ({names}) VALUES ({', '.join('?' * len(v1))})",
-                         [values[n] for n, _ in v1])
+            conn.execute(
+                f"INSERT INTO quality_runs ({names}) VALUES ({', '.join('?' * len(v1))})", [values[n] for n, _ in v1]
+            )
         conn.execute("PRAGMA user_version = 1")
     conn.close()
 
 
-def test_a_users_old_db_still_reads_from_the_shell(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_users_old_db_still_reads_from_the_shell(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLUMNS", "160")
     db = tmp_path / "results.sqlite"
     old_run = RunInfo(**{**RUN.to_dict(), "run_id": "a" * 32, "started": "2026-10-01T00:00:00Z"})
@@ -287,8 +598,12 @@ def test_compare_of_an_old_and_a_new_record_sees_no_change() -> None:
 
 def test_the_longest_context_is_the_longest_number_not_the_last_key() -> None:
     speed = _speed()
-    speed["contexts"] = {"64": speed["contexts"]["128"] | {"context": 64}, "1024": speed["contexts"]["512"]
-                         | {"context": 1024}, "256": speed["contexts"]["128"] | {"context": 256}, "x": {}}
+    speed["contexts"] = {
+        "64": speed["contexts"]["128"] | {"context": 64},
+        "1024": speed["contexts"]["512"] | {"context": 1024},
+        "256": speed["contexts"]["128"] | {"context": 256},
+        "x": {},
+    }
     speed["contexts"]["1024"]["decode"] = {"ratio": 1.7, "ratio_ci": [1.6, 1.8], "n": 9}
     record = _base("gates/test_s.py::test_speed", "speed", "pass", speed=speed)
     read = parse_record(record)
@@ -304,8 +619,16 @@ def test_the_longest_context_is_the_longest_number_not_the_last_key() -> None:
 def test_derived_facts_of_the_model() -> None:
     speed = _speed()
     del speed["contexts"]["512"]["kv"]  # no recorded ratio: from the arms' bytes
-    read = parse_record(_base("gates/t.py::t", "speed", "pass", speed=speed, sizes={"prompts": 7},
-                              tasks={"a": {"ref_score": 0.75, "cand_score": 0.5}}))
+    read = parse_record(
+        _base(
+            "gates/t.py::t",
+            "speed",
+            "pass",
+            speed=speed,
+            sizes={"prompts": 7},
+            tasks={"a": {"ref_score": 0.75, "cand_score": 0.5}},
+        )
+    )
     assert read.speed is not None and read.speed.longest is not None
     assert read.speed.longest.kv_ratio == pytest.approx(0.25) and read.speed.contexts[0].kv_ratio == 0.25
     assert read.speed.weights_ratio == 1.0
@@ -317,13 +640,27 @@ def test_derived_facts_of_the_model() -> None:
 
 def test_a_record_of_the_wrong_types_reads_as_dashes_and_never_raises(tmp_path: Path) -> None:
     odd: dict[str, Any] = {
-        "nodeid": "gates/t.py::t", "gate": 3, "mode": "gate", "verdict": None, "candidate": ["x"], "lever": "kv8",
-        "stats": {"mean": "small", "mean_ci": [None, "x"], "n_tokens": "many", "quantile_ci": "p99",
-                  "worst": ["nope", {"prompt": "3"}]},
+        "nodeid": "gates/t.py::t",
+        "gate": 3,
+        "mode": "gate",
+        "verdict": None,
+        "candidate": ["x"],
+        "lever": "kv8",
+        "stats": {
+            "mean": "small",
+            "mean_ci": [None, "x"],
+            "n_tokens": "many",
+            "quantile_ci": "p99",
+            "worst": ["nope", {"prompt": "3"}],
+        },
         "checks": ["a string", {"key": None, "value": "v", "bound": "b", "direction": 5}],
         "kl_profile": {"histogram": {"counts": "abc", "decades": [1]}, "by_position": {"first": 3}, "prompts": []},
-        "tasks": {"t": 5, "u": {"flipped": {"items": [5]}}}, "speed": {"contexts": {"abc": 1, "5": "x"}},
-        "aa": {"floors": ["mean"]}, "error": "boom", "capability_score": [1], "durations": [],
+        "tasks": {"t": 5, "u": {"flipped": {"items": [5]}}},
+        "speed": {"contexts": {"abc": 1, "5": "x"}},
+        "aa": {"floors": ["mean"]},
+        "error": "boom",
+        "capability_score": [1],
+        "durations": [],
     }
     read = parse_record(odd)
     assert read.stats.mean is None and read.stats.n_tokens is None and read.checks[0].value is None
@@ -339,9 +676,12 @@ def test_a_record_of_the_wrong_types_reads_as_dashes_and_never_raises(tmp_path: 
 
 #: Where a dict's keys may be read in results/: the read model's parse, and the wire form's migration and
 #: one accessor; `verdicts.check_verdict` reads a check as the assertions build it (before any record).
-_READERS_ALLOWED = {"model.py": None, "records.py": {"migrate_check", "migrate_record", "_flipped_from_items",
-                                                     "score", "_without_flipped"},
-                    "fields.py": {"nodeid_of"}, "verdicts.py": {"check_verdict"}}
+_READERS_ALLOWED = {
+    "model.py": None,
+    "records.py": {"migrate_check", "migrate_record", "_flipped_from_items", "score", "_without_flipped"},
+    "fields.py": {"nodeid_of"},
+    "verdicts.py": {"check_verdict"},
+}
 
 
 def test_results_reads_record_fields_only_in_the_parse_and_the_migration() -> None:
@@ -350,13 +690,21 @@ def test_results_reads_record_fields_only_in_the_parse_and_the_migration() -> No
         allowed = _READERS_ALLOWED.get(path.name, set())
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] + [tree]:
-            body = func.body if not isinstance(func, ast.Module) else [
-                n for n in func.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            body = (
+                func.body
+                if not isinstance(func, ast.Module)
+                else [n for n in func.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            )
             for node in (n for stmt in body for n in ast.walk(stmt)):
                 call = isinstance(node, ast.Call)
-                literal_get = (call and isinstance(node.func, ast.Attribute) and node.func.attr == "get"  # type: ignore[attr-defined]
-                               and node.args and isinstance(node.args[0], ast.Constant)  # type: ignore[attr-defined]
-                               and isinstance(node.args[0].value, str))  # type: ignore[attr-defined]
+                literal_get = (
+                    call
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "get"  # type: ignore[attr-defined]
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)  # type: ignore[attr-defined]
+                    and isinstance(node.args[0].value, str)
+                )  # type: ignore[attr-defined]
                 as_map = call and isinstance(node.func, ast.Name) and node.func.id == "as_map"  # type: ignore[attr-defined]
                 name = getattr(func, "name", "<module>")
                 if (literal_get or as_map) and allowed is not None and name not in allowed:

@@ -31,11 +31,20 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 def make_run(run_id: str = "a" * 32, **over: Any) -> RunInfo:
     fields: dict[str, Any] = dict(
-        run_id=run_id, started="2026-11-29T23:30:00Z", code_commit="f" * 40, code_dirty=True,
+        run_id=run_id,
+        started="2026-11-29T23:30:00Z",
+        code_commit="f" * 40,
+        code_dirty=True,
         argv=["pytest", "gates", "--mlx-candidate", "smollm2-135m"],
         config={"candidate": "smollm2-135m", "offline": True, "sizes": {"prompts": 16, "tokens": 128}},
-        machine={"device": "cpu", "blas": "OpenBLAS", "mlx": "0.32.4", "mlx_lm": "0.32.2",
-                 "python": "3.11.7", "platform": "Linux-x86_64"},
+        machine={
+            "device": "cpu",
+            "blas": "OpenBLAS",
+            "mlx": "0.32.4",
+            "mlx_lm": "0.32.2",
+            "python": "3.11.7",
+            "platform": "Linux-x86_64",
+        },
     )
     fields.update(over)
     return RunInfo(**fields)
@@ -47,35 +56,96 @@ def make_record(nodeid: str = "gates/test_kv_cache.py::test_drift", **over: Any)
         "nodeid": nodeid,
         "gate": f"{Path(module).stem}::{func}",
         "mode": "gate",
-        "candidate": {"name": "smollm2-135m", "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32",
-                      "commit": COMMIT, "pinned": "mlxgate/SmolLM2-135M-Instruct-f32@0123456"},
+        "candidate": {
+            "name": "smollm2-135m",
+            "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32",
+            "commit": COMMIT,
+            "pinned": "mlxgate/SmolLM2-135M-Instruct-f32@0123456",
+        },
         "reference_model": None,
-        "lever": {"name": "kv8", "kind": "kv", "target": None, "ref": "plain",
-                  "cand": "8-bit g64 from token 0", "path": "serving"},
+        "lever": {
+            "name": "kv8",
+            "kind": "kv",
+            "target": None,
+            "ref": "plain",
+            "cand": "8-bit g64 from token 0",
+            "path": "serving",
+        },
         "path": "serving",
         "sizes": {"prompts": 16, "tokens": 128, "decode": 32},
         "stats": {
-            "n_prompts": 16, "n_tokens": 512, "confidence": 0.95, "mean": 3.1e-4, "mean_ci": [2.5e-4, 4.0e-4],
-            "median": 1.2e-4, "p90": 8e-4, "p95": 1.1e-3, "p99": 2.2e-3, "p999": 4e-3,
-            "quantile_ci": {"median": [1e-4, 1.4e-4], "p90": [7e-4, 9e-4], "p95": [1e-3, 1.3e-3],
-                            "p99": [1.8e-3, 2.9e-3], "p999": [3e-3, None]},
-            "max": 5.5e-3, "max_at": {"prompt": 3, "position": 120, "token_id": 42},
-            "same_top": 0.991, "same_top_ci": [0.988, 0.995], "top1": 0.991, "top1_ci": [0.988, 0.995],
-            "flips": 4, "near_tie_flips": 1, "near_ties": 3,
-            "ln_ppl_ratio": 1.5e-4, "ln_ppl_ratio_ci": [-1e-4, 4e-4],
+            "n_prompts": 16,
+            "n_tokens": 512,
+            "confidence": 0.95,
+            "mean": 3.1e-4,
+            "mean_ci": [2.5e-4, 4.0e-4],
+            "median": 1.2e-4,
+            "p90": 8e-4,
+            "p95": 1.1e-3,
+            "p99": 2.2e-3,
+            "p999": 4e-3,
+            "quantile_ci": {
+                "median": [1e-4, 1.4e-4],
+                "p90": [7e-4, 9e-4],
+                "p95": [1e-3, 1.3e-3],
+                "p99": [1.8e-3, 2.9e-3],
+                "p999": [3e-3, None],
+            },
+            "max": 5.5e-3,
+            "max_at": {"prompt": 3, "position": 120, "token_id": 42},
+            "same_top": 0.991,
+            "same_top_ci": [0.988, 0.995],
+            "top1": 0.991,
+            "top1_ci": [0.988, 0.995],
+            "flips": 4,
+            "near_tie_flips": 1,
+            "near_ties": 3,
+            "ln_ppl_ratio": 1.5e-4,
+            "ln_ppl_ratio_ci": [-1e-4, 4e-4],
             "delta_p": {"mean": 0.0, "rms": 1e-3, "p1": -2e-3, "p5": -1e-3, "median": 0.0, "p95": 1e-3, "p99": 2e-3},
-            "worst": [{"prompt": 3, "position": 120, "kl": 5.5e-3, "token_id": 42, "ref_top1": 42,
-                       "cand_top1": 17, "p_ref": 0.41, "p_cand": 0.39}],
+            "worst": [
+                {
+                    "prompt": 3,
+                    "position": 120,
+                    "kl": 5.5e-3,
+                    "token_id": 42,
+                    "ref_top1": 42,
+                    "cand_top1": 17,
+                    "p_ref": 0.41,
+                    "p_cand": 0.39,
+                }
+            ],
             "worst_prompts": [{"prompt": 3, "mean_kl": 9e-4}],
         },
         "bounds": {"mean": 1e-3, "p99": 1e-2, "top1": 0.98},
         "checks": [
-            {"metric": "mean KL", "key": "mean", "value": 3.1e-4, "bound": 4.0e-4, "limit": 1e-3,
-             "direction": "max", "passed": True},
-            {"metric": "p99 KL", "key": "p99", "value": 2.2e-3, "bound": 2.9e-3, "limit": 1e-2,
-             "direction": "max", "passed": True},
-            {"metric": "top-1", "key": "top1", "value": 0.991, "bound": 0.988, "limit": 0.98,
-             "direction": "min", "passed": True},
+            {
+                "metric": "mean KL",
+                "key": "mean",
+                "value": 3.1e-4,
+                "bound": 4.0e-4,
+                "limit": 1e-3,
+                "direction": "max",
+                "passed": True,
+            },
+            {
+                "metric": "p99 KL",
+                "key": "p99",
+                "value": 2.2e-3,
+                "bound": 2.9e-3,
+                "limit": 1e-2,
+                "direction": "max",
+                "passed": True,
+            },
+            {
+                "metric": "top-1",
+                "key": "top1",
+                "value": 0.991,
+                "bound": 0.988,
+                "limit": 0.98,
+                "direction": "min",
+                "passed": True,
+            },
         ],
         "verdict": "pass",
         "reference_source": "cache",
@@ -130,8 +200,13 @@ def test_json_report_round_trips_sorted_by_nodeid(tmp_path: Path) -> None:
     doc = load_strict(path)
     assert doc["mlxgate_report"] == 1
     assert doc["run"] == {
-        "run_id": run.run_id, "started": run.started, "code_commit": run.code_commit,
-        "code_dirty": True, "argv": run.argv, "config": run.config, "machine": run.machine,
+        "run_id": run.run_id,
+        "started": run.started,
+        "code_commit": run.code_commit,
+        "code_dirty": True,
+        "argv": run.argv,
+        "config": run.config,
+        "machine": run.machine,
     }
     assert [g["nodeid"] for g in doc["gates"]] == ["gates/test_a.py::test_a", "gates/test_z.py::test_b"]
     assert doc["gates"][0] == records[1]
@@ -172,7 +247,8 @@ def test_json_report_replaces_an_existing_report_whole_and_leaves_no_temp(tmp_pa
 
 
 def test_json_report_failure_keeps_the_old_report_and_removes_the_temp(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "report.json"
     write_json_report(path, make_run("1" * 32), [make_record()])
     before = path.read_bytes()
@@ -201,9 +277,12 @@ def test_json_report_keeps_readable_permissions(tmp_path: Path) -> None:
 def test_db_appends_rows_across_runs_with_columns_from_the_record(tmp_path: Path) -> None:
     path = tmp_path / "hist" / "results.sqlite"
     run1, run2 = make_run("1" * 32), make_run("2" * 32, code_commit=None, code_dirty=None)
-    failing = make_record("gates/test_b.py::test_other", verdict="fail", time="2026-11-29T23:50:00Z",
-                          reference_model={"name": "big", "repo_id": "org/big", "commit": "b" * 40,
-                                           "pinned": "org/big@bbbbbbb"})
+    failing = make_record(
+        "gates/test_b.py::test_other",
+        verdict="fail",
+        time="2026-11-29T23:50:00Z",
+        reference_model={"name": "big", "repo_id": "org/big", "commit": "b" * 40, "pinned": "org/big@bbbbbbb"},
+    )
     assert ResultsDB(path).append(run1, [make_record(), failing]) == 2
     assert ResultsDB(path).append(run2, [make_record(time="2026-11-30T00:10:00Z")]) == 1
     assert ResultsDB(path).append(run2, []) == 0
@@ -213,14 +292,35 @@ def test_db_appends_rows_across_runs_with_columns_from_the_record(tmp_path: Path
     assert [r["run_id"] for r in rows] == ["1" * 32, "1" * 32, "2" * 32]  # by record time
     first = rows[0]
     expected = {
-        "run_id": "1" * 32, "time": "2026-11-29T23:40:00Z", "started": "2026-11-29T23:30:00Z",
-        "nodeid": "gates/test_kv_cache.py::test_drift", "gate": "test_kv_cache::test_drift", "mode": "gate",
-        "candidate": "mlxgate/SmolLM2-135M-Instruct-f32@0123456", "candidate_commit": COMMIT,
-        "reference_model": None, "lever_name": "kv8", "lever_kind": "kv", "ref_value": "plain",
-        "cand_value": "8-bit g64 from token 0", "path": "serving", "verdict": "pass",
-        "n_prompts": 16, "n_tokens": 512, "mean_kl": 3.1e-4, "mean_kl_lo": 2.5e-4, "mean_kl_hi": 4.0e-4,
-        "p99_kl": 2.2e-3, "max_kl": 5.5e-3, "same_top": 0.991, "top1_lo": 0.988, "ln_ppl_ratio": 1.5e-4,
-        "reference_source": "cache", "total_s": 24.3, "code_commit": "f" * 40, "code_dirty": True,
+        "run_id": "1" * 32,
+        "time": "2026-11-29T23:40:00Z",
+        "started": "2026-11-29T23:30:00Z",
+        "nodeid": "gates/test_kv_cache.py::test_drift",
+        "gate": "test_kv_cache::test_drift",
+        "mode": "gate",
+        "candidate": "mlxgate/SmolLM2-135M-Instruct-f32@0123456",
+        "candidate_commit": COMMIT,
+        "reference_model": None,
+        "lever_name": "kv8",
+        "lever_kind": "kv",
+        "ref_value": "plain",
+        "cand_value": "8-bit g64 from token 0",
+        "path": "serving",
+        "verdict": "pass",
+        "n_prompts": 16,
+        "n_tokens": 512,
+        "mean_kl": 3.1e-4,
+        "mean_kl_lo": 2.5e-4,
+        "mean_kl_hi": 4.0e-4,
+        "p99_kl": 2.2e-3,
+        "max_kl": 5.5e-3,
+        "same_top": 0.991,
+        "top1_lo": 0.988,
+        "ln_ppl_ratio": 1.5e-4,
+        "reference_source": "cache",
+        "total_s": 24.3,
+        "code_commit": "f" * 40,
+        "code_dirty": True,
     }
     assert {k: first[k] for k in expected} == expected
     assert isinstance(first["id"], int)
@@ -265,8 +365,9 @@ def test_db_creation_is_idempotent_with_version_and_index(tmp_path: Path) -> Non
     assert len(ResultsDB(path).rows()) == 1
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
-        indexes = conn.execute("SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='quality_runs'"
-                               ).fetchall()
+        indexes = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='quality_runs'"
+        ).fetchall()
         assert any("(nodeid, time)" in (sql or "") for (sql,) in indexes)
         columns = [row[1] for row in conn.execute("PRAGMA table_info(quality_runs)")]
     assert columns[0] == "id" and columns[30:32] == ["config_json", "record_json"]
@@ -323,9 +424,16 @@ def test_db_processes_creating_and_appending_at_once_lose_nothing(tmp_path: Path
 
     path = tmp_path / "fresh" / "r.sqlite"  # neither writer finds it: both create it
     start_at = str(time.time() + 1.5)
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), tag, str(Path(__file__).parent), start_at],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for tag in "pq"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), tag, str(Path(__file__).parent), start_at],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in "pq"
+    ]
     for p in procs:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err
@@ -402,15 +510,17 @@ def test_a_locked_db_waits_its_short_stated_timeout_and_names_the_holder(tmp_pat
     path = tmp_path / "h.sqlite"
     ResultsDB(path)
     assert ResultsDB(path).timeout == history.DB_BUSY_TIMEOUT_S == 5.0  # not the minute it was
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         with pytest.raises(history.ResultsDBLocked) as info:
             ResultsDB(path, timeout=0.2).append(make_run(), [make_record()])
         assert info.value.timeout == 0.2 and info.value.holder == holder.pid
-        assert str(info.value) == (f"the results database {path} is locked by another process (PID {holder.pid}); "
-                                   "waited 0.2 s")
+        assert str(info.value) == (
+            f"the results database {path} is locked by another process (PID {holder.pid}); waited 0.2 s"
+        )
         assert "move this one aside" not in str(info.value)  # it is not broken
     finally:
         assert holder.stdin is not None
@@ -466,8 +576,13 @@ def test_runs_queueing_at_once_while_one_merges_lose_nothing(tmp_path: Path) -> 
 
 
 def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=a@b", "-c", "user.name=t", "-c", "commit.gpgsign=false", *args],
-                   cwd=cwd, check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["git", "-c", "user.email=a@b", "-c", "user.name=t", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -482,8 +597,9 @@ def test_git_state_clean_dirty_and_untracked(tmp_path: Path) -> None:
     (repo / "a.txt").write_text("one\n")
     _git(repo, "add", "a.txt")
     _git(repo, "commit", "-q", "-m", "first")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert len(head) == 40
     assert git_state(repo) == (head, False)
     sub = repo / "sub"
@@ -541,7 +657,7 @@ def column_starts(header: str) -> list[int]:
 
 def is_n_line(line: str, starts: list[int]) -> bool:
     """The sizes line ("n  16 prompts · …") and its continuations span the columns from value on."""
-    return line[:starts[1]].strip() == "" and line[starts[1]:starts[2]].strip() in ("n", "")
+    return line[: starts[1]].strip() == "" and line[starts[1] : starts[2]].strip() in ("n", "")
 
 
 def cells(line: str, starts: list[int]) -> list[str]:
@@ -563,8 +679,8 @@ def test_summary_pass_matches_the_documented_layout() -> None:
         ["", "top-1", "99.1%", "≥ 98.8%", "98.0%", "pass"],
     ]
     n_line = lines[4]
-    assert n_line[:starts[2]].strip() == "n"
-    assert n_line[starts[2]:] == "16 prompts · 512 tokens · ref: cache · 24.3 s"
+    assert n_line[: starts[2]].strip() == "n"
+    assert n_line[starts[2] :] == "16 prompts · 512 tokens · ref: cache · 24.3 s"
     assert len(lines) == 5
 
 
@@ -578,8 +694,13 @@ def test_summary_columns_align_across_gates_of_every_kind() -> None:
     failing = make_record("gates/test_kv_cache.py::test_drift_kv4", verdict="fail")
     failing["checks"][0].update(value=2.5e-3, bound=3.1e-3, passed=False)
     measured = make_record("gates/test_measure.py::test_only", verdict="measured", checks=[], bounds={})
-    aa = make_record("gates/test_aa.py::test_floor", mode="aa", verdict="measured", checks=[],
-                     aa={"floors": {"mean": 2e-6, "p99": 1.5e-5, "max": 8e-5}, "chunk": 32})
+    aa = make_record(
+        "gates/test_aa.py::test_floor",
+        mode="aa",
+        verdict="measured",
+        checks=[],
+        aa={"floors": {"mean": 2e-6, "p99": 1.5e-5, "max": 8e-5}, "chunk": 32},
+    )
     error = {"nodeid": "gates/test_err.py::test_broken", "gate": "test_err::test_broken", "verdict": "error"}
     lines = summary_lines([make_record(), failing, measured, aa, error])
     starts = column_starts(lines[0])
@@ -605,13 +726,15 @@ def test_summary_columns_align_across_gates_of_every_kind() -> None:
     assert m[3][2:4] == ["99.1%", "≥ 98.8%"]
 
     a = by_gate["test_aa::test_floor"]
-    assert [r[1:] for r in a[:3]] == [["mean KL", "2.0e-06", "—", "—", "floor"],
-                                      ["p99 KL", "1.5e-05", "—", "—", "floor"],
-                                      ["max KL", "8.0e-05", "—", "—", "floor"]]
+    assert [r[1:] for r in a[:3]] == [
+        ["mean KL", "2.0e-06", "—", "—", "floor"],
+        ["p99 KL", "1.5e-05", "—", "—", "floor"],
+        ["max KL", "8.0e-05", "—", "—", "floor"],
+    ]
     assert by_gate["test_err::test_broken"] == [["test_err::test_broken", "verdict", "—", "—", "—", "ERROR"]]
     # n lines start at the value column too
     for line in lines:
-        if line[:starts[2]].strip() == "n":
+        if line[: starts[2]].strip() == "n":
             assert line[starts[2]] != " "
 
 
@@ -625,8 +748,11 @@ def test_summary_never_shows_a_failed_gate_as_all_pass() -> None:
 def test_summary_never_clips_a_gate_name_it_wraps_it_above_its_rows() -> None:
     long_name = "test_" + "very_" * 40 + "long_module::test_drift[kv8-g64-from-token-0]"
     twin = long_name.replace("kv8", "kv4")  # differs only in the middle: a middle cut would hide it
-    records = [make_record(gate=long_name), make_record("gates/test_c.py::test_c", gate=twin),
-               make_record("gates/test_b.py::test_b", gate="short::gate")]
+    records = [
+        make_record(gate=long_name),
+        make_record("gates/test_c.py::test_c", gate=twin),
+        make_record("gates/test_b.py::test_b", gate="short::gate"),
+    ]
     for width in (60, 80, 120):
         lines = summary_lines(records, width=width)
         assert all(len(line) <= width for line in lines), [len(line) for line in lines]
@@ -635,11 +761,14 @@ def test_summary_never_clips_a_gate_name_it_wraps_it_above_its_rows() -> None:
         assert long_name in text and twin in text  # whole, read across its lines
         starts = column_starts(lines[0])
         pieces = {line for line in lines if line in long_name or line in twin}  # the wrapped names' lines
-        named = [cells(line, starts)[0] for line in lines[1:]
-                 if line not in pieces and not is_n_line(line, starts) and cells(line, starts)[0]]
+        named = [
+            cells(line, starts)[0]
+            for line in lines[1:]
+            if line not in pieces and not is_n_line(line, starts) and cells(line, starts)[0]
+        ]
         assert named == ["short::gate"]  # a name that fits keeps its column; the long ones left it
         first = next(i for i, line in enumerate(lines) if line.startswith(long_name[:width]))
-        block = lines[first:first + 6]
+        block = lines[first : first + 6]
         assert any("mean KL" in line for line in block)  # its rows follow its name
 
 
@@ -650,10 +779,12 @@ def test_at_a_narrow_width_a_long_name_reads_as_its_module_then_its_test_names()
     characters, never shortened."""
     module = "test_capability_and_drift_of_the_kv_cache_quantiser"
     params = "test_drift[kv8-g64-from-token-0-with-a-rather-long-parametrisation-id]"
-    records = [make_record(f"gates/{module}.py::test_drift", gate=f"{module}::test_drift"),
-               make_record(f"gates/{module}.py::test_capability", gate=f"{module}::test_capability"),
-               make_record(f"gates/{module}.py::{params}", gate=f"{module}::{params}"),
-               make_record("gates/test_kv.py::test_drift_of_the_cache", gate="test_kv::test_drift_of_the_cache")]
+    records = [
+        make_record(f"gates/{module}.py::test_drift", gate=f"{module}::test_drift"),
+        make_record(f"gates/{module}.py::test_capability", gate=f"{module}::test_capability"),
+        make_record(f"gates/{module}.py::{params}", gate=f"{module}::{params}"),
+        make_record("gates/test_kv.py::test_drift_of_the_cache", gate="test_kv::test_drift_of_the_cache"),
+    ]
     width = 60
     lines = summary_lines(records, width=width)
     assert all(len(line) <= width for line in lines) and not any("…" in line for line in lines)
@@ -661,13 +792,14 @@ def test_at_a_narrow_width_a_long_name_reads_as_its_module_then_its_test_names()
     assert len(heads) == 3 and not any(line.startswith(f"{module}::test") for line in lines)
     assert sorted(lines[i + 1] for i in heads) == sorted(["test_capability", "test_drift", params[:width]])
     j = lines.index(params[:width])
-    assert "".join(lines[j:j + 2]) == params and "mean KL" in lines[j + 2]  # cut at the width, whole; its rows
+    assert "".join(lines[j : j + 2]) == params and "mean KL" in lines[j + 2]  # cut at the width, whole; its rows
     i = lines.index("test_drift")
     assert "mean KL" in lines[i + 1]  # each test name right above its rows
     assert "test_kv::test_drift_of_the_cache" in lines  # too wide for its column, not for the width: one line
     wide = summary_lines(records, width=250)  # wide enough: each name whole in its column, as before
     assert sorted(line.split("  ")[0] for line in wide if line.startswith(("test_c", "test_kv"))) == sorted(
-        r["gate"] for r in records)
+        r["gate"] for r in records
+    )
 
 
 def test_summary_header_without_a_common_confidence_says_bound() -> None:
@@ -679,23 +811,26 @@ def test_summary_header_without_a_common_confidence_says_bound() -> None:
     assert summary_lines([]) == [summary_lines([])[0]]  # no gates: just the header
 
 
-@pytest.mark.parametrize(("key", "value", "text"), [
-    ("mean", 3.1e-4, "3.1e-04"),
-    ("p99", 0.0, "0"),
-    ("max", 12.5, "1.2e+01"),
-    ("max", float("inf"), "inf"),
-    ("mean", float("nan"), "nan"),
-    ("mean", None, "—"),
-    ("mean", "n/a", "—"),
-    ("top1", 0.991, "99.1%"),
-    ("same_top", 1.0, "100.0%"),
-    ("top1", 0.9996, "99.96%"),  # one flip in 2500 is not 100%
-    ("top1", 0.00001, "0.001%"),
-    ("ln_ppl_ratio", -2.5e-4, "-2.5e-04"),
-    ("ln_ppl_ratio", 2.5e-4, "+2.5e-04"),
-    ("flips", 4, "4"),
-    ("something_else", 1234.5678, "1.23e+03"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [
+        ("mean", 3.1e-4, "3.1e-04"),
+        ("p99", 0.0, "0"),
+        ("max", 12.5, "1.2e+01"),
+        ("max", float("inf"), "inf"),
+        ("mean", float("nan"), "nan"),
+        ("mean", None, "—"),
+        ("mean", "n/a", "—"),
+        ("top1", 0.991, "99.1%"),
+        ("same_top", 1.0, "100.0%"),
+        ("top1", 0.9996, "99.96%"),  # one flip in 2500 is not 100%
+        ("top1", 0.00001, "0.001%"),
+        ("ln_ppl_ratio", -2.5e-4, "-2.5e-04"),
+        ("ln_ppl_ratio", 2.5e-4, "+2.5e-04"),
+        ("flips", 4, "4"),
+        ("something_else", 1234.5678, "1.23e+03"),
+    ],
+)
 def test_format_value(key: str, value: Any, text: str) -> None:
     assert format_value(key, value) == text
 
@@ -704,13 +839,22 @@ def _speed(decode_ratio: float = 1.3) -> dict[str, Any]:
     def arm(tps: float, kv: int) -> dict[str, Any]:
         return {"prefill_tps": 200.0, "decode_tps": tps, "peak_bytes": 3 << 20, "kv_bytes": kv, "trials": []}
 
-    return {"id": "s1", "shape": {"contexts": [128, 512], "decode": 16, "repetitions": 9, "warmup": 1},
-            "contexts": {str(c): {"context": c, "reference": arm(10.0, 4 << 20), "candidate": arm(13.0, 1 << 20),
-                                  "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], "n": 9, "log_sd": 0.1},
-                                  "decode": {"ratio": decode_ratio * c / 512, "ratio_ci": [1.2, 1.4], "n": 9,
-                                             "log_sd": 0.1},
-                                  "peak": {"ratio": 0.8, "ratio_ci": [0.8, 0.8], "n": 9, "log_sd": 0.0},
-                                  "kv": {"ratio": 0.25}} for c in (128, 512)}}
+    return {
+        "id": "s1",
+        "shape": {"contexts": [128, 512], "decode": 16, "repetitions": 9, "warmup": 1},
+        "contexts": {
+            str(c): {
+                "context": c,
+                "reference": arm(10.0, 4 << 20),
+                "candidate": arm(13.0, 1 << 20),
+                "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], "n": 9, "log_sd": 0.1},
+                "decode": {"ratio": decode_ratio * c / 512, "ratio_ci": [1.2, 1.4], "n": 9, "log_sd": 0.1},
+                "peak": {"ratio": 0.8, "ratio_ci": [0.8, 0.8], "n": 9, "log_sd": 0.0},
+                "kv": {"ratio": 0.25},
+            }
+            for c in (128, 512)
+        },
+    }
 
 
 def test_db_version_1_gains_the_speed_columns_and_keeps_its_rows(tmp_path: Path) -> None:
@@ -718,10 +862,10 @@ def test_db_version_1_gains_the_speed_columns_and_keeps_its_rows(tmp_path: Path)
     v1 = history._COLUMNS[: len(history._COLUMNS) - len(history._SPEED_COLUMNS)]
     old_row = history._row(make_run(), make_record())[: len(v1)]
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE quality_runs (id INTEGER PRIMARY KEY, "
-                     + ", ".join(f"{n} {k}" for n, k in v1) + ")")
-        conn.execute(f"INSERT INTO quality_runs ({', '.join(n for n, _ in v1)}) VALUES ({', '.join('?' * len(v1))})",
-                     old_row)
+        conn.execute("CREATE TABLE quality_runs (id INTEGER PRIMARY KEY, " + ", ".join(f"{n} {k}" for n, k in v1) + ")")
+        conn.execute(
+            f"INSERT INTO quality_runs ({', '.join(n for n, _ in v1)}) VALUES ({', '.join('?' * len(v1))})", old_row
+        )
         conn.execute("PRAGMA user_version = 1")
     conn.close()
     db = ResultsDB(path)
@@ -740,20 +884,39 @@ def test_db_version_1_gains_the_speed_columns_and_keeps_its_rows(tmp_path: Path)
 def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None:
     speed = _speed()
     drift = make_record(speed=speed)
-    checks = [{"metric": "decode tok/s @512", "key": "speed.decode", "value": 1.3, "bound": 1.2, "other_bound": 1.4,
-               "limit": 1.05, "direction": "min", "n": 9, "verdict": "pass", "passed": True}]
+    checks = [
+        {
+            "metric": "decode tok/s @512",
+            "key": "speed.decode",
+            "value": 1.3,
+            "bound": 1.2,
+            "other_bound": 1.4,
+            "limit": 1.05,
+            "direction": "min",
+            "n": 9,
+            "verdict": "pass",
+            "passed": True,
+        }
+    ]
     gate = make_record("gates/test_kv_cache.py::test_speed", mode="speed", speed=speed, checks=checks, stats={})
     lines = summary_lines([drift, gate], width=200)
     text = "\n".join(lines)
-    assert text.count("speed @512: prefill ×1.00 [0.90, 1.10] (tok/s 200 → 200) · decode ×1.30 [1.20, 1.40] "
-                      "(tok/s 10.0 → 13.0) · KV 4.0 MiB → 1.0 MiB · peak +3.0 MiB → +3.0 MiB") == 1
+    assert (
+        text.count(
+            "speed @512: prefill ×1.00 [0.90, 1.10] (tok/s 200 → 200) · decode ×1.30 [1.20, 1.40] "
+            "(tok/s 10.0 → 13.0) · KV 4.0 MiB → 1.0 MiB · peak +3.0 MiB → +3.0 MiB"
+        )
+        == 1
+    )
     assert text.count("speed @128:") == 1
     row = next(line for line in lines if "decode tok/s @512" in line)
     assert "×1.300" in row and "≥ ×1.200" in row and "×1.050" in row and "pass" in row
     narrow = summary_lines([drift], width=80)
     assert all(len(line) <= 80 for line in narrow)
     i = next(i for i, line in enumerate(narrow) if line.startswith("  speed @512: prefill ×1.00"))
-    assert narrow[i + 1].strip().startswith("decode ×1.30 [1.20, 1.40] (tok/s 10.0 → 13.0)")  # wrapped at its separators
+    assert (
+        narrow[i + 1].strip().startswith("decode ×1.30 [1.20, 1.40] (tok/s 10.0 → 13.0)")
+    )  # wrapped at its separators
     assert narrow[i + 1].index("decode") == narrow[i].index("prefill")
 
 

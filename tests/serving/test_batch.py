@@ -41,8 +41,18 @@ def test_a_batch_of_one_is_mlx_lms_quantized_stream_generate(tiny_kv_model_dir: 
     assert spec is not None
     for ids in _ids(tok):
         ours = greedy_batch(model, [ids], max_new_tokens=12, kv=kv, eos=set())[0]
-        theirs = [r.token for r in stream_generate(model, tok, ids, max_tokens=12, kv_bits=spec.bits,
-                                                   kv_group_size=spec.group_size, quantized_kv_start=spec.start)]
+        theirs = [
+            r.token
+            for r in stream_generate(
+                model,
+                tok,
+                ids,
+                max_tokens=12,
+                kv_bits=spec.bits,
+                kv_group_size=spec.group_size,
+                quantized_kv_start=spec.start,
+            )
+        ]
         assert ours == theirs
 
 
@@ -148,7 +158,9 @@ def test_every_arm_of_a_gate_takes_one_loop(tiny_kv_model_dir: Path, tiny_gemma4
     lengths = [20, 30]
     assert generation_route(llama, [plain, q8], lengths) == "batched"
     assert generation_route(llama, [q8, plain], lengths) == "batched"
-    assert generation_route(llama, [plain, late], lengths) == generation_route(llama, [late, plain], lengths) == "stream"
+    assert (
+        generation_route(llama, [plain, late], lengths) == generation_route(llama, [late, plain], lengths) == "stream"
+    )
     assert generation_route(llama, [plain, q8.fake_quant()], lengths) == "per_layer"
     assert generation_route(gemma, [plain, plain], lengths) == "batch_generate"
     assert generation_route(gemma, [plain, q8], lengths) == generation_route(gemma, [q8, plain], lengths) == "per_layer"

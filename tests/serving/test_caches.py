@@ -87,7 +87,8 @@ def mixed_config(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("fixture", ["tiny_gemma4_dir", "tiny_gemma4_multimodal_dir"])
 @pytest.mark.parametrize("value", ["8", "4", "mixed"])
 def test_gemma4_plans_run_and_only_the_kernels_differ_from_fake_quant(
-        fixture: str, value: str, mixed_config: Path, request: pytest.FixtureRequest) -> None:
+    fixture: str, value: str, mixed_config: Path, request: pytest.FixtureRequest
+) -> None:
     """Every cached layer quantized (sliding and full), KV-shared layers reading quantized K/V: the
     decode steps' KL against the same plan in float (fake-quant) is <= 1e-6 on every prompt, while
     against the plain cache it is not 0 (the plan did quantize)."""
@@ -147,8 +148,9 @@ def test_start_defers_quantization_and_readers_follow(tiny_gemma4_dir: Path) -> 
     assert any(isinstance(c, SharedKVReader) for c in cache)
 
 
-def test_plans_the_model_cannot_run_are_refused_naming_the_layers(tiny_gemma4_dir: Path, tiny_model_dir: Path,
-                                                                   tmp_path: Path) -> None:
+def test_plans_the_model_cannot_run_are_refused_naming_the_layers(
+    tiny_gemma4_dir: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     gemma, _ = _load(tiny_gemma4_dir)
     llama, _ = _load(tiny_model_dir)
 
@@ -166,11 +168,14 @@ def test_plans_the_model_cannot_run_are_refused_naming_the_layers(tiny_gemma4_di
     plan({"layers": {"6": None}, "default": 8}).make_cache(gemma)  # null on a shared layer is fine
 
 
-@pytest.mark.parametrize("config, fragment", [
-    ({"types": {"windowed": 4}}, "attention types are"),
-    ({"types": {"full": 4, "full_attention": 8}}, "twice"),
-    ({"types": [4]}, "key 'types' is list"),
-])
+@pytest.mark.parametrize(
+    "config, fragment",
+    [
+        ({"types": {"windowed": 4}}, "attention types are"),
+        ({"types": {"full": 4, "full_attention": 8}}, "twice"),
+        ({"types": [4]}, "key 'types' is list"),
+    ],
+)
 def test_bad_types_in_kv_config(tmp_path: Path, config: dict[str, Any], fragment: str) -> None:
     path = tmp_path / "kv.json"
     path.write_text(json.dumps(config))

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_mlxgate.config.settings import DEFAULT_ARM_TIMEOUT, GateSettings, read_settings
 
-SLOW = '''
+SLOW = """
 import time
 import mlx.core as mx
 
@@ -22,9 +22,9 @@ _fused = mx.fast.rms_norm
 def rms_norm(x, weight, eps):
     time.sleep(0.01)
     return _fused(x, weight * 1.02, eps)
-'''
+"""
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -36,7 +36,7 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1.0)
-'''
+"""
 
 _LINE = r"running KL candidate arm \(norm=slow:rms_norm\): (24|48) / 72 positions at [0-9.]+ positions/s, ETA \d+:\d\d"
 
@@ -44,14 +44,21 @@ _LINE = r"running KL candidate arm \(norm=slow:rms_norm\): (24|48) / 72 position
 @pytest.mark.slow  # two pytester gate sessions, one under -n 2
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_a_slow_arm_prints_progress_lines_with_rate_and_eta_and_a_closing_line(
-        pytester: pytest.Pytester, tiny_model_dir: Path, workers: list[str]) -> None:
+    pytester: pytest.Pytester, tiny_model_dir: Path, workers: list[str]
+) -> None:
     if workers:
         pytest.importorskip("xdist")
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(slow=SLOW, test_gate=GATE)
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "--mlx-db=off",
-                                           "--mlx-reference-cache=off", "-p", "no:randomly",
-                                           "--mlx-progress-interval=0", *workers)
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}",
+        "--mlx-db=off",
+        "--mlx-reference-cache=off",
+        "-p",
+        "no:randomly",
+        "--mlx-progress-interval=0",
+        *workers,
+    )
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
     tag = r"mlxgate: \[gw\d\] " if workers else "mlxgate: "  # a worker's lines come relayed, tagged
@@ -64,8 +71,9 @@ def test_a_slow_arm_prints_progress_lines_with_rate_and_eta_and_a_closing_line(
 def test_by_default_a_short_arm_prints_no_progress_line(pytester: pytest.Pytester, tiny_model_dir: Path) -> None:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(slow=SLOW, test_gate=GATE)
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "--mlx-db=off",
-                                           "--mlx-reference-cache=off", "-p", "no:randomly")
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}", "--mlx-db=off", "--mlx-reference-cache=off", "-p", "no:randomly"
+    )
     result.assert_outcomes(passed=1)
     assert "positions at" not in result.stdout.str() and "ran KL" not in result.stdout.str()
 
@@ -113,10 +121,15 @@ def test_a_models_context_comes_from_its_config_its_text_config_or_its_args(tmp_
         return LoadedModel(SimpleNamespace(args=args) if args else object(), None, snapshot)  # type: ignore[arg-type]
 
     assert context_limit(loaded({"max_position_embeddings": 8192, "sliding_window": 4096})) == (
-        8192, "max_position_embeddings in config.json")
-    assert context_limit(loaded({"text_config": {"max_position_embeddings": 131072}, "max_position_embeddings": 2})
-                         ) == (131072, "text_config.max_position_embeddings in config.json")
+        8192,
+        "max_position_embeddings in config.json",
+    )
+    assert context_limit(
+        loaded({"text_config": {"max_position_embeddings": 131072}, "max_position_embeddings": 2})
+    ) == (131072, "text_config.max_position_embeddings in config.json")
     assert context_limit(loaded({"n_positions": 1024})) == (1024, "n_positions in config.json")
     assert context_limit(loaded(None, SimpleNamespace(max_position_embeddings=2048))) == (
-        2048, "the model's args.max_position_embeddings")
+        2048,
+        "the model's args.max_position_embeddings",
+    )
     assert context_limit(loaded({"hidden_size": 64})) is None  # nothing says: nothing is refused

@@ -26,7 +26,7 @@ def rms_norm(x, weight, eps):
     return _fused(x, weight * 1.02, eps)
 '''
 
-FAILS = '''
+FAILS = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -39,9 +39,9 @@ pytestmark = [
 @pytest.mark.parametrize("limit", [1e-9])
 def test_drift(paired, limit):
     assert_kl_below(paired, mean=limit, top1=0.2)
-'''
+"""
 
-UNSURE = '''
+UNSURE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -53,9 +53,9 @@ pytestmark = [
 
 def test_one_prompt(paired):
     assert_kl_below(paired, mean=1e-9)
-'''
+"""
 
-PASSES = '''
+PASSES = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -67,10 +67,13 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1e-3)
-'''
+"""
 
-NODEIDS = {"test_fails.py::test_drift[1e-09]": "fail", "test_unsure.py::test_one_prompt": "inconclusive",
-           "test_passes.py::test_drift": "pass"}
+NODEIDS = {
+    "test_fails.py::test_drift[1e-09]": "fail",
+    "test_unsure.py::test_one_prompt": "inconclusive",
+    "test_passes.py::test_drift": "pass",
+}
 
 
 def _def_line(path: Path, name: str) -> int:
@@ -80,8 +83,14 @@ def _def_line(path: Path, name: str) -> int:
 @pytest.mark.slow  # a pytester gate session per setup (~10 s each)
 @pytest.mark.parametrize("family", ["xunit1", "xunit2"])
 @pytest.mark.parametrize("xdist", [False, True], ids=["no-xdist", "n2"])
-def test_junit_job_summary_and_annotations(pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch, family: str, xdist: bool) -> None:
+def test_junit_job_summary_and_annotations(
+    pytester: pytest.Pytester,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    xdist: bool,
+) -> None:
     if xdist:
         pytest.importorskip("xdist")
     junitparser = pytest.importorskip("junitparser")
@@ -94,9 +103,18 @@ def test_junit_job_summary_and_annotations(pytester: pytest.Pytester, tiny_model
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path.parent))  # the checkout holds the project folder
     result = pytester.runpytest_subprocess(
-        f"--mlx-candidate={tiny_model_dir}", "--mlx-db=off", f"--mlx-report={report}", f"--junit-xml={xml_path}",
-        "-o", f"junit_family={family}", "-W", "error::pytest.PytestWarning", "-p", "no:randomly",
-        *(["-n", "2"] if xdist else ["-p", "no:xdist"]))
+        f"--mlx-candidate={tiny_model_dir}",
+        "--mlx-db=off",
+        f"--mlx-report={report}",
+        f"--junit-xml={xml_path}",
+        "-o",
+        f"junit_family={family}",
+        "-W",
+        "error::pytest.PytestWarning",
+        "-p",
+        "no:randomly",
+        *(["-n", "2"] if xdist else ["-p", "no:xdist"]),
+    )
     result.assert_outcomes(failed=2, passed=1)  # the inconclusive gate fails too (the default policy)
     assert "warnings summary" not in result.stdout.str()
 
@@ -122,10 +140,14 @@ def test_junit_job_summary_and_annotations(pytester: pytest.Pytester, tiny_model
     fails_line = _def_line(pytester.path / "test_fails.py", "test_drift")
     unsure_line = _def_line(pytester.path / "test_unsure.py", "test_one_prompt")
     assert len(commands) == 2, commands
-    assert commands[0].startswith(f"::error file={folder}/test_fails.py,line={fails_line},title=mlxgate fail%3A "
-                                  "test_fails%3A%3Atest_drift[1e-09]::FAIL test_fails::test_drift[1e-09]: mean KL ")
-    assert commands[1].startswith(f"::warning file={folder}/test_unsure.py,line={unsure_line},title=mlxgate "
-                                  "inconclusive%3A test_unsure%3A%3Atest_one_prompt::INCONCLUSIVE ")
+    assert commands[0].startswith(
+        f"::error file={folder}/test_fails.py,line={fails_line},title=mlxgate fail%3A "
+        "test_fails%3A%3Atest_drift[1e-09]::FAIL test_fails::test_drift[1e-09]: mean KL "
+    )
+    assert commands[1].startswith(
+        f"::warning file={folder}/test_unsure.py,line={unsure_line},title=mlxgate "
+        "inconclusive%3A test_unsure%3A%3Atest_one_prompt::INCONCLUSIVE "
+    )
     assert fails_line == 11  # the def, not pytest's line of the parametrize decorator
 
 
@@ -180,8 +202,11 @@ def _check_junitparser(junitparser: Any, xml_path: Path, family: str, reported: 
     assert outcome["test_unsure.py::test_one_prompt"].is_failure
     if family == "xunit2":
         props = {split_suite_name(p.name): p.value for p in suite.properties()}
-        records = {nodeid: json.loads(v)  # type: ignore[misc]
-                   for (nodeid, key), v in props.items() if key == "mlxgate.record"}
+        records = {
+            nodeid: json.loads(v)  # type: ignore[misc]
+            for (nodeid, key), v in props.items()
+            if key == "mlxgate.record"
+        }
     else:
         records = {}
         for nodeid, case in outcome.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-GATES = '''
+GATES = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -30,10 +30,10 @@ def test_drift(paired):
 
 def test_tight(paired):
     assert_kl_below(paired, mean=1e-6, max=1e-6)
-'''
+"""
 
 # A gate that fails for real: RMSNorm weights 2% too large (a small, real drift) against 1e-9.
-DRIFTING = '''
+DRIFTING = """
 import mlx.core as mx
 import pytest
 from pytest_mlxgate import assert_kl_below
@@ -53,7 +53,7 @@ pytestmark = [
 
 def test_drifts(paired):
     assert_kl_below(paired, mean=1e-9)
-'''
+"""
 
 
 @pytest.fixture
@@ -73,7 +73,8 @@ def _sources(result: pytest.RunResult) -> list[str]:
 
 
 def test_without_the_cacheprovider_the_reference_cache_is_off_and_said_once(
-        checkout: pytest.Pytester, tiny_model_dir: Path) -> None:
+    checkout: pytest.Pytester, tiny_model_dir: Path
+) -> None:
     for _ in range(2):
         result = _run(checkout, tiny_model_dir, "-p", "no:cacheprovider", "--mlx-db=off")
         result.assert_outcomes(passed=2)
@@ -85,7 +86,8 @@ def test_without_the_cacheprovider_the_reference_cache_is_off_and_said_once(
 
 @pytest.mark.slow  # four pytester sessions
 def test_a_configured_reference_cache_works_without_pytests_cache(
-        checkout: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    checkout: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     where = tmp_path / "refs"
     args = ("-p", "no:cacheprovider", "--mlx-db=off", f"--mlx-reference-cache={where}")
     first, second = (_run(checkout, tiny_model_dir, *args) for _ in range(2))
@@ -98,11 +100,18 @@ def test_a_configured_reference_cache_works_without_pytests_cache(
 
 @pytest.mark.slow  # a pytester session per setup
 @pytest.mark.parametrize("setup", ["no-xdist", "n2", "junit", "x", "k", "addopts"])
-def test_the_setups_ci_uses(checkout: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch, setup: str) -> None:
+def test_the_setups_ci_uses(
+    checkout: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
     junit = tmp_path / "junit.xml"
-    extra = {"no-xdist": ["-p", "no:xdist"], "n2": ["-n", "2"], "junit": [f"--junit-xml={junit}"],
-             "x": ["-x"], "k": ["-k", "tight"], "addopts": []}[setup]
+    extra = {
+        "no-xdist": ["-p", "no:xdist"],
+        "n2": ["-n", "2"],
+        "junit": [f"--junit-xml={junit}"],
+        "x": ["-x"],
+        "k": ["-k", "tight"],
+        "addopts": [],
+    }[setup]
     if setup == "addopts":
         monkeypatch.setenv("PYTEST_ADDOPTS", "--mlx-kl-prompts=3 --mlx-db=off")
     if setup == "n2":
@@ -148,13 +157,29 @@ def read_only(checkout: pytest.Pytester) -> Iterator[Path]:
 
 @pytest.mark.slow  # a pytest session on a read-only mount
 def test_a_read_only_checkout_warns_once_per_by_product_fails_on_its_report_and_still_gives_verdicts(
-        checkout: pytest.Pytester, tiny_model_dir: Path, read_only: Path, tmp_path: Path) -> None:
+    checkout: pytest.Pytester, tiny_model_dir: Path, read_only: Path, tmp_path: Path
+) -> None:
     with pytest.raises(OSError):
         (read_only / "probe").write_text("x")
     # pytester's own runner writes into its directory: run pytest as CI would, from the checkout
-    done = subprocess.run([sys.executable, "-m", "pytest", f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly",
-                           "--mlx-report=report.json", f"--basetemp={tmp_path / 'base'}", "-W", "default"],
-                          cwd=read_only, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--mlx-candidate={tiny_model_dir}",
+            "-p",
+            "no:randomly",
+            "--mlx-report=report.json",
+            f"--basetemp={tmp_path / 'base'}",
+            "-W",
+            "default",
+        ],
+        cwd=read_only,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = done.stdout + done.stderr
     # the gates passed, but the run did not deliver the report it was asked for: CI must not go green
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, out[-3000:]

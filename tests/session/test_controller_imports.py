@@ -15,7 +15,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-_CONFTEST = '''
+_CONFTEST = """
 import json, os, sys
 
 def pytest_unconfigure(config):
@@ -24,9 +24,9 @@ def pytest_unconfigure(config):
     heavy = sorted({m.split(".")[0] for m in sys.modules} & {"numpy", "mlx", "mlx_lm"})
     with open(os.environ["MLXGATE_TEST_MODULES_OUT"], "w") as f:
         json.dump(heavy, f)
-'''
+"""
 
-_GATES = '''
+_GATES = """
 CAPABILITY = {
     "nodeid": "test_gates.py::test_capability", "gate": "test_gates::test_capability", "mode": "capability",
     "verdict": "pass", "time": "2026-12-01T00:00:00Z", "candidate": None, "reference_model": None,
@@ -50,11 +50,12 @@ def test_capability(request):
 
 def test_drift(request):
     stage(request.node, RECORD_PROPERTY, KL)
-'''
+"""
 
 
-def test_the_xdist_controller_imports_neither_numpy_nor_mlx(pytester: pytest.Pytester, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_xdist_controller_imports_neither_numpy_nor_mlx(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "modules.json"
     monkeypatch.setenv("MLXGATE_TEST_MODULES_OUT", str(out))
     model = tmp_path / "model"
@@ -65,20 +66,42 @@ def test_the_xdist_controller_imports_neither_numpy_nor_mlx(pytester: pytest.Pyt
     from pytest_mlxgate.results.history import ResultsDB
     from pytest_mlxgate.results.records import RunInfo
 
-    earlier = RunInfo(run_id="e" * 32, started="2026-11-30T00:00:00Z", code_commit=None, code_dirty=None, argv=[],
-                      config={}, machine={})
-    row = {"nodeid": "test_gates.py::test_drift", "gate": "g", "mode": "gate", "verdict": "pass",
-           "time": "2026-11-30T00:00:00Z", "durations": {"total_s": 3.0}}
+    earlier = RunInfo(
+        run_id="e" * 32,
+        started="2026-11-30T00:00:00Z",
+        code_commit=None,
+        code_dirty=None,
+        argv=[],
+        config={},
+        machine={},
+    )
+    row = {
+        "nodeid": "test_gates.py::test_drift",
+        "gate": "g",
+        "mode": "gate",
+        "verdict": "pass",
+        "time": "2026-11-30T00:00:00Z",
+        "durations": {"total_s": 3.0},
+    }
     ResultsDB(db).append(earlier, [row])  # type: ignore[list-item]
     # --mlx-shard 1/1: the controller reads the history's durations and ships them to the workers
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", f"--mlx-candidate={model}",
-                                           f"--mlx-report={report}", f"--mlx-db={db}", "--mlx-shard=1/1",
-                                           f"--mlx-html={tmp_path / 'report.html'}")
+    result = pytester.runpytest_subprocess(
+        "-n",
+        "2",
+        "-p",
+        "xdist",
+        f"--mlx-candidate={model}",
+        f"--mlx-report={report}",
+        f"--mlx-db={db}",
+        "--mlx-shard=1/1",
+        f"--mlx-html={tmp_path / 'report.html'}",
+    )
     result.assert_outcomes(passed=2)
     assert json.loads(out.read_text()) == []  # what the controller imported
     # ...while it did all of its work: the summary, the Capability Score, the report and the history
-    result.stdout.fnmatch_lines(["*mlxgate: *model*", "Capability Score*mmlu*50.0% → 50.0%*",
-                                 "*test_gates::test_capability*"])
+    result.stdout.fnmatch_lines(
+        ["*mlxgate: *model*", "Capability Score*mmlu*50.0% → 50.0%*", "*test_gates::test_capability*"]
+    )
     doc = json.loads(report.read_text())
     shard = doc["run"]["config"]["shard"]  # the plan a worker applied, back through workeroutput
     assert (shard["index"], shard["count"], shard["modules"], shard["timed"]) == (1, 1, ["test_gates.py"], 1)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from gate_sources import PERTURB
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -23,9 +23,9 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean={mean}, top1=0.2)
-'''
+"""
 
-NEUTRAL = '''
+NEUTRAL = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -37,16 +37,49 @@ pytestmark = [
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1e-9, max=1e-9)
-'''
+"""
 
 RECORD_FIELDS = {
-    "nodeid", "gate", "mode", "candidate", "reference_model", "lever", "path", "sizes", "stats", "bounds",
-    "checks", "verdict", "reference_source", "durations", "time", "rerun",
+    "nodeid",
+    "gate",
+    "mode",
+    "candidate",
+    "reference_model",
+    "lever",
+    "path",
+    "sizes",
+    "stats",
+    "bounds",
+    "checks",
+    "verdict",
+    "reference_source",
+    "durations",
+    "time",
+    "rerun",
 }
 STAT_FIELDS = {
-    "n_prompts", "n_tokens", "mean", "mean_ci", "median", "p90", "p95", "p99", "p999", "quantile_ci", "max",
-    "max_at", "same_top", "same_top_ci", "top1", "top1_ci", "flips", "near_tie_flips", "ln_ppl_ratio",
-    "ln_ppl_ratio_ci", "delta_p", "worst",
+    "n_prompts",
+    "n_tokens",
+    "mean",
+    "mean_ci",
+    "median",
+    "p90",
+    "p95",
+    "p99",
+    "p999",
+    "quantile_ci",
+    "max",
+    "max_at",
+    "same_top",
+    "same_top_ci",
+    "top1",
+    "top1_ci",
+    "flips",
+    "near_tie_flips",
+    "ln_ppl_ratio",
+    "ln_ppl_ratio_ci",
+    "delta_p",
+    "worst",
 }
 
 
@@ -60,8 +93,7 @@ def gate_dir(pytester: pytest.Pytester, tiny_model_dir: Path) -> pytest.Pytester
 
 def _args(tiny_model_dir: Path, tmp: Path, *more: str) -> list[str]:
     # `--opt=value`: a bare path argument would move pytest's rootdir (and so the node ids)
-    return [f"--mlx-candidate={tiny_model_dir}", f"--mlx-db={tmp / 'results.sqlite'}",
-            "-p", "no:randomly", *more]
+    return [f"--mlx-candidate={tiny_model_dir}", f"--mlx-db={tmp / 'results.sqlite'}", "-p", "no:randomly", *more]
 
 
 @pytest.mark.slow  # a pytester gate session in a subprocess
@@ -71,14 +103,16 @@ def test_a_gate_over_its_limit_fails_and_its_message_is_the_report(
     gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
     result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path))
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
-        "*AssertionError: KL gate failed (a limit shown crossed): test_gate.py::test_drift",
-        "*mean KL * (95% interval *–* over 3 prompts, 72 tokens) > limit 1.00e-09  ✗ fail",
-        "*worst: prompt *, position *, next token *",
-        "*arms: norm=original vs norm=perturb:rms_norm · path=prefill",
-        f"*model: {tiny_model_dir}*",
-        f"*re-run: pytest test_gate.py::test_drift --mlx-candidate={tiny_model_dir}",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*AssertionError: KL gate failed (a limit shown crossed): test_gate.py::test_drift",
+            "*mean KL * (95% interval *–* over 3 prompts, 72 tokens) > limit 1.00e-09  ✗ fail",
+            "*worst: prompt *, position *, next token *",
+            "*arms: norm=original vs norm=perturb:rms_norm · path=prefill",
+            f"*model: {tiny_model_dir}*",
+            f"*re-run: pytest test_gate.py::test_drift --mlx-candidate={tiny_model_dir}",
+        ]
+    )
     result.stdout.fnmatch_lines(["*test_gate::test_drift*mean KL*FAIL*"])  # the summary table says it too
 
 
@@ -95,8 +129,9 @@ def test_xdist_writes_one_db_row_per_gate_one_summary_and_a_full_json_report(
     assert sum("mean KL" in line and "test_gate::test_drift" in line for line in result.stdout.lines) == 1
 
     with sqlite3.connect(tmp_path / "results.sqlite") as db:
-        rows = db.execute("SELECT nodeid, verdict, n_prompts, n_tokens, config_json FROM quality_runs "
-                          "ORDER BY nodeid").fetchall()
+        rows = db.execute(
+            "SELECT nodeid, verdict, n_prompts, n_tokens, config_json FROM quality_runs ORDER BY nodeid"
+        ).fetchall()
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
         ("test_gate.py::test_drift", "pass", 3, 72),
         ("test_neutral.py::test_drift", "pass", 2, 8),
@@ -138,12 +173,25 @@ def test_the_command_line_lever_replaces_the_module_lever(
     gate_dir: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
-    result = gate_dir.runpytest_subprocess(*_args(
-        tiny_model_dir, tmp_path, "--mlx-lever", "env:MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"))
+    result = gate_dir.runpytest_subprocess(
+        *_args(
+            tiny_model_dir,
+            tmp_path,
+            "--mlx-lever",
+            "env:MLXGATE_UNUSED",
+            "--mlx-ref-value",
+            "a",
+            "--mlx-cand-value",
+            "b",
+        )
+    )
     result.assert_outcomes(passed=1)  # an environment variable nothing reads: KL exactly 0
     # a bare name that no module declares replaces nothing: a usage error, not a hijacked lever
-    bare = gate_dir.runpytest_subprocess(*_args(
-        tiny_model_dir, tmp_path, "--mlx-lever", "MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"))
+    bare = gate_dir.runpytest_subprocess(
+        *_args(
+            tiny_model_dir, tmp_path, "--mlx-lever", "MLXGATE_UNUSED", "--mlx-ref-value", "a", "--mlx-cand-value", "b"
+        )
+    )
     assert bare.ret == pytest.ExitCode.USAGE_ERROR
 
 
@@ -172,7 +220,7 @@ def test_option_mistakes_are_usage_errors(pytester: pytest.Pytester, args: list[
     result.stderr.fnmatch_lines([message])
 
 
-TWO_MODEL = '''
+TWO_MODEL = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -182,7 +230,7 @@ pytestmark = [pytest.mark.mlx_lever("model"), pytest.mark.mlx_kl(prompts=2, toke
 def test_drift(paired):
     result = assert_kl_below(paired, mean=1e-9)
     assert result.reference_model is not None
-'''
+"""
 
 
 @pytest.mark.slow  # a pytester gate session in a subprocess
@@ -195,8 +243,9 @@ def test_two_model_mode_loads_the_reference_and_measures_against_it(
 
     shutil.copytree(tiny_model_dir, same)  # another snapshot, same weights: KL exactly 0
     report = tmp_path / "two.json"
-    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path, f"--mlx-reference={same}",
-                                                  f"--mlx-report={report}"))
+    result = gate_dir.runpytest_subprocess(
+        *_args(tiny_model_dir, tmp_path, f"--mlx-reference={same}", f"--mlx-report={report}")
+    )
     result.assert_outcomes(passed=1)
     (record,) = json.loads(report.read_text())["gates"]
     assert record["reference_model"]["pinned"] == str(same)
@@ -220,13 +269,17 @@ def test_a_prompts_file_replaces_the_default_prompts(
     gate_dir.makepyfile(test_gate=GATE.format(mean="1e-9"))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
-        json.dumps({"text": "The quick brown fox jumps over the lazy dog. " * 8}) + "\n"
+        json.dumps({"text": "The quick brown fox jumps over the lazy dog. " * 8})
+        + "\n"
         + json.dumps({"messages": [{"role": "user", "content": "Name three prime numbers, and why. " * 3}]})
         + "\n"
     )
     report = tmp_path / "p.json"
-    result = gate_dir.runpytest_subprocess(*_args(tiny_model_dir, tmp_path, f"--mlx-prompts-file={prompts}",
-                                                  "--mlx-kl-prompts=2", f"--mlx-report={report}"))
+    result = gate_dir.runpytest_subprocess(
+        *_args(
+            tiny_model_dir, tmp_path, f"--mlx-prompts-file={prompts}", "--mlx-kl-prompts=2", f"--mlx-report={report}"
+        )
+    )
     result.assert_outcomes(failed=1)
     (record,) = json.loads(report.read_text())["gates"]
     assert record["stats"]["n_prompts"] == 2  # the command line beats the module's mlx_kl(prompts=3)

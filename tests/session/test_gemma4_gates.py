@@ -23,12 +23,13 @@ def deep_gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     are); multimodal config form, as google's gemma-4 repos ship."""
     from tinygemma import build_tiny_gemma4
 
-    return build_tiny_gemma4(tmp_path_factory.mktemp("deep-gemma4"), form="multimodal", layers=20, shared=5,
-                             hidden_size_per_layer_input=16)
+    return build_tiny_gemma4(
+        tmp_path_factory.mktemp("deep-gemma4"), form="multimodal", layers=20, shared=5, hidden_size_per_layer_input=16
+    )
 
 
 @pytest.fixture
-def gemma_on_hub(hub: "FakeHub", hf_env: "HfEnv", deep_gemma4_dir: Path) -> str:  # noqa: F821
+def gemma_on_hub(hub: FakeHub, hf_env: HfEnv, deep_gemma4_dir: Path) -> str:  # noqa: F821
     """The deep tiny gemma-4 as a hub repo."""
     files = {p.name: p.read_bytes() for p in deep_gemma4_dir.iterdir() if p.is_file()}
     hub.add_repo(REPO, files)
@@ -44,28 +45,39 @@ def _gates(pytester: pytest.Pytester) -> None:
         (pytester.path / config.name).write_text(config.read_text())
 
 
-def test_gates_on_random_weights_skip_and_say_why(pytester: pytest.Pytester, gemma_on_hub: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gates_on_random_weights_skip_and_say_why(
+    pytester: pytest.Pytester, gemma_on_hub: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("MLXGATE_ALLOW_UNTRAINED")
     _gates(pytester)
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
-                                           "-rs", *CHEAP_SPEED)
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly", "-rs", *CHEAP_SPEED
+    )
     outcomes = result.parseoutcomes()
     # 10 KL/capability gates skip as untrained, the custom-kernel gate's 2 for want of Metal/CUDA
     assert outcomes.get("skipped") == 12 and "failed" not in outcomes and "error" not in outcomes, outcomes
     # the snapshot gate (hashes verified) and the KV and weights gates' memory goals: bytes need no trained model
     assert outcomes.get("passed") == 5
-    result.stdout.fnmatch_lines(["*the reference model looks untrained: its mean next-token NLL*"
-                                 "--mlx-allow-untrained*"])
+    result.stdout.fnmatch_lines(
+        ["*the reference model looks untrained: its mean next-token NLL*--mlx-allow-untrained*"]
+    )
 
 
 @pytest.mark.slow  # every gate's arms on the tiny gemma-4: ~1.5 min
-def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytester, gemma_on_hub: str,
-                                                         tmp_path: Path) -> None:
+def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(
+    pytester: pytest.Pytester, gemma_on_hub: str, tmp_path: Path
+) -> None:
     _gates(pytester)
     report = tmp_path / "r.json"
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={gemma_on_hub}", "--mlx-db=off", "-p", "no:randomly",
-                                           "--mlx-inconclusive=warn", f"--mlx-report={report}", *CHEAP_SPEED)
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={gemma_on_hub}",
+        "--mlx-db=off",
+        "-p",
+        "no:randomly",
+        "--mlx-inconclusive=warn",
+        f"--mlx-report={report}",
+        *CHEAP_SPEED,
+    )
     text = result.stdout.str() + result.stderr.str()
     assert "Traceback" not in text and "mlx_lm/models" not in text, text[-3000:]
     outcomes = result.parseoutcomes()
@@ -79,8 +91,9 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(pytester: pytest.Pytest
     records = json.loads(report.read_text())["gates"]
     kv = [r for r in records if "test_kv_cache" in r["nodeid"] and r["mode"] != "capability"]
     gates = [r for r in records if r["mode"] in ("gate", "capability")]  # 7 KL + 2 capability gates
-    assert kv and len(gates) == 9 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), \
-        [(r["nodeid"], r["mode"], r["verdict"]) for r in records]
+    assert kv and len(gates) == 9 and all(r["verdict"] in ("pass", "fail", "inconclusive") for r in gates), [
+        (r["nodeid"], r["mode"], r["verdict"]) for r in records
+    ]
     # the uniform 8-bit plan and the production mixed plan both ran, each with its drift and its bytes
     drift = {r["nodeid"].split("::")[0]: r for r in records if r["nodeid"].endswith("::test_drift")}
     assert {"test_kv_cache.py", "test_kv_mixed.py"} <= set(drift)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_kl_below, assert_smaller
 
@@ -30,14 +30,18 @@ def test_drift(paired):
 
 def test_memory(paired):
     assert_smaller(paired, kv=0.3, at="all")
-'''
+"""
 
 
 @pytest.mark.slow  # two pytester gate sessions (~10 s each)
-def test_mlx_html_writes_the_report_and_its_history(pytester: pytest.Pytester, tiny_kv_model_dir: Path,
-                                                    tmp_path: Path, request: pytest.FixtureRequest,
-                                                    capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mlx_html_writes_the_report_and_its_history(
+    pytester: pytest.Pytester,
+    tiny_kv_model_dir: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_kv=GATE)
     html, report, db = tmp_path / "out" / "gates.html", tmp_path / "gates.json", tmp_path / "results.sqlite"
@@ -64,8 +68,7 @@ def test_mlx_html_writes_the_report_and_its_history(pytester: pytest.Pytester, t
     # no resource from anywhere (a prompt's own text may name a URL: escaped, it is text, never a tag)
     assert not re.search(r"<[^>]*\b(src|href|srcset|data|action)\s*=\s*[\"']?\s*(https?:|//)", page, re.I)
     assert "<script" not in page and "url(" not in page
-    for name in ("kl-histogram", "kl-by-position", "top1-flips", "kl-per-prompt", "speed-ratios", "memory",
-                 "history"):
+    for name in ("kl-histogram", "kl-by-position", "top1-flips", "kl-per-prompt", "speed-ratios", "memory", "history"):
         assert f'data-plot="{name}"><svg' in page or f'data-plot="{name}"><div' in page, name
     assert "test_kv::test_drift" in page and "test_kv::test_memory" in page
     assert page.count("no earlier runs of this gate") == 2  # the first run: nothing to draw a line through

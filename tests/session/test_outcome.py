@@ -34,8 +34,12 @@ def test_an_x_stop_with_modules_left_is_an_interrupted_run(project: pytest.Pytes
     assert doc["interrupted"] is True and doc["verdict"] == "error"
     assert doc["not_run"] == ["test_b.py", "test_c.py"]
     assert doc["run"]["config"]["interrupted"]["reason"] == "stopping after 1 failures"
-    result.stdout.fnmatch_lines(["mlxgate: INTERRUPTED (stopping after 1 failures): 2 module(s) did not run: "
-                                 "test_b.py, test_c.py; the reports say so*"])
+    result.stdout.fnmatch_lines(
+        [
+            "mlxgate: INTERRUPTED (stopping after 1 failures): 2 module(s) did not run: "
+            "test_b.py, test_c.py; the reports say so*"
+        ]
+    )
 
 
 def test_an_x_stop_at_the_last_test_ran_everything(project: pytest.Pytester, tmp_path: Path) -> None:
@@ -83,8 +87,12 @@ def test_a_report_path_that_is_a_directory_stops_the_run(project: pytest.Pyteste
     (tmp_path / "r.json").mkdir()
     result = _run(project, f"--mlx-report={tmp_path / 'r.json'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--mlx-report */r.json: a report from an earlier run is there and cannot be moved "
-                                 "aside (it is a directory)*Fix: --mlx-report PATH*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*--mlx-report */r.json: a report from an earlier run is there and cannot be moved "
+            "aside (it is a directory)*Fix: --mlx-report PATH*"
+        ]
+    )
 
 
 def test_a_report_that_cannot_be_written_fails_the_run(project: pytest.Pytester, tmp_path: Path) -> None:
@@ -94,5 +102,9 @@ def test_a_report_that_cannot_be_written_fails_the_run(project: pytest.Pytester,
     result = _run(project, f"--mlx-report={target}", "--mlx-shard=1/1")
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([f"mlxgate: ERROR: JSON report {target} not written: *. CI must not find an earlier "
-                                 "run's report*Fix: --mlx-report PATH in a writable directory with free space"])
+    result.stdout.fnmatch_lines(
+        [
+            f"mlxgate: ERROR: JSON report {target} not written: *. CI must not find an earlier "
+            "run's report*Fix: --mlx-report PATH in a writable directory with free space"
+        ]
+    )

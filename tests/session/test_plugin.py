@@ -119,8 +119,16 @@ def test_env_then_ini_then_command_line(
         ini_hub.reset_log()
 
         cli_commit = hub.add_repo("layers/from-cli", {"config.json": b'{"layer": "cli"}'})
-        cli_args = ("-s", str(test_file), "--mlx-candidate", "layers/from-cli",
-                    "--mlx-endpoint", f"{hub.endpoint}/", "--mlx-cache-dir", "cli-cache")
+        cli_args = (
+            "-s",
+            str(test_file),
+            "--mlx-candidate",
+            "layers/from-cli",
+            "--mlx-endpoint",
+            f"{hub.endpoint}/",
+            "--mlx-cache-dir",
+            "cli-cache",
+        )
         result = pytester.runpytest(*cli_args)
         assert result.ret == 0, result.stdout.str()
         snap = snapshot_printed(result)
@@ -303,9 +311,7 @@ def test_reference_snapshot_skips_without_a_reference(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["*no reference model: pass --mlx-reference NAME*"])
     result = pytester.runpytest("-s", "--mlx-reference", "./ref")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(
-        ["mlxgate reference: ./ref (resolved on first use)", f"REF {pytester.path / 'ref'}"]
-    )
+    result.stdout.fnmatch_lines(["mlxgate reference: ./ref (resolved on first use)", f"REF {pytester.path / 'ref'}"])
 
 
 def test_mlx_model_loads_once_per_process(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -369,6 +375,7 @@ def test_runs_without_xdist(pytester: pytest.Pytester) -> None:
     assert result.ret == 0
     assert snapshot_printed(result).kind == "local"
 
+
 @pytest.mark.slow  # a pytester session under -n 2 in a subprocess
 def test_xdist_controller_resolves_once_and_ships_the_pin(
     pytester: pytest.Pytester, hub: FakeHub, hf_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -392,8 +399,16 @@ def test_xdist_controller_resolves_once_and_ships_the_pin(
         """
     )
     result = pytester.runpytest_subprocess(
-        "-n", "2", "--dist", "each", "--mlx-candidate", "xdist/model",
-        "--mlx-endpoint", hub.endpoint, "--mlx-cache-dir", "cache",
+        "-n",
+        "2",
+        "--dist",
+        "each",
+        "--mlx-candidate",
+        "xdist/model",
+        "--mlx-endpoint",
+        hub.endpoint,
+        "--mlx-cache-dir",
+        "cache",
     )
     result.assert_outcomes(passed=2)
     # One resolution for three processes: the controller's (its header below reports the download;

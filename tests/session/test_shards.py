@@ -59,7 +59,8 @@ def test_the_shards_partition_the_modules(case: tuple[list[str], dict[str, float
 @settings(max_examples=300, deadline=None)
 @given(_cases())
 def test_balancing_never_makes_the_largest_shard_worse_than_the_unbalanced_split(
-        case: tuple[list[str], dict[str, float], int]) -> None:
+    case: tuple[list[str], dict[str, float], int],
+) -> None:
     modules, durations, count = case
     if not durations:
         return
@@ -94,12 +95,19 @@ print(json.dumps({"assignment": sorted(plan.assignment.items()), "digest": plan.
 @settings(max_examples=12, deadline=None)
 @given(_cases(), st.integers(0, 2**32 - 1))
 def test_the_plan_is_identical_in_a_fresh_process_whatever_its_hash_seed(
-        case: tuple[list[str], dict[str, float], int], seed: int) -> None:
+    case: tuple[list[str], dict[str, float], int], seed: int
+) -> None:
     modules, durations, count = case
     here = plan_shards(modules, durations, count)
-    out = subprocess.run([sys.executable, "-c", _PLAN_IN_A_SUBPROCESS], cwd=ROOT, text=True, capture_output=True,
-                         input=json.dumps({"modules": modules[::-1], "durations": durations, "count": count}),
-                         env={**os.environ, "PYTHONHASHSEED": str(seed)}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _PLAN_IN_A_SUBPROCESS],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        input=json.dumps({"modules": modules[::-1], "durations": durations, "count": count}),
+        env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     there = json.loads(out.stdout)
     assert there == {"assignment": [list(p) for p in sorted(here.assignment.items())], "digest": here.digest}
@@ -111,11 +119,19 @@ def test_module_of_keeps_the_file_part_of_a_node_id() -> None:
     assert module_of("gates/test_kv.py") == "gates/test_kv.py"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("2", "is not a shard: write I/N"), ("a/b", "is not a shard"), ("1/2/3", "is not a shard"),
-    ("-1/2", "is not a shard"), ("0/2", "I counts from 1 to N, so with N=2 write 1/2 ... 2/2"),
-    ("3/2", "I counts from 1 to N"), ("1/0", "N must be at least 1"), ("", "is not a shard"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("2", "is not a shard: write I/N"),
+        ("a/b", "is not a shard"),
+        ("1/2/3", "is not a shard"),
+        ("-1/2", "is not a shard"),
+        ("0/2", "I counts from 1 to N, so with N=2 write 1/2 ... 2/2"),
+        ("3/2", "I counts from 1 to N"),
+        ("1/0", "N must be at least 1"),
+        ("", "is not a shard"),
+    ],
+)
 def test_parse_shard_refuses_with_what_to_write(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_shard(text)
@@ -148,12 +164,15 @@ def test_module_durations_take_each_modules_last_unsharded_run_and_count_shared_
 # --- in a pytest session ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--mlx-shard", "0/2"], "*--mlx-shard: '0/2': I counts from 1 to N, so with N=2 write 1/2 ... 2/2*"),
-    (["--mlx-shard=3/2"], "*--mlx-shard: '3/2': I counts from 1 to N*"),
-    (["--mlx-shard", "1-2"], "*--mlx-shard: '1-2' is not a shard: write I/N*"),
-    (["--mlx-shard", "1/0"], "*--mlx-shard: '1/0': N must be at least 1*"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mlx-shard", "0/2"], "*--mlx-shard: '0/2': I counts from 1 to N, so with N=2 write 1/2 ... 2/2*"),
+        (["--mlx-shard=3/2"], "*--mlx-shard: '3/2': I counts from 1 to N*"),
+        (["--mlx-shard", "1-2"], "*--mlx-shard: '1-2' is not a shard: write I/N*"),
+        (["--mlx-shard", "1/0"], "*--mlx-shard: '1/0': N must be at least 1*"),
+    ],
+)
 def test_bad_shards_are_usage_errors_with_the_fix(pytester: pytest.Pytester, args: list[str], message: str) -> None:
     result = pytester.runpytest_subprocess(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -186,8 +205,10 @@ def test_an_empty_shard_passes_and_still_writes_its_report(pytester: pytest.Pyte
     pytester.makepyfile(test_only="def test_one():\n    pass\n")
     pytester.makeini("[pytest]\n")
     reports = [tmp_path / f"{i}.json" for i in (1, 2)]
-    results = [pytester.runpytest_subprocess(f"--mlx-shard={i}/2", "--mlx-db=off", f"--mlx-report={reports[i - 1]}")
-               for i in (1, 2)]
+    results = [
+        pytester.runpytest_subprocess(f"--mlx-shard={i}/2", "--mlx-db=off", f"--mlx-report={reports[i - 1]}")
+        for i in (1, 2)
+    ]
     empty = next(i for i, r in enumerate(results) if "0 of 1 modules" in r.stdout.str())
     assert results[empty].ret == pytest.ExitCode.OK and results[1 - empty].ret == pytest.ExitCode.OK
     results[1 - empty].assert_outcomes(passed=1)

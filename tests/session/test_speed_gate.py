@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-GATE = '''
+GATE = """
 import pytest
 from pytest_mlxgate import assert_faster, assert_kl_below, assert_smaller
 
@@ -41,9 +41,9 @@ def test_impossible_speed_up(paired):
 
 def test_impossible_saving(paired):
     assert_smaller(paired, kv=0.01)
-'''
+"""
 
-PLAIN = '''
+PLAIN = """
 import pytest
 from pytest_mlxgate import assert_kl_below
 
@@ -53,17 +53,19 @@ pytestmark = [pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", 
 
 def test_drift(paired):
     assert_kl_below(paired, mean=1e-6)
-'''
+"""
 
 
 @pytest.mark.slow  # a pytester session measuring speed
 def test_a_speed_module_measures_once_and_every_record_carries_it(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_kv=GATE)
     report, db = tmp_path / "r.json", tmp_path / "h.sqlite"
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly",
-                                           f"--mlx-report={report}", f"--mlx-db={db}")
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", f"--mlx-report={report}", f"--mlx-db={db}"
+    )
     result.assert_outcomes(passed=3, failed=2, warnings=1)
     out = result.stdout.str()
     assert "speed gate failed (shown short of a goal): test_kv.py::test_impossible_speed_up" in out
@@ -77,7 +79,9 @@ def test_a_speed_module_measures_once_and_every_record_carries_it(
     assert len(ids) == 1  # one measurement, shared
     speed = records["test_memory"]["speed"]
     assert sorted(speed["contexts"]) == ["16", "40"]
-    assert all(len(speed["contexts"][c][arm]["trials"]) == 3 for c in ("16", "40") for arm in ("reference", "candidate"))
+    assert all(
+        len(speed["contexts"][c][arm]["trials"]) == 3 for c in ("16", "40") for arm in ("reference", "candidate")
+    )
     assert [c["verdict"] for c in records["test_memory"]["checks"]] == ["pass", "pass"]
     old, new = records["test_memory_as_before"], records["test_memory"]
     assert old["checks"] == new["checks"]
@@ -86,26 +90,42 @@ def test_a_speed_module_measures_once_and_every_record_carries_it(
     saving = records["test_impossible_saving"]
     assert (saving["mode"], saving["verdict"]) == ("speed", "fail")
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT mode, speed_context, decode_ratio, ref_kv_bytes > cand_kv_bytes FROM quality_runs"
-                            ).fetchall()
+        rows = conn.execute(
+            "SELECT mode, speed_context, decode_ratio, ref_kv_bytes > cand_kv_bytes FROM quality_runs"
+        ).fetchall()
     conn.close()
     assert len(rows) == 5 and all(r[1] == 40 and r[2] is not None and r[3] == 1 for r in rows)
 
 
 @pytest.mark.slow  # two pytester sessions
 def test_mlx_speed_on_adds_speed_to_any_gate_and_off_removes_it(
-        pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path) -> None:
+    pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_plain=PLAIN)
     report = tmp_path / "r.json"
-    on = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off",
-                                       f"--mlx-report={report}", "--mlx-speed=on", "--mlx-speed-contexts=8,20",
-                                       "--mlx-speed-decode=2", "--mlx-speed-reps=3")
+    on = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}",
+        "-p",
+        "no:randomly",
+        "--mlx-db=off",
+        f"--mlx-report={report}",
+        "--mlx-speed=on",
+        "--mlx-speed-contexts=8,20",
+        "--mlx-speed-decode=2",
+        "--mlx-speed-reps=3",
+    )
     on.assert_outcomes(passed=1)
     (record,) = json.loads(report.read_text())["gates"]
     assert sorted(record["speed"]["contexts"]) == ["20", "8"] and record["speed"]["shape"]["decode"] == 2
-    off = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_model_dir}", "-p", "no:randomly", "--mlx-db=off",
-                                        f"--mlx-report={report}", "--mlx-speed=off")
+    off = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_model_dir}",
+        "-p",
+        "no:randomly",
+        "--mlx-db=off",
+        f"--mlx-report={report}",
+        "--mlx-speed=off",
+    )
     off.assert_outcomes(passed=1)
     (record,) = json.loads(report.read_text())["gates"]
     assert "speed" not in record and "speed @" not in off.stdout.str()
@@ -122,7 +142,7 @@ def test_bad_speed_sizes_are_usage_errors(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*repeats a length*"])
 
 
-WEIGHTS = '''
+WEIGHTS = """
 import pytest
 from pytest_mlxgate import assert_kl_below, assert_smaller
 
@@ -139,17 +159,19 @@ def test_drift(paired):
 
 def test_memory(paired):
     assert_smaller(paired, weights=0.35)
-'''
+"""
 
 
 @pytest.mark.slow  # a pytester session quantizing a model copy
 def test_a_weights_gate_quantizes_a_copy_and_counts_its_bytes(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_w=WEIGHTS)
     report = tmp_path / "r.json"
-    result = pytester.runpytest_subprocess(f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly",
-                                           "--mlx-db=off", f"--mlx-report={report}")
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "--mlx-db=off", f"--mlx-report={report}"
+    )
     result.assert_outcomes(passed=2)
     out = result.stdout.str()
     assert out.count("quantizing a copy of") == 1 and "4-bit g64 weights (mlx_lm's converter)" in out
@@ -163,7 +185,8 @@ def test_a_weights_gate_quantizes_a_copy_and_counts_its_bytes(
 
 @pytest.mark.slow  # a pytester session
 def test_a_weights_gate_on_an_already_quantized_model_skips_and_says_what_it_needs(
-        pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
     from mlx_lm import convert
 
     quantized = tmp_path / "q4"

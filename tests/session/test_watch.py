@@ -23,8 +23,9 @@ class Clock:
         return self.now
 
 
-def _watcher(clock: Clock, lines: list[str], *, interval: float = 5.0, limit: float | None = None,
-             run_dir: Path | None = None) -> Watcher:
+def _watcher(
+    clock: Clock, lines: list[str], *, interval: float = 5.0, limit: float | None = None, run_dir: Path | None = None
+) -> Watcher:
     return Watcher(say=lines.append, interval=interval, limit_s=limit, run_dir=run_dir, clock=clock)
 
 
@@ -53,8 +54,9 @@ def test_a_short_arm_ends_silently_unless_its_watch_always_closes() -> None:
     quiet.advance(10)
     quiet.finish()
     assert lines == []
-    closing = watcher.arm("capability mmlu (smoke) reference arm", 3, unit="items", action="scoring",
-                          verb="scored", closing=True)
+    closing = watcher.arm(
+        "capability mmlu (smoke) reference arm", 3, unit="items", action="scoring", verb="scored", closing=True
+    )
     closing(0, 3)
     clock.now += 2
     closing(3, 3)
@@ -83,7 +85,9 @@ def test_an_arm_past_its_limit_raises_saying_which_how_far_and_how_to_raise_it()
         arm.advance(24)
     message = str(info.value)
     assert isinstance(info.value, GateRunError)
-    assert "the KL candidate arm (sleepy=on) ran past the arm time limit: 48 of 72 positions done in 1 m 01 s" in message
+    assert (
+        "the KL candidate arm (sleepy=on) ran past the arm time limit: 48 of 72 positions done in 1 m 01 s" in message
+    )
     assert "(limit 60 s, --mlx-arm-timeout)" in message
     assert "--mlx-arm-timeout SECONDS" in message and "0 or none: no limit" in message
 
@@ -117,7 +121,7 @@ def test_a_stale_trial_mark_is_cleared_at_the_next_look(tmp_path: Path) -> None:
 # it is about to ask for it and C that it is about to run a forward, then 2 s more; the log says in
 # which order things happened. A lock that locks nothing puts "B start" before "A end"; an arm that
 # does not pause puts "C forward" there. C's arm has a 1 s limit: its 2 s wait must not count.
-_PROCESS = textwrap.dedent('''
+_PROCESS = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     from pytest_mlxgate.session.watch import Watcher
@@ -155,7 +159,7 @@ _PROCESS = textwrap.dedent('''
         (folder / "c-trying").touch()
         arm.advance(1)
         say("forward")
-''')
+""")
 
 
 @pytest.mark.slow  # three Python processes, each importing the package

@@ -19,7 +19,7 @@ from pytest_mlxgate.session.workers import (
 
 pytest.importorskip("xdist")
 
-GATES = '''
+GATES = """
 import os
 import pytest
 
@@ -30,9 +30,9 @@ pytestmark = pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", c
 def test_gate(i):
     with open(os.environ["MLXGATE_TEST_WORKERS_LOG"], "a") as f:
         f.write(f"gate {os.environ['PYTEST_XDIST_WORKER']}\\n")
-'''
+"""
 
-OTHERS = '''
+OTHERS = """
 import os
 import pytest
 
@@ -41,7 +41,7 @@ import pytest
 def test_other(i):
     with open(os.environ["MLXGATE_TEST_WORKERS_LOG"], "a") as f:
         f.write(f"other {os.environ['PYTEST_XDIST_WORKER']}\\n")
-'''
+"""
 
 
 def test_gates_are_items_using_paired_or_carrying_a_gate_marker(pytester: pytest.Pytester) -> None:
@@ -74,7 +74,8 @@ class _Node:
 
 @pytest.mark.parametrize("dist", ["load", "loadscope", "loadgroup"])
 def test_gate_modules_become_one_work_unit_and_other_tests_keep_their_scope(
-        pytester: pytest.Pytester, tmp_path: Path, dist: str) -> None:
+    pytester: pytest.Pytester, tmp_path: Path, dist: str
+) -> None:
     config = _config(pytester, dist)
     write_gate_modules(tmp_path, "gw0", ["test_gate.py"])
     sched = make_scheduler(config, None, tmp_path)
@@ -87,8 +88,11 @@ def test_gate_modules_become_one_work_unit_and_other_tests_keep_their_scope(
     assert inner.nodes == [node]  # the node added before the choice was handed over
     split = inner._split_scope
     assert split("test_gate.py::test_a") == split("test_gate.py::Case::test_b[1]") == "test_gate.py"
-    expected_other = {"load": "test_other.py::Case::test_c", "loadscope": "test_other.py::Case",
-                      "loadgroup": "test_other.py::Case::test_c"}[dist]
+    expected_other = {
+        "load": "test_other.py::Case::test_c",
+        "loadscope": "test_other.py::Case",
+        "loadgroup": "test_other.py::Case::test_c",
+    }[dist]
     assert split("test_other.py::Case::test_c") == expected_other
     if dist == "loadgroup":
         assert split("test_gate.py::test_a@mine") == "mine"  # a test's own xdist_group still wins
@@ -117,7 +121,8 @@ def test_without_gates_xdist_keeps_its_own_scheduler(pytester: pytest.Pytester, 
 
 @pytest.mark.slow  # a pytester session under -n 2 (no model: the tests only say where they ran)
 def test_under_plain_n2_a_gate_modules_tests_share_a_worker_and_the_run_folder_goes(
-        pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log, temp = tmp_path / "workers.log", tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setenv("MLXGATE_TEST_WORKERS_LOG", str(log))

@@ -12,21 +12,44 @@ from pytest_mlxgate import assert_faster, assert_smaller
 from pytest_mlxgate.speed.assertions import speed_checks
 
 
-def _speed(decode: tuple[float, float, float], *, kv: float = 0.5, peak: tuple[float, float, float] | None = None,
-           contexts: tuple[int, ...] = (128, 512)) -> dict[str, Any]:
+def _speed(
+    decode: tuple[float, float, float],
+    *,
+    kv: float = 0.5,
+    peak: tuple[float, float, float] | None = None,
+    contexts: tuple[int, ...] = (128, 512),
+) -> dict[str, Any]:
     def est(r: tuple[float, float, float]) -> dict[str, Any]:
         return {"ratio": r[0], "ratio_ci": [r[1], r[2]], "n": 9, "log_sd": 0.05}
 
     arm = {"prefill_tps": 100.0, "decode_tps": 10.0, "peak_bytes": 1 << 20, "kv_bytes": 1 << 20, "trials": []}
-    return {"shape": {"contexts": list(contexts), "decode": 16, "repetitions": 9, "warmup": 1},
-            "memory_method": "mlx allocator peak",
-            "contexts": {str(c): {"context": c, "reference": arm, "candidate": arm, "prefill": est((1.0, 0.9, 1.1)),
-                                  "decode": est(decode), "peak": est(peak) if peak else None, "kv": {"ratio": kv}}
-                         for c in contexts}}
+    return {
+        "shape": {"contexts": list(contexts), "decode": 16, "repetitions": 9, "warmup": 1},
+        "memory_method": "mlx allocator peak",
+        "contexts": {
+            str(c): {
+                "context": c,
+                "reference": arm,
+                "candidate": arm,
+                "prefill": est((1.0, 0.9, 1.1)),
+                "decode": est(decode),
+                "peak": est(peak) if peak else None,
+                "kv": {"ratio": kv},
+            }
+            for c in contexts
+        },
+    }
 
 
-@pytest.mark.parametrize(("decode", "verdict"), [((1.30, 1.20, 1.40), "pass"), ((1.06, 1.051, 1.07), "pass"),
-                                                  ((0.95, 0.90, 1.00), "fail"), ((1.08, 1.00, 1.16), "inconclusive")])
+@pytest.mark.parametrize(
+    ("decode", "verdict"),
+    [
+        ((1.30, 1.20, 1.40), "pass"),
+        ((1.06, 1.051, 1.07), "pass"),
+        ((0.95, 0.90, 1.00), "fail"),
+        ((1.08, 1.00, 1.16), "inconclusive"),
+    ],
+)
 def test_decode_goal_verdicts(decode: tuple[float, float, float], verdict: str) -> None:
     (check,) = speed_checks(_speed(decode), {"decode": 1.05}, None)
     assert check["verdict"] == verdict and check["metric"] == "decode tok/s @512"
@@ -95,8 +118,11 @@ def test_assert_faster_is_speed_only_and_keeps_memory_goals_one_release_with_a_d
         assert_faster(speed, decode=1.05)
         with pytest.raises(AssertionError, match=r"^speed gate failed \(shown short of a goal\)"):
             assert_faster(speed, decode=1.5)
-    with pytest.warns(DeprecationWarning, match=r"assert_faster\(kv=0\.3\): memory goals are assert_smaller's now; "
-                                                r"write assert_smaller\(paired, kv=0\.3\)") as warned:
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"assert_faster\(kv=0\.3\): memory goals are assert_smaller's now; "
+        r"write assert_smaller\(paired, kv=0\.3\)",
+    ) as warned:
         with pytest.raises(AssertionError) as info:
             assert_faster(speed, kv=0.3)
     assert warned[0].filename == __file__  # it names the gate's own line
@@ -134,13 +160,17 @@ def test_each_speed_assertion_publishes_one_conclusion_before_it_raises() -> Non
     speed = _speed((1.3, 1.2, 1.4), kv=0.31)
     speed["arms"] = {"reference": "reference", "candidate": "candidate"}
     subject = _Subject(speed)
-    with pytest.raises(AssertionError, match="memory gate failed .*: test_x.py::test_memory\n(.|\n)*"
-                                             "re-run: pytest gates/test_x.py::test_memory"):
+    with pytest.raises(
+        AssertionError,
+        match="memory gate failed .*: test_x.py::test_memory\n(.|\n)*re-run: pytest gates/test_x.py::test_memory",
+    ):
         assert_smaller(subject, kv=0.3, at="all")
     (conclusion,) = subject.published
     assert (conclusion.mode, conclusion.verdict, dict(conclusion.bounds)) == ("speed", "fail", {"kv": 0.3})
     assert [(c["key"], c["context"], c["verdict"]) for c in conclusion.checks] == [
-        ("speed.kv", 128, "fail"), ("speed.kv", 512, "fail")]
+        ("speed.kv", 128, "fail"),
+        ("speed.kv", 512, "fail"),
+    ]
     assert conclusion.fields["speed"] == speed and conclusion.fields["path"] == "serving"
     speed["arms"] = {"reference": "reference", "candidate": "reference"}  # A/A: both sides the reference arm
     subject = _Subject(speed, inconclusive="warn")

@@ -62,8 +62,9 @@ def test_high_is_a_quarter_of_the_cores_and_at_least_half_a_core() -> None:
 
 def test_the_summary_warns_when_the_record_says_high_and_only_then() -> None:
     speed = {"contexts": {}, "load_seen": {"high": True, "other_cores": 1.0, "cores": 2, "share": 0.5}}
-    assert speed_lines(speed)[-1].startswith("⚠ speed timed under load: other processes kept 1.0 of 2 cores busy "
-                                             "(50%) during the trials")
+    assert speed_lines(speed)[-1].startswith(
+        "⚠ speed timed under load: other processes kept 1.0 of 2 cores busy (50%) during the trials"
+    )
     for seen in ({"high": False, "other_cores": 0.1, "cores": 2, "share": 0.05}, {"high": None}, None, "junk"):
         assert load_warning(seen) is None
         assert speed_lines({"contexts": {}, "load_seen": seen}) == []

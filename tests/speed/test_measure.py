@@ -31,8 +31,9 @@ def tiny(tiny_kv_model_dir: Path) -> Any:
     return load(str(tiny_kv_model_dir))[0]
 
 
-def _wrapping_call(model: Any, before: Any, *, clock: FakeClock | None = None,
-                   cost: Any = None) -> contextlib.AbstractContextManager[None]:
+def _wrapping_call(
+    model: Any, before: Any, *, clock: FakeClock | None = None, cost: Any = None
+) -> contextlib.AbstractContextManager[None]:
     """Patch the model class's __call__ so `before()` runs at every forward (restored on exit); with
     `clock`, each forward also advances it by `cost(tokens fed)`."""
 
@@ -59,8 +60,9 @@ def _wrapping_call(model: Any, before: Any, *, clock: FakeClock | None = None,
 
 def _measure(model: Any, lever: Lever, shape: SpeedShape, *, aa: bool = False) -> dict[str, Any]:
     cand = ArmModel(model, "reference" if aa else "candidate")
-    return measure_speed(lever=lever, reference=ArmModel(model, "reference"), candidate=cand, token_ids=IDS,
-                         shape=shape).to_json()
+    return measure_speed(
+        lever=lever, reference=ArmModel(model, "reference"), candidate=cand, token_ids=IDS, shape=shape
+    ).to_json()
 
 
 class FakeClock:
@@ -142,8 +144,9 @@ def test_kv_bytes_are_the_caches_own_arrays_counted_by_hand(tiny: Any, tiny_kv_m
     import json
 
     config = json.loads((tiny_kv_model_dir / "config.json").read_text())
-    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
-                  path="serving")
+    lever = Lever(
+        name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}, path="serving"
+    )
     shape = SpeedShape(contexts=(40, 300), decode=4, repetitions=3, warmup=0)
     speed = _measure(tiny, lever, shape)
     for context in shape.contexts:
@@ -209,8 +212,10 @@ def test_an_aa_run_reads_as_no_difference_and_abba_cancels_a_drifting_machine(ti
     for key in ("decode", "prefill"):
         lo, hi = ctx[key]["ratio_ci"]
         assert lo < 1.0 < hi, (key, ctx[key])
-        ratios = [c[f"{key}_s"] / r[f"{key}_s"]
-                  for r, c in zip(ctx["reference"]["trials"], ctx["candidate"]["trials"], strict=True)]
+        ratios = [
+            c[f"{key}_s"] / r[f"{key}_s"]
+            for r, c in zip(ctx["reference"]["trials"], ctx["candidate"]["trials"], strict=True)
+        ]
         assert all(r > 1.0 for r in ratios[::2]) and all(r < 1.0 for r in ratios[1::2])  # A first, then B first
     assert all(math.isfinite(x) for x in ctx["decode"]["ratio_ci"])
 
@@ -221,8 +226,9 @@ def test_gemma4_kv_shared_layers_hold_no_bytes_and_a_quantized_plan_runs(tiny_ge
     from pytest_mlxgate.speed.measure import cache_bytes
 
     model = load(str(tiny_gemma4_dir))[0]
-    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
-                  path="serving")
+    lever = Lever(
+        name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}, path="serving"
+    )
     speed = _measure(model, lever, SpeedShape(contexts=(24, 80), decode=4, repetitions=3, warmup=0))
     for context in ("24", "80"):
         ctx = speed["contexts"][context]

@@ -29,8 +29,9 @@ def tiny(tiny_kv_model_dir: Path) -> Any:
 
 
 def _lever() -> Any:
-    return lever_from_marker(pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", cand="1").mark,
-                             base_dir=Path.cwd())
+    return lever_from_marker(
+        pytest.mark.mlx_lever("flag", env="MLXGATE_UNUSED_FLAG", ref="0", cand="1").mark, base_dir=Path.cwd()
+    )
 
 
 @contextmanager
@@ -64,14 +65,22 @@ def test_the_trials_hold_the_run_lock_and_mark_and_count_every_trial(tiny: Any, 
     seen: list[tuple[bool, bool]] = []
     watcher = Watcher(say=lines.append, interval=0.0, limit_s=None, run_dir=tmp_path)
     with _each_forward(tiny, lambda: seen.append(((tmp_path / TIMING_MARK).exists(), _lock_is_free(tmp_path)))):
-        found = measure_speed(lever=_lever(), reference=ArmModel(tiny, "reference"),
-                              candidate=ArmModel(tiny, "candidate"), token_ids=IDS, shape=SHAPE, watch=watcher)
+        found = measure_speed(
+            lever=_lever(),
+            reference=ArmModel(tiny, "reference"),
+            candidate=ArmModel(tiny, "candidate"),
+            token_ids=IDS,
+            shape=SHAPE,
+            watch=watcher,
+        )
     assert seen and all(marked and not free for marked, free in seen)  # every forward of every trial
     assert not (tmp_path / TIMING_MARK).exists() and _lock_is_free(tmp_path)  # released after
     trials = 2 * (SHAPE.warmup + SHAPE.repetitions)
     progress = [line for line in lines if line.startswith("timing speed trials")]
     assert progress[0].startswith(f"timing speed trials (both arms, ABBA): 1 / {trials} trials at ")
-    assert len(progress) == trials - 1 and lines[-1].startswith(f"timed speed trials (both arms, ABBA): {trials} trials")
+    assert len(progress) == trials - 1 and lines[-1].startswith(
+        f"timed speed trials (both arms, ABBA): {trials} trials"
+    )
     record = found.to_json()["load_seen"]
     assert record["waited_for_lock_s"] == 0.0 and record["wall_s"] > 0 and "high" in record
 
@@ -80,7 +89,16 @@ def test_trials_past_the_limit_stop_with_the_error(tiny: Any) -> None:
     clock = iter(range(0, 10**6, 10))  # every look at the clock: 10 s later
 
     watcher = Watcher(say=None, interval=5.0, limit_s=25.0, clock=lambda: float(next(clock)))
-    with pytest.raises(ArmTimeoutError, match=r"the speed trials \(both arms, ABBA\) ran past the arm time limit: "
-                                              r"0 of 8 trials done in .* \(limit 25 s"):
-        measure_speed(lever=_lever(), reference=ArmModel(tiny, "reference"), candidate=ArmModel(tiny, "candidate"),
-                      token_ids=IDS, shape=SHAPE, watch=watcher)
+    with pytest.raises(
+        ArmTimeoutError,
+        match=r"the speed trials \(both arms, ABBA\) ran past the arm time limit: "
+        r"0 of 8 trials done in .* \(limit 25 s",
+    ):
+        measure_speed(
+            lever=_lever(),
+            reference=ArmModel(tiny, "reference"),
+            candidate=ArmModel(tiny, "candidate"),
+            token_ids=IDS,
+            shape=SHAPE,
+            watch=watcher,
+        )

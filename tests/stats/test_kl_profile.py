@@ -29,9 +29,16 @@ def scores(kl: list[float], *, first: int = 0, flips: Sequence[int] = (), ties: 
     cand[list(flips)] = 1
     near = np.zeros(n, dtype=bool)
     near[list(ties)] = True
-    return TokenScores(kl=np.array(kl, dtype=np.float64), ref_top1=ref, cand_top1=cand, near_tie=near,
-                       ref_next_logprob=np.zeros(n, dtype=np.float32), cand_next_logprob=np.zeros(n, dtype=np.float32),
-                       next_tokens=np.zeros(n, dtype=np.int32), positions=np.arange(first, first + n, dtype=np.int32))
+    return TokenScores(
+        kl=np.array(kl, dtype=np.float64),
+        ref_top1=ref,
+        cand_top1=cand,
+        near_tie=near,
+        ref_next_logprob=np.zeros(n, dtype=np.float32),
+        cand_next_logprob=np.zeros(n, dtype=np.float32),
+        next_tokens=np.zeros(n, dtype=np.int32),
+        positions=np.arange(first, first + n, dtype=np.int32),
+    )
 
 
 def test_the_histogram_counts_every_token_once_in_its_quarter_decade() -> None:
@@ -47,13 +54,20 @@ def test_the_histogram_counts_every_token_once_in_its_quarter_decade() -> None:
 
 
 def test_by_position_gives_median_and_p90_over_prompts_and_the_flips_there() -> None:
-    p = kl_profile([scores([1.0, 2.0, 3.0], flips=[1], ties=[2]), scores([3.0, 4.0, 5.0], flips=[2], ties=[1]),
-                    scores([5.0, 6.0, 7.0], flips=[2])])
+    p = kl_profile(
+        [
+            scores([1.0, 2.0, 3.0], flips=[1], ties=[2]),
+            scores([3.0, 4.0, 5.0], flips=[2], ties=[1]),
+            scores([5.0, 6.0, 7.0], flips=[2]),
+        ]
+    )
     bp = p["by_position"]
     assert bp["first"] == bp["last"] == [0, 1, 2] and bp["n"] == [3, 3, 3]
     assert bp["median"] == [3.0, 4.0, 5.0]
-    assert bp["p90"] == pytest.approx([float(np.quantile([1, 3, 5], 0.9)), float(np.quantile([2, 4, 6], 0.9)),
-                                       float(np.quantile([3, 5, 7], 0.9))], rel=1e-3)
+    assert bp["p90"] == pytest.approx(
+        [float(np.quantile([1, 3, 5], 0.9)), float(np.quantile([2, 4, 6], 0.9)), float(np.quantile([3, 5, 7], 0.9))],
+        rel=1e-3,
+    )
     # position 1: prompt 0 flipped outside a near tie, prompt 1 flipped nothing (a near tie only);
     # position 2: prompts 1 and 2 flipped, prompt 0 had a near tie without a flip
     assert bp["flips"] == [0, 1, 2] and bp["near_tie_flips"] == [0, 0, 0]

@@ -75,8 +75,11 @@ def test_pairs_needed_is_the_t_interval_sized_to_the_gap() -> None:
         z = t_quantile(0.5 + confidence / 2, n - 1)
         return max(n + 1, math.ceil((z * log_sd / abs(math.log(ratio / limit))) ** 2))
 
-    for ratio, n, sd, limit, confidence in ((1.1, 10, 0.2, 1.0, 0.95), (0.8, 2, 0.3, 1.0, 0.95),
-                                            (1.05, 25, 1.0, 1.2, 0.8)):
+    for ratio, n, sd, limit, confidence in (
+        (1.1, 10, 0.2, 1.0, 0.95),
+        (0.8, 2, 0.3, 1.0, 0.95),
+        (1.05, 25, 1.0, 1.2, 0.8),
+    ):
         need = ratio_pairs_needed(est(ratio, n, sd), limit, confidence)
         assert need == expected(ratio, n, sd, limit, confidence) > n + 1
     assert ratio_pairs_needed(est(1.1, 10, 0.2), 1.0) == 23  # (2.262 * 0.2 / ln 1.1)^2 = 22.5
@@ -89,8 +92,12 @@ def test_pairs_needed_is_the_t_interval_sized_to_the_gap() -> None:
 
 
 def test_ratio_json_gives_nan_as_none() -> None:
-    assert paired_ratio([2.0, 4.0], [1.0, 2.0]).to_json() == {"ratio": 2.0, "ratio_ci": [2.0, 2.0], "n": 2,
-                                                              "log_sd": 0.0}
+    assert paired_ratio([2.0, 4.0], [1.0, 2.0]).to_json() == {
+        "ratio": 2.0,
+        "ratio_ci": [2.0, 2.0],
+        "n": 2,
+        "log_sd": 0.0,
+    }
     assert paired_ratio([4.0], [2.0]).to_json() == {"ratio": 2.0, "ratio_ci": [None, None], "n": 1, "log_sd": None}
 
 
@@ -110,12 +117,14 @@ def test_paired_ratio_is_the_t_interval_of_the_log_ratios() -> None:
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)  # the sample sd (n - 1)
     half = t_quantile(0.975, 2) * sd / math.sqrt(3)
     assert est.log_sd == pytest.approx(sd, rel=1e-12) and est.n == 3
-    assert (est.ratio, est.lower, est.upper) == pytest.approx((math.exp(mean), math.exp(mean - half),
-                                                                math.exp(mean + half)), rel=1e-12)
+    assert (est.ratio, est.lower, est.upper) == pytest.approx(
+        (math.exp(mean), math.exp(mean - half), math.exp(mean + half)), rel=1e-12
+    )
 
 
-def _simulated_context(rng: np.random.Generator, true_ratio: float, reps: int, drift: float, *,
-                       noise: float = 0.05, order=pair_order) -> ContextSpeed:  # noqa: ANN001
+def _simulated_context(
+    rng: np.random.Generator, true_ratio: float, reps: int, drift: float, *, noise: float = 0.05, order=pair_order
+) -> ContextSpeed:  # noqa: ANN001
     """A machine whose speed drifts by `drift` over the run (thermal, a background job) with `noise`
     multiplicative noise per trial; the candidate's true decode time is 1/true_ratio of the reference's."""
     trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}

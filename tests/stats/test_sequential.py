@@ -79,8 +79,11 @@ def simulate(
     budget = x.shape[1]
     looks = np.unique(np.minimum(np.arange(batch, budget + batch, batch), budget)) - 1
     threshold = math.log(1.0 / alpha)
-    shown = {side: np.maximum.accumulate(log_capital(x, max_drop, side=side, alpha=alpha, horizon=horizon),
-                                         axis=1)[:, looks] >= threshold for side in ("upper", "lower")}
+    shown = {
+        side: np.maximum.accumulate(log_capital(x, max_drop, side=side, alpha=alpha, horizon=horizon), axis=1)[:, looks]
+        >= threshold
+        for side in ("upper", "lower")
+    }
     up, low = first_look(shown["upper"]), first_look(shown["lower"])
     verdict = np.where(up < low, 1, np.where(low < up, -1, 0))
     used = np.where(verdict != 0, looks[np.minimum(np.minimum(up, low), looks.size - 1)] + 1, budget)
@@ -126,8 +129,9 @@ def test_a_clear_big_regression_fails() -> None:
     v = decide(*arms(diffs), max_drop=0.05)
     assert v.verdict == "fail" and v.losses == int(diffs.sum()) and v.wins == 0
     assert v.lower > 0.05 and v.lower <= v.drop <= v.upper
-    assert v.message.startswith(f"fail: regression shown: n=80 bounds the drop from below at {v.lower:.3f} > "
-                                "max_drop 0.050")
+    assert v.message.startswith(
+        f"fail: regression shown: n=80 bounds the drop from below at {v.lower:.3f} > max_drop 0.050"
+    )
 
 
 def test_observed_drop_just_under_the_margin_at_small_n_is_inconclusive() -> None:
@@ -299,11 +303,15 @@ graded_diffs = st.lists(st.sampled_from([-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0]
 
 
 @settings(max_examples=80, deadline=None)
-@given(past=graded_diffs, now=st.tuples(st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0]),
-                                         st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0])),
-       later=graded_diffs, horizon=st.sampled_from([None, 10_000]))
-def test_changing_x_t_does_not_change_the_bet_at_t(past: list[float], now: tuple[float, float], later: list[float],
-                                                   horizon: int | None) -> None:
+@given(
+    past=graded_diffs,
+    now=st.tuples(st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0]), st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0])),
+    later=graded_diffs,
+    horizon=st.sampled_from([None, 10_000]),
+)
+def test_changing_x_t_does_not_change_the_bet_at_t(
+    past: list[float], now: tuple[float, float], later: list[float], horizon: int | None
+) -> None:
     """Read back from the public capital: the increment at t is log(1 + beta_t * edge(x_t)), so
     beta_t = expm1(increment) / edge. Two sequences that share x_1..x_{t-1} and differ from t on
     must bet the same at t (and alike before it), on both sides, truncated or not (horizon 10k: the
@@ -350,8 +358,12 @@ def _wsr_log_capital(x: list[float], drop: float, side: str, alpha: float, horiz
 
 
 @settings(max_examples=60, deadline=None)
-@given(x=graded_diffs.filter(bool), drop=st.sampled_from([-0.3, 0.0, 0.05, 0.2]),
-       horizon=st.sampled_from([None, 400]), alpha=st.sampled_from([0.05, 0.01]))
+@given(
+    x=graded_diffs.filter(bool),
+    drop=st.sampled_from([-0.3, 0.0, 0.05, 0.2]),
+    horizon=st.sampled_from([None, 400]),
+    alpha=st.sampled_from([0.05, 0.01]),
+)
 def test_the_capital_is_the_papers_prpl_eb_bet(x: list[float], drop: float, horizon: int | None, alpha: float) -> None:
     """The vectorized X-scale capital equals the paper's [0, 1]-scale one, recomputed by hand."""
     sides: tuple[Literal["upper", "lower"], ...] = ("upper", "lower")
@@ -390,7 +402,7 @@ def feeder(diffs: list[int] | np.ndarray) -> tuple[Callable[[int], list[tuple[fl
     def next_batch(k: int) -> list[tuple[float, float]]:
         done = min(len(pairs), sum(asked))
         asked.append(k)
-        return pairs[done: done + k]
+        return pairs[done : done + k]
 
     return next_batch, asked
 
@@ -426,8 +438,9 @@ def test_run_sequential_stops_when_the_items_run_out() -> None:
 def test_run_sequential_stops_on_the_time_budget() -> None:
     ticks = iter(range(100))
     next_batch, _asked = feeder([1, -1] * 100)
-    v = run_sequential(next_batch, max_drop=0.0, batch_size=4, max_items=200, max_seconds=3.0,
-                       clock=lambda: float(next(ticks)))
+    v = run_sequential(
+        next_batch, max_drop=0.0, batch_size=4, max_items=200, max_seconds=3.0, clock=lambda: float(next(ticks))
+    )
     assert v.stopped_by == "max_seconds" and v.batches == 3 and v.n == 12
     assert "the time budget (3 s) spent" in v.message
 
@@ -439,8 +452,7 @@ def test_run_sequential_takes_arrays_and_refuses_bad_batches() -> None:
         run_sequential(lambda k: [(1.0, 1.0)] * 9, max_drop=0.1, batch_size=8, max_items=100)
     with pytest.raises(ValueError, match=r"\(ref, cand\) pairs"):
         run_sequential(lambda k: np.ones((k, 3)), max_drop=0.1, batch_size=8, max_items=100)
-    for bad in ({"batch_size": 0}, {"max_items": 0}, {"max_seconds": 0.0}, {"alpha": 0.6},
-                {"max_drop": 2.0}):
+    for bad in ({"batch_size": 0}, {"max_items": 0}, {"max_seconds": 0.0}, {"alpha": 0.6}, {"max_drop": 2.0}):
         args: dict[str, float] = {"max_drop": 0.1, "batch_size": 8, "max_items": 100}
         args.update(bad)
         with pytest.raises(ValueError):
@@ -449,8 +461,12 @@ def test_run_sequential_takes_arrays_and_refuses_bad_batches() -> None:
 
 def test_simulate_matches_run_sequential() -> None:
     """The vectorized harness below is run_sequential: same verdict and items, run by run."""
-    for p_loss, p_win, max_drop, seed in [(0.01, 0.01, 0.05, 1), (0.3, 0.0, 0.05, 2), (0.075, 0.025, 0.05, 3),
-                                          (0.5, 0.45, 0.1, 4)]:
+    for p_loss, p_win, max_drop, seed in [
+        (0.01, 0.01, 0.05, 1),
+        (0.3, 0.0, 0.05, 2),
+        (0.075, 0.025, 0.05, 3),
+        (0.5, 0.45, 0.1, 4),
+    ]:
         x = draws(p_loss, p_win, 3, 400, seed)
         verdict, used = simulate(x, max_drop)
         for row, want, n in zip(x, verdict, used, strict=True):

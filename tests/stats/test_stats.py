@@ -30,16 +30,24 @@ from pytest_mlxgate.stats.kl_stats import QUANTILES, KLStats, summarize
 
 @pytest.mark.parametrize(
     "df, expected",
-    [(1, 12.706204736), (2, 4.302652730), (5, 2.570581836), (10, 2.228138852), (30, 2.042272456),
-     (math.inf, 1.959963985)],
+    [
+        (1, 12.706204736),
+        (2, 4.302652730),
+        (5, 2.570581836),
+        (10, 2.228138852),
+        (30, 2.042272456),
+        (math.inf, 1.959963985),
+    ],
 )
 def test_t_quantile_matches_the_table_at_0_975(df: float, expected: float) -> None:
     assert t_quantile(0.975, df) == pytest.approx(expected, rel=1e-8)
     assert t_quantile(0.025, df) == pytest.approx(-expected, rel=1e-8)
 
 
-@pytest.mark.parametrize("p, df, expected", [(0.95, 3, 2.353363435), (0.995, 1, 63.656741163),
-                                             (0.9995, 4, 8.610301581), (0.9, 20, 1.325340707)])
+@pytest.mark.parametrize(
+    "p, df, expected",
+    [(0.95, 3, 2.353363435), (0.995, 1, 63.656741163), (0.9995, 4, 8.610301581), (0.9, 20, 1.325340707)],
+)
 def test_t_quantile_elsewhere_in_the_table(p: float, df: float, expected: float) -> None:
     assert t_quantile(p, df) == pytest.approx(expected, rel=1e-8)
 
@@ -206,8 +214,9 @@ def test_cluster_bootstrap_is_the_percentile_interval_of_whole_sequence_resample
     one = cluster_bootstrap_quantile(seqs, 0.9, resamples=resamples, seed=seed, confidence=confidence)
     assert one == pytest.approx(expected[1], rel=1e-12)
     # The defaults: 1000 resamples from seed 0, at 95%; two sequences are enough to resample.
-    assert cluster_bootstrap_quantiles(seqs, qs) == cluster_bootstrap_quantiles(seqs, qs, resamples=1000, seed=0,
-                                                                                 confidence=0.95)
+    assert cluster_bootstrap_quantiles(seqs, qs) == cluster_bootstrap_quantiles(
+        seqs, qs, resamples=1000, seed=0, confidence=0.95
+    )
     assert cluster_bootstrap_quantile(seqs, 0.5) == cluster_bootstrap_quantiles(seqs, [0.5], resamples=1000, seed=0)[0]
     lo, hi = cluster_bootstrap_quantile(seqs[:2], 0.5, resamples=50)
     assert math.isfinite(lo) and math.isfinite(hi)
@@ -268,11 +277,20 @@ def test_sequence_level_mean_interval_covers_and_token_level_does_not() -> None:
 def test_cluster_bootstrap_median_covers_and_token_bootstrap_does_not() -> None:
     kl = ar1_lognormal(np.random.default_rng(7), 60, 32, 64)
     true_median = 1e-3  # exp(median of N(0, 1))
-    clustered = np.mean([lo <= true_median <= hi for lo, hi in
-                         (cluster_bootstrap_quantile(list(r), 0.5, resamples=300, seed=i) for i, r in enumerate(kl))])
-    tokens = np.mean([lo <= true_median <= hi for lo, hi in
-                      (cluster_bootstrap_quantile(list(r.reshape(-1, 1)), 0.5, resamples=300, seed=i)
-                       for i, r in enumerate(kl))])
+    clustered = np.mean(
+        [
+            lo <= true_median <= hi
+            for lo, hi in (cluster_bootstrap_quantile(list(r), 0.5, resamples=300, seed=i) for i, r in enumerate(kl))
+        ]
+    )
+    tokens = np.mean(
+        [
+            lo <= true_median <= hi
+            for lo, hi in (
+                cluster_bootstrap_quantile(list(r.reshape(-1, 1)), 0.5, resamples=300, seed=i) for i, r in enumerate(kl)
+            )
+        ]
+    )
     assert clustered >= 0.85
     assert tokens <= 0.75
 
@@ -280,15 +298,45 @@ def test_cluster_bootstrap_median_covers_and_token_bootstrap_does_not() -> None:
 # --- the summary -----------------------------------------------------------------------------------------------
 
 EXPECTED_KEYS = [
-    "n_prompts", "n_tokens", "confidence", "mean", "mean_ci", "median", "p90", "p95", "p99", "p999",
-    "quantile_ci", "max", "max_at", "same_top", "same_top_ci", "top1", "top1_ci", "flips", "near_tie_flips",
-    "near_ties", "ln_ppl_ratio", "ln_ppl_ratio_ci", "delta_p", "worst", "worst_prompts",
+    "n_prompts",
+    "n_tokens",
+    "confidence",
+    "mean",
+    "mean_ci",
+    "median",
+    "p90",
+    "p95",
+    "p99",
+    "p999",
+    "quantile_ci",
+    "max",
+    "max_at",
+    "same_top",
+    "same_top_ci",
+    "top1",
+    "top1_ci",
+    "flips",
+    "near_tie_flips",
+    "near_ties",
+    "ln_ppl_ratio",
+    "ln_ppl_ratio_ci",
+    "delta_p",
+    "worst",
+    "worst_prompts",
 ]
 
 
-def make_scores(kl: list[float], *, ref_top1: list[int] | None = None, cand_top1: list[int] | None = None,
-                near_tie: list[bool] | None = None, ref_lp: list[float] | None = None,
-                cand_lp: list[float] | None = None, first_position: int = 0, token0: int = 100) -> TokenScores:
+def make_scores(
+    kl: list[float],
+    *,
+    ref_top1: list[int] | None = None,
+    cand_top1: list[int] | None = None,
+    near_tie: list[bool] | None = None,
+    ref_lp: list[float] | None = None,
+    cand_lp: list[float] | None = None,
+    first_position: int = 0,
+    token0: int = 100,
+) -> TokenScores:
     n = len(kl)
     ref_top = np.array(ref_top1 if ref_top1 is not None else [1] * n, dtype=np.int32)
     return TokenScores(
@@ -306,14 +354,31 @@ def make_scores(kl: list[float], *, ref_top1: list[int] | None = None, cand_top1
 @pytest.fixture
 def three_prompts() -> list[TokenScores]:
     return [
-        make_scores([0.1, 0.2, 0.0, 0.05], first_position=10, token0=100,
-                    ref_lp=[-1.0, -2.0, -0.5, -1.5], cand_lp=[-1.2, -2.2, -0.7, -1.7]),
-        make_scores([0.5, 2.0, 0.3], first_position=20, token0=200,
-                    ref_top1=[5, 5, 7], cand_top1=[5, 6, 8], near_tie=[False, False, True],
-                    ref_lp=[-0.1, -0.2, -3.0], cand_lp=[-0.3, -0.4, -3.2]),
-        make_scores([0.01, 0.02, 0.01, 0.03, 0.01], first_position=30, token0=300,
-                    near_tie=[False, True, False, False, False],
-                    ref_lp=[-1.0] * 5, cand_lp=[-1.2] * 5),
+        make_scores(
+            [0.1, 0.2, 0.0, 0.05],
+            first_position=10,
+            token0=100,
+            ref_lp=[-1.0, -2.0, -0.5, -1.5],
+            cand_lp=[-1.2, -2.2, -0.7, -1.7],
+        ),
+        make_scores(
+            [0.5, 2.0, 0.3],
+            first_position=20,
+            token0=200,
+            ref_top1=[5, 5, 7],
+            cand_top1=[5, 6, 8],
+            near_tie=[False, False, True],
+            ref_lp=[-0.1, -0.2, -3.0],
+            cand_lp=[-0.3, -0.4, -3.2],
+        ),
+        make_scores(
+            [0.01, 0.02, 0.01, 0.03, 0.01],
+            first_position=30,
+            token0=300,
+            near_tie=[False, True, False, False, False],
+            ref_lp=[-1.0] * 5,
+            cand_lp=[-1.2] * 5,
+        ),
     ]
 
 
@@ -323,8 +388,10 @@ def test_summary_json_has_exactly_the_documented_keys(three_prompts: list[TokenS
     assert list(j["quantile_ci"]) == ["median", "p90", "p95", "p99", "p999"]
     assert list(j["max_at"]) == ["prompt", "position", "token_id"]
     assert list(j["delta_p"]) == ["mean", "rms", "p1", "p5", "median", "p95", "p99"]
-    assert all(list(w) == ["prompt", "position", "kl", "token_id", "ref_top1", "cand_top1", "p_ref", "p_cand"]
-               for w in j["worst"])
+    assert all(
+        list(w) == ["prompt", "position", "kl", "token_id", "ref_top1", "cand_top1", "p_ref", "p_cand"]
+        for w in j["worst"]
+    )
     assert json.loads(json.dumps(j, allow_nan=False)) == j
 
 
@@ -353,9 +420,11 @@ def test_summary_values(three_prompts: list[TokenScores]) -> None:
     assert (top["token_id"], top["ref_top1"], top["cand_top1"]) == (201, 5, 6)
     assert top["p_ref"] == pytest.approx(math.exp(-0.2), rel=1e-6)
     assert top["p_cand"] == pytest.approx(math.exp(-0.4), rel=1e-6)
-    assert j["worst_prompts"] == [{"prompt": 1, "mean_kl": pytest.approx(2.8 / 3)},
-                                  {"prompt": 0, "mean_kl": pytest.approx(0.0875)},
-                                  {"prompt": 2, "mean_kl": pytest.approx(0.016)}]
+    assert j["worst_prompts"] == [
+        {"prompt": 1, "mean_kl": pytest.approx(2.8 / 3)},
+        {"prompt": 0, "mean_kl": pytest.approx(0.0875)},
+        {"prompt": 2, "mean_kl": pytest.approx(0.016)},
+    ]
 
     # One real flip and one near-tie flip, counted apart; two near ties in all.
     assert (s.flips, s.near_tie_flips, s.near_ties) == (1, 1, 2)
@@ -445,10 +514,16 @@ def test_summary_at_another_confidence_with_uneven_prompts() -> None:
     scores = []
     for i, n in enumerate(lengths):
         ref_lp = -rng.random(n) * 3
-        scores.append(make_scores(list(rng.random(n) * (i + 1)), ref_lp=list(ref_lp),
-                                  cand_lp=list(ref_lp - rng.random(n) * (i + 1) * 0.1),
-                                  ref_top1=[1] * n, cand_top1=list(np.where(rng.random(n) < 0.3, 2, 1)),
-                                  near_tie=list(rng.random(n) < 0.4)))
+        scores.append(
+            make_scores(
+                list(rng.random(n) * (i + 1)),
+                ref_lp=list(ref_lp),
+                cand_lp=list(ref_lp - rng.random(n) * (i + 1) * 0.1),
+                ref_top1=[1] * n,
+                cand_top1=list(np.where(rng.random(n) < 0.3, 2, 1)),
+                near_tie=list(rng.random(n) < 0.4),
+            )
+        )
     scores.append(make_scores([]))
     s = summarize(scores, confidence=0.8)
     live = scores[:-1]
@@ -458,8 +533,7 @@ def test_summary_at_another_confidence_with_uneven_prompts() -> None:
     qcis = cluster_bootstrap_quantiles([t.kl for t in live], list(QUANTILES.values()), confidence=0.8)
     assert s.quantile_ci == dict(zip(QUANTILES, qcis))
     ln = [np.asarray(t.ref_next_logprob, np.float64) - np.asarray(t.cand_next_logprob, np.float64) for t in live]
-    assert s.ln_ppl_ratio_ci == pytest.approx(mean_interval(np.array([x.mean() for x in ln]), 0.8, weights=w),
-                                              rel=1e-9)
+    assert s.ln_ppl_ratio_ci == pytest.approx(mean_interval(np.array([x.mean() for x in ln]), 0.8, weights=w), rel=1e-9)
     same = [t.ref_top1 == t.cand_top1 for t in live]
     agree = [sm | t.near_tie for sm, t in zip(same, live)]
     sums = np.array([a.sum() for a in agree], dtype=np.float64)
@@ -470,11 +544,22 @@ def test_summary_at_another_confidence_with_uneven_prompts() -> None:
     assert (s.flips, s.near_tie_flips) == (flips, near_tie_flips) and flips != near_tie_flips
     assert s.near_ties == sum(int(t.near_tie.sum()) for t in live)
     assert len(s.worst_prompts) == 3 and all(p.prompt < 5 for p in s.worst_prompts)
-    dp = np.concatenate([np.exp(t.cand_next_logprob.astype(np.float64)) - np.exp(t.ref_next_logprob.astype(np.float64))
-                         for t in live])
+    dp = np.concatenate(
+        [np.exp(t.cand_next_logprob.astype(np.float64)) - np.exp(t.ref_next_logprob.astype(np.float64)) for t in live]
+    )
     q = np.quantile(dp, [0.01, 0.05, 0.5, 0.95, 0.99])
-    assert s.delta_p == pytest.approx({"mean": dp.mean(), "rms": math.sqrt(np.mean(dp * dp)), "p1": q[0],
-                                       "p5": q[1], "median": q[2], "p95": q[3], "p99": q[4]}, rel=1e-12)
+    assert s.delta_p == pytest.approx(
+        {
+            "mean": dp.mean(),
+            "rms": math.sqrt(np.mean(dp * dp)),
+            "p1": q[0],
+            "p5": q[1],
+            "median": q[2],
+            "p95": q[3],
+            "p99": q[4],
+        },
+        rel=1e-12,
+    )
 
 
 def test_ties_keep_prompt_order_among_the_worst() -> None:

@@ -19,7 +19,7 @@ def test_three_way_rule() -> None:
 
 
 def test_no_discordant_pair_bounds_the_drop_at_z2_over_n_plus_z2() -> None:
-    z2 = 1.6448536269514722 ** 2
+    z2 = 1.6448536269514722**2
     for n in (8, 25, 100):
         lower, upper = V.binary_drop_bounds(0, 0, n, alpha=0.05)
         assert upper == pytest.approx(z2 / (n + z2), rel=1e-6) and lower == pytest.approx(-upper, rel=1e-6)
@@ -131,7 +131,16 @@ def test_n_needed_beyond_the_cap_is_none() -> None:
 
 
 def test_verdict_outcome_json_has_every_field() -> None:
-    out = V.VerdictOutcome(verdict="inconclusive", n=40, value=0.025, lower=-0.03, upper=0.08, limit=0.05,
-                           n_needed=180, method="tango")
-    assert out.to_json() == {"verdict": "inconclusive", "n": 40, "value": 0.025, "lower": -0.03, "upper": 0.08,
-                             "limit": 0.05, "n_needed": 180, "method": "tango"}
+    out = V.VerdictOutcome(
+        verdict="inconclusive", n=40, value=0.025, lower=-0.03, upper=0.08, limit=0.05, n_needed=180, method="tango"
+    )
+    assert out.to_json() == {
+        "verdict": "inconclusive",
+        "n": 40,
+        "value": 0.025,
+        "lower": -0.03,
+        "upper": 0.08,
+        "limit": 0.05,
+        "n_needed": 180,
+        "method": "tango",
+    }

@@ -29,9 +29,14 @@ def write_data(directory: Path) -> dict[str, Path]:
 
     rng = random.Random(12)
     directory.mkdir(parents=True, exist_ok=True)
-    pick = [{"prompt": f"Item {i}: {WORDS[i % 10]} or {WORDS[(i * 3 + 1) % 10]}?",
-             "choices": [f" {WORDS[i % 10]}", f" {WORDS[(i * 3 + 1) % 10]}"], "target": rng.randrange(2)}
-            for i in range(N_ITEMS)]
+    pick = [
+        {
+            "prompt": f"Item {i}: {WORDS[i % 10]} or {WORDS[(i * 3 + 1) % 10]}?",
+            "choices": [f" {WORDS[i % 10]}", f" {WORDS[(i * 3 + 1) % 10]}"],
+            "target": rng.randrange(2),
+        }
+        for i in range(N_ITEMS)
+    ]
     # a random model tends to copy the number that ends its prompt, not always: right on some items only
     says = [{"prompt": f"{WORDS[i % 10]} {WORDS[(i * 7) % 10]} {i}", "target": r"^\d"} for i in range(N_ITEMS)]
     paths = {"pick": directory / "pick.jsonl", "says": directory / "says.jsonl"}
@@ -47,8 +52,9 @@ def register(data: Path) -> None:
     jsonl_task("says", data / "says.jsonl", scoring="regex", max_new_tokens=3)
 
 
-def measure(models: tuple[Any, Any], data: Path, *, fixed: Any, sequential: Any,
-            cache: Path | None = None) -> dict[str, Any]:
+def measure(
+    models: tuple[Any, Any], data: Path, *, fixed: Any, sequential: Any, cache: Path | None = None
+) -> dict[str, Any]:
     """Both tasks through `fixed` (run_capability or its distributed twin), "pick" once more through
     `sequential` (n=Budget); the checks, verdict and failure report as `assert_capability_at_least` makes them."""
     from pytest_mlxgate.capability.assertions import capability_checks, failure_report
@@ -68,16 +74,24 @@ def measure(models: tuple[Any, Any], data: Path, *, fixed: Any, sequential: Any,
     seq_checks, seq_stats = capability_checks({"pick": seq}, floor=None, max_drop=MAX_DROP, alpha=ALPHA)
     return {
         "runs": {name: _run_json(run) for name, run in {**runs, "pick-sequential": seq}.items()},
-        "checks": checks, "tasks": stats, "verdict": verdict,
+        "checks": checks,
+        "tasks": stats,
+        "verdict": verdict,
         "report": failure_report(runs, stats, checks, verdict=verdict, rerun="", nodeid="gate"),
         "sequential": {"checks": seq_checks, "tasks": seq_stats, "verdict": seq.sequential},
     }
 
 
 def _run_json(run: Any) -> dict[str, Any]:
-    return {"ids": [it.id for it in run.items], "reference": [r.to_json() for r in run.reference],
-            "candidate": [c.to_json() for c in run.candidate], "rendered": run.rendered,
-            "reference_source": run.reference_source, "ranks": run.ranks, "durations": run.durations}
+    return {
+        "ids": [it.id for it in run.items],
+        "reference": [r.to_json() for r in run.reference],
+        "candidate": [c.to_json() for c in run.candidate],
+        "rendered": run.rendered,
+        "reference_source": run.reference_source,
+        "ranks": run.ranks,
+        "durations": run.durations,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -101,8 +115,9 @@ def main(argv: list[str]) -> int:
     cache = Path(argv[4]) if len(argv) > 4 else None
     models = (mlx_lm.load(str(ref))[:2], mlx_lm.load(str(cand))[:2])
     t0 = time.perf_counter()
-    found = measure(models, data, fixed=run_capability_distributed, sequential=run_capability_sequential_distributed,
-                    cache=cache)
+    found = measure(
+        models, data, fixed=run_capability_distributed, sequential=run_capability_sequential_distributed, cache=cache
+    )
     found["size"], found["seconds"] = group.size(), round(time.perf_counter() - t0, 3)
     (out / f"rank{group.rank()}.json").write_text(json.dumps(found))
     return 0

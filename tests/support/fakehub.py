@@ -385,8 +385,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, *, head: bool, allowed: bool = True) -> None:
         headers = {k.lower(): v for k, v in self.headers.items()}
         self.entry = self.hub._log_request(
-            Request(origin=self.server.origin, method=self.command, path=self.path, headers=headers,
-                    conn_id=self.conn_id)
+            Request(
+                origin=self.server.origin, method=self.command, path=self.path, headers=headers, conn_id=self.conn_id
+            )
         )
         try:
             if not allowed:
@@ -458,8 +459,15 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self._send(body, None)
 
-    def _error(self, code: int, error_code: str | None, message: str, headers: Iterable[tuple[str, str]] = (),
-               *, head: bool = False) -> None:
+    def _error(
+        self,
+        code: int,
+        error_code: str | None,
+        message: str,
+        headers: Iterable[tuple[str, str]] = (),
+        *,
+        head: bool = False,
+    ) -> None:
         hdrs = list(headers)
         if error_code is not None:
             hdrs += [("X-Error-Code", error_code), ("X-Error-Message", message)]
@@ -470,8 +478,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(fault.code, {"error": f"fakehub: injected HTTP {fault.code}"}, hdrs, head=head)
 
     # -- body serving with faults -----------------------------------------------------------------
-    def _serve(self, content: bytes, *, base: list[tuple[str, str]], fault: Fault | None, head: bool,
-               key: FileKey | None, ranges: bool, content_type: str = "application/octet-stream") -> None:
+    def _serve(
+        self,
+        content: bytes,
+        *,
+        base: list[tuple[str, str]],
+        fault: Fault | None,
+        head: bool,
+        key: FileKey | None,
+        ranges: bool,
+        content_type: str = "application/octet-stream",
+    ) -> None:
         """Send ``content`` (honouring Range when ``ranges``), applying ``fault``."""
         kind = fault.kind if fault is not None else None
         if fault is not None and kind == "status":
@@ -553,8 +570,7 @@ class _Handler(BaseHTTPRequestHandler):
             repo_type, segs = "dataset", segs[1:]
         if len(segs) >= 5 and segs[2] == "resolve":
             repo_id = f"{unquote(segs[0])}/{unquote(segs[1])}"
-            self._resolve(repo_type, repo_id, unquote(segs[3]), unquote("/".join(segs[4:])), query,
-                          parts.path, head)
+            self._resolve(repo_type, repo_id, unquote(segs[3]), unquote("/".join(segs[4:])), query, parts.path, head)
             return
         self._error(404, None, f"fakehub: no route for {parts.path}", head=head)
 
@@ -603,8 +619,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
                 return
             info = self.hub._info_json(repo, commit, blobs=_truthy(query.get("blobs")))
-            self._serve(json.dumps(info).encode(), base=[], fault=fault, head=head, key=None, ranges=False,
-                        content_type="application/json; charset=utf-8")
+            self._serve(
+                json.dumps(info).encode(),
+                base=[],
+                fault=fault,
+                head=head,
+                key=None,
+                ranges=False,
+                content_type="application/json; charset=utf-8",
+            )
             return
         rev = unquote(rest[1])
         commit = repo.lookup(rev)
@@ -628,11 +651,19 @@ class _Handler(BaseHTTPRequestHandler):
             q = {k: v for k, v in query.items() if k != "cursor"}
             q["cursor"] = _encode_cursor(offset + page_size)
             link = [("Link", f'<{self.hub.endpoint}{route}?{urlencode(q)}>; rel="next"')]
-        self._serve(json.dumps(page).encode(), base=link, fault=fault, head=head, key=None, ranges=False,
-                    content_type="application/json; charset=utf-8")
+        self._serve(
+            json.dumps(page).encode(),
+            base=link,
+            fault=fault,
+            head=head,
+            key=None,
+            ranges=False,
+            content_type="application/json; charset=utf-8",
+        )
 
-    def _resolve(self, repo_type: str, repo_id: str, rev: str, path: str, query: dict[str, str], route: str,
-                 head: bool) -> None:
+    def _resolve(
+        self, repo_type: str, repo_id: str, rev: str, path: str, query: dict[str, str], route: str, head: bool
+    ) -> None:
         repo = self._repo_or_error(repo_type, repo_id, head)
         if repo is None:
             return
@@ -642,8 +673,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         f = commit.files.get(path)
         if f is None:
-            self._error(404, "EntryNotFound", f"{path} does not exist on {rev}",
-                        [("X-Repo-Commit", commit.sha)], head=head)
+            self._error(
+                404, "EntryNotFound", f"{path} does not exist on {rev}", [("X-Repo-Commit", commit.sha)], head=head
+            )
             return
         key: FileKey = (repo_type, repo_id, path)
         assert self.entry is not None
@@ -668,8 +700,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _redirect(self, location: str, headers: list[tuple[str, str]], head: bool) -> None:
         body = f"Found. Redirecting to {location}".encode()
-        hdrs = [*headers, ("Location", location), ("Content-Type", "text/plain; charset=utf-8"),
-                ("Content-Length", str(len(body)))]
+        hdrs = [
+            *headers,
+            ("Location", location),
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+        ]
         self._head(302, hdrs)
         if not head:
             self._send(body, None)
@@ -680,11 +716,11 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         if "authorization" in (k.lower() for k in self.headers.keys()):
             body = (
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>InvalidArgument</Code><Message>Only one "
-                "auth mechanism allowed; only the X-Amz-Algorithm query parameter, Signature query string "
-                "parameter or the Authorization header should be specified (fakehub CDN: presigned URLs must "
-                "not carry an Authorization header)</Message></Error>"
-            ).encode()
+                b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidArgument</Code><Message>Only one '
+                b"auth mechanism allowed; only the X-Amz-Algorithm query parameter, Signature query string "
+                b"parameter or the Authorization header should be specified (fakehub CDN: presigned URLs must "
+                b"not carry an Authorization header)</Message></Error>"
+            )
             self._head(400, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
             if not head:
                 self._send(body, None)
@@ -817,8 +853,9 @@ class FakeHub:
         # "localhost" resolves to 127.0.0.1 too, but is a different host string: a different origin.
         self.cdn_endpoint = f"http://localhost:{cdn.server_address[1]}"
         for srv in self._servers:
-            t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05},
-                                 name=f"fakehub-{srv.origin}", daemon=True)
+            t = threading.Thread(
+                target=srv.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fakehub-{srv.origin}", daemon=True
+            )
             t.start()
             self._threads.append(t)
         return self
@@ -846,8 +883,9 @@ class FakeHub:
     def __enter__(self) -> FakeHub:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # -- content --------------------------------------------------------------------------------
@@ -883,9 +921,12 @@ class FakeHub:
             raise ValueError(f"listed_sizes names files that are not in files: {sorted(unknown)}")
         built: dict[str, _File] = {}
         for path, content in files.items():
-            if not hostile_paths and (not path or path.startswith("/") or path.endswith("/") or any(
-                s in ("", ".", "..") for s in path.split("/")
-            )):
+            if not hostile_paths and (
+                not path
+                or path.startswith("/")
+                or path.endswith("/")
+                or any(s in ("", ".", "..") for s in path.split("/"))
+            ):
                 raise ValueError(f"bad file path {path!r}")
             content = bytes(content)
             if lfs is None:
@@ -897,11 +938,11 @@ class FakeHub:
             if is_lfs:
                 sha = hashlib.sha256(content).hexdigest()
                 pointer = lfs_pointer(sha, len(content))
-                built[path] = _File(path, content, True, git_blob_oid(pointer), sha, len(pointer),
-                                    listed.get(path, len(content)))
+                built[path] = _File(
+                    path, content, True, git_blob_oid(pointer), sha, len(pointer), listed.get(path, len(content))
+                )
             else:
-                built[path] = _File(path, content, False, git_blob_oid(content), "", 0,
-                                    listed.get(path, len(content)))
+                built[path] = _File(path, content, False, git_blob_oid(content), "", 0, listed.get(path, len(content)))
         with self._lock:
             key = (repo_type, repo_id)
             repo = self._repos.setdefault(key, _Repo(repo_type, repo_id))
@@ -979,7 +1020,8 @@ class FakeHub:
         """File-content bytes actually written to sockets, by both origins (optionally filtered)."""
         with self._lock:
             return sum(
-                n for (_, rid, p), n in self._served.items()
+                n
+                for (_, rid, p), n in self._served.items()
                 if (repo_id is None or rid == repo_id) and (path is None or p == path)
             )
 

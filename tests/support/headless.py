@@ -60,8 +60,12 @@ class Page:
         for m in self.messages:
             method, params = m["method"], m.get("params", {})
             if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "warning", "assert"):
-                out.append("console." + params["type"] + ": " + " ".join(
-                    str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+                out.append(
+                    "console."
+                    + params["type"]
+                    + ": "
+                    + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+                )
             elif method == "Runtime.exceptionThrown":
                 details = params.get("exceptionDetails", {})
                 out.append("exception: " + str(details.get("exception", {}).get("description") or details.get("text")))
@@ -71,23 +75,30 @@ class Page:
         return out
 
     def evaluate(self, expression: str) -> Any:
-        result = self.browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                        "awaitPromise": True}, session=self.session)
+        result = self.browser.call(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": True},
+            session=self.session,
+        )
         if "exceptionDetails" in result:
             raise ChromiumError(f"{expression!r} raised: {result['exceptionDetails']}")
         return result["result"].get("value")
 
     def screenshot(self, path: Path, *, width: int = 1200) -> Path:
         """The whole page as a PNG (the viewport set to the page's full height)."""
+
         def viewport(height: int) -> None:
-            self.browser.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
-                                                                     "deviceScaleFactor": 1, "mobile": False},
-                              session=self.session)
+            self.browser.call(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+                session=self.session,
+            )
 
         viewport(800)  # the width first: the page's height depends on it
         viewport(min(16000, int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)"))))
-        data = self.browser.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                                 session=self.session)["data"]
+        data = self.browser.call(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=self.session
+        )["data"]
         path.write_bytes(base64.b64decode(data))
         return path
 
@@ -101,10 +112,23 @@ class Browser:
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
         to_chrome_r, from_chrome_w = _above_9(to_chrome_r), _above_9(from_chrome_w)  # so 3 and 4 cannot clash
-        args = [executable, "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
-                "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-                "--disable-background-networking", "--disable-sync", "--metrics-recording-only", "--mute-audio",
-                f"--user-data-dir={self._profile}", "about:blank"]
+        args = [
+            executable,
+            "--headless=new",
+            "--remote-debugging-pipe",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--disable-sync",
+            "--metrics-recording-only",
+            "--mute-audio",
+            f"--user-data-dir={self._profile}",
+            "about:blank",
+        ]
 
         def child_fds() -> None:  # the protocol's fds: 3 reads commands, 4 writes replies and events
             os.dup2(to_chrome_r, 3)  # dup2's copies are inheritable; every other fd here is close-on-exec
@@ -113,8 +137,15 @@ class Browser:
         self._log = open(Path(self._profile) / "stderr.log", "w+b")  # a file: a full pipe would block chromium
         # Not the tests' LD_PRELOAD (OpenBLAS for MLX): chromium's zygote children die with it preloaded.
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
-                                      preexec_fn=child_fds, close_fds=False, env=env)
+        self._proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            preexec_fn=child_fds,
+            close_fds=False,
+            env=env,
+        )
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buffer = b""
@@ -169,8 +200,14 @@ class Browser:
         raw, _, self._buffer = self._buffer.partition(b"\0")
         return json.loads(raw)  # type: ignore[no-any-return]
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, session: str | None = None,
-             timeout: float | None = None) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        session: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
         """Send one command and wait for its answer; events meanwhile are kept for `Page.messages`."""
         self._next_id += 1
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
@@ -203,8 +240,11 @@ class Browser:
             self.call(f"{domain}.enable", session=session)
         self.call("Page.navigate", {"url": Path(path).resolve().as_uri()}, session=session)
         self._wait_for("Page.loadEventFired", session, time.monotonic() + self.timeout)
-        self.call("Runtime.evaluate", {"expression": f"new Promise(r => setTimeout(r, {int(settle * 1000)}))",
-                                       "awaitPromise": True}, session=session)
+        self.call(
+            "Runtime.evaluate",
+            {"expression": f"new Promise(r => setTimeout(r, {int(settle * 1000)}))", "awaitPromise": True},
+            session=session,
+        )
         page = Page(self, session)
         kept: list[dict[str, Any]] = []
         for event in self._events:

@@ -47,8 +47,11 @@ class HfEnv:
         imported before: it reads its environment once, at import, so its constants are patched too.
         Endpoint, cache dir and token are always passed to its functions explicitly."""
         mp = self.monkeypatch
-        quiet = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                 "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
+        quiet = {
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+        }
         for k, v in {**quiet, **({} if xet else {"HF_HUB_DISABLE_XET": "1"})}.items():
             mp.setenv(k, v)
         hf: ModuleType = pytest.importorskip("huggingface_hub")

@@ -35,11 +35,15 @@ def modules(package_dir: Path) -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
-def _walk(node: ast.AST, module_level: bool, in_function: bool = False,
-          ) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+def _walk(
+    node: ast.AST,
+    module_level: bool,
+    in_function: bool = False,
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child, module_level, in_function
@@ -97,7 +101,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -150,8 +154,9 @@ def third_party_reached(package_dir: Path, start: str, *, allowed: set[str] = HO
     root = package_dir.name
 
     def outside(module: str) -> bool:
-        return not (module == root or module.startswith(root + ".") or is_stdlib(module)
-                    or module.split(".")[0] in allowed)
+        return not (
+            module == root or module.startswith(root + ".") or is_stdlib(module) or module.split(".")[0] in allowed
+        )
 
     chains = {k: v for k, v in reach(start, found, module_level_only=True).items() if outside(k)}
     for imp in found:
@@ -181,8 +186,10 @@ def upward_imports(package_dir: Path, layers: Sequence[str]) -> list[str]:
         if source is None or target is None:
             out.append(f"{imp.source} (line {imp.line}) imports {imp.target}: one of them is in no layer")
         elif target > source:
-            out.append(f"{imp.source} (line {imp.line}) imports {imp.target}: layer {source} ({layers[source]}) "
-                       f"may import its own layer and those below it, not layer {target} ({layers[target]})")
+            out.append(
+                f"{imp.source} (line {imp.line}) imports {imp.target}: layer {source} ({layers[source]}) "
+                f"may import its own layer and those below it, not layer {target} ({layers[target]})"
+            )
     return out
 
 

@@ -20,12 +20,22 @@ def main() -> int:
     tested = s["total"] - s["skipped"]
     caught = s["killed"] + s["timeout"]
     ratio = caught / tested if tested else 0.0
-    verdicts = ("killed", "timeout", "survived", "no_tests", "suspicious", "skipped", "segfault",
-                "check_was_interrupted_by_user")
+    verdicts = (
+        "killed",
+        "timeout",
+        "survived",
+        "no_tests",
+        "suspicious",
+        "skipped",
+        "segfault",
+        "check_was_interrupted_by_user",
+    )
     unchecked = s["total"] - sum(s[k] for k in verdicts)  # an interrupted run: these count as not killed
-    print(f"mutants {s['total']}: killed {s['killed']}, timeout {s['timeout']}, survived {s['survived']}, "
-          f"no tests {s['no_tests']}, suspicious {s['suspicious']}, skipped {s['skipped']}, "
-          f"segfault {s['segfault']}, not checked {unchecked}")
+    print(
+        f"mutants {s['total']}: killed {s['killed']}, timeout {s['timeout']}, survived {s['survived']}, "
+        f"no tests {s['no_tests']}, suspicious {s['suspicious']}, skipped {s['skipped']}, "
+        f"segfault {s['segfault']}, not checked {unchecked}"
+    )
     verdict = "ok" if ratio >= BAR else f"under the bar of {BAR:.0%}"
     print(f"killed {caught}/{tested} = {ratio:.1%} ({verdict})")
     return 0 if ratio >= BAR else 1

@@ -97,8 +97,10 @@ def report(names: list[str]) -> int:
     for s in survivors:
         print(f"  {s}")
     verdict = "ok" if lower >= BAR else f"not shown >= {BAR:.0%}"
-    print(f"sample of {n} of {len(codes)} mutants: killed {k}/{n} = {k / n:.1%} (weighted by module size "
-          f"{weighted:.1%}); one-sided {CONFIDENCE:.0%} lower bound {lower:.1%} ({verdict})")
+    print(
+        f"sample of {n} of {len(codes)} mutants: killed {k}/{n} = {k / n:.1%} (weighted by module size "
+        f"{weighted:.1%}); one-sided {CONFIDENCE:.0%} lower bound {lower:.1%} ({verdict})"
+    )
     return 0 if lower >= BAR else 1
 
 

@@ -42,17 +42,29 @@ def synthetic_scores(n_prompts: int, tokens: int, *, seed: int = 0, scale: float
         flip = rng.random(tokens) < 0.04
         cand_top[flip] += 1
         near_tie = rng.random(tokens) < 0.06
-        out.append(TokenScores(
-            kl=kl, ref_top1=ref_top, cand_top1=cand_top, near_tie=near_tie,
-            ref_next_logprob=np.full(tokens, -1.0, dtype=np.float32),
-            cand_next_logprob=(np.full(tokens, -1.0) - kl).astype(np.float32),
-            next_tokens=rng.integers(0, 50, size=tokens).astype(np.int32),
-            positions=np.arange(tokens, dtype=np.int32)))
+        out.append(
+            TokenScores(
+                kl=kl,
+                ref_top1=ref_top,
+                cand_top1=cand_top,
+                near_tie=near_tie,
+                ref_next_logprob=np.full(tokens, -1.0, dtype=np.float32),
+                cand_next_logprob=(np.full(tokens, -1.0) - kl).astype(np.float32),
+                next_tokens=rng.integers(0, 50, size=tokens).astype(np.int32),
+                positions=np.arange(tokens, dtype=np.int32),
+            )
+        )
     return out
 
 
-def kl_record(*, n_prompts: int = 6, tokens: int = 48, mean_limit: float = 2e-3, nodeid: str | None = None,
-              with_profile: bool = True) -> GateRecord:
+def kl_record(
+    *,
+    n_prompts: int = 6,
+    tokens: int = 48,
+    mean_limit: float = 2e-3,
+    nodeid: str | None = None,
+    with_profile: bool = True,
+) -> GateRecord:
     """A KL gate's record; its worst token's context holds `HOSTILE`."""
     scores = synthetic_scores(n_prompts, tokens)
     stats = summarize(scores)
@@ -60,39 +72,83 @@ def kl_record(*, n_prompts: int = 6, tokens: int = 48, mean_limit: float = 2e-3,
     checks = kl_checks(j, {"mean": mean_limit, "p99": 5e-2, "top1": 0.8})
     fields: dict[str, Any] = {}
     if with_profile:
-        contexts = [{"prompt": w.prompt, "position": w.position, "before": f"The answer is {HOSTILE} and ",
-                     "token": " <b>bold</b>", "after": " & more"} for w in stats.worst]
+        contexts = [
+            {
+                "prompt": w.prompt,
+                "position": w.position,
+                "before": f"The answer is {HOSTILE} and ",
+                "token": " <b>bold</b>",
+                "after": " & more",
+            }
+            for w in stats.worst
+        ]
         fields["kl_profile"] = {**kl_profile(scores), "worst_context": contexts}
     ids = {w.token_id for w in stats.worst} | {w.ref_top1 for w in stats.worst} | {w.cand_top1 for w in stats.worst}
     return gate_record(
-        nodeid=nodeid or "gates/test_kv_cache.py::test_drift", mode="gate", verdict=overall_verdict(checks),
-        checks=checks, bounds={"mean": mean_limit, "p99": 5e-2, "top1": 0.8}, candidate=MODEL, reference_model=None,
-        lever=LEVER, path="serving", sizes={"prompts": n_prompts, "tokens": tokens, "decode": 8, "chunk": None},
-        stats=j, reference_source="computed", durations={"total_s": 3.2}, forwards={"reference": 6, "candidate": 6},
-        aa=None, tokens={str(i): f"tok{i}<&>" for i in ids}, rerun="pytest 'gates/test_kv_cache.py::test_drift'",
-        **fields)
+        nodeid=nodeid or "gates/test_kv_cache.py::test_drift",
+        mode="gate",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        bounds={"mean": mean_limit, "p99": 5e-2, "top1": 0.8},
+        candidate=MODEL,
+        reference_model=None,
+        lever=LEVER,
+        path="serving",
+        sizes={"prompts": n_prompts, "tokens": tokens, "decode": 8, "chunk": None},
+        stats=j,
+        reference_source="computed",
+        durations={"total_s": 3.2},
+        forwards={"reference": 6, "candidate": 6},
+        aa=None,
+        tokens={str(i): f"tok{i}<&>" for i in ids},
+        rerun="pytest 'gates/test_kv_cache.py::test_drift'",
+        **fields,
+    )
 
 
 def capability_record() -> GateRecord:
     """A capability gate over two tasks, one with items that flipped between the arms."""
     runs = {}
     for task, n, flips in (("gsm8k", 30, 4), ("mmlu", 40, 0)):
-        items = [Item(id=f"{task}-{i}", text=f"Question {i}: what is {i} + {i}? <img src=x onerror=alert(1)>")
-                 for i in range(n)]
-        ref = [ItemResult(it.id, "h", f"The answer is {2 * i}.", 1.0 if i % 3 else 0.0, "correct" if i % 3 else "wrong")
-               for i, it in enumerate(items)]
+        items = [
+            Item(id=f"{task}-{i}", text=f"Question {i}: what is {i} + {i}? <img src=x onerror=alert(1)>")
+            for i in range(n)
+        ]
+        ref = [
+            ItemResult(it.id, "h", f"The answer is {2 * i}.", 1.0 if i % 3 else 0.0, "correct" if i % 3 else "wrong")
+            for i, it in enumerate(items)
+        ]
         cand = list(ref)
         for i in range(1, 1 + flips):
             cand[i] = ItemResult(items[i].id, "h", "<script>no</script>", 0.0, "wrong")
-        runs[task] = CapabilityRun(task=task, tier="smoke", graded=False, items=items, reference=ref, candidate=cand,
-                                   durations={"reference_s": 1.0, "candidate_s": 1.0},
-                                   rendered={it.id: f"<|user|>{it.text}<|assistant|>" for it in items})
+        runs[task] = CapabilityRun(
+            task=task,
+            tier="smoke",
+            graded=False,
+            items=items,
+            reference=ref,
+            candidate=cand,
+            durations={"reference_s": 1.0, "candidate_s": 1.0},
+            rendered={it.id: f"<|user|>{it.text}<|assistant|>" for it in items},
+        )
     checks, tasks = capability_checks(runs, floor=None, max_drop=0.1, alpha=0.05)
     return gate_record(
-        nodeid="gates/test_kv_cache.py::test_capability", mode="capability", verdict=overall_verdict(checks),
-        checks=checks, bounds={"max_drop": 0.1, "alpha": 0.05}, candidate=MODEL, reference_model=None, lever=LEVER,
-        path="serving", sizes={"prompts": 70}, stats={"n_prompts": 70}, tasks=tasks, skipped={"humaneval": "no sandbox"},
-        durations={"total_s": 4.0}, rerun="pytest 'gates/test_kv_cache.py::test_capability'")
+        nodeid="gates/test_kv_cache.py::test_capability",
+        mode="capability",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        bounds={"max_drop": 0.1, "alpha": 0.05},
+        candidate=MODEL,
+        reference_model=None,
+        lever=LEVER,
+        path="serving",
+        sizes={"prompts": 70},
+        stats={"n_prompts": 70},
+        tasks=tasks,
+        skipped={"humaneval": "no sandbox"},
+        durations={"total_s": 4.0},
+        rerun="pytest 'gates/test_kv_cache.py::test_capability'",
+    )
 
 
 def speed_record() -> GateRecord:
@@ -100,27 +156,62 @@ def speed_record() -> GateRecord:
     rng = np.random.default_rng(1)
     contexts = {}
     for context in (64, 256):
-        ref = [Trial(prefill_s=context / 900 * (1 + 0.03 * rng.random()), decode_s=8 / 40 * (1 + 0.03 * rng.random()),
-                     peak_bytes=40 << 20, kv_bytes=context * 4096) for _ in range(5)]
-        cand = [Trial(prefill_s=context / 950 * (1 + 0.03 * rng.random()), decode_s=8 / 44 * (1 + 0.03 * rng.random()),
-                      peak_bytes=30 << 20, kv_bytes=context * 2048) for _ in range(5)]
+        ref = [
+            Trial(
+                prefill_s=context / 900 * (1 + 0.03 * rng.random()),
+                decode_s=8 / 40 * (1 + 0.03 * rng.random()),
+                peak_bytes=40 << 20,
+                kv_bytes=context * 4096,
+            )
+            for _ in range(5)
+        ]
+        cand = [
+            Trial(
+                prefill_s=context / 950 * (1 + 0.03 * rng.random()),
+                decode_s=8 / 44 * (1 + 0.03 * rng.random()),
+                peak_bytes=30 << 20,
+                kv_bytes=context * 2048,
+            )
+            for _ in range(5)
+        ]
         contexts[context] = ContextSpeed.from_trials(context, 8, ref, cand)
-    result = SpeedResult(shape=SpeedShape(contexts=(64, 256), decode=8, repetitions=5), contexts=contexts,
-                         memory_method="mx.get_peak_memory", weights={"reference": 1 << 20, "candidate": 1 << 20},
-                         arms={"reference": "reference", "candidate": "candidate"}, duration_s=2.5)
+    result = SpeedResult(
+        shape=SpeedShape(contexts=(64, 256), decode=8, repetitions=5),
+        contexts=contexts,
+        memory_method="mx.get_peak_memory",
+        weights={"reference": 1 << 20, "candidate": 1 << 20},
+        arms={"reference": "reference", "candidate": "candidate"},
+        duration_s=2.5,
+    )
     speed = {"id": "speed-1", **result.to_json()}
     goals = {"decode": 1.02, "kv": 0.6}
     checks = speed_checks(speed, goals, None)
     return gate_record(
-        nodeid="gates/test_kv_cache.py::test_speed", mode="speed", verdict=overall_verdict(checks), checks=checks,
-        bounds=goals, candidate=MODEL, reference_model=None, lever=LEVER, path="serving", speed=speed,
-        durations={"total_s": 2.5}, rerun="pytest 'gates/test_kv_cache.py::test_speed'")
+        nodeid="gates/test_kv_cache.py::test_speed",
+        mode="speed",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        bounds=goals,
+        candidate=MODEL,
+        reference_model=None,
+        lever=LEVER,
+        path="serving",
+        speed=speed,
+        durations={"total_s": 2.5},
+        rerun="pytest 'gates/test_kv_cache.py::test_speed'",
+    )
 
 
 def run_info() -> RunInfo:
-    return RunInfo(run_id="f" * 32, started="2026-12-01T00:00:00Z", code_commit="a" * 40, code_dirty=False,
-                   argv=["gates/"], config={}, machine={"device": "cpu", "blas": "openblas", "mlx": "0.30",
-                                                       "mlx_lm": "0.30", "python": "3.11"})
+    return RunInfo(
+        run_id="f" * 32,
+        started="2026-12-01T00:00:00Z",
+        code_commit="a" * 40,
+        code_dirty=False,
+        argv=["gates/"],
+        config={},
+        machine={"device": "cpu", "blas": "openblas", "mlx": "0.30", "mlx_lm": "0.30", "python": "3.11"},
+    )
 
 
 def history_for(records: list[GateRecord], runs: int = 6) -> dict[str, list[dict[str, Any]]]:
@@ -130,9 +221,18 @@ def history_for(records: list[GateRecord], runs: int = 6) -> dict[str, list[dict
         rows = []
         for k in range(runs):
             tasks = {t: {"cand_score": 0.6 + 0.02 * k} for t in record.get("tasks", {})}
-            rows.append({"run_id": f"{k:032x}", "time": f"2026-11-{k + 1:02d}T00:00:00Z", "nodeid": record["nodeid"],
-                         "code_commit": f"{k:040x}", "code_dirty": k == 2, "verdict": "pass" if k % 4 else "fail",
-                         "mean_kl": 2e-4 * (1 + k), "decode_ratio": 1.0 + 0.02 * k,
-                         "record_json": json.dumps({"tasks": tasks})})
+            rows.append(
+                {
+                    "run_id": f"{k:032x}",
+                    "time": f"2026-11-{k + 1:02d}T00:00:00Z",
+                    "nodeid": record["nodeid"],
+                    "code_commit": f"{k:040x}",
+                    "code_dirty": k == 2,
+                    "verdict": "pass" if k % 4 else "fail",
+                    "mean_kl": 2e-4 * (1 + k),
+                    "decode_ratio": 1.0 + 0.02 * k,
+                    "record_json": json.dumps({"tasks": tasks}),
+                }
+            )
         out[record["nodeid"]] = rows
     return out

@@ -50,8 +50,9 @@ TEXT_CONFIG: dict[str, Any] = {
 }
 
 
-def tiny_gemma4_config(*, vocab: int = 49152, layers: int | None = None, shared: int | None = None,
-                       **overrides: Any) -> dict[str, Any]:
+def tiny_gemma4_config(
+    *, vocab: int = 49152, layers: int | None = None, shared: int | None = None, **overrides: Any
+) -> dict[str, Any]:
     """The text config of the tiny gemma-4 at `vocab` entries; `layers` (a multiple of 4: three
     sliding, one full) and `shared` (KV-shared layers at the end) make a deeper one; `overrides`
     set any other key."""
@@ -66,9 +67,17 @@ def tiny_gemma4_config(*, vocab: int = 49152, layers: int | None = None, shared:
     return config
 
 
-def build_tiny_gemma4(out: Path, *, form: Literal["text", "multimodal"] = "text", vocab: int = 49152,
-                      seed: int = 0, scale: float = 4.0, layers: int | None = None, shared: int | None = None,
-                      **overrides: Any) -> Path:
+def build_tiny_gemma4(
+    out: Path,
+    *,
+    form: Literal["text", "multimodal"] = "text",
+    vocab: int = 49152,
+    seed: int = 0,
+    scale: float = 4.0,
+    layers: int | None = None,
+    shared: int | None = None,
+    **overrides: Any,
+) -> Path:
     """Write config, seeded random weights and the embedded tokenizer into `out`; returns `out`.
     `layers`/`shared`: see `tiny_gemma4_config` (default: 8 layers, 3 KV-shared).
 

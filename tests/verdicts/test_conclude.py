@@ -20,22 +20,26 @@ from pytest_mlxgate.verdicts import Conclusion, check, conclude, given_limits
 ends = st.one_of(st.none(), st.floats(-10, 10, allow_nan=False))
 
 
-@pytest.mark.parametrize(("lower", "upper", "limit", "direction", "verdict"), [
-    (0.1, 0.2, 0.2, "max", "pass"),  # the upper end at the limit: inside
-    (0.1, 0.3, 0.2, "max", "inconclusive"),  # straddles
-    (0.21, 0.3, 0.2, "max", "fail"),  # the whole interval above: a crossing shown
-    (0.2, 0.3, 0.2, "max", "inconclusive"),  # the lower end at the limit shows no crossing
-    (None, 0.1, 0.2, "max", "pass"),
-    (0.3, None, 0.2, "max", "fail"),  # a lower end beyond the limit shows it, with or without an upper end
-    (None, None, 0.2, "max", "inconclusive"),  # no interval shows nothing
-    (0.95, 0.99, 0.95, "min", "pass"),
-    (0.90, 0.99, 0.95, "min", "inconclusive"),
-    (0.80, 0.94, 0.95, "min", "fail"),
-    (None, 0.94, 0.95, "min", "fail"),
-    (0.96, None, 0.95, "min", "pass"),
-])
-def test_the_rule_of_every_limit(lower: float | None, upper: float | None, limit: float, direction: Any,
-                                 verdict: str) -> None:
+@pytest.mark.parametrize(
+    ("lower", "upper", "limit", "direction", "verdict"),
+    [
+        (0.1, 0.2, 0.2, "max", "pass"),  # the upper end at the limit: inside
+        (0.1, 0.3, 0.2, "max", "inconclusive"),  # straddles
+        (0.21, 0.3, 0.2, "max", "fail"),  # the whole interval above: a crossing shown
+        (0.2, 0.3, 0.2, "max", "inconclusive"),  # the lower end at the limit shows no crossing
+        (None, 0.1, 0.2, "max", "pass"),
+        (0.3, None, 0.2, "max", "fail"),  # a lower end beyond the limit shows it, with or without an upper end
+        (None, None, 0.2, "max", "inconclusive"),  # no interval shows nothing
+        (0.95, 0.99, 0.95, "min", "pass"),
+        (0.90, 0.99, 0.95, "min", "inconclusive"),
+        (0.80, 0.94, 0.95, "min", "fail"),
+        (None, 0.94, 0.95, "min", "fail"),
+        (0.96, None, 0.95, "min", "pass"),
+    ],
+)
+def test_the_rule_of_every_limit(
+    lower: float | None, upper: float | None, limit: float, direction: Any, verdict: str
+) -> None:
     assert bounds_verdict(lower, upper, limit, direction) == verdict
 
 
@@ -49,19 +53,65 @@ def test_a_min_limit_is_a_max_limit_mirrored(a: float | None, b: float | None, l
 
 
 def test_a_check_has_the_one_shape_and_reads_its_verdict_by_the_rule() -> None:
-    made = check(metric="mean KL", key="mean", value=1e-4, lower=5e-5, upper=3e-4, limit=2e-4, direction="max",
-                 n=16, method="t")
-    assert made == {"metric": "mean KL", "key": "mean", "value": 1e-4, "lower": 5e-5, "upper": 3e-4, "limit": 2e-4,
-                    "direction": "max", "verdict": "inconclusive", "n": 16, "n_needed": None, "method": "t"}
-    undefined = check(metric="p99 KL", key="p99", value=math.nan, lower=math.nan, upper=math.inf, limit=1.0,
-                      direction="max", n=1, method="bootstrap")
+    made = check(
+        metric="mean KL", key="mean", value=1e-4, lower=5e-5, upper=3e-4, limit=2e-4, direction="max", n=16, method="t"
+    )
+    assert made == {
+        "metric": "mean KL",
+        "key": "mean",
+        "value": 1e-4,
+        "lower": 5e-5,
+        "upper": 3e-4,
+        "limit": 2e-4,
+        "direction": "max",
+        "verdict": "inconclusive",
+        "n": 16,
+        "n_needed": None,
+        "method": "t",
+    }
+    undefined = check(
+        metric="p99 KL",
+        key="p99",
+        value=math.nan,
+        lower=math.nan,
+        upper=math.inf,
+        limit=1.0,
+        direction="max",
+        n=1,
+        method="bootstrap",
+    )
     assert (undefined["value"], undefined["lower"], undefined["upper"], undefined["verdict"]) == (
-        None, None, None, "inconclusive")  # JSON-ready: no NaN or inf, and nothing shown
-    decided = check(metric="gsm8k drop", key="drop", value=0.05, lower=0.01, upper=0.09, limit=0.02, direction="max",
-                    n=60, method="Tango score", verdict="fail", p_value=0.01)
+        None,
+        None,
+        None,
+        "inconclusive",
+    )  # JSON-ready: no NaN or inf, and nothing shown
+    decided = check(
+        metric="gsm8k drop",
+        key="drop",
+        value=0.05,
+        lower=0.01,
+        upper=0.09,
+        limit=0.02,
+        direction="max",
+        n=60,
+        method="Tango score",
+        verdict="fail",
+        p_value=0.01,
+    )
     assert decided["verdict"] == "fail" and decided["p_value"] == 0.01  # a test that decided is kept
-    at = check(metric="KV bytes @64", key="speed.kv", value=0.28, lower=0.28, upper=0.28, limit=0.3,
-               direction="max", n=1, method="counted", context=64)
+    at = check(
+        metric="KV bytes @64",
+        key="speed.kv",
+        value=0.28,
+        lower=0.28,
+        upper=0.28,
+        limit=0.3,
+        direction="max",
+        n=1,
+        method="counted",
+        context=64,
+    )
     assert at["verdict"] == "pass" and at["context"] == 64 and "p_value" not in at
 
 
@@ -86,8 +136,18 @@ class Target:
 
 
 def _check(verdict: str) -> Any:
-    return check(metric="m", key="k", value=1.0, lower=0.5, upper=1.5, limit=1.0, direction="max", n=4,
-                 method="t", verdict=verdict)  # type: ignore[arg-type]
+    return check(
+        metric="m",
+        key="k",
+        value=1.0,
+        lower=0.5,
+        upper=1.5,
+        limit=1.0,
+        direction="max",
+        n=4,
+        method="t",
+        verdict=verdict,
+    )  # type: ignore[arg-type]
 
 
 def assert_something(target: Target | None, *verdicts: str, verdict: str = "") -> Conclusion:
@@ -124,8 +184,11 @@ def test_an_inconclusive_verdict_warns_at_the_gates_line_or_xfails_and_never_pas
         assert_something(Target("warn"), "fail")
 
 
-ASSERTIONS = {"kl/assertions.py": ("assert_kl_below",), "speed/assertions.py": ("assert_faster", "assert_smaller"),
-              "capability/assertions.py": ("assert_capability_at_least",)}
+ASSERTIONS = {
+    "kl/assertions.py": ("assert_kl_below",),
+    "speed/assertions.py": ("assert_faster", "assert_smaller"),
+    "capability/assertions.py": ("assert_capability_at_least",),
+}
 
 
 @pytest.mark.parametrize("module", sorted(ASSERTIONS))

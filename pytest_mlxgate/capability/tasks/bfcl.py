@@ -16,7 +16,7 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from ..base import Item, ItemResult, RunOptions, TaskDataMissing, Tier, chat_render, prompt_hash
@@ -44,16 +44,36 @@ CATEGORY_FILES: dict[str, str] = {
     "irrelevance": "BFCL_v4_irrelevance.json",
 }
 CATEGORIES: tuple[str, ...] = tuple(CATEGORY_FILES)
-_FIX = ("pip install --no-deps bfcl-eval  (the package ships BFCL's data files: "
-        "bfcl_eval/data/BFCL_v4_*.json and bfcl_eval/data/possible_answer/)")
+_FIX = (
+    "pip install --no-deps bfcl-eval  (the package ships BFCL's data files: "
+    "bfcl_eval/data/BFCL_v4_*.json and bfcl_eval/data/possible_answer/)"
+)
 
 # BFCL's type names -> JSON schema (OpenAI tools). "any" gets no type: any JSON value.
-_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array", "integer": "integer",
-                 "number": "number", "string": "string", "boolean": "boolean", "bool": "boolean",
-                 "array": "array", "list": "array", "object": "object"}
+_SCHEMA_TYPES = {
+    "dict": "object",
+    "float": "number",
+    "tuple": "array",
+    "integer": "integer",
+    "number": "number",
+    "string": "string",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "array": "array",
+    "list": "array",
+    "object": "object",
+}
 # BFCL's checker, Python flavour: the exact Python type each declared type must have.
-_PY_TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool,
-                              "array": list, "tuple": list, "dict": dict, "any": str}
+_PY_TYPES: dict[str, type] = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+}
 
 # BFCL's default prompting-mode system prompt (ret_fmt=python, func_doc_fmt=json, plaintext, classic).
 _SYSTEM_PROMPT = (
@@ -75,6 +95,7 @@ _SYSTEM_PROMPT = (
 
 # ---- data ------------------------------------------------------------------------------------------
 
+
 def _read_jsonl(relative: str) -> list[dict[str, Any]]:
     path = package_file("bfcl_eval", relative)
     if path is None:
@@ -83,7 +104,7 @@ def _read_jsonl(relative: str) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _category_items(category: str) -> tuple[Item, ...]:
     """Every item of one category, in file order (cached: the files do not change under a run)."""
     questions = _read_jsonl(f"data/{CATEGORY_FILES[category]}")
@@ -96,23 +117,28 @@ def _category_items(category: str) -> tuple[Item, ...]:
         if category != "irrelevance" and q["id"] not in answers:
             raise TaskDataMissing(f"BFCL item {q['id']} has no possible answer; reinstall: {_FIX}")
         functions = q["function"]
-        items.append(Item(
-            id=str(q["id"]),
-            messages=tuple(dict(m) for m in q["question"][0]),
-            tools=tuple(convert_schema(f) for f in functions),
-            target={"category": category, "possible_answer": answers.get(q["id"]), "functions": functions},
-            meta={"category": category},
-        ))
+        items.append(
+            Item(
+                id=str(q["id"]),
+                messages=tuple(dict(m) for m in q["question"][0]),
+                tools=tuple(convert_schema(f) for f in functions),
+                target={"category": category, "possible_answer": answers.get(q["id"]), "functions": functions},
+                meta={"category": category},
+            )
+        )
     return tuple(items)
 
 
 def convert_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     """A BFCL function doc as an OpenAI-style tool (`dict`->object, `float`->number, `tuple`->array)."""
-    return {"type": "function", "function": {
-        "name": function["name"],
-        "description": function.get("description", ""),
-        "parameters": _convert_type(copy.deepcopy(dict(function.get("parameters", {})))),
-    }}
+    return {
+        "type": "function",
+        "function": {
+            "name": function["name"],
+            "description": function.get("description", ""),
+            "parameters": _convert_type(copy.deepcopy(dict(function.get("parameters", {})))),
+        },
+    }
 
 
 def _convert_type(schema: Any) -> Any:
@@ -133,6 +159,7 @@ def _convert_type(schema: Any) -> Any:
 
 # ---- presentation ----------------------------------------------------------------------------------
 
+
 def supports_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template renders `tools` (else the text fallback is used)."""
     template = getattr(tokenizer, "chat_template", None)
@@ -152,6 +179,7 @@ def fallback_system_prompt(functions: Sequence[Mapping[str, Any]]) -> str:
 
 
 # ---- matching (BFCL's AST checker, Python flavour) -------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Check:
@@ -181,8 +209,9 @@ def _answer_type(allowed: Sequence[Any]) -> type | None:
     return None
 
 
-def _type_check(param: str, value: Any, allowed: Sequence[Any], expected: type,
-                nested: type | None) -> tuple[Check, bool]:
+def _type_check(
+    param: str, value: Any, allowed: Sequence[Any], expected: type, nested: type | None
+) -> tuple[Check, bool]:
     """(result, is_variable) as BFCL's `type_checker`: a value of the answers' own type is a variable."""
     answer_type = _answer_type(allowed)
     is_variable = answer_type is not None and answer_type is not expected
@@ -201,8 +230,9 @@ def _type_check(param: str, value: Any, allowed: Sequence[Any], expected: type,
                 return _OK, is_variable
     if answer_type is not None and type(value) is answer_type:
         return _OK, True
-    return Check(False, "type_error", f"{param!r}: expected {expected.__name__}, got "
-                 f"{type(value).__name__} {value!r}"), False
+    return Check(
+        False, "type_error", f"{param!r}: expected {expected.__name__}, got {type(value).__name__} {value!r}"
+    ), False
 
 
 def _dict_check(param: str, value: Mapping[Any, Any], allowed: Sequence[Any]) -> Check:
@@ -236,9 +266,12 @@ def _list_dict_check(param: str, value: Sequence[Any], allowed: Sequence[Any]) -
         if not isinstance(answer, list) or len(answer) != len(value):
             result = Check(False, "value_error:list_dict_count", f"{param!r}: wrong number of dicts")
             continue
-        checks = [_dict_check(param, v, [a]) if isinstance(v, dict) else
-                  Check(False, "value_error:list_dict", f"{param!r}: {v!r} is not a dict")
-                  for v, a in zip(value, answer)]
+        checks = [
+            _dict_check(param, v, [a])
+            if isinstance(v, dict)
+            else Check(False, "value_error:list_dict", f"{param!r}: {v!r} is not a dict")
+            for v, a in zip(value, answer)
+        ]
         bad = next((c for c in checks if not c.ok), None)
         if bad is None:
             return _OK
@@ -279,16 +312,19 @@ def check_call(function: Mapping[str, Any], call: ToolCall, answer: Mapping[str,
                 result = _list_dict_check(param, value, allowed)
             elif expected is str:
                 ok = _standardize(value) in [_standardize(a) for a in allowed if isinstance(a, str)]
-                result = _OK if ok else Check(False, "value_error:string",
-                                              f"{param!r}: {value!r} not in {allowed!r} (normalised)")
+                result = (
+                    _OK
+                    if ok
+                    else Check(False, "value_error:string", f"{param!r}: {value!r} not in {allowed!r} (normalised)")
+                )
             elif expected is list:
                 std = _std_list(value)
                 ok = any(isinstance(a, list) and std == _std_list(a) for a in allowed)
-                result = _OK if ok else Check(False, "value_error:list",
-                                              f"{param!r}: {value!r} not in {allowed!r}")
+                result = _OK if ok else Check(False, "value_error:list", f"{param!r}: {value!r} not in {allowed!r}")
             else:
-                result = _OK if value in allowed else Check(False, "value_error",
-                                                            f"{param!r}: {value!r} not in {allowed!r}")
+                result = (
+                    _OK if value in allowed else Check(False, "value_error", f"{param!r}: {value!r} not in {allowed!r}")
+                )
             if not result.ok:
                 return result
             continue
@@ -309,8 +345,9 @@ def _canonical_name(name: str, functions: Sequence[Mapping[str, Any]]) -> str:
     return dotless[0] if len(dotless) == 1 else name
 
 
-def check_calls(functions: Sequence[Mapping[str, Any]], calls: Sequence[ToolCall],
-                possible_answer: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+def check_calls(
+    functions: Sequence[Mapping[str, Any]], calls: Sequence[ToolCall], possible_answer: Sequence[Mapping[str, Any]]
+) -> tuple[str, str]:
     """(verdict, reason) for calls vs all possible answers, matched in any order.
 
     Follows BFCL's AST checker: the count must match; each answer needs its own call that passes
@@ -326,8 +363,7 @@ def check_calls(functions: Sequence[Mapping[str, Any]], calls: Sequence[ToolCall
     if len(calls) != len(possible_answer):
         return "wrong_args", f"{len(calls)} calls, expected {len(possible_answer)}"
     by_name = {str(f["name"]): f for f in functions}
-    ok = [[check_call(by_name.get(name, {}), c, a) for c in calls]
-          for name, a in zip(expected, possible_answer)]
+    ok = [[check_call(by_name.get(name, {}), c, a) for c in calls] for name, a in zip(expected, possible_answer)]
     owner: dict[int, int] = {}  # call index -> answer index
 
     def assign(i: int, seen: set[int]) -> bool:
@@ -348,6 +384,7 @@ def check_calls(functions: Sequence[Mapping[str, Any]], calls: Sequence[ToolCall
 
 
 # ---- the task --------------------------------------------------------------------------------------
+
 
 class BfclTask:
     """The `Task` for BFCL: pass/fail per item (a call set either matches or it does not)."""
@@ -392,9 +429,12 @@ class BfclTask:
         """Parse the output's calls and match them; irrelevance passes exactly when nothing is called."""
         target = item.target
         parsed = parse_tool_calls(output)
-        detail: dict[str, Any] = {"category": target["category"], "format": parsed.format,
-                                  "calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
-                                  "notes": list(parsed.notes)}
+        detail: dict[str, Any] = {
+            "category": target["category"],
+            "format": parsed.format,
+            "calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
+            "notes": list(parsed.notes),
+        }
         if target["category"] == "irrelevance":
             if parsed.calls:
                 verdict, reason = "unexpected_call", f"called {[c.name for c in parsed.calls]}"
@@ -407,14 +447,23 @@ class BfclTask:
         else:
             verdict, reason = check_calls(target["functions"], parsed.calls, target["possible_answer"])
         detail["reason"] = reason
-        return ItemResult(item_id=item.id, prompt_hash=prompt_hash(_hash_source(item)), output=output,
-                          score=1.0 if verdict == "correct" else 0.0, verdict=verdict, detail=detail)
+        return ItemResult(
+            item_id=item.id,
+            prompt_hash=prompt_hash(_hash_source(item)),
+            output=output,
+            score=1.0 if verdict == "correct" else 0.0,
+            verdict=verdict,
+            detail=detail,
+        )
 
 
 def _hash_source(item: Item) -> str:
     """Scoring has no tokenizer: hash the item's content (the runner records the rendered prompt's)."""
-    return json.dumps({"id": item.id, "messages": list(item.messages or ()),
-                       "tools": list(item.tools or ())}, sort_keys=True, default=str)
+    return json.dumps(
+        {"id": item.id, "messages": list(item.messages or ()), "tools": list(item.tools or ())},
+        sort_keys=True,
+        default=str,
+    )
 
 
 TASK = BfclTask()

