@@ -57,7 +57,9 @@ def throughput(n: int, tokens: int, kv_value: str = "plain") -> None:
     sequential = generate_sequential(model, tokenizer, prompts, max_new_tokens=tokens, kv=kv)
     ts = time.perf_counter() - t0
     produced = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in batched)
-    same = sum(a.strip() == b.strip() for a, b in zip(batched, sequential))  # streaming drops a leading space
+    same = sum(
+        a.strip() == b.strip() for a, b in zip(batched, sequential, strict=True)
+    )  # streaming drops a leading space
     print(f"batched:    {tb:.1f} s  ({produced / tb:.1f} generated tok/s)")
     print(f"sequential: {ts:.1f} s  ({produced / ts:.1f} generated tok/s)")
     print(f"identical outputs: {same}/{n}")
@@ -75,12 +77,12 @@ def mmlu_prefix(subjects: int, per_subject: int) -> None:
     texts, choices = [str(it.text) for it in items], [it.choices for it in items]
     choice_logprobs(model, tokenizer, texts[0], choices[0])  # warm-up
     t0 = time.perf_counter()
-    whole = [choice_logprobs(model, tokenizer, t, c) for t, c in zip(texts, choices)]
+    whole = [choice_logprobs(model, tokenizer, t, c) for t, c in zip(texts, choices, strict=True)]
     tw = time.perf_counter() - t0
     t0 = time.perf_counter()
     reused = choice_logprobs_many(model, tokenizer, texts, choices)
     tr = time.perf_counter() - t0
-    diff = max(abs(a - b) for ra, rb in zip(whole, reused) for a, b in zip(ra, rb))
+    diff = max(abs(a - b) for ra, rb in zip(whole, reused, strict=True) for a, b in zip(ra, rb, strict=True))
     n = len(items)
     print(f"whole prompts: {tw:.1f} s  ({n / tw:.2f} items/s)")
     print(f"shared prefix: {tr:.1f} s  ({n / tr:.2f} items/s)")

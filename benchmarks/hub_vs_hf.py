@@ -141,7 +141,7 @@ def main(argv: list[str]) -> None:
                 f"requests {dict(sorted(reqs.items()))}"
             )
         ratio = median(times["ours"]) / median(times["hf"])
-        paired = median([o / h for o, h in zip(times["ours"], times["hf"])])
+        paired = median([o / h for o, h in zip(times["ours"], times["hf"], strict=True)])
         print(
             f"ratio ours/hf = {ratio:.2f} (median of per-repeat ratios: {paired:.2f}); "
             f"goal <= {GOAL:.1f}: {verdict(ratio <= GOAL)}"

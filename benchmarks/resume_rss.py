@@ -191,7 +191,8 @@ def main(argv: list[str]) -> None:
         )
         print(
             f"server sent {served} bytes of {FILE} (suffix = {SIZE - PREFIX}): "
-            f"{'suffix only' if served == SIZE - PREFIX else 'MORE THAN THE SUFFIX'}; requests incl. the warm-up repo {reqs}"
+            f"{'suffix only' if served == SIZE - PREFIX else 'MORE THAN THE SUFFIX'}; "
+            f"requests incl. the warm-up repo {reqs}"
         )
         print(f"peak RSS growth = {mib(growth)} (goal <= {mib(GOAL)}): {verdict(growth <= GOAL and ok_blob)}")
     finally:

@@ -50,7 +50,7 @@ def normalized(logprobs: Sequence[float], choices: Sequence[str], normalization:
     """Each choice's summed log-probability, divided by its length in characters for "per_char"."""
     if normalization == "none":
         return [float(v) for v in logprobs]
-    return [float(v) / max(len(c), 1) for v, c in zip(logprobs, choices)]
+    return [float(v) / max(len(c), 1) for v, c in zip(logprobs, choices, strict=True)]
 
 
 def pick(values: Sequence[float]) -> int | None:

@@ -130,7 +130,7 @@ def choice_logprobs_many(
     runs only its own suffix from a copy of it, and the suffixes run batched (right-padded, so
     causal attention keeps every row's real positions exact). Both arms take this same path.
     """
-    plans = [_choice_plan(tokenizer, text, item_choices) for text, item_choices in zip(texts, choices)]
+    plans = [_choice_plan(tokenizer, text, item_choices) for text, item_choices in zip(texts, choices, strict=True)]
     out: list[list[float | None]] = [[None] * len(c) for c in choices]
     head = _split_head(model)
     for members, shared in _shared_prefix_groups([p.prompt for p in plans], MIN_SHARED_PREFIX):
@@ -394,7 +394,7 @@ def _batched_plan(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         generated = greedy_batch(model, [ids[i] for i in chunk], max_new_tokens=max_new_tokens, kv=kv, eos=eos)
-        out.update((i, str(tokenizer.decode(g))) for i, g in zip(chunk, generated))
+        out.update((i, str(tokenizer.decode(g))) for i, g in zip(chunk, generated, strict=True))
         if progress is not None:
             progress(len(out), len(ids))
     return [out[i] for i in range(len(ids))]

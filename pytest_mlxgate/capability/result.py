@@ -45,10 +45,14 @@ class CapabilityRun:
                 "reference": {"output": r.output, "score": r.score, "verdict": r.verdict},
                 "candidate": {"output": c.output, "score": c.score, "verdict": c.verdict},
             }
-            for it, r, c in zip(self.items, self.reference, self.candidate)
+            for it, r, c in zip(self.items, self.reference, self.candidate, strict=True)
         ]
 
     def flipped(self) -> list[tuple[Item, ItemResult, ItemResult]]:
         """Items whose outcome changed between the arms, losses (ref right, cand wrong) first."""
-        pairs = [(it, r, c) for it, r, c in zip(self.items, self.reference, self.candidate) if r.score != c.score]
+        pairs = [
+            (it, r, c)
+            for it, r, c in zip(self.items, self.reference, self.candidate, strict=True)
+            if r.score != c.score
+        ]
         return sorted(pairs, key=lambda p: p[2].score - p[1].score)

@@ -119,7 +119,7 @@ def run_arm(
             [it.choices for it in choice],
             progress=(lambda done, _: progress(done, total)) if progress else None,
         )
-        for it, item_logps in zip(choice, logps):
+        for it, item_logps in zip(choice, logps, strict=True):
             results[it.id] = _stamp(task.score(it, "", choice_logprobs=item_logps), rendered[it.id])
         outputs = generate_greedy(
             model,
@@ -133,7 +133,7 @@ def run_arm(
         )
     if items:
         lever.require_exercised(arm, calls[0] if lever.kind == "patch" else None, during=f"capability task {task.name}")
-    for it, out in zip(gen, outputs):
+    for it, out in zip(gen, outputs, strict=True):
         results[it.id] = _stamp(task.score(it, out), rendered[it.id])
     return [results[it.id] for it in items], rendered
 
@@ -348,7 +348,7 @@ def run_capability_sequential(
             return []
         run = (batch_runner or run_capability)(name, tier, n=None, items=chunk, **arms)
         batches.append(run)
-        return list(zip(run.scores("reference"), run.scores("candidate")))
+        return list(zip(run.scores("reference"), run.scores("candidate"), strict=True))
 
     def report(v: Any) -> None:
         if say is not None:

@@ -97,7 +97,8 @@ class Limits:
 class SandboxResult:
     """How one program ended. stdout/stderr keep about 4 KB each (head and tail)."""
 
-    status: Status  # passed: exit 0; failed: exit != 0; timeout: wall limit; killed: signal or output cap; error: sandbox setup
+    # passed: exit 0; failed: exit != 0; timeout: wall limit; killed: signal or output cap; error: sandbox setup
+    status: Status
     returncode: int | None  # exit status, -signal, or None when mlxgate killed it (timeout, output cap) or setup failed
     stdout: str
     stderr: str

@@ -112,7 +112,7 @@ class _Launcher:
                     m["work"],
                     "tmpfs",
                     _MS_NOSUID | _MS_NODEV,
-                    "size=%dm,nr_inodes=8192,mode=0700,uid=%d,gid=%d" % (m["work_mb"], cfg["uid"], cfg["gid"]),
+                    f"size={m['work_mb']:d}m,nr_inodes=8192,mode=0700,uid={cfg['uid']:d},gid={cfg['gid']:d}",
                 )
                 if m["bind"]:
                     self.mount(m["bind"][0], m["bind"][1], None, _MS_BIND | _MS_REC, None)
@@ -120,7 +120,7 @@ class _Launcher:
                 self.mount_setattr(m["work"], 0, _MOUNT_ATTR_RDONLY, False)  # the work tmpfs alone writable again
                 applied += ["ro-mounts", "tmpfs-work"]
             if cfg["drop"] == "uid":
-                applied += ["uid:%d" % cfg["uid"]]
+                applied += [f"uid:{cfg['uid']:d}"]
             elif cfg["drop"] == "caps":
                 applied += ["no-caps"]
             if can_forbid_new_privileges():
@@ -131,7 +131,7 @@ class _Launcher:
                 pidns = "-"
             self.say("ready " + "+".join(applied) + " " + pidns)
         except Exception as e:
-            self.say("error sandbox setup failed: %s" % e)
+            self.say(f"error sandbox setup failed: {e}")
             sys.exit(_EXIT_SETUP)
 
     def start(self) -> int:
@@ -153,7 +153,7 @@ class _Launcher:
                 os.chdir(cfg["cwd"])
                 os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
             except BaseException as e:
-                self.say("error starting the program failed: %s" % e)
+                self.say(f"error starting the program failed: {e}")
                 os._exit(_EXIT_SETUP)
         return pid
 
@@ -166,7 +166,7 @@ class _Launcher:
                 break
             if done == pid:
                 self.say(
-                    "signal %d" % os.WTERMSIG(status) if os.WIFSIGNALED(status) else "exit %d" % os.WEXITSTATUS(status)
+                    f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
                 )
                 break
 

@@ -377,7 +377,7 @@ def _literal(node: ast.expr, notes: list[str], depth: int) -> Any:
         return [_literal(e, notes, depth + 1) for e in node.elts]
     if isinstance(node, ast.Dict):
         out: dict[Any, Any] = {}
-        for k, v in zip(node.keys, node.values):
+        for k, v in zip(node.keys, node.values, strict=True):
             if k is None:
                 raise _Fail("**dict unpacking is not a literal")
             key = _literal(k, notes, depth + 1)

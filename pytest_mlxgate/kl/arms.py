@@ -242,7 +242,7 @@ def _batches(
         group = sequences[i : i + size]
         outs, calls = serving_logits(model, [s.ids for s in group], shape, kv, tick=tick)
         counters.add(arm, calls)
-        yield from zip(group, outs)
+        yield from zip(group, outs, strict=True)
         i += len(group)
         vocab = outs[0].logits.shape[-1]
         size = max(1, SERVING_BATCH_BYTES // (shape.decode * vocab * 4))

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TypeVar
 
 import numpy as np
@@ -602,7 +603,7 @@ def _map_rows(fn: Callable[[int, int], _R], t: int, v: int) -> list[_R]:
     workers = _WORKERS if t * v >= _PARALLEL_ELEMENTS else 1
     n_chunks = max(1, min(t, 2 * workers)) if workers > 1 else 1
     bounds = [round(i * t / n_chunks) for i in range(n_chunks + 1)]
-    chunks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    chunks = list(pairwise(bounds))
     if len(chunks) == 1:
         return [fn(*chunks[0])]
     return list(_pool().map(lambda c: fn(*c), chunks))

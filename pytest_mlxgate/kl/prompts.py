@@ -301,7 +301,8 @@ def prompts_for(tokenizer: Any, prompts: Sequence[Prompt] | None = None) -> tupl
         first = conversations[0]
         where = f" ({first.origin})" if first.origin else ""
         raise ChatTemplateMissingError(
-            f"{len(conversations)} of the {len(prompts)} prompts are chat conversations (first: {first.id!r}{where}), but "
+            f"{len(conversations)} of the {len(prompts)} prompts are chat conversations "
+            f"(first: {first.id!r}{where}), but "
             "this model's tokenizer has no chat template to render them, so this gate cannot score them here "
             'and skips. Give those prompts as {"text": "..."}, or run the gate on a model with a chat template.'
         )

@@ -234,7 +234,7 @@ def _build_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     types = [int(t) for t in metadata["tokenizer.ggml.token_type"].tolist()]
     added = [
         AddedToken(tok, special=(kind == _TOKEN_CONTROL), normalized=False)
-        for tok, kind in zip(tokens, types)
+        for tok, kind in zip(tokens, types, strict=True)
         if kind in (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)
     ]
     tokenizer.add_tokens(added)  # ids already exist in the vocab, so they are kept

@@ -1038,7 +1038,8 @@ th,td{border-bottom:1px solid var(--line);padding:3px 8px;text-align:left;vertic
 th{background:var(--soft)}
 .run,.meta,.note,.rerun,figcaption,footer{color:var(--muted)}
 .note{font-style:italic}
-.banner{border:1px solid var(--fail);border-left:5px solid var(--fail);border-radius:6px;padding:8px 12px;color:var(--fail)}
+.banner{border:1px solid var(--fail);border-left:5px solid var(--fail);border-radius:6px;padding:8px 12px;
+color:var(--fail)}
 pre.error{border-left:3px solid var(--fail)}
 section.gate{border:1px solid var(--line);border-left:5px solid var(--line);border-radius:6px;padding:12px 16px;
 margin:18px 0}

@@ -120,7 +120,8 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
                         nodeid=module,
                         phase="merge",
                         error_type="MissingRecord",
-                        message=f"{module} is in the plan of {where}, but that report holds no record of it and does not "
+                        message=f"{module} is in the plan of {where}, but that report holds no record of it and "
+                        "does not "
                         "say it ran without one: it did not run, or its records were lost. Re-run the shard",
                     ),
                     report.path,

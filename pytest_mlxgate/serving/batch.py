@@ -59,7 +59,7 @@ class BatchQuantizedKVCache:
         qk = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
         qv = mx.quantize(values, group_size=self.group_size, bits=self.bits)
         for stored, new in ((self.keys, qk), (self.values, qv)):
-            for part, value in zip(stored, new):
+            for part, value in zip(stored, new, strict=True):
                 part[..., prev : prev + steps, :] = value
         self._idx += steps
         self.offset = self.offset + steps
@@ -80,7 +80,7 @@ class BatchQuantizedKVCache:
                 return parts
             return tuple(
                 mx.concatenate([old[..., : self._idx, :], new[..., self._idx :, :]], axis=2)
-                for old, new in zip(have, parts)
+                for old, new in zip(have, parts, strict=True)
             )  # type: ignore[return-value]
 
         self.keys, self.values = empty(keys, self.keys), empty(values, self.values)
@@ -116,7 +116,7 @@ def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuan
         (out.keys, mx.quantize(keys, group_size=group_size, bits=bits)),
         (out.values, mx.quantize(values, group_size=group_size, bits=bits)),
     ):
-        for part, value in zip(stored, new):
+        for part, value in zip(stored, new, strict=True):
             part[..., : cache._idx, :] = value
     out._idx = cache._idx
     out.offset = cache.offset
@@ -150,7 +150,7 @@ def greedy_batch(
     first end-of-sequence token. `on_token(step)` after each decode step."""
     width = max(len(x) for x in ids)
     padding = [width - len(x) for x in ids]
-    tokens = mx.array([[0] * p + x for p, x in zip(padding, ids)])
+    tokens = mx.array([[0] * p + x for p, x in zip(padding, ids, strict=True)])
     cache: list[Any] = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
     kv.check_caches(make_prompt_cache(model), {}, n_layers=len(cache))
 

@@ -156,7 +156,7 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
     def _each(self, fn: Any, parts: Parts, other: Parts | None = None) -> Parts:
         if other is None:
             return tuple(fn(p) for p in parts)
-        return tuple(fn(p, o) for p, o in zip(parts, other))
+        return tuple(fn(p, o) for p, o in zip(parts, other, strict=True))
 
     def _update_concat(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
         new_k, new_v = self._quantize(keys), self._quantize(values)
@@ -184,7 +184,7 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
                 zeros = tuple(mx.zeros((*p.shape[:2], size, p.shape[3]), p.dtype) for p in like)
                 if have is None:
                     return zeros  # type: ignore[return-value]
-                return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros))  # type: ignore[return-value]
+                return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros, strict=True))  # type: ignore[return-value]
 
             self.keys, self.values = grown(self.keys, new_k), grown(self.values, new_v)
             self._idx = prev
@@ -196,7 +196,7 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
         if self._idx == self.max_size:  # rotate
             self._idx = self.keep
         for stored, new in ((self.keys, new_k), (self.values, new_v)):
-            for part, value in zip(stored, new):
+            for part, value in zip(stored, new, strict=True):
                 part[..., self._idx : self._idx + steps, :] = value
         self.offset += steps
         self._idx += steps

@@ -47,7 +47,8 @@ class RunOutcome:
                 self._recorded.add(report.nodeid)
 
     def interrupted_by(self, reason: str) -> None:
-        """pytest's keyboard-interrupt hook: Ctrl-C, pytest.exit(), `Interrupted` (collection errors, -x under xdist)."""
+        """pytest's keyboard-interrupt hook: Ctrl-C, pytest.exit(), `Interrupted` (collection errors, -x under
+        xdist)."""
         self._interrupt = reason
 
     def not_run(self) -> list[str]:

@@ -57,7 +57,7 @@ class ContextSpeed:
             raise ValueError("speed pairs need as many candidate as reference trials")
         prefill = paired_ratio([context / t.prefill_s for t in candidate], [context / t.prefill_s for t in reference])
         dec = paired_ratio([decode / t.decode_s for t in candidate], [decode / t.decode_s for t in reference])
-        peaks = [(c.peak_bytes, r.peak_bytes) for c, r in zip(candidate, reference)]
+        peaks = [(c.peak_bytes, r.peak_bytes) for c, r in zip(candidate, reference, strict=True)]
         peak = None
         if all(c is not None and r is not None and c > 0 and r > 0 for c, r in peaks):
             peak = paired_ratio([float(c) for c, _ in peaks], [float(r) for _, r in peaks])  # type: ignore[arg-type]

@@ -82,7 +82,7 @@ def _by_position(kl: np.ndarray, positions: np.ndarray, flips: np.ndarray, tie_f
     starts = np.searchsorted(bucket[order], np.arange(len(groups)))
     ends = np.append(starts[1:], order.size)
     median, p90 = [], []
-    for s, e in zip(starts.tolist(), ends.tolist()):
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
         q = np.quantile(kl[order[s:e]], [0.5, 0.9])
         median.append(_r(q[0]))
         p90.append(_r(q[1]))

@@ -237,8 +237,8 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
         confidence=float(confidence),
         mean=float(kl.mean()),
         mean_ci=(max(0.0, mean_lo), mean_hi),  # KL >= 0: a t interval's negative end says nothing
-        **{name: float(v) for name, v in zip(QUANTILES, qvals)},
-        quantile_ci=dict(zip(QUANTILES, qcis)),
+        **{name: float(v) for name, v in zip(QUANTILES, qvals, strict=True)},
+        quantile_ci=dict(zip(QUANTILES, qcis, strict=True)),
         max=float(kl[top]),
         max_at=TokenAt(int(prompt_of[top]), int(positions[top]), int(next_tokens[top])),
         same_top=float(same.mean()),

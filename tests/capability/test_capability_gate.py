@@ -88,7 +88,7 @@ def _run(ref: list[int], cand: list[int]) -> CapabilityRun:
                 score=float(s),
                 verdict="correct" if s else "wrong",
             )
-            for it, s in zip(items, scores)
+            for it, s in zip(items, scores, strict=True)
         ]
 
     return CapabilityRun(

@@ -191,7 +191,7 @@ def test_tango_interval_matches_fagerland_2014() -> None:
 def test_score_z_decreases_in_delta_and_the_interval_holds_the_estimate(t: tuple[int, int, int]) -> None:
     n, b, c = t
     zs = [score_z(b, c, n, d) for d in np.linspace(-0.99, 0.99, 41)]
-    assert all(z1 >= z2 - 1e-9 for z1, z2 in zip(zs, zs[1:]))
+    assert all(z1 >= z2 - 1e-9 for z1, z2 in itertools.pairwise(zs))
     lo, hi = tango_interval(b, c, n)
     assert -1.0 <= lo <= (b - c) / n <= hi <= 1.0
 

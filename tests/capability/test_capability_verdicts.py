@@ -27,7 +27,7 @@ def run_of(ref: list[float], cand: list[float], *, task: str = "gsm8k", graded: 
                 score=float(s),
                 verdict="correct" if s >= 1 else "wrong",
             )
-            for it, s in zip(items, scores)
+            for it, s in zip(items, scores, strict=True)
         ]
 
     return CapabilityRun(

@@ -55,7 +55,7 @@ def test_groups_cover_every_item_once_and_members_really_share_their_prefix(
 
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     assert [len(r) for r in a] == [len(r) for r in b]
-    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
 def _mmlu_like(n_subjects: int, per_subject: int) -> tuple[list[str], list[tuple[str, ...]]]:
@@ -81,12 +81,12 @@ def test_prefix_reuse_matches_whole_prompts_on_a_real_model(tiny_model_dir: Path
     texts.append("A prompt that shares nothing with the others, scored whole:")  # a group of its own
     choices.append((" A", " B", " C", " D"))
     many = choice_logprobs_many(model, tok, texts, choices)
-    assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices)]) < 1e-4
+    assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices, strict=True)]) < 1e-4
     # multi-token continuations (one row per choice, tokens summed) take the same path
     # longer choices first too: rows run sorted by length, and each must land in its own slot
     multi = [(" Paris", " the city of London"), (" no thanks at all", " yes")] * 3 + [(" a b c d", " b", " c d")]
     many = choice_logprobs_many(model, tok, texts, multi)
-    assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, multi)]) < 1e-4
+    assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, multi, strict=True)]) < 1e-4
 
 
 def test_a_wrong_prefix_would_be_caught(tiny_model_dir: Path) -> None:
@@ -110,7 +110,7 @@ def test_prefix_reuse_matches_whole_prompts_on_real_mmlu_items() -> None:
     data = load_subjects()
     items: list[Any] = [MMLU._item(s, i, data[s]) for s in sorted(data)[:2] for i in range(3)]
     texts, choices = [it.text for it in items], [it.choices for it in items]
-    whole = [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices)]
+    whole = [choice_logprobs(model, tok, t, c) for t, c in zip(texts, choices, strict=True)]
     assert _max_diff(choice_logprobs_many(model, tok, texts, choices), whole) < 1e-4
 
 
@@ -196,4 +196,4 @@ def test_choice_scoring_on_gemma4_matches_whole_prompts(tiny_gemma4_dir: Path) -
     multi = [(" Paris", " the city of London"), (" yes", " no thanks")] * 3
     for opts in (choices, multi):
         many = choice_logprobs_many(model, tok, texts, opts)
-        assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, opts)]) < 1e-4
+        assert _max_diff(many, [choice_logprobs(model, tok, t, c) for t, c in zip(texts, opts, strict=True)]) < 1e-4

@@ -8,6 +8,7 @@ import random
 import re
 import string
 from collections import Counter
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -168,7 +169,7 @@ def test_query_lines_are_scattered(seed: int) -> None:
             here = nxt
     positions = sorted(i for i, p in enumerate(pairs) if p in chain_lines)
     assert len(positions) == 8
-    assert all(b - a >= 2 for a, b in zip(positions, positions[1:])), positions
+    assert all(b - a >= 2 for a, b in pairwise(positions)), positions
 
 
 def test_chain_lines_are_not_always_in_order() -> None:
@@ -410,7 +411,7 @@ def test_per_hop_accuracy() -> None:
         # right on every 1-hop item, right on one 2-hop item, wrong elsewhere
         right = hops == 1 or (hops == 2 and i == 1)
         outputs.append(it.target["answer"] if right else it.target["start"])
-    results = [CHAT.score(it, out) for it, out in zip(items, outputs)]
+    results = [CHAT.score(it, out) for it, out in zip(items, outputs, strict=True)]
     assert per_hop_accuracy(results) == {1: (3, 3), 2: (1, 3), 3: (0, 3), 4: (0, 3)}
     assert per_hop_accuracy([]) == {}
     assert list(per_hop_accuracy(list(reversed(results)))) == [1, 2, 3, 4]

@@ -109,7 +109,10 @@ def test_canonical_body_alone_passes_as_a_raw_continuation(problems: dict[str, d
 
 @needs_sandbox
 def test_a_wrong_solution_fails_with_the_assertion_in_detail() -> None:
-    wrong = "from typing import List\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n    return False\n"
+    wrong = (
+        "from typing import List\n\n"
+        "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n    return False\n"
+    )
     result = TASK.score(_item("HumanEval/0"), _fenced(wrong))
     assert (result.verdict, result.score, result.passed) == ("failed", 0.0, False)
     assert result.detail["returncode"] == 1 and "AssertionError" in result.detail["stderr"]

@@ -87,7 +87,7 @@ class Reference:
 
         strict, loose = [], []
         variants = self.common.get_loose_transformations(response)
-        for iid, kw in zip(rec["instruction_id_list"], rec["kwargs"]):
+        for iid, kw in zip(rec["instruction_id_list"], rec["kwargs"], strict=True):
             checker = self.registry[iid](iid)
             checker.build_description(**{k: v for k, v in kw.items() if v is not None})
             DetectorFactory.seed = 0
@@ -114,7 +114,7 @@ def test_corpus_exercises_every_instruction_both_ways() -> None:
     for row in rows:
         rec = row["record"]
         verdict = ck.evaluate_response(rec["instruction_id_list"], rec["kwargs"], row["response"])
-        for iid, s in zip(rec["instruction_id_list"], verdict.strict):
+        for iid, s in zip(rec["instruction_id_list"], verdict.strict, strict=True):
             if s is not None:
                 seen.setdefault(iid, set()).add(s)
     assert set(seen) == set(ck.INSTRUCTION_TYPES)

@@ -180,7 +180,8 @@ def test_a_good_lever_s_gate_goes_green_once_its_limits_fail_a_known_bad_variant
             "*known-bad step (limits never shown to fail a broken variant may pass one): plant a function with "
             "mlx.core.fast.rms_norm's signature and the bug*",
             '*KNOWN_BAD = "mymod:broken"   (in gates/test_fused_norm.py: its test_known_bad runs test_drift on it*',
-            "*pytest gates/test_fused_norm.py --mlx-lever fused_norm --mlx-ref-value pytest_mlxgate.reference_ops:rms_norm"
+            "*pytest gates/test_fused_norm.py --mlx-lever fused_norm"
+            " --mlx-ref-value pytest_mlxgate.reference_ops:rms_norm"
             " --mlx-cand-value mymod:broken   (once, by hand: must fail)",
         ]
     )

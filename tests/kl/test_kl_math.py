@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import time
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def random_logits(seed: int, t: int, v: int, scale: float, *, spikes: int = 0, m
 
 
 def rows(ref: RefDistributions) -> list[np.ndarray]:
-    return [ref.ids[a:b] for a, b in zip(ref.offsets[:-1], ref.offsets[1:])]
+    return [ref.ids[a:b] for a, b in pairwise(ref.offsets)]
 
 
 logit_cases = st.fixed_dictionaries(

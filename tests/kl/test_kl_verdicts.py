@@ -92,9 +92,8 @@ def test_the_inconclusive_policy_fails_warns_or_xfails(pytester: pytest.Pytester
 from pytest_mlxgate.results.verdicts import settle_inconclusive
 
 def test_gate():
-    settle_inconclusive("inconclusive: n=8 bounds the drop at 0.25", "%s")
-"""
-        % policy
+    settle_inconclusive("inconclusive: n=8 bounds the drop at 0.25", "POLICY")
+""".replace("POLICY", policy)
     )
     result = pytester.runpytest("-p", "no:randomly", "-W", "default")
     result.assert_outcomes(**{outcome: 1}, **({"warnings": 1} if policy == "warn" else {}))

@@ -101,7 +101,7 @@ class _ScaledNorm:
             try:
                 yield
             finally:
-                for layer, w in zip(layers, saved):
+                for layer, w in zip(layers, saved, strict=True):
                     layer.input_layernorm.weight = w
 
         return scaled()

@@ -224,7 +224,7 @@ def test_each_round_walks_the_followers_with_its_own_stride() -> None:
 def test_later_rounds_vary_what_follows_or_where_it_starts(prompts: tuple[Prompt, ...], tokenizer: Any) -> None:
     count = len(prompts)
     seqs = build_sequences(prompts, tokenizer, n=2 * count, tokens=256)
-    for first, second in zip(seqs[:count], seqs[count:]):
+    for first, second in zip(seqs[:count], seqs[count:], strict=True):
         assert first.sources[0] == second.sources[0]
         if len(first.sources) > 1 and len(second.sources) > 1:
             assert first.sources[1] != second.sources[1]

@@ -50,7 +50,7 @@ REFS = [_ref(0), _ref(1)]
 def _same(got: list[RefDistributions] | None, want: list[RefDistributions]) -> bool:
     if got is None or len(got) != len(want):
         return False
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         ga, wa = g.to_arrays(), w.to_arrays()
         if ga.keys() != wa.keys():
             return False

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -227,7 +228,7 @@ class ReferenceBPE:
 
         self.vocab = {tok: i for i, tok in enumerate(tokens)}
         self.ranks = {tuple(m.split(" ")): rank for rank, m in enumerate(merges)}
-        specials = sorted((t for t, k in zip(tokens, token_types) if k == 3), key=len, reverse=True)
+        specials = sorted((t for t, k in zip(tokens, token_types, strict=True) if k == 3), key=len, reverse=True)
         self.special_split = regex.compile("(" + "|".join(regex.escape(s) for s in specials) + ")")
         self.specials = set(specials)
         self.digits = regex.compile(r"(\p{N})")
@@ -243,7 +244,7 @@ class ReferenceBPE:
     def _merge(self, word: str) -> tuple[str, ...]:
         parts = list(word)
         while len(parts) > 1:
-            ranked = [(self.ranks.get(pair, 1 << 60), pair) for pair in zip(parts, parts[1:])]
+            ranked = [(self.ranks.get(pair, 1 << 60), pair) for pair in pairwise(parts)]
             rank, best = min(ranked)
             if rank == 1 << 60:
                 break

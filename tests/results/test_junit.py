@@ -126,7 +126,7 @@ def _run(task: str, ref: list[float], cand: list[float]) -> CapabilityRun:
     def results(scores: list[float]) -> list[ItemResult]:
         return [
             ItemResult(item_id=it.id, prompt_hash="h", output="o", score=s, verdict="correct" if s else "wrong")
-            for it, s in zip(items, scores)
+            for it, s in zip(items, scores, strict=True)
         ]
 
     return CapabilityRun(

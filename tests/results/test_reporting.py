@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -666,7 +667,7 @@ def cells(line: str, starts: list[int]) -> list[str]:
         if len(line) > s:
             assert line[s - 1] == " ", (line, s)
     bounds = [*starts, len(line) + 1]
-    return [line[a:b].strip() for a, b in zip(bounds, bounds[1:])]
+    return [line[a:b].strip() for a, b in pairwise(bounds)]
 
 
 def test_summary_pass_matches_the_documented_layout() -> None:

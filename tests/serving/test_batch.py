@@ -82,7 +82,7 @@ def test_each_row_of_a_padded_quantized_batch_has_its_own_logits(tiny_kv_model_d
     width = max(map(len, ids))
     padding = [width - len(x) for x in ids]
     cache: list[Any] = [BatchKVCache(padding) for _ in model.layers]
-    tokens = mx.array([[0] * p + x for p, x in zip(padding, ids)])
+    tokens = mx.array([[0] * p + x for p, x in zip(padding, ids, strict=True)])
     model(tokens[:, :-1], cache=cache)
     cache = [quantize_batch_cache(c, group_size=32, bits=bits) for c in cache]
     assert all(isinstance(c, BatchQuantizedKVCache) for c in cache)

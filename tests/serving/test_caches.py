@@ -60,13 +60,13 @@ def _decode_kls(model: Any, tok: Any, plan: Any, other: Any, steps: int = 4) -> 
     for text in PROMPTS:
         ids = list(tok.encode(text))
         caches = [p.make_cache(model) for p in (plan, other)]
-        for p, c in zip((plan, other), caches):
+        for p, c in zip((plan, other), caches, strict=True):
             model(mx.array([ids[:-1]]), cache=c)
             p.maybe_quantize(c)
         token = ids[-1]
         for _ in range(steps):
             rows = []
-            for p, c in zip((plan, other), caches):
+            for p, c in zip((plan, other), caches, strict=True):
                 logits = np.array(model(mx.array([[token]]), cache=c)[0, -1].astype(mx.float32), np.float64)
                 p.maybe_quantize(c)
                 rows.append(logits - np.logaddexp.reduce(logits))  # float64: the KL itself adds no noise

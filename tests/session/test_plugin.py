@@ -265,7 +265,8 @@ def test_hub_errors_fail_the_tests_cleanly_and_resolve_once(
     result.assert_outcomes(errors=2)
     url = f"{hub.endpoint}/api/models/{repo}/revision/main"
     why = {
-        "missing": f"{url} answered 404 (RepoNotFound). Check the repo id, the revision and whether it is a model or a dataset repo; *",
+        "missing": f"{url} answered 404 (RepoNotFound). Check the repo id, the revision and whether it is a model "
+        "or a dataset repo; *",
         "gated": f"{url} answered 401 (GatedRepo; no token was sent). To fix: if the repo is gated, "
         f"accept its terms on {hub.endpoint}; make sure your token has access: set HF_TOKEN *",
     }[case]

@@ -84,7 +84,9 @@ def test_long_sequences_pool_neighbouring_positions_into_at_most_the_cap() -> No
     bp = kl_profile(synthetic_scores(2, 1000))["by_position"]
     assert len(bp["first"]) == MAX_POSITIONS and sum(bp["n"]) == 2000
     assert bp["first"][0] == 0 and bp["last"][-1] == 999
-    assert all(b == a + 1 for a, b in zip(bp["last"], bp["first"][1:]))  # contiguous, no gaps or overlaps
+    assert all(
+        b == a + 1 for a, b in zip(bp["last"][:-1], bp["first"][1:], strict=True)
+    )  # contiguous, no gaps or overlaps
 
 
 def test_each_prompt_gets_its_mean_and_a_batch_means_interval() -> None:

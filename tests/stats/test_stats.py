@@ -531,16 +531,16 @@ def test_summary_at_another_confidence_with_uneven_prompts() -> None:
     lo, hi = mean_interval(np.array([t.kl.mean() for t in live]), 0.8, weights=w)
     assert s.mean_ci == (pytest.approx(max(0.0, lo), rel=1e-12), pytest.approx(hi, rel=1e-12))
     qcis = cluster_bootstrap_quantiles([t.kl for t in live], list(QUANTILES.values()), confidence=0.8)
-    assert s.quantile_ci == dict(zip(QUANTILES, qcis))
+    assert s.quantile_ci == dict(zip(QUANTILES, qcis, strict=True))
     ln = [np.asarray(t.ref_next_logprob, np.float64) - np.asarray(t.cand_next_logprob, np.float64) for t in live]
     assert s.ln_ppl_ratio_ci == pytest.approx(mean_interval(np.array([x.mean() for x in ln]), 0.8, weights=w), rel=1e-9)
     same = [t.ref_top1 == t.cand_top1 for t in live]
-    agree = [sm | t.near_tie for sm, t in zip(same, live)]
+    agree = [sm | t.near_tie for sm, t in zip(same, live, strict=True)]
     sums = np.array([a.sum() for a in agree], dtype=np.float64)
     assert s.top1_ci == proportion_interval(sums, w, 0.8)
     assert s.same_top_ci == proportion_interval(np.array([a.sum() for a in same], dtype=np.float64), w, 0.8)
-    flips = sum(int(np.sum(~sm & ~t.near_tie)) for sm, t in zip(same, live))
-    near_tie_flips = sum(int(np.sum(~sm & t.near_tie)) for sm, t in zip(same, live))
+    flips = sum(int(np.sum(~sm & ~t.near_tie)) for sm, t in zip(same, live, strict=True))
+    near_tie_flips = sum(int(np.sum(~sm & t.near_tie)) for sm, t in zip(same, live, strict=True))
     assert (s.flips, s.near_tie_flips) == (flips, near_tie_flips) and flips != near_tie_flips
     assert s.near_ties == sum(int(t.near_tie.sum()) for t in live)
     assert len(s.worst_prompts) == 3 and all(p.prompt < 5 for p in s.worst_prompts)

@@ -270,7 +270,7 @@ def _list_dict_check(param: str, value: Sequence[Any], allowed: Sequence[Any]) -
             _dict_check(param, v, [a])
             if isinstance(v, dict)
             else Check(False, "value_error:list_dict", f"{param!r}: {v!r} is not a dict")
-            for v, a in zip(value, answer)
+            for v, a in zip(value, answer, strict=True)
         ]
         bad = next((c for c in checks if not c.ok), None)
         if bad is None:
@@ -363,7 +363,10 @@ def check_calls(
     if len(calls) != len(possible_answer):
         return "wrong_args", f"{len(calls)} calls, expected {len(possible_answer)}"
     by_name = {str(f["name"]): f for f in functions}
-    ok = [[check_call(by_name.get(name, {}), c, a) for c in calls] for name, a in zip(expected, possible_answer)]
+    ok = [
+        [check_call(by_name.get(name, {}), c, a) for c in calls]
+        for name, a in zip(expected, possible_answer, strict=True)
+    ]
     owner: dict[int, int] = {}  # call index -> answer index
 
     def assign(i: int, seen: set[int]) -> bool:
@@ -377,7 +380,7 @@ def check_calls(
 
     for i in range(len(possible_answer)):
         if not assign(i, set()):
-            same = [r for r, c in zip(ok[i], calls) if c.name == expected[i]]
+            same = [r for r, c in zip(ok[i], calls, strict=True) if c.name == expected[i]]
             first = same[0] if same else Check(False, "unmatched", "")
             return "wrong_args", f"answer {i} ({expected[i]}) unmatched: {first.error_type}: {first.message}"
     return "correct", ""

@@ -119,11 +119,9 @@ def extract_answer(output: str) -> tuple[str | None, str | None]:
     match = _ANSWER_IS_RE.search(text)
     if match:
         return match.group(1).replace(",", ""), "answer_is"
-    last = None
-    for last in _NUM_RE.finditer(text):
-        pass
-    if last is not None:
-        return last.group(0).replace(",", ""), "last_number"
+    numbers = [m.group(0) for m in _NUM_RE.finditer(text)]
+    if numbers:
+        return numbers[-1].replace(",", ""), "last_number"
     return None, None
 
 

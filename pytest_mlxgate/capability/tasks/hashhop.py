@@ -37,6 +37,7 @@ import re
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 from ..base import Item, ItemResult, RunOptions, Tier, chat_render, prompt_hash, stable_id
@@ -158,7 +159,7 @@ def generate(seed: int, *, context_tokens: int, hops: int, tokenizer: Any | None
 
     def chain_lines(n_hops: int) -> list[str]:
         chain = [new_hash() for _ in range(n_hops + 1)]
-        return [f"{a} = {b}" for a, b in zip(chain, chain[1:])]
+        return [f"{a} = {b}" for a, b in pairwise(chain)]
 
     queries: list[Query] = []
     query_lines: list[str] = []

@@ -117,7 +117,7 @@ class IfevalTask:
         """1.0 when every verifiable instruction is followed (strict); loose and per-instruction in detail."""
         target = item.target
         verdict = evaluate_response(target["instruction_id_list"], target["kwargs"], output)
-        unverifiable = [iid for iid, s in zip(verdict.instruction_ids, verdict.strict) if s is None]
+        unverifiable = [iid for iid, s in zip(verdict.instruction_ids, verdict.strict, strict=True) if s is None]
         if not verdict.verifiable:
             label = "unverifiable"
         elif not output.strip():

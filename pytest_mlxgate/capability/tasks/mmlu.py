@@ -45,7 +45,7 @@ Subjects = Mapping[str, Mapping[str, Sequence[Row]]]  # subject -> split ("test"
 def format_example(row: Mapping[str, Any], *, with_answer: bool) -> str:
     """One question block: question, lettered choices, "Answer:" (and the gold letter for shots)."""
     lines = [str(row["question"]).strip()]
-    lines += [f"{letter}. {choice}" for letter, choice in zip(LETTERS, row["choices"])]
+    lines += [f"{letter}. {choice}" for letter, choice in zip(LETTERS, row["choices"], strict=True)]
     block = "\n".join(lines) + "\nAnswer:"
     return block + f" {LETTERS[int(row['answer'])]}\n\n" if with_answer else block
 
