@@ -22,14 +22,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 from ..errors import MlxgateUsageError
 from ..levers.lever import LeverPath
 from ..levers.naming import IDENT
 from ..levers.patching import resolve_object
 
-__all__ = ["GateSpec", "gate_spec", "new_gate", "next_steps", "plain_version", "render_gate", "write_gate"]
+__all__ = [
+    "GateOptions",
+    "GateSpec",
+    "gate_spec",
+    "new_gate",
+    "next_steps",
+    "plain_version",
+    "render_gate",
+    "write_gate",
+]
 
 #: The module whose plain-ops kernels are a fused op's default reference (the name gates write).
 REFERENCE_OPS = "pytest_mlxgate.reference_ops"
@@ -143,22 +152,22 @@ class GateSpec:
     path: LeverPath = "prefill"
 
 
-def new_gate(
-    name: str,
-    *,
-    patch: str | None = None,
-    env: str | None = None,
-    ref: str | None = None,
-    cand: str | None = None,
-    path: LeverPath = "prefill",
-    directory: Path = Path("gates"),
-) -> Path:
+class GateOptions(TypedDict, total=False):
+    """`mlxgate new-gate`'s lever options, as `gate_spec` takes them."""
+
+    patch: str | None
+    env: str | None
+    ref: str | None
+    cand: str | None
+    path: LeverPath
+
+
+def new_gate(name: str, *, directory: Path = Path("gates"), **options: Unpack[GateOptions]) -> Path:
     """Check everything, then write `directory/test_NAME.py`; returns its path. An existing file is
     refused before any module is imported."""
     _check_name(name)
     _refuse_existing(_gate_path(name, directory))
-    spec = gate_spec(name, patch=patch, env=env, ref=ref, cand=cand, path=path, search=directory)
-    return write_gate(spec, directory)
+    return write_gate(gate_spec(name, search=directory, **options), directory)
 
 
 def gate_spec(

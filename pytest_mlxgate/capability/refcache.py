@@ -16,12 +16,12 @@ import hashlib
 import inspect
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..common.keys import canonical_json, key_digest
-from ..common.refstore import DEFAULT_CACHE_MAX_BYTES, EntryStore
+from ..common.refstore import CacheFolder
 from ..levers import kvcache
 from ..serving import batch, caches
 from . import generate
@@ -62,22 +62,11 @@ def generation_code_digest() -> str:
     return hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
 
-class CapabilityCache:
+class CapabilityCache(CacheFolder):
     """A directory of `cap-<key-hash>.json` files, one per (gate configuration, task, reference arm).
 
     `files`: the run's KL cache's (this folder sits inside it, under one cap); by default one over
     `directory` with `max_bytes` and `report`."""
-
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
-        report: Callable[[str], None] | None = None,
-        files: EntryStore | None = None,
-    ) -> None:
-        self.directory = directory
-        self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 
     def path_for(self, key: Mapping[str, Any]) -> Path:
         return self.directory / f"cap-{key_digest(key)}.json"

@@ -28,6 +28,7 @@ from ..errors import MlxgateWarning
 from .atomic import atomic_write_bytes
 
 __all__ = [
+    "CacheFolder",
     "DEFAULT_CACHE_MAX",
     "DEFAULT_CACHE_MAX_BYTES",
     "DamagedEntry",
@@ -314,6 +315,22 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+class CacheFolder:
+    """A reference cache's folder: `directory`, whose entries `files` reads, writes and evicts (the
+    run's shared `EntryStore`, or by default one over `directory` with `max_bytes` and `report`)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
+        report: Callable[[str], None] | None = None,
+        files: EntryStore | None = None,
+    ) -> None:
+        self.directory = directory
+        self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 
 
 class _Store(Protocol):

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..common.keys import canonical_json, key_digest
-from ..common.refstore import DEFAULT_CACHE_MAX_BYTES, EntryStore
+from ..common.refstore import CacheFolder
 from .divergence import RefDistributions
 
 __all__ = ["CACHE_FORMAT", "ReferenceCache"]
@@ -29,22 +29,11 @@ __all__ = ["CACHE_FORMAT", "ReferenceCache"]
 CACHE_FORMAT = 1
 
 
-class ReferenceCache:
+class ReferenceCache(CacheFolder):
     """A directory of `<key-hash>.npz` files, one per (gate configuration, reference arm).
 
     `files` (shared with the run's capability cache, whose folder sits inside this one) reads,
     writes and evicts them; by default one over `directory` with `max_bytes` and `report`."""
-
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES,
-        report: Callable[[str], None] | None = None,
-        files: EntryStore | None = None,
-    ) -> None:
-        self.directory = directory
-        self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
 
     @staticmethod
     def digest(key: Mapping[str, Any]) -> str:
