@@ -8,14 +8,19 @@ so the pooled Wilson bound is conservative; the report gives the population esti
 module size beside it.
 
     python tests/support/mutation_sample.py pick N [SEED]   # the names, one a line (mutmut run's args)
-    python tests/support/mutation_sample.py report FILE     # kill rate over the names in FILE, exit 1
-                                                            # when its lower bound is under the bar
+    python tests/support/mutation_sample.py report FILE [DOC]  # kill rate over the names in FILE, exit 1
+                                                               # when its lower bound is under the bar
+
+The mutation score leaves out the equivalent mutants (no input tells them from the code): DOC (by
+default docs/mutation-testing.md) names them, one triage line each, `NAME`: E: the reason. The report
+gives the raw share of the sample beside the score, so what the triage removed stays in view.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +31,10 @@ from mutmut.stats import status_by_exit_code
 from pytest_mlxgate.stats.intervals import wilson_lower
 
 MUTANTS = Path("mutants")
+TRIAGE = Path("docs/mutation-testing.md")
+#: A triage line that calls a mutant equivalent: the name in backticks (the package prefix may be left
+#: out), then `E:` and a reason.
+_EQUIVALENT = re.compile(r"`(?:pytest_mlxgate\.)?([^`\s]+__mutmut_\d+)`: E(?: in practice)?: \S")
 CONFIDENCE = 0.95
 CAUGHT = {"killed", "timeout"}  # as mutation_report.py counts: a mutant that hangs the tests is caught
 
@@ -45,20 +54,21 @@ def module_of(name: str) -> str:
 
 
 def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
-    """Proportional allocation of n draws over strata of these sizes: largest remainder, one at least."""
+    """n draws over strata of these sizes: one each, the rest in proportion to what each has left
+    (largest remainder: never over a stratum's size, as a share of the rest is at most its room).
+    Exactly n in all; fewer draws than strata go one each to the largest."""
     total = sum(sizes.values())
     if not 0 < n <= total:
         raise SystemExit(f"a sample of {n} from {total} mutants: ask for 1..{total}")
-    quotas = {m: n * s / total for m, s in sizes.items()}
-    alloc = {m: max(1, int(q)) for m, q in quotas.items()}
-    by_remainder = sorted(sizes, key=lambda m: quotas[m] - int(quotas[m]), reverse=True)
-    i = 0
-    while sum(alloc.values()) < n:
-        m = by_remainder[i % len(by_remainder)]
-        if alloc[m] < sizes[m]:
-            alloc[m] += 1
-        i += 1
-    return {m: min(a, sizes[m]) for m, a in alloc.items()}
+    if n < len(sizes):
+        return dict.fromkeys(sorted(sizes, key=lambda m: (-sizes[m], m))[:n], 1)
+    rest, room = n - len(sizes), {m: s - 1 for m, s in sizes.items()}
+    quotas = {m: rest * r / max(1, total - len(sizes)) for m, r in room.items()}
+    alloc = {m: 1 + int(q) for m, q in quotas.items()}
+    by_remainder = sorted(sizes, key=lambda m: (-(quotas[m] - int(quotas[m])), m))
+    for m in by_remainder[: n - sum(alloc.values())]:
+        alloc[m] += 1
+    return alloc
 
 
 def pick(n: int, seed: int) -> list[str]:
@@ -70,7 +80,12 @@ def pick(n: int, seed: int) -> list[str]:
     return [name for m in sorted(by_module) for name in sorted(rng.sample(sorted(by_module[m]), alloc[m]))]
 
 
-def report(names: list[str]) -> int:
+def equivalents(triage: str) -> set[str]:
+    """The mutants the triage text calls equivalent, each with a reason (a bare `E` does not count)."""
+    return {f"pytest_mlxgate.{name}" for name in _EQUIVALENT.findall(triage)}
+
+
+def report(names: list[str], equivalent: frozenset[str] | set[str] = frozenset()) -> int:
     codes = mutant_exit_codes()
     sizes: dict[str, int] = defaultdict(int)
     for name in codes:
@@ -79,6 +94,9 @@ def report(names: list[str]) -> int:
     drawn: dict[str, int] = defaultdict(int)
     survivors: list[str] = []
     unchecked = 0
+    left_out = sorted(n for n in names if n in equivalent and status_by_exit_code[codes.get(n)] not in CAUGHT)
+    raw_n, raw_k = len(names), sum(status_by_exit_code[codes.get(n)] in CAUGHT for n in names)
+    names = [n for n in names if n not in left_out]
     for name in names:
         code = codes.get(name)
         drawn[module_of(name)] += 1
@@ -96,10 +114,14 @@ def report(names: list[str]) -> int:
     print(f"not killed ({len(survivors)}, {unchecked} never checked: counted as not killed):")
     for s in survivors:
         print(f"  {s}")
+    print(f"equivalent, left out ({len(left_out)}, each triaged with its reason in {TRIAGE}):")
+    for name in left_out:
+        print(f"  {name}")
     verdict = "ok" if lower >= BAR else f"not shown >= {BAR:.0%}"
     print(
-        f"sample of {n} of {len(codes)} mutants: killed {k}/{n} = {k / n:.1%} (weighted by module size "
-        f"{weighted:.1%}); one-sided {CONFIDENCE:.0%} lower bound {lower:.1%} ({verdict})"
+        f"sample of {raw_n} of {len(codes)} mutants: killed {raw_k}/{raw_n} = {raw_k / raw_n:.1%}; "
+        f"of the {n} not equivalent: killed {k}/{n} = {k / n:.1%} (weighted by module size {weighted:.1%}); "
+        f"one-sided {CONFIDENCE:.0%} lower bound {lower:.1%} ({verdict})"
     )
     return 0 if lower >= BAR else 1
 
@@ -108,8 +130,9 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "pick":
         print("\n".join(pick(int(argv[1]), int(argv[2]) if len(argv) > 2 else 19)))
         return 0
-    if len(argv) == 2 and argv[0] == "report":
-        return report(Path(argv[1]).read_text().split())
+    if len(argv) in (2, 3) and argv[0] == "report":
+        triage = Path(argv[2]) if len(argv) == 3 else TRIAGE
+        return report(Path(argv[1]).read_text().split(), equivalents(triage.read_text()))
     print(__doc__)
     return 2
 
