@@ -5,6 +5,8 @@ is also run on a small planted package, so a rule that can no longer fail is see
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -116,6 +118,22 @@ def test_the_plugin_loads_without_mlx_or_numpy() -> None:
     reached = third_party_reached(PACKAGE, "pytest_mlxgate.plugin")
     heavy = {m: chain for m, chain in reached.items() if m.split(".")[0] in HEAVY}
     assert not heavy, "\n".join(" -> ".join(chain) for chain in heavy.values())
+
+
+#: Loaded when their work starts, never by pytest's start-up (every pytest run in a repo with the
+#: plugin installed pays for what plugin.py loads): the read model's ~30 dataclasses cost ~80 ms.
+NOT_AT_START = ("pytest_mlxgate.results.model", "pytest_mlxgate.results.summary", "pytest_mlxgate.results.html_report")
+
+
+def test_pytest_s_start_up_loads_no_reader_of_the_results() -> None:
+    """Measured in a real interpreter, beside the static check above: function-level imports count."""
+    code = "import sys, pytest_mlxgate.plugin; print(' '.join(sorted(sys.modules)))"
+    loaded = set(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert "pytest_mlxgate.plugin" in loaded
+    assert not loaded & set(NOT_AT_START), sorted(loaded & set(NOT_AT_START))
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .fields import dumps
-from .model import Ratio, SpeedContext, parse_record, pending_entry, row_run, stored_record
 
 if TYPE_CHECKING:
+    from .model import SpeedContext
     from .records import GateRecord, RunInfo
 
 __all__ = [
@@ -119,6 +119,8 @@ _SCHEMA = (
 
 
 def _row(run: RunInfo, record: GateRecord) -> tuple[Any, ...]:
+    from .model import parse_record  # the read model's dataclasses cost ~80 ms: not at plugin load
+
     r = parse_record(record)
     stats, lever = r.stats, r.lever
     values: dict[str, Any] = {
@@ -162,6 +164,8 @@ def _speed_values(ctx: SpeedContext | None) -> dict[str, Any]:
     """The speed columns: the longest measured context's figures (None without one)."""
     if ctx is None:
         return {name: None for name, _ in _SPEED_COLUMNS}
+    from .model import Ratio
+
     decode = ctx.decode or Ratio()
     return {
         "speed_context": ctx.length,
@@ -426,14 +430,20 @@ def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[GateRecord]]
 
 
 def _queued_run(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:
+    from .model import pending_entry
+
     return pending_entry(raw)
 
 
 def run_of(row: Mapping[str, Any]) -> RunInfo:
     """The run a stored row belongs to, whole: every field of RunInfo is kept (columns and config_json)."""
+    from .model import row_run
+
     return row_run(row)
 
 
 def record_of(row: Mapping[str, Any]) -> GateRecord | None:
     """The record a row stores whole (record_json), as written; None where it cannot be read."""
+    from .model import stored_record
+
     return stored_record(row)
