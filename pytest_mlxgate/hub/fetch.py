@@ -236,8 +236,8 @@ def _download(
         if progressed and not isinstance(failure, _Stalled):
             failures = 0  # new ground: the retry budget starts afresh (a trickle earns no reset)
             continue
-        if failure is None and partial.size == file.size:
-            continue
+        if partial.size == file.size:
+            continue  # every byte is in, however the request ended (a watchdog on its last piece): check them
         failures += 1  # a failure, or a clean answer that brought nothing new
         if failures > policy.max_retries:
             raise HubRetryError(

@@ -17,7 +17,7 @@ import pytest
 from fakehub import Fault
 
 from pytest_mlxgate.hub.cache import RepoCache, RepoFile
-from pytest_mlxgate.hub.errors import HubRetryError
+from pytest_mlxgate.hub.errors import HubAuthError, HubError, HubNotFoundError, HubRetryError
 from pytest_mlxgate.hub.fetch import FetchStats, fetch_blob
 from pytest_mlxgate.hub.transport import HubClient, RetryPolicy
 
@@ -97,3 +97,43 @@ def test_a_slow_but_steady_body_outlasts_many_watchdog_windows(hub, cache_dir: P
     stats = _fetch(hub, cache_dir, "org/contract-steady", file, policy)
     assert (stats.requests, stats.errors) == (1, [])
     assert (cache_dir / "models--org--contract-steady" / "blobs" / file.etag).read_bytes() == content
+
+
+def test_a_body_completed_by_a_stalled_request_is_checked_not_given_up(
+    hub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
+    """The watchdog may trip on the very piece that completes the file (three pieces 1.1 s apart: the
+    third ends a slow 2 s window): every byte is in, so the fetch checks them and keeps the file, even
+    with no retry in a row left to spend. Sleeps never end early, so the third piece always ends the
+    window; only a piece delayed by more than 0.9 s (the window, also the read timeout, less the gap)
+    would trip it sooner."""
+    file, content = _repo(hub, "org/contract-stalled-complete", size=3_000)
+    hub.inject("org/contract-stalled-complete", BIG, Fault.trickle(1_000, 1.1))
+    policy = dataclasses.replace(fast_policy, stall_window=2.0, min_bytes_per_window=1 << 20, max_retries=0)
+    stats = _fetch(hub, cache_dir, "org/contract-stalled-complete", file, policy)
+    assert stats.requests == 1 and stats.bytes_received == file.size
+    assert [e for e in stats.errors if "no-progress watchdog" in e] == [stats.errors[0]] == stats.errors
+    assert (cache_dir / "models--org--contract-stalled-complete" / "blobs" / file.etag).read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "words"),
+    [
+        (401, HubAuthError, "unauthorized; no token was sent"),
+        (403, HubAuthError, "if the repo is gated"),
+        (404, HubNotFoundError, "Check the repo id"),
+        (400, HubError, "answered 400 Bad Request"),
+    ],
+)
+def test_a_download_refused_for_good_raises_the_error_of_its_status(
+    hub, cache_dir: Path, fast_policy: RetryPolicy, code: int, error: type[HubError], words: str
+) -> None:
+    """A 4xx the hub will not change its mind about ends the fetch at once, in the words of its status."""
+    name = f"org/contract-refused-{code}"
+    file, _ = _repo(hub, name, size=1_000)
+    hub.inject(name, BIG, Fault.status(code))
+    with pytest.raises(error) as info:
+        _fetch(hub, cache_dir, name, file, fast_policy)
+    assert type(info.value) is error
+    assert str(info.value).startswith(f"downloading {BIG}: ") and words in str(info.value)
+    assert len(_gets(hub, name)) == 1
