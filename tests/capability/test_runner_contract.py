@@ -147,3 +147,61 @@ def test_a_patch_levers_site_is_counted_during_the_arm(arm: tuple[Any, Any], pro
     never = Lever(name="norm", kind="patch", target="mlx.core.fast.layer_norm", ref=None, cand=None)
     with pytest.raises(VacuousLeverError, match="never called during the candidate arm's capability task probe"):
         runner.run_arm(probe, items, model, tok, never, "candidate")
+
+
+def test_a_run_names_the_task_and_tier_it_ran(arm: tuple[Any, Any], probe: Probe) -> None:
+    """The record says what was run, both ways: all at once and a batch at a time."""
+    run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER)
+    seq = runner.run_capability_sequential(
+        "probe",
+        "full",
+        budget=Budget(items=4, batch=2),
+        max_drop=0.1,
+        alpha=0.05,
+        reference=arm,
+        candidate=arm,
+        lever=LEVER,
+    )
+    for record in (run, seq):
+        assert (record.task, record.tier) == ("probe", "full")
+        assert len(record.items) == len(record.reference) == len(record.candidate) == 4
+        assert set(record.durations) == {"reference_s", "candidate_s"}
+
+
+@pytest.fixture(scope="module")
+def kv_arm(tiny_kv_model_dir: Path) -> tuple[Any, Any]:
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    return model, tokenizer
+
+
+def _kv(start: int) -> Lever:
+    return Lever(name="kv8", kind="kv", target=None, ref="plain", cand={"bits": 8, "start": start}, path="serving")
+
+
+def test_a_kv_lever_runs_only_where_the_tasks_generation_reaches_its_start(
+    kv_arm: tuple[Any, Any], probe: Probe
+) -> None:
+    """Choices are one plain prefill, so a KV lever changes only generated items, and only once
+    generation (the longest prompt, then the budget) runs past the plan's start: else it is refused
+    before the arm runs, naming the task and how many tokens its generation feeds."""
+    import re
+
+    from pytest_mlxgate.capability.generate import prompt_length
+
+    model, tok = kv_arm
+    items = probe.load("full", n=4)
+    results, rendered = runner.run_arm(probe, items, model, tok, _kv(0), "candidate")
+    assert len(results) == len(items)
+    longest_prompt = max(prompt_length(tok, rendered[it.id]) for it in items if it.kind != "choice")
+    start = longest_prompt + probe.max_new_tokens + 1
+    scored = len(probe.scored)
+    with pytest.raises(VacuousLeverError, match="capability task probe's generation") as info:
+        runner.run_arm(probe, items, model, tok, _kv(start), "candidate")
+    fed = int(re.search(rf"starts at token {start}, beyond the (\d+) tokens", str(info.value)).group(1))
+    assert longest_prompt <= fed <= longest_prompt + probe.max_new_tokens
+    assert len(probe.scored) == scored  # refused before any item was scored
+    with pytest.raises(VacuousLeverError, match="scored by its choices' log-probabilities"):
+        runner.run_arm(probe, [it for it in items if it.kind == "choice"], model, tok, _kv(0), "candidate")
+    runner.run_arm(probe, items, model, tok, _kv(start), "reference")  # the reference arm is not judged

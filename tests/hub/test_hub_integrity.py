@@ -282,3 +282,30 @@ def test_a_blob_whose_stamp_still_matches_is_not_hashed_again(
     # verify hashes everything whatever the stamps say.
     report = verify_snapshot(repo, cache_dir=cache_dir)
     assert report.ok and hashed.bytes == report.bytes_checked == total
+
+
+def test_verify_hashes_blobs_a_snapshot_links_outside_its_cache_by_their_own_algorithm(
+    hub: FakeHub, cache_dir: Path, fast_policy: RetryPolicy, tmp_path: Path
+) -> None:
+    """A snapshot whose links lead to blobs kept elsewhere (a shared store): each is hashed as its name
+    says (git sha1 for the small file, sha256 for the LFS one), the intact one passes, the edited one is named."""
+    repo = "integrity/outside"
+    files = _files(5)
+    snap = _download(hub, cache_dir, fast_policy, repo, files)
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("config.json", WEIGHTS):
+        blob = _blob(snap, name)
+        outside = store / blob.name
+        blob.rename(outside)
+        (snap / name).unlink()
+        (snap / name).symlink_to(outside)
+    assert verify_snapshot(repo, cache_dir=cache_dir).ok
+    _edit_in_place(store / git_blob_oid(CONFIG), b"10000.0", b"90000.0")
+    report = verify_snapshot(repo, cache_dir=cache_dir)
+    assert report.files_checked == len(files) and report.bytes_checked == sum(len(v) for v in files.values())
+    assert report.problems == [
+        f"config.json: content hashes to {git_blob_oid(EDITED)}, not {git_blob_oid(CONFIG)} "
+        f"(corrupt blob {store / git_blob_oid(CONFIG)})"
+    ]
+    assert (store / hashlib.sha256(files[WEIGHTS]).hexdigest()).is_file()

@@ -125,3 +125,9 @@ def test_retry_after_seconds_and_dates() -> None:
 
 def test_redact_drops_presigned_query() -> None:
     assert redact("https://cdn.example/lfs/abc?X-Amz-Signature=secret&t=1") == "https://cdn.example/lfs/abc"
+
+
+@pytest.mark.parametrize("algo", ["md5", "sha1", "SHA256", ""])
+def test_an_unknown_hash_algorithm_is_refused_by_name(algo: str) -> None:
+    with pytest.raises(ValueError, match=rf"^unknown hash algorithm {algo!r}$"):
+        new_hasher(algo, 0)  # type: ignore[arg-type]

@@ -77,3 +77,39 @@ def test_a_patch_lever_the_model_never_calls_is_refused(llama: tuple[Any, Any]) 
     with pytest.raises(VacuousLeverError, match="never called during the candidate arm's prefill path"):
         arms.run_candidate(model, seqs, shape, lever, refs, counters=counters)
     assert counters.lever_calls == {"reference": 0, "candidate": 0}
+
+
+@pytest.fixture(scope="module")
+def half_llama(tiny_model_dir: Path) -> Any:
+    """The tiny llama computing in float16 (its own copy: `llama` stays float32)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    model = mlx_lm.load(str(tiny_model_dir), lazy=True)[0]
+    model.set_dtype(mx.float16)
+    return model
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        RunShape(path="prefill", tokens=TOKENS, decode=0),
+        RunShape(path="prefill", tokens=TOKENS, decode=0, chunk=7),
+        RunShape(path="serving", tokens=TOKENS, decode=5),
+        RunShape(path="serving", tokens=TOKENS, decode=1, chunk=4),
+    ],
+    ids=["prefill", "chunked", "serving", "serving-one-step"],
+)
+def test_every_path_records_the_models_own_logits_dtype(
+    llama: tuple[Any, Any], half_llama: Any, shape: RunShape
+) -> None:
+    """A half-precision model's logits are cast to float32 for scoring; the record keeps the dtype the
+    model computed in (near-ties depend on it), on every path, not the float32 of the cast."""
+    import mlx.core as mx
+
+    (seq,) = build_sequences(default_prompts(), llama[1], n=1, tokens=TOKENS)
+    ids = list(seq.ids)
+    assert half_llama(mx.array([ids[:TOKENS]])).dtype == mx.float16
+    out, _ = arms.sequence_logits(half_llama, ids, shape, PLAIN)
+    assert out.dtype == "float16" and out.logits.dtype == np.float32
+    assert out.logits.shape[0] == shape.scored

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.errors import LeverError
-from pytest_mlxgate.levers.kvcache import PLAIN, KVPlan, KVSpec, parse_kv_value
+from pytest_mlxgate.errors import LeverError, VacuousLeverError
+from pytest_mlxgate.levers.kvcache import PLAIN, KVPlan, KVSpec, parse_kv_value, require_kv_difference
 
 # --- parsing inline values ----------------------------------------------------------------------
 
@@ -395,3 +398,71 @@ def test_a_start_that_is_no_token_count_is_refused(start: object) -> None:
 def test_a_spec_built_directly_names_itself_and_the_field(field: str, value: object) -> None:
     with pytest.raises(LeverError, match=rf"^KV spec: {field}={value!r} is not supported; use one of \["):
         KVSpec(**{"bits": 8, field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "code"), [("nope.json", errno.ENOENT), ("folder.json", errno.EISDIR)])
+def test_an_unreadable_config_names_its_path_once_and_the_systems_reason(tmp_path: Path, name: str, code: int) -> None:
+    path = tmp_path / name
+    if code == errno.EISDIR:
+        path.mkdir()
+    with pytest.raises(LeverError) as info:
+        parse_kv_value(str(path))
+    message = str(info.value)
+    assert message.startswith(f"cannot read kv_config {path}: {os.strerror(code)}; give an existing kv_config.json")
+    assert message.count(str(path)) == 1
+
+
+@pytest.mark.parametrize(
+    ("kinds", "have"),
+    [(["arrays", "arrays"], "['none']"), (["arrays", "rotating"], "['sliding_attention']")],
+)
+def test_an_attention_type_the_model_lacks_is_refused_naming_the_types_it_has(kinds: list[str], have: str) -> None:
+    """Caches that hold no K/V (recurrent state) have no attention type: with no other, the model has 'none'."""
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    cache = [ArraysCache(2) if kind == "arrays" else RotatingKVCache(16) for kind in kinds]
+    plan = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8)}, source="types.json")
+    with pytest.raises(LeverError) as info:
+        plan.check_caches(cache, {}, n_layers=len(cache))
+    assert f"it sets attention types ['full_attention'], but the model's cached layers are {have} (" in str(info.value)
+
+
+_plans = st.builds(
+    KVPlan,
+    default=_specs,
+    layers=st.dictionaries(st.integers(0, 2), _specs, max_size=2),
+    types=st.dictionaries(st.just("full_attention"), _specs, max_size=1),
+    source=st.just("plan.json"),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reference=_plans, candidate=_plans, same=st.booleans(), positions=st.integers(2, 15))
+def test_a_kv_lever_is_refused_exactly_when_its_plans_serve_the_same_caches_and_says_why(
+    model: Any, reference: KVPlan, candidate: KVPlan, same: bool, positions: int
+) -> None:
+    """Refused iff both plans quantize the same layers the same way within `positions` tokens; the reason
+    says which of three: both quantize alike, every spec starts too late, or neither quantizes at all."""
+    if same:
+        candidate = dataclasses.replace(reference, source="copy.json")
+    ref, cand = reference.quantized_within(model, positions), candidate.quantized_within(model, positions)
+    if ref != cand:
+        require_kv_difference("kv", reference, candidate, model, positions, where="the serving path")
+        return
+    with pytest.raises(VacuousLeverError) as info:
+        require_kv_difference("kv", reference, candidate, model, positions, where="the serving path")
+    message = str(info.value)
+    starts = {
+        spec.start
+        for plan in (reference, candidate)
+        for spec in (plan.default, *plan.layers.values(), *plan.types.values())
+        if spec is not None
+    }
+    late = sorted(start for start in starts if start >= positions)
+    if ref:
+        why = "both plans quantize the same layers the same way"
+    elif late:
+        why = f"every quantized spec starts at token {', '.join(map(str, late))}, beyond the {positions} tokens"
+    else:
+        why = "neither plan quantizes any layer"
+    assert f"scores ({why}" in message and message.startswith("KV lever 'kv': ")

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError
 from pytest_mlxgate.levers.kvcache import parse_kv_value
@@ -193,3 +195,33 @@ def test_capability_generation_runs_quantized_gemma4(tiny_gemma4_dir: Path) -> N
     texts = generate_greedy(model, tok, PROMPTS, max_new_tokens=6, kv=plan)
     assert len(texts) == 3 and all(isinstance(t, str) and t for t in texts)
     assert texts == generate_greedy(model, tok, PROMPTS, max_new_tokens=6, kv=plan.fake_quant())
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    rotating=st.booleans(),
+    group_size=st.sampled_from([32, 64, 128]),
+    bits=st.sampled_from([4, 8]),
+    n=st.integers(1, 12),
+)
+def test_a_cache_quantizes_at_the_group_size_and_bits_it_is_given(
+    rotating: bool, group_size: int, bits: int, n: int
+) -> None:
+    """Either cache with a quantized form holds, after `quantize_cache`, exactly `mx.quantize` of what it
+    held, at the group size and bits asked for (the scales' width shows the group size), at the same offset."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    from pytest_mlxgate.serving.caches import quantize_cache
+
+    mx.random.seed(n)
+    cache = RotatingKVCache(16) if rotating else KVCache()
+    keys, values = mx.random.normal((1, 2, n, 128)), mx.random.normal((1, 2, n, 128))
+    cache.update_and_fetch(keys, values)
+    q = quantize_cache(cache, group_size=group_size, bits=bits)
+    assert (q.group_size, q.bits, q.offset) == (group_size, bits, n)
+    for held, fed in ((q.keys, keys), (q.values, values)):
+        assert held[1].shape[-1] == 128 // group_size
+        ours = mx.dequantize(*(p[..., :n, :] for p in held), group_size=group_size, bits=bits)
+        theirs = mx.dequantize(*mx.quantize(fed, group_size=group_size, bits=bits), group_size=group_size, bits=bits)
+        assert bool(mx.array_equal(ours, theirs))

@@ -595,3 +595,32 @@ def test_no_items_is_refused_in_these_words() -> None:
     """The whole message, not a fragment of it: what a caller with an empty task reads."""
     with pytest.raises(ValueError, match=r"^no items to compare$"):
         decide([], [], max_drop=0.05)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    inside=st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=8),
+    bad=st.none()
+    | st.floats(1.0, 2.0, exclude_min=True)  # just past an end
+    | st.floats(-2.0, -1.0, exclude_max=True)
+    | st.floats(allow_nan=True, allow_infinity=True).filter(lambda v: not -1.0 <= v <= 1.0),
+    at=st.integers(0, 8),
+)
+def test_differences_are_taken_exactly_when_every_one_lies_in_minus_one_to_one(
+    inside: list[float], bad: float | None, at: int
+) -> None:
+    """A paired difference of two [0, 1] scores lies in [-1, 1]: one outside (or not finite) anywhere in
+    the sequence is refused by both entry points, and a sequence all inside is taken."""
+    diffs = list(inside)
+    if bad is not None:
+        diffs.insert(at % (len(diffs) + 1), bad)
+    x = np.array(diffs, dtype=np.float64)
+    if bad is None:
+        lower, upper = bounds_from_diffs(x)
+        assert -1.0 <= lower <= upper <= 1.0
+        assert log_capital(x, 0.1, side="upper").shape == x.shape
+        return
+    with pytest.raises(ValueError, match=r"^paired differences must lie in \[-1, 1\]$"):
+        bounds_from_diffs(x)
+    with pytest.raises(ValueError, match=r"^paired differences must lie in \[-1, 1\]$"):
+        log_capital(x, 0.1, side="upper")

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_mlxgate.kl.divergence import TokenScores
 from pytest_mlxgate.stats.intervals import (
@@ -19,6 +21,7 @@ from pytest_mlxgate.stats.intervals import (
     normal_quantile,
     proportion_interval,
     t_quantile,
+    wilson_bounds,
     wilson_interval,
     wilson_lower,
     z_two_sided,
@@ -579,3 +582,14 @@ def test_summary_from_json_reads_none_as_nan() -> None:
 def test_an_empty_prompt_is_never_among_the_worst() -> None:
     s = summarize([make_scores([0.2, 0.3]), make_scores([]), make_scores([0.5])])
     assert [(p.prompt, p.mean_kl) for p in s.worst_prompts] == [(2, 0.5), (0, pytest.approx(0.25))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 100_000), frac=st.floats(0.0, 1.0), z=st.floats(0.1, 4.0))
+def test_wilson_bounds_hold_the_observed_rate_and_reach_the_ends_at_all_or_none(n: int, frac: float, z: float) -> None:
+    """0 <= lo <= k/n <= hi <= 1 for every count, and exactly 1 (0) for the upper (lower) bound when every
+    (no) trial succeeded: there the formula's center +- half is the end in exact arithmetic, not in floats."""
+    k = round(frac * n)
+    lo, hi = wilson_bounds(k, n, z)
+    assert 0.0 <= lo <= k / n <= hi <= 1.0
+    assert wilson_bounds(n, n, z)[1] == 1.0 and wilson_bounds(0, n, z)[0] == 0.0
