@@ -180,7 +180,26 @@ class KVPlan:
                 continue
             spec = self.for_layer(i, attention_type(c))
             if spec is not None and c.offset >= spec.start:
+                self.check_group_fits(i, spec, c.keys, c.values)
                 cache[i] = convert(c, group_size=spec.group_size, bits=spec.bits)
+
+    def check_group_fits(self, layer: int, spec: KVSpec, keys: Any, values: Any) -> None:
+        """Refuse, in this plan's words, a group size the layer's head dimension is no multiple of
+        (mx.quantize would, from inside mlx_lm: a model with head dim 80 or 96 meets group 64 there)."""
+        dims = sorted({int(x.shape[-1]) for x in (keys, values) if x is not None})
+        if all(d % spec.group_size == 0 for d in dims):
+            return
+        fits = [g for g in KV_GROUP_SIZES if all(d % g == 0 for d in dims)]
+        fix = (
+            f"use group_size {' or '.join(map(str, fits))} for this model, or set that layer to null (plain)"
+            if fits
+            else f"no group size mx.quantize supports ({', '.join(map(str, KV_GROUP_SIZES))}) divides it: set that "
+            "layer to null (plain)"
+        )
+        raise LeverError(
+            f"KV plan {self.source}: layer {layer} keeps keys/values of head dimension "
+            f"{' and '.join(map(str, dims))}, which group size {spec.group_size} does not divide; {fix}"
+        )
 
     def describe(self) -> str:
         """Short human text: `plain`, `8-bit g64 from token 0`, `kv_config.json (…)`."""

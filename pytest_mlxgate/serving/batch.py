@@ -158,6 +158,7 @@ def greedy_batch(
         for i, c in enumerate(cache):
             spec = kv.for_layer(i, "full_attention")
             if spec is not None and isinstance(c, BatchKVCache) and c._idx - max(padding) >= spec.start:
+                kv.check_group_fits(i, spec, c.keys, c.values)
                 cache[i] = quantize_batch_cache(c, group_size=spec.group_size, bits=spec.bits)
 
     model(tokens[:, :-1], cache=cache)
