@@ -99,6 +99,57 @@ def test_each_row_of_a_padded_quantized_batch_has_its_own_logits(tiny_kv_model_d
     assert float(mx.abs(batched[0][0] - batched[0][1]).max()) > 1e-2
 
 
+def test_a_quantized_batch_cache_keeps_its_rows_when_it_grows_past_a_step() -> None:
+    """Decoding past the allocation (`step` positions) grows the arrays: every position written before
+    stays as it was, so what the attention reads equals the whole history quantized at once."""
+    import mlx.core as mx
+
+    from pytest_mlxgate.serving.batch import BatchQuantizedKVCache
+
+    cache = BatchQuantizedKVCache([0, 3], group_size=32, bits=8)
+    first = cache.step - 4
+    keys = mx.random.normal((2, 2, cache.step + 6, 64), key=mx.random.key(0))
+    values = mx.random.normal(keys.shape, key=mx.random.key(1))
+    cache.update_and_fetch(keys[:, :, :first], values[:, :, :first])
+    assert cache.keys is not None and cache.keys[0].shape[2] == cache.step
+    for t in range(first, keys.shape[2]):  # one token at a time, across the boundary
+        got_k, got_v = cache.update_and_fetch(keys[:, :, t : t + 1], values[:, :, t : t + 1])
+    assert cache.keys[0].shape[2] == 2 * cache.step
+    for got, whole in ((got_k, keys), (got_v, values)):
+        for part, want in zip(got, mx.quantize(whole, group_size=32, bits=8), strict=True):
+            assert part.shape == want.shape and bool(mx.array_equal(part, want)), part.shape
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-at-a-time"])
+@pytest.mark.parametrize(
+    ("model", "plan", "says"),
+    [
+        ("tiny", "bits=8,group_size=32,start=0", r"head dimension 16, which group size 32 does not divide; no group"),
+        ("kv", "bits=8,group_size=128,start=0", r"head dimension 64, which group size 128 .* use group_size 32 or 64"),
+    ],
+)
+def test_a_group_size_the_head_dimension_is_no_multiple_of_is_refused_in_the_plan_s_words(
+    tiny_model_dir: Path, tiny_kv_model_dir: Path, model: str, plan: str, says: str, batched: bool
+) -> None:
+    """mx.quantize would refuse it from inside mlx_lm's cache with its own traceback; the plan says
+    which layer, its head dimension and the group sizes that would fit, on both serving loops."""
+    from pytest_mlxgate.errors import LeverError
+    from pytest_mlxgate.serving.batch import greedy_batch
+
+    m, tok = _load(tiny_model_dir if model == "tiny" else tiny_kv_model_dir)
+    kv = parse_kv_value(plan)
+    ids = _ids(tok) if batched else _ids(tok)[:1]
+    with pytest.raises(LeverError, match=f"KV plan {plan}: layer 0 keeps keys/values of {says}"):
+        if batched:
+            greedy_batch(m, ids, max_new_tokens=2, kv=kv, eos=set())
+        else:
+            import mlx.core as mx
+
+            cache = kv.make_cache(m)
+            m(mx.array(ids), cache=cache)
+            kv.maybe_quantize(cache)
+
+
 def test_what_the_batched_loop_refuses(tiny_model_dir: Path, tiny_gemma4_dir: Path) -> None:
     from pytest_mlxgate.serving.batch import PREFILL_STEP, batchable
 
