@@ -47,8 +47,8 @@ def setup(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     return {"model": model, "arms": arms, "data": data, "cache": CapabilityCache(tmp_path / "cache")}
 
 
-def _run(s: dict[str, Any], *, key: dict[str, Any] | None = None, **kw: Any) -> Any:
-    lever = Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="0")
+def _run(s: dict[str, Any], *, key: dict[str, Any] | None = None, lever: Lever | None = None, **kw: Any) -> Any:
+    lever = lever or Lever(name="none", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="0")
     s["arms"].clear()
     opts: dict[str, Any] = {"n": None, "max_new_tokens": None, **kw}
     tier = opts.pop("tier", "full")
@@ -98,6 +98,23 @@ def test_each_key_input_is_a_miss(setup: dict[str, Any], monkeypatch: pytest.Mon
         kw["refresh_reference"] = True
     assert _run(setup, key=key, **kw).reference_source == "computed"
     assert setup["arms"] == ["reference", "candidate"]
+
+
+def _kv(cand: dict[str, int]) -> Lever:
+    return Lever(name="kv", kind="kv", target=None, ref="plain", cand=cand, path="serving")
+
+
+def test_a_kv_lever_s_reference_is_cached_under_both_arms_plans(setup: dict[str, Any], tiny_kv_model_dir: Path) -> None:
+    """The generation loop is chosen from both arms' KV plans (generate.generation_route), so the
+    candidate's plan is part of the reference's key: the same plan hits, another one misses."""
+    import mlx_lm
+
+    setup["model"] = mlx_lm.load(str(tiny_kv_model_dir))  # head_dim 64: its cache quantizes in groups of 32
+    eight = {"bits": 8, "group_size": 32, "start": 0}
+    assert _run(setup, lever=_kv(eight)).reference_source == "computed"
+    assert _run(setup, lever=_kv(eight)).reference_source == "cache" and setup["arms"] == ["candidate"]
+    four = _run(setup, lever=_kv({**eight, "bits": 4}))
+    assert four.reference_source == "computed" and setup["arms"] == ["reference", "candidate"]
 
 
 def test_a_damaged_entry_is_a_miss_and_is_rewritten(setup: dict[str, Any]) -> None:

@@ -205,3 +205,28 @@ def test_a_kv_lever_runs_only_where_the_tasks_generation_reaches_its_start(
     with pytest.raises(VacuousLeverError, match="scored by its choices' log-probabilities"):
         runner.run_arm(probe, [it for it in items if it.kind == "choice"], model, tok, _kv(0), "candidate")
     runner.run_arm(probe, items, model, tok, _kv(start), "reference")  # the reference arm is not judged
+
+
+def test_a_sequential_run_s_phase_times_are_its_batches_summed(arm: tuple[Any, Any], probe: Probe) -> None:
+    """What the record's speed line says a capability gate cost: every batch's time, each arm's own."""
+    batches: list[Any] = []
+
+    def recording(*args: Any, **kw: Any) -> Any:
+        run = runner.run_capability(*args, **kw)
+        run.durations = {"reference_s": 0.25 * (len(batches) + 1), "candidate_s": 1.5}  # what each batch took
+        batches.append(run)
+        return run
+
+    seq = runner.run_capability_sequential(
+        "probe",
+        "full",
+        budget=Budget(items=6, batch=2),
+        max_drop=0.1,
+        alpha=0.05,
+        batch_runner=recording,
+        reference=arm,
+        candidate=arm,
+        lever=LEVER,
+    )
+    assert len(batches) == 3
+    assert seq.durations == {"reference_s": 0.25 + 0.5 + 0.75, "candidate_s": 4.5}

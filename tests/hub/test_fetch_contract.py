@@ -53,6 +53,16 @@ def test_a_failed_check_then_a_good_body_is_one_restart(hub, cache_dir: Path, fa
     assert (cache_dir / "models--org--contract-one-restart" / "blobs" / file.etag).read_bytes() == content
 
 
+def test_a_range_answered_with_the_whole_file_is_one_restart(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    """The partial is thrown away for the 200's body, and the stats say so: one restart, two requests."""
+    file, content = _repo(hub, "org/contract-ignored-range")
+    hub.inject("org/contract-ignored-range", BIG, Fault.truncate(100_000), Fault.ignore_range())
+    stats = _fetch(hub, cache_dir, "org/contract-ignored-range", file, fast_policy)
+    assert (stats.checksum_failures, stats.restarts, stats.requests) == (0, 1, 2)
+    assert stats.bytes_received == 100_000 + file.size and stats.resumed_from == 0
+    assert (cache_dir / "models--org--contract-ignored-range" / "blobs" / file.etag).read_bytes() == content
+
+
 def test_after_a_restart_the_first_bytes_are_new_ground(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
     """With no retry in a row allowed, a body cut short after a restart still counts as progress (the
     restart threw every byte away), so the next request resumes instead of giving up."""

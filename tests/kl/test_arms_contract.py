@@ -113,3 +113,39 @@ def test_every_path_records_the_models_own_logits_dtype(
     out, _ = arms.sequence_logits(half_llama, ids, shape, PLAIN)
     assert out.dtype == "float16" and out.logits.dtype == np.float32
     assert out.logits.shape[0] == shape.scored
+
+
+class _Ticks:
+    """Stands in for an arm's `ArmWatch`: the positions each forward reported, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def advance(self, n: int = 1) -> None:
+        self.seen.append(n)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        RunShape(path="prefill", tokens=TOKENS, decode=0),
+        RunShape(path="prefill", tokens=TOKENS, decode=0, chunk=7),
+        RunShape(path="serving", tokens=TOKENS, decode=4, batched=False),
+        RunShape(path="serving", tokens=TOKENS, decode=4),
+    ],
+    ids=["prefill", "chunked", "serving-one-at-a-time", "serving-batched"],
+)
+def test_the_arm_s_watch_hears_every_position_on_every_path(llama: tuple[Any, Any], shape: RunShape) -> None:
+    """Progress lines and the arm's time limit are driven by these ticks: a path that never ticks
+    would run past --mlx-arm-timeout unseen. Every forward reports, and they add up to the positions
+    run; the record's positions are int32 on every path, as `SequenceLogits` documents."""
+    model, tok = llama
+    seqs = build_sequences(default_prompts(), tok, n=3, tokens=TOKENS)
+    ticks = _Ticks()
+    lever = _patch("mlx_lm.models.llama:scaled_dot_product_attention")
+    arms.run_reference(model, seqs, shape, lever, counters=ArmCounters(), watch=ticks)  # type: ignore[arg-type]
+    assert ticks.seen and all(n > 0 for n in ticks.seen)
+    assert sum(ticks.seen) == len(seqs) * TOKENS
+    outs, _ = arms.serving_logits(model, [s.ids for s in seqs], shape, PLAIN) if shape.path == "serving" else ([], 0)
+    singles = [arms.sequence_logits(model, s.ids, shape, PLAIN)[0] for s in seqs]
+    assert all(o.positions.dtype == np.int32 for o in [*outs, *singles])

@@ -140,6 +140,8 @@ def test_check_model_names_layers_beyond(tmp_path: Path) -> None:
     with pytest.raises(LeverError, match=r"layers \[40\].*model has 24 layers") as info:
         plan.check_model(24)
     assert "kv.json" in str(info.value)
+    with pytest.raises(LeverError, match=r"layers \[40\].*model has 40 layers \(0\.\.39\)"):
+        plan.check_model(40)  # layer indices count from 0: a 40-layer model has no layer 40
 
 
 def test_relative_config_path_uses_base_dir(tmp_path: Path) -> None:

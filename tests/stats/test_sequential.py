@@ -568,12 +568,13 @@ def test_the_bounds_sit_where_the_capital_reaches_one_over_alpha() -> None:
     a bound from any other threshold (log 2/alpha, say: valid, but wider than the test it reports) misses."""
     rng = np.random.default_rng(7)
     x = rng.choice([-1.0, 0.0, 0.0, 0.0, 1.0, 1.0], size=300)
-    for alpha in (0.05, 0.01):
-        lower, upper = bounds_from_diffs(x, alpha=alpha)
+    for alpha, horizon in ((0.05, None), (0.01, None), (0.05, 300)):  # a horizon tunes the bets: its own bounds
+        lower, upper = bounds_from_diffs(x, alpha=alpha, horizon=horizon)
         assert -1.0 < lower < float(x.mean()) < upper < 1.0
         for value, side in ((upper, "upper"), (lower, "lower")):
-            peak = float(np.max(log_capital(x, value, side=side, alpha=alpha)))  # type: ignore[arg-type]
-            assert peak == pytest.approx(math.log(1.0 / alpha), abs=1e-6), (side, alpha)
+            capital = log_capital(x, value, side=side, alpha=alpha, horizon=horizon)  # type: ignore[arg-type]
+            assert float(np.max(capital)) == pytest.approx(math.log(1.0 / alpha), abs=1e-6), (side, alpha, horizon)
+    assert bounds_from_diffs(x, horizon=300) != bounds_from_diffs(x)
 
 
 def test_a_separate_fail_alpha_is_recorded_and_checked() -> None:
@@ -589,6 +590,14 @@ def test_log_capital_refuses_bad_differences_by_name() -> None:
         log_capital(np.float64(0.5), 0.1, side="upper")
     with pytest.raises(ValueError, match=r"paired differences must lie in \[-1, 1\]"):
         log_capital(np.array([0.5, 1.5]), 0.1, side="upper")
+    with pytest.raises(ValueError, match=r"^drop must be in \[-1, 1\], got 1.5$"):
+        log_capital(np.array([0.5]), 1.5, side="upper")
+
+
+def test_a_margin_of_the_whole_scale_passes_at_once() -> None:
+    """max_drop = 1: no drop can exceed it, so one item (even a lost one) shows it; the bound is the margin."""
+    v = decide([1.0], [0.0], max_drop=1.0)
+    assert v.verdict == "pass" and v.upper <= 1.0 and v.n == 1
 
 
 def test_no_items_is_refused_in_these_words() -> None:
