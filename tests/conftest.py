@@ -125,3 +125,10 @@ def tokenizer() -> Any:
     from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
 
     return load_tokenizer(ensure_embedded_snapshot())  # type: ignore[no-untyped-call]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (in their own order, then the rest in theirs): under xdist the long
+    ones start at once on every worker and the run ends on short ones, instead of a minutes-long
+    test starting last and running alone while the other workers idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 REPO = "mlxgate-test/gemma-4-tiny-random"
 #: The gates' speed at the least that still measures (these tests check what runs and what ends, not figures).
 CHEAP_SPEED = ("--mlx-speed-contexts=16,32", "--mlx-speed-decode=2", "--mlx-speed-reps=3")
+#: The KL gates' sizes and the capability gates' answers at the least that still runs every path
+#: (prefill, the decoded tail, generation): the gates' own sizes made this test 3.5 min of the suite.
+CHEAP_DRIFT = ("--mlx-kl-prompts=4", "--mlx-kl-tokens=48", "--mlx-kl-decode=8", "--mlx-max-new-tokens=4")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,7 @@ def test_gates_on_random_weights_skip_and_say_why(
     )
 
 
-@pytest.mark.slow  # every gate's arms on the tiny gemma-4: ~1.5 min
+@pytest.mark.slow  # every gate's arms on the tiny gemma-4, at the cheapest sizes: ~1.5 min
 def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(
     pytester: pytest.Pytester, gemma_on_hub: str, tmp_path: Path
 ) -> None:
@@ -77,6 +80,7 @@ def test_every_gate_runs_on_gemma4_and_ends_in_a_verdict(
         "--mlx-inconclusive=warn",
         f"--mlx-report={report}",
         *CHEAP_SPEED,
+        *CHEAP_DRIFT,
     )
     text = result.stdout.str() + result.stderr.str()
     assert "Traceback" not in text and "mlx_lm/models" not in text, text[-3000:]
