@@ -230,3 +230,60 @@ def test_a_sequential_run_s_phase_times_are_its_batches_summed(arm: tuple[Any, A
     )
     assert len(batches) == 3
     assert seq.durations == {"reference_s": 0.25 + 0.5 + 0.75, "candidate_s": 4.5}
+
+
+def test_a_run_s_phase_times_are_its_own_arms_and_lines_say_how_the_verdict_stands(
+    arm: tuple[Any, Any], probe: Probe
+) -> None:
+    """Each arm's time lies within the call's wall time (not a clock reading), and the progress lines
+    of a sequential run say, after every batch, that it is still going on until the drop is shown."""
+    import time
+
+    start = time.perf_counter()
+    run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER)
+    wall = time.perf_counter() - start
+    assert 0 <= run.durations["reference_s"] <= wall and 0 <= run.durations["candidate_s"] <= wall
+    assert run.durations["reference_s"] + run.durations["candidate_s"] <= wall + 0.002  # each rounded to ms
+    lines: list[str] = []
+    runner.run_capability_sequential(
+        "probe",
+        "full",
+        budget=Budget(items=4, batch=2),
+        max_drop=0.1,
+        alpha=0.05,
+        say=lines.append,
+        reference=arm,
+        candidate=arm,
+        lever=LEVER,
+    )
+    assert [line.split(": ")[-1] for line in lines] == ["going on", "going on"]  # 4 agreeing items show nothing yet
+    assert lines[0].startswith("capability probe (full): 2 items, drop +0.000 within [")
+
+
+@dataclass
+class EmptyProbe(Probe):
+    """A task whose tier holds no items (a user task on an empty file, a tier with nothing selected)."""
+
+    name: str = "empty-probe"
+
+    def load(self, tier: Any, *, n: int | None = None, seed: int = 0) -> list[Item]:
+        return []
+
+
+def test_a_tier_with_no_items_skips_saying_which_task_and_tier(arm: tuple[Any, Any], probe: Probe) -> None:
+    from pytest_mlxgate.capability.base import TaskSkipped
+
+    user_tasks.register_task(EmptyProbe())
+    with pytest.raises(TaskSkipped, match=r"^empty-probe: the full tier has no items$"):
+        runner.run_capability("empty-probe", "full", n=None, reference=arm, candidate=arm, lever=LEVER)
+    with pytest.raises(TaskSkipped, match=r"^empty-probe: the smoke tier has no items$"):
+        runner.run_capability_sequential(
+            "empty-probe",
+            "smoke",
+            budget=Budget(items=4, batch=2),
+            max_drop=0.1,
+            alpha=0.05,
+            reference=arm,
+            candidate=arm,
+            lever=LEVER,
+        )

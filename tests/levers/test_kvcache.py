@@ -127,6 +127,14 @@ def test_config_with_layer_list_describes_counts(tmp_path: Path) -> None:
         plan.check_model(24)
 
 
+def test_a_plan_by_attention_type_describes_each_type_by_its_short_name(tmp_path: Path) -> None:
+    plan = parse_kv_value(_write(tmp_path / "types.json", {"default": 8, "types": {"sliding": 4, "full_attention": 8}}))
+    assert (
+        plan.describe()
+        == "types.json (default 8-bit g64 from token 0; sliding 4-bit g64 from token 0; full 8-bit g64 from token 0)"
+    )
+
+
 def test_config_layer_list_with_nulls_and_starts(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.json", {"default": 8, "layers": [None, {"bits": 2, "group_size": 128, "start": 3}]})
     plan = parse_kv_value(path)

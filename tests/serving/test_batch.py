@@ -112,6 +112,7 @@ def test_a_quantized_batch_cache_keeps_its_rows_when_it_grows_past_a_step() -> N
     values = mx.random.normal(keys.shape, key=mx.random.key(1))
     cache.update_and_fetch(keys[:, :, :first], values[:, :, :first])
     assert cache.keys is not None and cache.keys[0].shape[2] == cache.step
+    assert not cache.empty() and BatchQuantizedKVCache([0], group_size=32, bits=8).empty()  # mlx_lm's cache API
     for t in range(first, keys.shape[2]):  # one token at a time, across the boundary
         got_k, got_v = cache.update_and_fetch(keys[:, :, t : t + 1], values[:, :, t : t + 1])
     assert cache.keys[0].shape[2] == 2 * cache.step

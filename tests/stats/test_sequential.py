@@ -425,6 +425,18 @@ def test_run_sequential_spends_the_item_budget_and_cuts_the_last_batch() -> None
     assert "the item budget (20) spent" in v.message and "n=20 bounds" in v.message
 
 
+def test_a_time_budget_running_out_with_the_last_item_is_the_item_budget_spent() -> None:
+    """Both budgets end at the same batch: the items were all asked for, so that is what the record
+    says (not the clock); one batch earlier, it is the time budget."""
+    for max_items, stopped in ((16, "max_items"), (24, "max_seconds")):
+        ticks = iter(range(100))
+        next_batch, _ = feeder([1, -1] * 50)
+        v = run_sequential(
+            next_batch, max_drop=0.0, batch_size=8, max_items=max_items, max_seconds=2, clock=lambda: next(ticks)
+        )
+        assert v.n == 16 and v.stopped_by == stopped, (max_items, v.stopped_by)
+
+
 def test_run_sequential_stops_when_the_items_run_out() -> None:
     next_batch, asked = feeder([0] * 12)
     v = run_sequential(next_batch, max_drop=0.05, batch_size=8, max_items=400)
@@ -575,11 +587,17 @@ def test_the_bounds_sit_where_the_capital_reaches_one_over_alpha() -> None:
             capital = log_capital(x, value, side=side, alpha=alpha, horizon=horizon)  # type: ignore[arg-type]
             assert float(np.max(capital)) == pytest.approx(math.log(1.0 / alpha), abs=1e-6), (side, alpha, horizon)
     assert bounds_from_diffs(x, horizon=300) != bounds_from_diffs(x)
+    ref = np.where(x < 0, 0.0, 1.0)  # diffs ref - cand: -1 -> (0, 1), 0 -> (1, 1), 1 -> (1, 0)
+    cand = np.where(x > 0, 0.0, 1.0)
+    assert drop_bounds(ref, cand, horizon=300) == bounds_from_diffs(x, horizon=300)
 
 
 def test_a_separate_fail_alpha_is_recorded_and_checked() -> None:
     ref, cand = [1.0] * 40 + [0.0] * 10, [1.0] * 30 + [0.0] * 20
     assert decide(ref, cand, max_drop=0.05, alpha=0.05, fail_alpha=0.01).fail_alpha == 0.01
+    spread = decide([1.0] * 50, [1.0, 1.0, 1.0, 1.0, 0.0] * 10, max_drop=0.20, alpha=0.05, fail_alpha=0.01)
+    assert spread.verdict == "inconclusive"  # a drop of 0.2 at the margin: the message names both levels
+    assert "(one-sided upper 95%, lower 99% anytime-valid bounds" in spread.message
     assert decide(ref, cand, max_drop=0.05, alpha=0.05, fail_alpha=0.05).fail_alpha is None  # the same level
     with pytest.raises(ValueError, match=r"fail_alpha must be in \(0, alpha=0.05\], got 0.1"):
         decide(ref, cand, max_drop=0.05, alpha=0.05, fail_alpha=0.1)
