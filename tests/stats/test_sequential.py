@@ -432,7 +432,7 @@ def test_a_time_budget_running_out_with_the_last_item_is_the_item_budget_spent()
         ticks = iter(range(100))
         next_batch, _ = feeder([1, -1] * 50)
         v = run_sequential(
-            next_batch, max_drop=0.0, batch_size=8, max_items=max_items, max_seconds=2, clock=lambda: next(ticks)
+            next_batch, max_drop=0.0, batch_size=8, max_items=max_items, max_seconds=2, clock=ticks.__next__
         )
         assert v.n == 16 and v.stopped_by == stopped, (max_items, v.stopped_by)
 
