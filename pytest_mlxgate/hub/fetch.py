@@ -289,11 +289,10 @@ def _one_request(
             )
         if response.status_code == 206:
             match = _CONTENT_RANGE.match(response.headers.get("content-range", ""))
-            if not match or int(match.group(1)) != start:
-                stats.errors.append(
+            if not match or int(match.group(1)) != start:  # recorded once, by the caller, like every failure
+                return _RangeRefused(
                     f"{file.path}: asked bytes={start}- but got Content-Range {response.headers.get('content-range')!r}"
                 )
-                return _RangeRefused(stats.errors[-1])
         elif response.status_code == 200:
             if partial.size:
                 # Range ignored: the body is the whole file, so start over with it.

@@ -63,6 +63,33 @@ def test_a_range_answered_with_the_whole_file_is_one_restart(hub, cache_dir: Pat
     assert (cache_dir / "models--org--contract-ignored-range" / "blobs" / file.etag).read_bytes() == content
 
 
+def test_each_failure_is_recorded_once_in_the_order_it_came(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
+    """Two bodies cut short, then a 206 from the wrong offset: three errors, the refused range once
+    (it was recorded twice), then the whole file without Range."""
+    file, content = _repo(hub, "org/contract-errors")
+    hub.inject(
+        "org/contract-errors", BIG, Fault.truncate(50_000), Fault.truncate(20_000), Fault.wrong_content_range(1000)
+    )
+    stats = _fetch(hub, cache_dir, "org/contract-errors", file, fast_policy)
+    assert len(stats.errors) == 3, stats.errors
+    assert stats.errors[2] == f"{BIG}: asked bytes=70000- but got Content-Range 'bytes 71000-199999/200000'"
+    assert [asked for asked, _, _ in _gets(hub, "org/contract-errors")] == [None, "bytes=50000-", "bytes=70000-", None]
+    assert (cache_dir / "models--org--contract-errors" / "blobs" / file.etag).read_bytes() == content
+
+
+def test_a_body_longer_than_the_file_is_cut_at_its_size_and_said(
+    hub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
+    """The listing says 10 bytes fewer than the server sends: the bytes past the size are never
+    written, the error says so, and the file's own bytes (their hash) decide."""
+    file, content = _repo(hub, "org/contract-long-body")
+    size = file.size - 10
+    short = dataclasses.replace(file, size=size, etag=hashlib.sha256(content[:size]).hexdigest())
+    stats = _fetch(hub, cache_dir, "org/contract-long-body", short, fast_policy)
+    assert stats.errors == [f"{BIG}: the server sent more than {size} bytes"]
+    assert (cache_dir / "models--org--contract-long-body" / "blobs" / short.etag).read_bytes() == content[:size]
+
+
 def test_after_a_restart_the_first_bytes_are_new_ground(hub, cache_dir: Path, fast_policy: RetryPolicy) -> None:
     """With no retry in a row allowed, a body cut short after a restart still counts as progress (the
     restart threw every byte away), so the next request resumes instead of giving up."""
