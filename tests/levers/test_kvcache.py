@@ -71,7 +71,7 @@ def test_uniform_with_group_and_start() -> None:
         ("bits=4,bits=8", "sets 'bits' twice"),
         ("fast", "cannot read 'fast' as key=value"),
         (True, "is a bool"),
-        (8.0, "is not a KV setting"),
+        (8.0, "KV value 8.0 (float) is not a KV setting"),
         ({"bits": True}, "bits=True is not supported"),
     ],
 )

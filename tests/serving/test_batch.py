@@ -151,6 +151,23 @@ def test_a_group_size_the_head_dimension_is_no_multiple_of_is_refused_in_the_pla
             kv.maybe_quantize(cache)
 
 
+def test_a_per_layer_plan_runs_batched_as_its_uniform_twin(tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    """A kv_config naming every layer's spec is checked against the model and runs like the uniform plan
+    it spells out, token for token."""
+    import json
+
+    from pytest_mlxgate.serving.batch import greedy_batch
+
+    model, tok = _load(tiny_kv_model_dir)
+    config = tmp_path / "kv_config.json"
+    config.write_text(json.dumps({"layers": [{"bits": 8, "group_size": 32}] * len(model.layers)}))
+    runs = [
+        greedy_batch(model, _ids(tok), max_new_tokens=4, kv=parse_kv_value(v), eos=set())
+        for v in (str(config), "bits=8,group_size=32,start=0")
+    ]
+    assert runs[0] == runs[1] and all(len(r) == 4 for r in runs[0])
+
+
 def test_what_the_batched_loop_refuses(tiny_model_dir: Path, tiny_gemma4_dir: Path) -> None:
     from pytest_mlxgate.serving.batch import PREFILL_STEP, batchable
 

@@ -225,3 +225,49 @@ def test_a_cache_quantizes_at_the_group_size_and_bits_it_is_given(
         ours = mx.dequantize(*(p[..., :n, :] for p in held), group_size=group_size, bits=bits)
         theirs = mx.dequantize(*mx.quantize(fed, group_size=group_size, bits=bits), group_size=group_size, bits=bits)
         assert bool(mx.array_equal(ours, theirs))
+
+
+@settings(max_examples=8, deadline=None)
+@given(group_size=st.sampled_from([32, 64, 128]), bits=st.sampled_from([4, 8]), n=st.integers(1, 8))
+def test_a_fake_quant_cache_rounds_what_it_is_fed_at_its_group_size_and_bits(
+    group_size: int, bits: int, n: int
+) -> None:
+    """Fed after the conversion (the decode steps), the float cache stores exactly mx.quantize's round
+    trip of each new K/V at the plan's group size and bits: only the kernels differ from the real plan."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from pytest_mlxgate.serving.caches import fake_quantize_cache
+
+    mx.random.seed(n)
+    fake = fake_quantize_cache(KVCache(), group_size=group_size, bits=bits)
+    keys, values = mx.random.normal((1, 2, n, 128)), mx.random.normal((1, 2, n, 128))
+    got_k, got_v = fake.update_and_fetch(keys, values)
+    for got, fed in ((got_k, keys), (got_v, values)):
+        want = mx.dequantize(*mx.quantize(fed, group_size=group_size, bits=bits), group_size=group_size, bits=bits)
+        assert bool(mx.array_equal(got, want)), (group_size, bits)
+
+
+def test_only_a_real_quantized_plan_adds_readers_for_gemma4_s_kv_shared_layers(tiny_gemma4_dir: Path) -> None:
+    """The plain plan (the reference arm) and a fake-quant one serve through mlx_lm's own cache list,
+    untouched: its KV-shared layers read their source through mlx_lm. Only a real quantized plan
+    gives each shared layer a reader of its (quantized) source."""
+    import mlx_lm
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from pytest_mlxgate.serving.caches import SharedKVReader
+
+    model = mlx_lm.load(str(tiny_gemma4_dir))[0]
+    own = [type(c) for c in make_prompt_cache(model)]
+    n_layers = len(model.layers)
+    assert len(own) < n_layers  # the tiny gemma-4 has KV-shared layers
+    for value in ("plain", "8"):
+        plan = parse_kv_value(value)
+        for p in (plan, plan.fake_quant()):
+            if p.is_plain and p.fake:
+                continue
+            got = p.make_cache(model)
+            real = not p.is_plain and not p.fake
+            assert [type(c) for c in got[: len(own)]] == own
+            assert len(got) == (n_layers if real else len(own)), (p.describe(), len(got))
+            assert all(isinstance(c, SharedKVReader) for c in got[len(own) :])

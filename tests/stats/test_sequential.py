@@ -612,6 +612,14 @@ def test_log_capital_refuses_bad_differences_by_name() -> None:
         log_capital(np.array([0.5]), 1.5, side="upper")
 
 
+def test_the_shortest_horizon_is_one_item() -> None:
+    """horizon=1 tunes the bets for a single look: allowed (the smallest positive count), and valid."""
+    v = decide([1.0] * 30, [1.0] * 30, max_drop=0.5, horizon=1)
+    assert v.horizon == 1 and v.verdict in ("pass", "inconclusive")
+    with pytest.raises(ValueError, match="horizon must be a positive"):
+        decide([1.0], [1.0], max_drop=0.5, horizon=0)
+
+
 def test_a_margin_of_the_whole_scale_passes_at_once() -> None:
     """max_drop = 1: no drop can exceed it, so one item (even a lost one) shows it; the bound is the margin."""
     v = decide([1.0], [0.0], max_drop=1.0)
