@@ -149,3 +149,24 @@ def test_the_arm_s_watch_hears_every_position_on_every_path(llama: tuple[Any, An
     outs, _ = arms.serving_logits(model, [s.ids for s in seqs], shape, PLAIN) if shape.path == "serving" else ([], 0)
     singles = [arms.sequence_logits(model, s.ids, shape, PLAIN)[0] for s in seqs]
     assert all(o.positions.dtype == np.int32 for o in [*outs, *singles])
+
+
+@pytest.mark.parametrize(
+    ("bad", "columns", "what"), [(np.inf, [5], "inf"), (-np.inf, slice(None), "inf"), (np.nan, [5], "NaN")]
+)
+def test_non_finite_logits_say_which_kind_where(bad: float, columns: Any, what: str) -> None:
+    """An overflow (inf) and a NaN read differently to whoever debugs the kernel: the message names which.
+    (-inf alone is a masked token, legal; a row of nothing but -inf predicts nothing.)"""
+    from pytest_mlxgate.errors import NonFiniteLogitsError
+    from pytest_mlxgate.kl.prompts import TokenSequence
+
+    logits = np.zeros((4, 8), np.float32)
+    logits[1, 3] = -np.inf  # a masked token: fine
+    logits[2, columns] = bad
+    out = arms.SequenceLogits(logits, np.arange(4, dtype=np.int32), np.arange(10, 14, dtype=np.int32), "float16")
+    seq = TokenSequence(index=3, ids=tuple(range(5)), sources=("p",), preview="def f(")
+    lever = Lever(name="k", kind="env", target="MLXGATE_TEST_UNUSED", ref="0", cand="1")
+    with pytest.raises(NonFiniteLogitsError, match=rf"the candidate arm \(k=1\) produced {what} logits at prompt 3 "):
+        arms._check_finite(seq, out, "candidate", lever)
+    fine = arms.SequenceLogits(np.zeros((4, 8), np.float32), out.next_tokens, out.positions, out.dtype)
+    arms._check_finite(seq, fine, "candidate", lever)  # finite: no error
