@@ -214,6 +214,7 @@ def test_a_sequential_run_s_phase_times_are_its_batches_summed(arm: tuple[Any, A
     def recording(*args: Any, **kw: Any) -> Any:
         run = runner.run_capability(*args, **kw)
         run.durations = {"reference_s": 0.25 * (len(batches) + 1), "candidate_s": 1.5}  # what each batch took
+        run.ranks = 2  # as the distributed batch runner splits each batch
         batches.append(run)
         return run
 
@@ -230,6 +231,7 @@ def test_a_sequential_run_s_phase_times_are_its_batches_summed(arm: tuple[Any, A
     )
     assert len(batches) == 3
     assert seq.durations == {"reference_s": 0.25 + 0.5 + 0.75, "candidate_s": 4.5}
+    assert seq.ranks == 2  # the record says the items were split over ranks
 
 
 def test_a_run_s_phase_times_are_its_own_arms_and_lines_say_how_the_verdict_stands(

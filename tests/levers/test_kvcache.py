@@ -476,3 +476,7 @@ def test_a_kv_lever_is_refused_exactly_when_its_plans_serve_the_same_caches_and_
     else:
         why = "neither plan quantizes any layer"
     assert f"scores ({why}" in message and message.startswith("KV lever 'kv': ")
+    assert message.endswith(
+        "Fix: a quantized_kv_start (start=) below the sequence length, longer sequences (mlx_kl(tokens=...) / "
+        "--mlx-kl-tokens), or a candidate plan that differs from the reference on this model's layers"
+    )

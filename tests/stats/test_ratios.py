@@ -166,3 +166,13 @@ def test_a_real_speed_up_is_shown_at_nine_pairs() -> None:
     runs = [_simulated_context(rng, 1.15, 9, drift=0.2) for _ in range(500)]
     shown = sum(r.decode.lower > 1.05 for r in runs) / len(runs)
     assert shown >= 0.9  # 15% faster at 5% noise: 9 pairs show >= 5% almost always
+
+
+def test_the_ratio_is_taken_in_float64_whatever_the_measurements_dtype() -> None:
+    """Timings may arrive as float32 (an MLX array's values): the estimate equals the one from the same
+    values in float64, bit for bit, on both sides."""
+    cand = np.array([101.3, 99.7, 100.9, 102.2, 98.8], np.float32)
+    ref = np.array([95.1, 96.4, 94.9, 97.3, 95.8], np.float32)
+    wide = paired_ratio(cand.astype(np.float64), ref.astype(np.float64))
+    assert paired_ratio(cand, ref) == wide
+    assert paired_ratio(cand, ref.astype(np.float64)) == wide == paired_ratio(cand.astype(np.float64), ref)

@@ -612,6 +612,13 @@ def test_log_capital_refuses_bad_differences_by_name() -> None:
         log_capital(np.array([0.5]), 1.5, side="upper")
 
 
+def test_the_capital_is_taken_in_float64_whatever_the_differences_dtype() -> None:
+    x = np.random.default_rng(3).choice([-0.7, -0.1, 0.0, 0.3, 0.9], size=60).astype(np.float32)
+    for side in ("upper", "lower"):
+        narrow = log_capital(x, 0.05, side=side)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(narrow, log_capital(x.astype(np.float64), 0.05, side=side))  # type: ignore[arg-type]
+
+
 def test_the_shortest_horizon_is_one_item() -> None:
     """horizon=1 tunes the bets for a single look: allowed (the smallest positive count), and valid."""
     v = decide([1.0] * 30, [1.0] * 30, max_drop=0.5, horizon=1)
