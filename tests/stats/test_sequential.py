@@ -437,6 +437,36 @@ def test_a_time_budget_running_out_with_the_last_item_is_the_item_budget_spent()
         assert v.n == 16 and v.stopped_by == stopped, (max_items, v.stopped_by)
 
 
+def test_a_run_under_a_horizon_ends_in_that_horizon_s_verdict() -> None:
+    """The last verdict (the one recorded, with its n needed) uses the same tuned bets as every look before it."""
+    items = [0, 0, 0, 1, 0, 0, -1, 0, 1, 0] * 6
+    for horizon in (None, 30):
+        next_batch, _ = feeder(items)
+        v = run_sequential(next_batch, max_drop=0.05, batch_size=20, max_items=60, horizon=horizon)
+        alone = decide(*arms(items), max_drop=0.05, horizon=horizon)
+        assert (v.verdict, v.lower, v.upper, v.n_needed, v.horizon) == (
+            alone.verdict,
+            alone.lower,
+            alone.upper,
+            alone.n_needed,
+            horizon,
+        )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"max_items": 0}, "^max_items must be a positive integer, got 0$"),
+        ({"batch_size": 2.5}, "^batch_size must be a positive integer, got 2.5$"),
+        ({"max_seconds": 0}, "^max_seconds must be > 0 or None, got 0$"),
+    ],
+)
+def test_run_sequential_refuses_a_budget_by_name(kwargs: dict[str, object], says: str) -> None:
+    args: dict[str, object] = {"max_drop": 0.05, "batch_size": 8, "max_items": 40, **kwargs}
+    with pytest.raises(ValueError, match=says):
+        run_sequential(lambda k: [], **args)  # type: ignore[arg-type]
+
+
 def test_run_sequential_stops_when_the_items_run_out() -> None:
     next_batch, asked = feeder([0] * 12)
     v = run_sequential(next_batch, max_drop=0.05, batch_size=8, max_items=400)
