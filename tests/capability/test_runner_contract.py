@@ -289,3 +289,18 @@ def test_a_tier_with_no_items_skips_saying_which_task_and_tier(arm: tuple[Any, A
             candidate=arm,
             lever=LEVER,
         )
+
+
+def test_max_new_tokens_lowers_every_generation_of_both_arms(arm: tuple[Any, Any], probe: Probe) -> None:
+    """--mlx-max-new-tokens reaches the arms: each generated answer is cut to it (the task allows 3)."""
+    from pytest_mlxgate.capability.generate import generate_greedy
+    from pytest_mlxgate.levers.kvcache import PLAIN
+
+    model, tok = arm
+    run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER, max_new_tokens=1)
+    gen = [it for it in run.items if it.kind != "choice"]
+    one = generate_greedy(model, tok, [str(it.text) for it in gen], max_new_tokens=1, kv=PLAIN)
+    three = generate_greedy(model, tok, [str(it.text) for it in gen], max_new_tokens=3, kv=PLAIN)
+    assert one != three  # the cut shows in the text
+    for results in (run.reference, run.candidate):
+        assert [r.output for r in results if r.item_id in {it.id for it in gen}] == one

@@ -480,3 +480,20 @@ def test_a_kv_lever_is_refused_exactly_when_its_plans_serve_the_same_caches_and_
         "Fix: a quantized_kv_start (start=) below the sequence length, longer sequences (mlx_kl(tokens=...) / "
         "--mlx-kl-tokens), or a candidate plan that differs from the reference on this model's layers"
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"default": 7}, "key 'default': bits=7 is not supported; use one of [2, 3, 4, 5, 6, 8]"),
+        ({"layers": [8, 9]}, "key 'layers'[1]: bits=9 is not supported"),
+        ({"layers": {"3": {"bits": 8, "group_size": 48}}}, "key 'layers'.'3': group_size=48 is not supported"),
+    ],
+)
+def test_a_bad_spec_in_a_config_names_the_file_and_the_key_it_sits_under(
+    tmp_path: Path, config: dict[str, object], says: str
+) -> None:
+    path = _write(tmp_path / "kv_config.json", config)
+    with pytest.raises(LeverError) as info:
+        parse_kv_value(path)
+    assert f"kv_config {path} {says}" in str(info.value), str(info.value)
