@@ -3,12 +3,13 @@ the same tokens as mlx_lm's own one-at-a-time production path."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_mlxgate.levers.kvcache import parse_kv_value
+from pytest_mlxgate.levers.kvcache import KVPlan, KVSpec, parse_kv_value
 
 PROMPTS = [
     "The capital of France is",
@@ -177,6 +178,9 @@ def test_what_the_batched_loop_refuses(tiny_model_dir: Path, tiny_gemma4_dir: Pa
     assert not batchable(model, parse_kv_value("bits=8,start=10"), [10, 20]), "rows would quantize at different steps"
     assert not batchable(model, parse_kv_value("8"), [10, PREFILL_STEP + 2]), "mlx_lm would quantize mid-prompt"
     assert not batchable(model, parse_kv_value("8"), [])
+    by_type = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 64, 10)}, source="types.json")
+    assert batchable(model, dataclasses.replace(by_type, types={"full_attention": KVSpec(8, 64, 9)}), [10, 20])
+    assert not batchable(model, by_type, [10, 20]), "a spec by attention type starts too late for the short row"
     gemma, _ = _load(tiny_gemma4_dir)
     assert not batchable(gemma, parse_kv_value("plain"), [10, 20]), "sliding-window caches are not BatchKVCache"
 
