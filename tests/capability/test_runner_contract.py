@@ -63,6 +63,21 @@ class Probe:
         return ItemResult(item.id, "", output, float(bool(output)), "correct" if output else "wrong", {})
 
 
+def _sequential(arm: tuple[Any, Any], name: str = "probe", tier: Any = "full", *, items: int = 4, **kw: Any) -> Any:
+    """`run_capability_sequential` of identical arms, batches of 2, margin 0.1: the contract tests' run."""
+    return runner.run_capability_sequential(
+        name,
+        tier,
+        budget=Budget(items=items, batch=2),
+        max_drop=0.1,
+        alpha=0.05,
+        reference=arm,
+        candidate=arm,
+        lever=LEVER,
+        **kw,
+    )
+
+
 @pytest.fixture(scope="module")
 def arm(tiny_model_dir: Path) -> tuple[Any, Any]:
     import mlx_lm
@@ -103,16 +118,7 @@ def test_a_run_says_whether_its_task_is_graded(arm: tuple[Any, Any], probe: Prob
     probe.graded = graded
     run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER)
     assert run.graded is graded
-    seq = runner.run_capability_sequential(
-        "probe",
-        "full",
-        budget=Budget(items=4, batch=2),
-        max_drop=0.1,
-        alpha=0.05,
-        reference=arm,
-        candidate=arm,
-        lever=LEVER,
-    )
+    seq = _sequential(arm)
     assert seq.graded is graded and seq.n == 4
 
 
@@ -121,17 +127,7 @@ def test_every_load_of_the_task_is_configured_with_the_runs_options(
     arm: tuple[Any, Any], probe: Probe, allow: bool
 ) -> None:
     """The sequential path loads the pool itself, then runs each batch: each time with the run's options."""
-    runner.run_capability_sequential(
-        "probe",
-        "full",
-        budget=Budget(items=4, batch=2),
-        max_drop=0.1,
-        alpha=0.05,
-        reference=arm,
-        candidate=arm,
-        lever=LEVER,
-        allow_unsandboxed=allow,
-    )
+    _sequential(arm, allow_unsandboxed=allow)
     assert len(probe.configured_with) == 1 + 2  # the pool, then one per batch
     assert probe.configured_with == [RunOptions(allow_unsandboxed=allow)] * 3
 
@@ -152,16 +148,7 @@ def test_a_patch_levers_site_is_counted_during_the_arm(arm: tuple[Any, Any], pro
 def test_a_run_names_the_task_and_tier_it_ran(arm: tuple[Any, Any], probe: Probe) -> None:
     """The record says what was run, both ways: all at once and a batch at a time."""
     run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER)
-    seq = runner.run_capability_sequential(
-        "probe",
-        "full",
-        budget=Budget(items=4, batch=2),
-        max_drop=0.1,
-        alpha=0.05,
-        reference=arm,
-        candidate=arm,
-        lever=LEVER,
-    )
+    seq = _sequential(arm)
     for record in (run, seq):
         assert (record.task, record.tier) == ("probe", "full")
         assert len(record.items) == len(record.reference) == len(record.candidate) == 4
@@ -218,17 +205,7 @@ def test_a_sequential_run_s_phase_times_are_its_batches_summed(arm: tuple[Any, A
         batches.append(run)
         return run
 
-    seq = runner.run_capability_sequential(
-        "probe",
-        "full",
-        budget=Budget(items=6, batch=2),
-        max_drop=0.1,
-        alpha=0.05,
-        batch_runner=recording,
-        reference=arm,
-        candidate=arm,
-        lever=LEVER,
-    )
+    seq = _sequential(arm, items=6, batch_runner=recording)
     assert len(batches) == 3
     assert seq.durations == {"reference_s": 0.25 + 0.5 + 0.75, "candidate_s": 4.5}
     assert seq.ranks == 2  # the record says the items were split over ranks
@@ -247,17 +224,7 @@ def test_a_run_s_phase_times_are_its_own_arms_and_lines_say_how_the_verdict_stan
     assert 0 <= run.durations["reference_s"] <= wall and 0 <= run.durations["candidate_s"] <= wall
     assert run.durations["reference_s"] + run.durations["candidate_s"] <= wall + 0.002  # each rounded to ms
     lines: list[str] = []
-    runner.run_capability_sequential(
-        "probe",
-        "full",
-        budget=Budget(items=4, batch=2),
-        max_drop=0.1,
-        alpha=0.05,
-        say=lines.append,
-        reference=arm,
-        candidate=arm,
-        lever=LEVER,
-    )
+    _sequential(arm, say=lines.append)
     assert [line.split(": ")[-1] for line in lines] == ["going on", "going on"]  # 4 agreeing items show nothing yet
     assert lines[0].startswith("capability probe (full): 2 items, drop +0.000 within [")
 
@@ -279,16 +246,7 @@ def test_a_tier_with_no_items_skips_saying_which_task_and_tier(arm: tuple[Any, A
     with pytest.raises(TaskSkipped, match=r"^empty-probe: the full tier has no items$"):
         runner.run_capability("empty-probe", "full", n=None, reference=arm, candidate=arm, lever=LEVER)
     with pytest.raises(TaskSkipped, match=r"^empty-probe: the smoke tier has no items$"):
-        runner.run_capability_sequential(
-            "empty-probe",
-            "smoke",
-            budget=Budget(items=4, batch=2),
-            max_drop=0.1,
-            alpha=0.05,
-            reference=arm,
-            candidate=arm,
-            lever=LEVER,
-        )
+        _sequential(arm, "empty-probe", "smoke")
 
 
 def test_max_new_tokens_lowers_every_generation_of_both_arms(arm: tuple[Any, Any], probe: Probe) -> None:
