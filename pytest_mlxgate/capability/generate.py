@@ -58,6 +58,7 @@ def generate_greedy(
     their caches: padding, batching and detokenization never count as a lever's drift."""
     if not prompts:
         return []
+    kv.check_against(model)  # every route; mlx_lm's stream_generate would refuse it mid-run, in its words
     ids = [_encode(tokenizer, p) for p in prompts]
     route = generation_route(model, [kv, *peers], [len(x) for x in ids])
     if route == "batched":
@@ -82,6 +83,8 @@ def generate_sequential(
     """One prompt at a time through `stream_generate` (the benchmark's baseline for batching), with
     `kv`'s uniform quantization when it has one."""
     spec = kv.default if kv is not None and kv.is_uniform else None
+    if kv is not None:
+        kv.check_against(model)
     extra: dict[str, Any] = (
         {}
         if spec is None

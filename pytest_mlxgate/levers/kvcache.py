@@ -149,17 +149,28 @@ class KVPlan:
         and attends with the float kernel. Against the real plan, what differs is the kernels."""
         return replace(self, fake=True, source=f"fake-quant {self.source}")
 
+    def check_against(self, model: Any) -> None:
+        """Refuse, before any token is served, what this plan cannot run on `model` (`check_caches`).
+        Every loop that serves a plan calls it: the project's own, and mlx_lm's `stream_generate`."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from ..serving.caches import kv_head_dims
+
+        cache = make_prompt_cache(model)
+        shared = shared_kv_sources(model, len(cache))
+        self.check_caches(cache, shared, n_layers=len(cache) + len(shared), head_dims=kv_head_dims(model))
+
     def make_cache(self, model: Any) -> list[Any]:
         """A fresh prompt cache for `model` (quantization happens later, in `maybe_quantize`), after
-        checking the plan against the model's layers. A model with KV-shared layers (gemma-4) gets
+        checking the plan against the model (`check_against`). A model with KV-shared layers (gemma-4) gets
         a `SharedKVReader` in each of their slots, so they read a quantized source correctly."""
         from mlx_lm.models.cache import make_prompt_cache
 
         from ..serving.caches import SharedKVReader
 
+        self.check_against(model)
         cache: list[Any] = make_prompt_cache(model)
         shared = shared_kv_sources(model, len(cache))
-        self.check_caches(cache, shared, n_layers=len(cache) + len(shared))
         if shared and not self.is_plain and not self.fake:
             cache.extend(SharedKVReader(cache, shared[j]) for j in sorted(shared))
         return cache
@@ -180,26 +191,7 @@ class KVPlan:
                 continue
             spec = self.for_layer(i, attention_type(c))
             if spec is not None and c.offset >= spec.start:
-                self.check_group_fits(i, spec, c.keys, c.values)
                 cache[i] = convert(c, group_size=spec.group_size, bits=spec.bits)
-
-    def check_group_fits(self, layer: int, spec: KVSpec, keys: Any, values: Any) -> None:
-        """Refuse, in this plan's words, a group size the layer's head dimension is no multiple of
-        (mx.quantize would, from inside mlx_lm: a model with head dim 80 or 96 meets group 64 there)."""
-        dims = sorted({int(x.shape[-1]) for x in (keys, values) if x is not None})
-        if all(d % spec.group_size == 0 for d in dims):
-            return
-        fits = [g for g in KV_GROUP_SIZES if all(d % g == 0 for d in dims)]
-        fix = (
-            f"use group_size {' or '.join(map(str, fits))} for this model, or set that layer to null (plain)"
-            if fits
-            else f"no group size mx.quantize supports ({', '.join(map(str, KV_GROUP_SIZES))}) divides it: set that "
-            "layer to null (plain)"
-        )
-        raise LeverError(
-            f"KV plan {self.source}: layer {layer} keeps keys/values of head dimension "
-            f"{' and '.join(map(str, dims))}, which group size {spec.group_size} does not divide; {fix}"
-        )
 
     def describe(self) -> str:
         """Short human text: `plain`, `8-bit g64 from token 0`, `kv_config.json (…)`."""
@@ -230,10 +222,19 @@ class KVPlan:
                 f"layers (0..{n_layers - 1}); fix the kv_config.json for this model"
             )
 
-    def check_caches(self, cache: list[Any], shared: Mapping[int, int], *, n_layers: int) -> None:
+    def check_caches(
+        self,
+        cache: list[Any],
+        shared: Mapping[int, int],
+        *,
+        n_layers: int,
+        head_dims: Mapping[int, tuple[int, ...]],
+    ) -> None:
         """Refuse, when the plan meets the model, what it cannot run: a layer beyond the model, a
         quantized spec on a KV-shared layer (it keeps no cache) or on a cache with no quantized form,
-        an attention type the model has none of. The message names the layers and their caches."""
+        an attention type the model has none of, a group size a layer's head dimension (`head_dims`,
+        `serving.caches.kv_head_dims`) is no multiple of (mx.quantize would refuse it from inside
+        mlx_lm, mid-run). The message names the layers and their caches."""
         from ..serving.caches import attention_type, quantized_form
 
         self.check_model(n_layers)
@@ -261,12 +262,37 @@ class KVPlan:
         if missing:
             have = sorted(t for t in present if t) or ["none"]
             problems.append(f"it sets attention types {missing}, but the model's cached layers are {have}")
+        problems.extend(self._group_misfits(cache, head_dims))
         if problems:
             raise LeverError(
                 f"KV plan {self.source} cannot run on this model: "
                 + "; ".join(problems)
                 + " (kv_config.json format: see pytest_mlxgate.levers.kvcache)"
             )
+
+    def _group_misfits(self, cache: list[Any], head_dims: Mapping[int, tuple[int, ...]]) -> list[str]:
+        """One problem per (head dimensions, group size) that does not divide, naming its layers."""
+        from ..serving.caches import attention_type
+
+        misfit: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        for i, dims in sorted(head_dims.items()):
+            spec = self.for_layer(i, attention_type(cache[i])) if i < len(cache) else None
+            if spec is not None and any(d % spec.group_size for d in dims):
+                misfit.setdefault((dims, spec.group_size), []).append(i)
+        problems = []
+        for (dims, group), layers in misfit.items():
+            fits = [g for g in KV_GROUP_SIZES if all(d % g == 0 for d in dims)]
+            fix = (
+                f"use group_size {' or '.join(map(str, fits))} there, or set those layers to null (plain)"
+                if fits
+                else f"no group size mx.quantize supports ({', '.join(map(str, KV_GROUP_SIZES))}) divides it: "
+                "set those layers to null (plain)"
+            )
+            problems.append(
+                f"layers {layers} keep keys/values of head dimension {' and '.join(map(str, dims))}, "
+                f"which group size {group} does not divide: {fix}"
+            )
+        return problems
 
     def quantized_within(self, model: Any, positions: int) -> dict[int, str]:
         """{cached layer: its spec} for the layers this plan quantizes before the last of `positions`

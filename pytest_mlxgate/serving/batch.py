@@ -152,13 +152,12 @@ def greedy_batch(
     padding = [width - len(x) for x in ids]
     tokens = mx.array([[0] * p + x for p, x in zip(padding, ids, strict=True)])
     cache: list[Any] = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
-    kv.check_caches(make_prompt_cache(model), {}, n_layers=len(cache))
+    kv.check_against(model)
 
     def quantize_due() -> None:
         for i, c in enumerate(cache):
             spec = kv.for_layer(i, "full_attention")
             if spec is not None and isinstance(c, BatchKVCache) and c._idx - max(padding) >= spec.start:
-                kv.check_group_fits(i, spec, c.keys, c.values)
                 cache[i] = quantize_batch_cache(c, group_size=spec.group_size, bits=spec.bits)
 
     model(tokens[:, :-1], cache=cache)

@@ -18,6 +18,7 @@ a TypeError. The production setup runs e4b with mixed 4/8-bit KV over every cach
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "SharedKVReader",
     "attention_type",
     "fake_quantize_cache",
+    "kv_head_dims",
     "quantize_cache",
     "quantized_form",
 ]
@@ -46,6 +48,32 @@ def attention_type(cache: Any) -> str | None:
     if isinstance(cache, (KVCache, QuantizedKVCache)):
         return "full_attention"
     return None
+
+
+# id(model) -> its head dimensions, dropped when the model is (an mlx Module is a dict: unhashable).
+_HEAD_DIMS: dict[int, dict[int, tuple[int, ...]]] = {}
+
+
+def kv_head_dims(model: Any) -> dict[int, tuple[int, ...]]:
+    """{cached layer: the head dimensions its keys and values keep}, for the layers a plan could
+    quantize. Read from the shapes a one-token forward through a fresh plain prompt cache gives:
+    MLX knows shapes without computing, so the graph is built and never evaluated, and it is the
+    model's own attention that says, whatever its architecture. Once per model."""
+    known = _HEAD_DIMS.get(id(model))
+    if known is not None:
+        return known
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    dims = {
+        i: tuple(sorted({int(x.shape[-1]) for x in (c.keys, c.values) if x is not None}))
+        for i, c in enumerate(cache)
+        if quantized_form(c) is not None
+    }
+    _HEAD_DIMS[id(model)] = dims
+    weakref.finalize(model, _HEAD_DIMS.pop, id(model), None)
+    return dims
 
 
 def quantized_form(cache: Any) -> str | None:

@@ -382,7 +382,7 @@ def test_check_caches_lists_every_problem_of_the_plan(model: Any) -> None:
 
     plan = KVPlan(default=None, layers={1: KVSpec(8)}, types={"sliding_attention": KVSpec(4)}, source="two.json")
     with pytest.raises(LeverError) as info:
-        plan.check_caches(make_prompt_cache(model), {1: 0}, n_layers=3)
+        plan.check_caches(make_prompt_cache(model), {1: 0}, n_layers=3, head_dims={})
     head, _, rest = str(info.value).partition(": ")
     assert head == "KV plan two.json cannot run on this model"
     assert rest.endswith(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
@@ -433,7 +433,7 @@ def test_an_attention_type_the_model_lacks_is_refused_naming_the_types_it_has(ki
     cache = [ArraysCache(2) if kind == "arrays" else RotatingKVCache(16) for kind in kinds]
     plan = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8)}, source="types.json")
     with pytest.raises(LeverError) as info:
-        plan.check_caches(cache, {}, n_layers=len(cache))
+        plan.check_caches(cache, {}, n_layers=len(cache), head_dims={})
     assert f"it sets attention types ['full_attention'], but the model's cached layers are {have} (" in str(info.value)
 
 

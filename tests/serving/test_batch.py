@@ -4,6 +4,7 @@ the same tokens as mlx_lm's own one-at-a-time production path."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -122,34 +123,41 @@ def test_a_quantized_batch_cache_keeps_its_rows_when_it_grows_past_a_step() -> N
             assert part.shape == want.shape and bool(mx.array_equal(part, want)), part.shape
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one-at-a-time"])
+@pytest.mark.parametrize("route", ["batched", "stream", "per_layer"])
 @pytest.mark.parametrize(
-    ("model", "plan", "says"),
+    ("model", "group", "says"),
     [
-        ("tiny", "bits=8,group_size=32,start=0", r"head dimension 16, which group size 32 does not divide; no group"),
-        ("kv", "bits=8,group_size=128,start=0", r"head dimension 64, which group size 128 .* use group_size 32 or 64"),
+        ("tiny", 32, r"head dimension 16, which group size 32 does not divide: no group size"),
+        ("kv", 128, r"head dimension 64, which group size 128 does not divide: use group_size 32 or 64 there"),
     ],
 )
-def test_a_group_size_the_head_dimension_is_no_multiple_of_is_refused_in_the_plan_s_words(
-    tiny_model_dir: Path, tiny_kv_model_dir: Path, model: str, plan: str, says: str, batched: bool
+def test_a_group_size_the_head_dimension_is_no_multiple_of_is_refused_before_any_token_on_every_route(
+    tiny_model_dir: Path, tiny_kv_model_dir: Path, tmp_path: Path, model: str, group: int, says: str, route: str
 ) -> None:
-    """mx.quantize would refuse it from inside mlx_lm's cache with its own traceback; the plan says
-    which layer, its head dimension and the group sizes that would fit, on both serving loops."""
+    """mx.quantize would refuse it from inside mlx_lm's cache, mid-run, with its own traceback (on
+    the stream route, inside `stream_generate`); the plan says which layers, their head dimension
+    and the group sizes that would fit, before the first token, whichever loop serves it."""
+    import json
+
+    from pytest_mlxgate.capability.generate import generate_greedy, generation_route
     from pytest_mlxgate.errors import LeverError
-    from pytest_mlxgate.serving.batch import greedy_batch
 
     m, tok = _load(tiny_model_dir if model == "tiny" else tiny_kv_model_dir)
-    kv = parse_kv_value(plan)
-    ids = _ids(tok) if batched else _ids(tok)[:1]
-    with pytest.raises(LeverError, match=f"KV plan {plan}: layer 0 keeps keys/values of {says}"):
-        if batched:
-            greedy_batch(m, ids, max_new_tokens=2, kv=kv, eos=set())
-        else:
-            import mlx.core as mx
-
-            cache = kv.make_cache(m)
-            m(mx.array(ids), cache=cache)
-            kv.maybe_quantize(cache)
+    prompts = PROMPTS if route == "batched" else PROMPTS[:1]
+    lengths = [len(x) for x in _ids(tok)[: len(prompts)]]
+    start = 0 if route == "batched" else lengths[0]  # past the prefill: one prompt at a time, quantized mid-decode
+    if route == "per_layer":
+        config = tmp_path / "kv_config.json"
+        layers = [{"bits": 8, "group_size": group}] * len(m.layers)
+        config.write_text(json.dumps({"layers": layers, "quantized_kv_start": start}))
+        value = str(config)
+    else:
+        value = f"bits=8,group_size={group},start={start}"
+    kv = parse_kv_value(value)
+    assert generation_route(m, [kv], lengths) == route
+    layers_named = re.escape(f"layers {list(range(len(m.layers)))} keep keys/values of ") + says
+    with pytest.raises(LeverError, match=rf"^KV plan .* cannot run on this model: {layers_named}"):
+        generate_greedy(m, tok, prompts, max_new_tokens=8, kv=kv)
 
 
 def test_a_per_layer_plan_runs_batched_as_its_uniform_twin(tiny_kv_model_dir: Path, tmp_path: Path) -> None:

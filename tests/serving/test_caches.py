@@ -4,6 +4,7 @@ quantized K/V, selection by attention type, and refusals that name the layers.""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,29 @@ def test_plans_the_model_cannot_run_are_refused_naming_the_layers(
     with pytest.raises(LeverError, match="the model has 8 layers"):
         plan({"layers": {"9": 8}}).make_cache(gemma)
     plan({"layers": {"6": None}, "default": 8}).make_cache(gemma)  # null on a shared layer is fine
+
+
+def test_head_dimensions_are_read_from_the_model_s_own_attention_per_cached_layer(
+    tiny_gemma4_dir: Path, tmp_path: Path
+) -> None:
+    """gemma-4 keeps two head dims (sliding 64, full 128): a group size of 128 fits its full layer
+    only, and the refusal names exactly the sliding cached layers, not the KV-shared ones."""
+    from tinygemma import KV_SHARED_LAYERS, LAYER_TYPES, TEXT_CONFIG
+
+    from pytest_mlxgate.serving.caches import kv_head_dims
+
+    gemma, _ = _load(tiny_gemma4_dir)
+    cached = LAYER_TYPES[: len(LAYER_TYPES) - KV_SHARED_LAYERS]
+    head = {"full_attention": TEXT_CONFIG["global_head_dim"], "sliding_attention": TEXT_CONFIG["head_dim"]}
+    dims = {i: (head[t],) for i, t in enumerate(cached)}
+    assert kv_head_dims(gemma) == dims and kv_head_dims(gemma) is kv_head_dims(gemma)  # once per model
+    sliding = [i for i, t in enumerate(cached) if t == "sliding_attention"]
+    says = f"layers {sliding} keep keys/values of head dimension 64, which group size 128 does not divide"
+    with pytest.raises(LeverError, match=re.escape(says)):
+        parse_kv_value("bits=8,group_size=128,start=0").make_cache(gemma)
+    config = tmp_path / "kv_config.json"
+    config.write_text(json.dumps({"types": {"full": {"bits": 8, "group_size": 128}}}))
+    parse_kv_value(config).make_cache(gemma)  # the full layer's head dim (128) fits
 
 
 @pytest.mark.parametrize(
