@@ -325,6 +325,22 @@ def test_status_fault_with_retry_after_and_times(hub: FakeHub, client: httpx.Cli
     assert hub.pending_faults(REPO, SMALL) == 1
 
 
+def test_content_encoding_labels_the_body_and_gzips_it_unless_identity(hub: FakeHub, client: httpx.Client) -> None:
+    """content_encoding(value) sends the header whatever was accepted; a gzip body whole (Range not
+    honoured), an identity one as usual; one request each, then the file is served plain again."""
+    import gzip
+
+    hub.inject(REPO, LFS, Fault.content_encoding("gzip"), Fault.content_encoding("Identity"))
+    with client.stream("GET", hub.file_url(REPO, LFS), headers={"Range": "bytes=10-"}, follow_redirects=True) as r:
+        raw = b"".join(r.iter_raw())
+        assert (r.status_code, r.headers["content-encoding"]) == (200, "gzip")
+    assert gzip.decompress(raw) == FILES[LFS]
+    r = client.get(hub.file_url(REPO, LFS), headers={"Range": "bytes=10-"}, follow_redirects=True)
+    assert (r.status_code, r.headers["content-encoding"], r.content) == (206, "Identity", FILES[LFS][10:])
+    r = client.get(hub.file_url(REPO, LFS), follow_redirects=True)
+    assert "content-encoding" not in r.headers and r.content == FILES[LFS]
+
+
 def test_corrupt_flips_one_byte_only_when_sent(hub: FakeHub, client: httpx.Client) -> None:
     """corrupt(offset) flips the byte at a *file* offset, also inside a range, never outside it."""
     big = FILES[LFS]

@@ -174,3 +174,76 @@ def test_a_download_refused_for_good_raises_the_error_of_its_status(
     assert type(info.value) is error
     assert str(info.value).startswith(f"downloading {BIG}: ") and words in str(info.value)
     assert len(_gets(hub, name)) == 1
+
+
+def test_an_encoded_body_is_refused_naming_the_file_the_redacted_url_and_the_encoding(
+    hub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
+    """A server that gzips whatever was asked sends bytes the hub's hash does not describe: refused at
+    once, not retried, and the message says where from (the CDN's URL, its presigned query dropped)."""
+    from pytest_mlxgate.hub.errors import HubProtocolError
+
+    name = "org/contract-gzip"
+    file, _ = _repo(hub, name, size=20_000)
+    hub.inject(name, BIG, Fault.content_encoding("GZip"))
+    with pytest.raises(HubProtocolError) as info:
+        _fetch(hub, cache_dir, name, file, fast_policy)
+    sent = next(r for r in hub.log if r.file == ("model", name, BIG) and r.method == "GET" and r.status == 200)
+    assert sent.origin == "cdn" and "?sig=" in sent.path  # an LFS file: a presigned URL on another origin
+    where = f"{hub.cdn_endpoint}{sent.path.split('?')[0]}"
+    assert str(info.value) == (
+        f"{BIG}: {where} sent Content-Encoding 'gzip' although identity was asked; the bytes can't be "
+        "checked against the hub's hash"
+    )
+    assert "sig=" not in str(info.value) and len(_gets(hub, name)) == 1
+    assert not (cache_dir / "models--org--contract-gzip" / "blobs" / file.etag).exists()
+
+
+@pytest.mark.parametrize("value", ["", "identity", "IDENTITY"])
+def test_an_identity_encoding_however_spelled_is_the_plain_body(
+    hub, cache_dir: Path, fast_policy: RetryPolicy, value: str
+) -> None:
+    name = f"org/contract-identity-{len(value)}{value[:1]}"
+    file, content = _repo(hub, name, size=20_000)
+    hub.inject(name, BIG, Fault.content_encoding(value))
+    stats = _fetch(hub, cache_dir, name, file, fast_policy)
+    assert (stats.requests, stats.restarts, stats.errors) == (1, 0, [])
+    assert (cache_dir / f"models--{name.replace('/', '--')}" / "blobs" / file.etag).read_bytes() == content
+
+
+def test_a_single_byte_received_before_a_refusal_is_kept_and_resumed(
+    hub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
+    """Any byte a fetch got is worth keeping: the partial outlives the 404 under a left-over name,
+    and the next fetch asks for the rest from byte 1."""
+    from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
+
+    name = "org/contract-one-byte"
+    file, content = _repo(hub, name, size=20_000)
+    hub.inject(name, BIG, Fault.truncate(1), Fault.status(404))
+    with pytest.raises(HubNotFoundError):
+        _fetch(hub, cache_dir, name, file, fast_policy)
+    blobs = cache_dir / "models--org--contract-one-byte" / "blobs"
+    left = sorted(blobs.glob(f"{file.etag}.left-*{PARTIAL_SUFFIX}"))
+    assert [p.read_bytes() for p in left] == [content[:1]]
+    stats = _fetch(hub, cache_dir, name, file, fast_policy)
+    assert (stats.resumed_from, stats.requests, stats.bytes_received) == (1, 1, file.size - 1)
+    assert _gets(hub, name)[-1][0] == "bytes=1-" and (blobs / file.etag).read_bytes() == content
+
+
+def test_a_left_over_longer_than_the_file_is_no_prefix_of_it_and_is_fetched_whole(
+    hub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
+    """A partial longer than the file cannot be its prefix, even when it starts with the right bytes:
+    the fetch starts at byte 0, without a Range, and nothing is counted as resumed."""
+    from pytest_mlxgate.hub.fetch import PARTIAL_SUFFIX
+
+    name = "org/contract-too-long"
+    file, content = _repo(hub, name, size=20_000)
+    blobs = cache_dir / "models--org--contract-too-long" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{file.etag}.left-0000abcd{PARTIAL_SUFFIX}").write_bytes(content + b"tail")
+    stats = _fetch(hub, cache_dir, name, file, fast_policy)
+    assert (stats.resumed_from, stats.requests, stats.checksum_failures) == (0, 1, 0)
+    assert _gets(hub, name) == [(None, 200, file.size)]
+    assert sorted(blobs.iterdir()) == [blobs / file.etag] and (blobs / file.etag).read_bytes() == content

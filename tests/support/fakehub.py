@@ -19,7 +19,8 @@ Protocol served (``{t}`` is ``models`` or ``datasets``; resolve URLs of datasets
   LFS files: 302 to ``{cdn_endpoint}/lfs/{sha256}?sig=...&expires=...``.
 
 Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``, ``GatedRepo``)
-and a JSON body ``{"error": ...}``. No response is ever compressed (``Accept-Encoding`` is ignored).
+and a JSON body ``{"error": ...}``. No response is compressed (``Accept-Encoding`` is ignored) unless a
+``content_encoding`` fault says so.
 
 Faults (see :class:`Fault`) are queued per file with :meth:`FakeHub.inject` and consumed FIFO, one per
 *content request*: a ``GET`` of the file's bytes on whichever origin serves them (the hub for small
@@ -31,6 +32,7 @@ files, the CDN for LFS files). ``redirect_loop`` is the exception: it is consume
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import secrets
@@ -52,6 +54,7 @@ __all__ = [
     "FakeHub",
     "Fault",
     "Request",
+    "content_encoding",
     "corrupt",
     "git_blob_oid",
     "ignore_range",
@@ -86,6 +89,7 @@ FaultKind = Literal[
     "trickle",
     "redirect_loop",
     "range_416",
+    "content_encoding",
 ]
 _API_KINDS: Final = frozenset({"status", "truncate", "reset", "corrupt", "short_length", "trickle"})
 _HUB_SIDE_KINDS: Final = frozenset({"redirect_loop"})
@@ -122,6 +126,9 @@ class Fault:
     * ``redirect_loop()``: the resolve ``GET`` answers 302 to a marked copy of its own URL, which
       answers 302 to itself forever (``GET`` and ``HEAD``), so any redirect-following client loops.
     * ``range_416()``: answer 416 (``Content-Range: bytes */<size>``) whatever was asked.
+    * ``content_encoding(value)``: send ``Content-Encoding: <value>`` whatever the client accepts; for
+      any value but ``identity`` or empty (either case) the body is the gzip of the file, as a server
+      that compresses regardless would send it (Range is then not honoured: a 200).
 
     Every constructor takes ``times=N`` (default 1) or ``times=FOREVER``; ``fault.forever()`` is the
     same fault with ``times=FOREVER``. A ``FOREVER`` fault at the head of a queue hides those behind it.
@@ -136,6 +143,7 @@ class Fault:
     shift: int = 0
     nbytes: int = 0
     every_s: float = 0.0
+    encoding: str = ""
     times: int = 1
 
     @classmethod
@@ -200,6 +208,11 @@ class Fault:
         """Answer 416 Range Not Satisfiable."""
         return cls("range_416", times=_check_times(times))
 
+    @classmethod
+    def content_encoding(cls, value: str, *, times: int = 1) -> Fault:
+        """Answer with ``Content-Encoding: <value>`` (and a gzip body unless it names identity)."""
+        return cls("content_encoding", encoding=value, times=_check_times(times))
+
     def forever(self) -> Fault:
         """The same fault, applied to every matching request from now on."""
         return replace(self, times=FOREVER)
@@ -216,6 +229,7 @@ wrong_content_range = Fault.wrong_content_range
 trickle = Fault.trickle
 redirect_loop = Fault.redirect_loop
 range_416 = Fault.range_416
+content_encoding = Fault.content_encoding
 
 
 FileKey = tuple[str, str, str]  # (repo_type, repo_id, path)
@@ -494,9 +508,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and kind == "status":
             self._status_fault(fault, head=head)
             return
+        compressed = fault is not None and kind == "content_encoding" and fault.encoding.lower() not in ("", "identity")
+        if compressed:
+            content = gzip.compress(content, mtime=0)
         size = len(content)
         rng: tuple[int, int] | None | Literal["unsat"] = (
-            _parse_range(self.headers.get("Range"), size) if ranges else None
+            _parse_range(self.headers.get("Range"), size) if ranges and not compressed else None
         )
         if kind == "range_416":
             rng = "unsat"
@@ -518,6 +535,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and kind == "short_length":
             announced = min(fault.n, length)
         hdrs = [*base, ("Content-Type", content_type), ("Content-Length", str(announced))]
+        if fault is not None and kind == "content_encoding":
+            hdrs.append(("Content-Encoding", fault.encoding))
         if ranges:
             hdrs.append(("Accept-Ranges", "bytes"))
         if code == 206:
