@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 __all__ = [
     "SharedKVReader",
@@ -62,8 +62,6 @@ def kv_head_dims(model: Any) -> dict[int, tuple[int, ...]]:
     known = _HEAD_DIMS.get(id(model))
     if known is not None:
         return known
-    from mlx_lm.models.cache import make_prompt_cache
-
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
     dims = {
