@@ -178,9 +178,9 @@ def _verify(spec: CandidateSpec, args: argparse.Namespace) -> int:
     from .hub import HubError, verify_snapshot
 
     if spec.kind == "embedded":
-        from .models.embedded import EMBEDDED_REPO_ID
+        from .config.names import BUILT_MODELS
 
-        repo_id, revision = EMBEDDED_REPO_ID, "main"
+        repo_id, revision = BUILT_MODELS[spec.name], "main"
     else:
         assert spec.repo_id is not None
         repo_id, revision = spec.repo_id, spec.revision or "main"

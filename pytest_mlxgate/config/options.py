@@ -184,7 +184,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option(
         "--mlx-candidate",
-        "model under test: an alias (e2b, e4b, smollm2-135m, or [tool.mlxgate.aliases]), "
+        "model under test: an alias (e2b, e4b, smollm2-135m, gemma3-270m, or [tool.mlxgate.aliases]), "
         "a repo id org/name[@revision], or a local directory. Default: smollm2-135m.",
         "model",
         metavar="NAME",

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..common.commits import is_commit
-from ..config.names import CandidateSpec
+from ..config.names import BUILT_MODELS, CandidateSpec
 from ..hub import snapshot_download
-from .embedded import EMBEDDED_REPO_ID, ensure_embedded_snapshot
+from .embedded import ensure_builtin_snapshot
 
 __all__ = ["ProgressFn", "ResolvedSnapshot", "materialize"]
 
@@ -80,8 +80,8 @@ def materialize(
         assert spec.path is not None
         path, repo_id, source = spec.path, None, "local"
     elif spec.kind == "embedded":
-        path = ensure_embedded_snapshot(cache_dir, progress=seen)
-        repo_id = EMBEDDED_REPO_ID
+        path = ensure_builtin_snapshot(spec.name, cache_dir, progress=seen)
+        repo_id = BUILT_MODELS[spec.name]
         source = "built" if seen.done else "cached"
     else:
         assert spec.repo_id is not None

@@ -65,7 +65,7 @@ def test_unknown_alias_lists_known_ones_and_where_to_add(aliases: Aliases, tmp_p
     with pytest.raises(ModelNameError) as info:
         parse("e5x", aliases, tmp_path)
     message = str(info.value)
-    assert message.startswith("'e5x' is not a known candidate; known: e2b, e4b, smollm2-135m; ")
+    assert message.startswith("'e5x' is not a known candidate; known: e2b, e4b, gemma3-270m, smollm2-135m; ")
     assert "[tool.mlxgate.aliases]" in message and str(tmp_path / "pyproject.toml") in message
     assert "org/name[@revision]" in message and "local directory" in message
 
@@ -165,7 +165,7 @@ def test_user_aliases_from_pyproject(tmp_path: Path) -> None:
         'gone = "./not-there"\n'
     )
     aliases = load_aliases(pyproject)
-    assert aliases.known() == ["e2b", "e4b", "gone", "mine", "pinned", "smollm2-135m"]
+    assert aliases.known() == ["e2b", "e4b", "gemma3-270m", "gone", "mine", "pinned", "smollm2-135m"]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     # a path in an alias is relative to the pyproject, not to where the user stands

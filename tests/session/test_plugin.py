@@ -164,7 +164,7 @@ def test_unknown_alias_is_a_usage_error_naming_the_fix(pytester: pytest.Pytester
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [
-            "ERROR: 'e5x' is not a known candidate; known: e2b, e4b, smollm2-135m; add aliases under "
+            "ERROR: 'e5x' is not a known candidate; known: e2b, e4b, gemma3-270m, smollm2-135m; add aliases under "
             "[[]tool.mlxgate.aliases[]] in *pyproject.toml, or pass a repo id org/name[[]@revision[]] "
             "or a local directory"
         ]
@@ -232,7 +232,7 @@ def test_aliases_from_pyproject(pytester: pytest.Pytester, hub: FakeHub, hf_env:
     result.stdout.fnmatch_lines([f"*mlxgate: remote → aliases/remote@{v3[:7]} (verified, downloaded 16 B in * s)"])
     result = pytester.runpytest("--mlx-candidate", "nope")
     result.stderr.fnmatch_lines(
-        ["ERROR: 'nope' is not a known candidate; known: e2b, e4b, remote, smollm2-135m, tiny; *"]
+        ["ERROR: 'nope' is not a known candidate; known: e2b, e4b, gemma3-270m, remote, smollm2-135m, tiny; *"]
     )
 
 
