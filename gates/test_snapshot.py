@@ -34,8 +34,10 @@ def test_snapshot_is_intact(mlx_snapshot: ResolvedSnapshot) -> None:
 
 
 def test_model_answers(mlx_trained_model: tuple[Any, Any]) -> None:
-    """A chat model is asked through its chat template; a base model (no template) completes a plain
-    sentence whose one right ending is the same answer."""
+    """A chat model is asked through its chat template; a base model (no template) the same question
+    as a plain-text Q/A completion. (Not "The capital of France is": gemma-3-270m's greedy ending is
+    " the capital of the country of France. It is the largest city ...", a fluent answer without the
+    name, while the Q/A form is answered " The capital of France is Paris.")"""
     import mlx_lm
 
     model, tokenizer = mlx_trained_model
@@ -47,7 +49,7 @@ def test_model_answers(mlx_trained_model: tuple[Any, Any]) -> None:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         asked = f"greedy answer to {question!r}"
     else:
-        prompt = "The capital of France is"
+        prompt = "Q: What is the capital of France?\nA:"
         asked = f"greedy completion of {prompt!r} (no chat template: a base model)"
     answer = mlx_lm.generate(model, tokenizer, prompt, max_tokens=24)
     assert "Paris" in answer, f"{asked}: {answer!r}"
