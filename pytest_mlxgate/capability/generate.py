@@ -404,7 +404,7 @@ def _batched_plan(
 
 
 def generation_route(model: Any, plans: Sequence[KVPlan], lengths: Sequence[int]) -> str:
-    """The one loop every plan of a gate runs: "batched" (`serving.batch`, plain-cache models),
+    """The one loop every plan of a gate runs: "batched" (`serving.batch`: plain caches and plain windows),
     "batch_generate" (every plan plain), "stream" (`mlx_lm.stream_generate`, uniform plans mlx_lm
     can quantize), else "per_layer" (the project's loop with the plans' caches, one prompt at a time)."""
     if all(batchable(model, p, lengths) for p in plans):

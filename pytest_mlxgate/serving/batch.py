@@ -5,6 +5,10 @@ quantized KV cache runs one prompt at a time (`stream_generate(kv_bits=...)`). A
 candidate arm was therefore the slowest part of a gate. Here a whole batch runs in one loop:
 left-padded prompts, one cache per layer, `BatchQuantizedKVCache` once a layer's plan says so.
 
+Sliding-window layers (gemma's `RotatingKVCache`) batch as mlx_lm's `BatchRotatingKVCache` while the
+plan leaves them plain: each row's window, wrap and padding are its own. A plan that quantizes a
+sliding layer runs one prompt at a time (its quantized ring buffer holds one row).
+
 Both arms of a gate take this same loop (a plain plan keeps `BatchKVCache`), so the arms differ
 only in the cache a layer keeps. What the loop mirrors of `mlx_lm.generate_step`: the prompt but
 its last token is prefilled in one call, each layer is quantized when its offset reaches its spec's
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
@@ -125,16 +129,30 @@ def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuan
 
 def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
     """True when the batched loop reproduces what one prompt at a time would do: every layer keeps
-    a plain `KVCache` (no sliding window or recurrent state), no prompt is longer than one prefill
-    chunk, and every quantized layer starts at or before the shortest prompt's prefill end (so all
-    rows quantize at the same call, right after the prefill, as they would alone)."""
-    if not lengths or max(lengths) - 1 > PREFILL_STEP or min(lengths) < 2:
+    a plain `KVCache` or a sliding window the plan leaves plain (no recurrent state), no prompt is
+    longer than one prefill chunk, and every quantized layer starts at or before the shortest
+    prompt's prefill end (so all rows quantize at the same call, right after the prefill, as they
+    would alone)."""
+    if not lengths or max(lengths) - 1 > PREFILL_STEP or min(lengths) < 2 or kv.fake:
         return False
-    caches = make_prompt_cache(model)
-    if not all(type(c) is KVCache for c in caches) or kv.fake:
-        return False
-    starts = [spec.start for i in range(len(caches)) if (spec := kv.for_layer(i, "full_attention")) is not None]
+    starts = []
+    for i, c in enumerate(make_prompt_cache(model)):
+        if type(c) is RotatingKVCache and c.keep == 0:
+            if kv.for_layer(i, "sliding_attention") is not None:
+                return False
+        elif type(c) is KVCache:
+            if (spec := kv.for_layer(i, "full_attention")) is not None:
+                starts.append(spec.start)
+        else:
+            return False
     return all(start <= min(lengths) - 1 for start in starts)
+
+
+def _batch_cache(cache: Any, padding: list[int]) -> Any:
+    """The batched twin of one layer's cache (`batchable` has checked there is one)."""
+    if type(cache) is RotatingKVCache:
+        return BatchRotatingKVCache(cache.max_size, padding)
+    return BatchKVCache(padding)
 
 
 def greedy_batch(
@@ -151,7 +169,7 @@ def greedy_batch(
     width = max(len(x) for x in ids)
     padding = [width - len(x) for x in ids]
     tokens = mx.array([[0] * p + x for p, x in zip(padding, ids, strict=True)])
-    cache: list[Any] = [BatchKVCache(padding) for _ in make_prompt_cache(model)]
+    cache: list[Any] = [_batch_cache(c, padding) for c in make_prompt_cache(model)]
     kv.check_against(model)
 
     def quantize_due() -> None:

@@ -190,7 +190,8 @@ def test_what_the_batched_loop_refuses(tiny_model_dir: Path, tiny_gemma4_dir: Pa
     assert batchable(model, dataclasses.replace(by_type, types={"full_attention": KVSpec(8, 64, 9)}), [10, 20])
     assert not batchable(model, by_type, [10, 20]), "a spec by attention type starts too late for the short row"
     gemma, _ = _load(tiny_gemma4_dir)
-    assert not batchable(gemma, parse_kv_value("plain"), [10, 20]), "sliding-window caches are not BatchKVCache"
+    assert batchable(gemma, parse_kv_value("plain"), [10, 20]), "plain sliding windows batch (BatchRotatingKVCache)"
+    assert not batchable(gemma, parse_kv_value("8"), [10, 20]), "a quantized window holds one row"
 
 
 def test_cache_bytes_count_the_quantized_arrays() -> None:
@@ -232,6 +233,7 @@ def test_odd_bit_widths_pack_as_mx_quantize_does(bits: int) -> None:
 def test_every_arm_of_a_gate_takes_one_loop(tiny_kv_model_dir: Path, tiny_gemma4_dir: Path) -> None:
     """The loop is chosen from both arms' plans: a plan that cannot batch sends its peer along."""
     from pytest_mlxgate.capability.generate import generation_route
+    from pytest_mlxgate.serving.batch import PREFILL_STEP
 
     llama, _ = _load(tiny_kv_model_dir)
     gemma, _ = _load(tiny_gemma4_dir)
@@ -243,5 +245,89 @@ def test_every_arm_of_a_gate_takes_one_loop(tiny_kv_model_dir: Path, tiny_gemma4
         generation_route(llama, [plain, late], lengths) == generation_route(llama, [late, plain], lengths) == "stream"
     )
     assert generation_route(llama, [plain, q8.fake_quant()], lengths) == "per_layer"
-    assert generation_route(gemma, [plain, plain], lengths) == "batch_generate"
+    assert generation_route(gemma, [plain, plain], lengths) == "batched"
+    full_only = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 64, 0)}, source="types.json")
+    assert generation_route(gemma, [plain, full_only], lengths) == "batched"
+    assert generation_route(gemma, [plain, plain], [20, PREFILL_STEP + 2]) == "batch_generate"
     assert generation_route(gemma, [plain, q8], lengths) == generation_route(gemma, [q8, plain], lengths) == "per_layer"
+
+
+def _tiny_gemma3(window: int = 8) -> Any:
+    """A random gemma3_text (sliding, full, sliding, full) with an 8-token window; weights scaled up so
+    greedy choices are far from ties."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.models import gemma3_text
+
+    mx.random.seed(0)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=300,
+        sliding_window=window,
+        sliding_window_pattern=2,
+    )
+    model = gemma3_text.Model(args)
+    model.update(tree_map(lambda p: p * 8 if p.ndim == 2 else p, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+def _one_at_a_time(model: Any, ids: list[int], n: int) -> list[int]:
+    """mlx_lm's own loop, one prompt, its own RotatingKVCache: the production path."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    return [int(t) for (t, _), _ in zip(generate_step(mx.array(ids), model, max_tokens=n), range(n), strict=False)]
+
+
+def test_a_sliding_window_batch_is_each_row_alone_through_the_wrap() -> None:
+    """Rows of 3 to 20 tokens and 12 new ones with an 8-token window: every row wraps its window inside
+    the batch (at a different step), and each is token for token what mlx_lm gives it alone."""
+    import random
+
+    from pytest_mlxgate.serving.batch import batchable, greedy_batch
+
+    model = _tiny_gemma3()
+    rng = random.Random(0)
+    ids = [[rng.randrange(3, 300) for _ in range(n)] for n in (3, 7, 12, 20)]
+    plain = parse_kv_value("plain")
+    assert batchable(model, plain, [len(x) for x in ids])
+    batched = greedy_batch(model, ids, max_new_tokens=12, kv=plain, eos=set())
+    assert batched == [_one_at_a_time(model, x, 12) for x in ids]
+    # and the window matters here: the same weights attending to everything continue otherwise
+    wide = _tiny_gemma3(window=10_000)
+    assert all(
+        a != b for a, b in zip(greedy_batch(wide, ids, max_new_tokens=12, kv=plain, eos=set()), batched, strict=True)
+    )
+
+
+def test_a_gemma4_batch_with_kv_shared_layers_is_each_row_alone(tiny_gemma4_dir: Path) -> None:
+    """gemma-4's KV-shared layers read the batched windows of the layers they share: rows of 3 to 40
+    tokens with a 16-token window, token for token what mlx_lm gives each alone."""
+    import random
+
+    from pytest_mlxgate.serving.batch import greedy_batch
+
+    model, _ = _load(tiny_gemma4_dir)
+    rng = random.Random(0)
+    ids = [[rng.randrange(3, 40_000) for _ in range(n)] for n in (3, 7, 12, 40)]
+    batched = greedy_batch(model, ids, max_new_tokens=12, kv=parse_kv_value("plain"), eos=set())
+    assert batched == [_one_at_a_time(model, x, 12) for x in ids]
+
+
+def test_a_plan_that_quantizes_a_sliding_layer_runs_one_prompt_at_a_time() -> None:
+    from pytest_mlxgate.serving.batch import batchable
+
+    model = _tiny_gemma3()
+    full_only = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 32, 0)}, source="types.json")
+    assert batchable(model, full_only, [10, 20]), "the full layers quantize batched, the windows stay plain"
+    assert not batchable(model, parse_kv_value("8"), [10, 20]), "a uniform plan quantizes the windows too"
+    sliding = KVPlan(default=None, layers={}, types={"sliding_attention": KVSpec(8, 32, 0)}, source="types.json")
+    assert not batchable(model, sliding, [10, 20])
+    assert not batchable(model, KVPlan(default=None, layers={0: KVSpec(8, 32, 0)}, types={}, source="l.json"), [10, 20])
