@@ -162,6 +162,29 @@ def test_observed_drop_at_the_margin_needs_no_n() -> None:
     assert "sits at the margin" in v.message
 
 
+def test_a_drop_exactly_at_a_nonzero_margin_sits_there_and_its_mirror_is_projected() -> None:
+    """One loss in 10 at max_drop 0.10 is at the margin (no n would settle it); one win in 10 is a drop
+    of -0.10, well under the margin, and is projected like any other."""
+    at = decide(*arms([1] + [0] * 9), max_drop=0.10)
+    assert at.drop == 0.10 and at.verdict == "inconclusive" and at.n_needed is None
+    assert "sits at the margin" in at.message
+    under = decide(*arms([-1] + [0] * 9), max_drop=0.10)
+    assert under.drop == -0.10 and under.verdict == "inconclusive" and under.n_needed is not None
+    assert "sits at the margin" not in under.message and "would bound it at 0.100" in under.message
+
+
+def test_a_projected_regression_is_projected_at_the_fail_alpha_level() -> None:
+    """With every item a loss the continuation repeats it, so the projection is exact: n_needed is the
+    first n at which the gate fails at its own (stricter) lower level, later than at alpha."""
+    v = decide(*arms([1] * 4), max_drop=0.30, alpha=0.05, fail_alpha=0.005)
+    assert v.verdict == "inconclusive" and "would show it above 0.300" in v.message
+
+    def first_fail(**kw: float) -> int:
+        return next(n for n in range(1, 500) if decide(*arms([1] * n), max_drop=0.30, **kw).verdict == "fail")
+
+    assert v.n_needed == first_fail(alpha=0.05, fail_alpha=0.005) > first_fail(alpha=0.05)
+
+
 def test_a_drop_a_hair_under_the_margin_needs_more_than_the_cap() -> None:
     diffs = [1] * 524 + [-1] * 475 + [0]  # drop 0.049, almost every item discordant
     order = np.random.default_rng(0).permutation(len(diffs))
@@ -465,6 +488,36 @@ def test_run_sequential_refuses_a_budget_by_name(kwargs: dict[str, object], says
     args: dict[str, object] = {"max_drop": 0.05, "batch_size": 8, "max_items": 40, **kwargs}
     with pytest.raises(ValueError, match=says):
         run_sequential(lambda k: [], **args)  # type: ignore[arg-type]
+
+
+def test_run_sequential_takes_one_item_at_a_time_and_a_budget_of_one_item() -> None:
+    """The smallest batch and the smallest budget are both 1 (positive integers, as the refusals say)."""
+    next_batch, asked = feeder([0] * 400)
+    v = run_sequential(next_batch, max_drop=0.10, batch_size=1, max_items=400)
+    assert v.verdict == "pass" and v.n == 38 and v.batches == 38 and asked == [1] * 38  # the first n that passes
+    next_batch, asked = feeder([0] * 400)
+    one = run_sequential(next_batch, max_drop=0.10, batch_size=8, max_items=1)
+    assert one.n == 1 and one.batches == 1 and one.stopped_by == "max_items" and asked == [1]
+    assert "the item budget (1) spent" in one.message
+
+
+def test_run_sequential_decides_at_its_fail_alpha_and_checks_it() -> None:
+    """fail_alpha reaches every look and the returned verdict: the same bounds as `decide` at that
+    level, recorded and named; a level above alpha is refused as `decide` refuses it."""
+    items = [1, 0, 0, 0] * 10
+    next_batch, _ = feeder(items)
+    v = run_sequential(next_batch, max_drop=0.10, alpha=0.05, batch_size=8, max_items=40, fail_alpha=0.01)
+    alone = decide(*arms(items), max_drop=0.10, alpha=0.05, fail_alpha=0.01)
+    assert (v.verdict, v.lower, v.upper, v.n_needed, v.fail_alpha) == (
+        alone.verdict,
+        alone.lower,
+        alone.upper,
+        alone.n_needed,
+        0.01,
+    )
+    assert "lower 99% anytime-valid bounds" in v.message
+    with pytest.raises(ValueError, match=r"fail_alpha must be in \(0, alpha=0.05\], got 0.1"):
+        run_sequential(lambda k: [], max_drop=0.10, alpha=0.05, batch_size=8, max_items=40, fail_alpha=0.1)
 
 
 def test_run_sequential_stops_when_the_items_run_out() -> None:
