@@ -497,3 +497,54 @@ def test_a_bad_spec_in_a_config_names_the_file_and_the_key_it_sits_under(
     with pytest.raises(LeverError) as info:
         parse_kv_value(path)
     assert f"kv_config {path} {says}" in str(info.value), str(info.value)
+
+
+def test_a_quantized_layer_on_a_cache_with_no_quantized_form_is_refused_naming_that_cache() -> None:
+    """A recurrent layer (mlx_lm's ArraysCache) holds no K/V to quantize: the refusal names the layer,
+    its cache class and the fix, as a LeverError like every other problem of the plan."""
+    from mlx_lm.models.cache import ArraysCache, KVCache
+
+    plan = KVPlan(default=None, layers={1: KVSpec(8)}, source="stuck.json")
+    with pytest.raises(LeverError) as info:
+        plan.check_caches([KVCache(), ArraysCache(2)], {}, n_layers=2, head_dims={})
+    assert str(info.value) == (
+        "KV plan stuck.json cannot run on this model: layers [1] keep caches with no quantized form "
+        "(1: ArraysCache): set them to null (only KVCache and RotatingKVCache layers can be quantized) "
+        "(kv_config.json format: see pytest_mlxgate.levers.kvcache)"
+    )
+
+
+def test_a_group_size_set_by_attention_type_is_checked_against_the_layers_of_that_type() -> None:
+    """A plan that quantizes the full-attention layers in groups of 64 cannot run where their head
+    dimension is 96; the sliding-window layer of the same dimension stays plain and is not named."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    plan = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 64)}, source="types.json")
+    cache = [KVCache(), RotatingKVCache(16), KVCache()]
+    with pytest.raises(LeverError) as info:
+        plan.check_caches(cache, {}, n_layers=3, head_dims={0: (96,), 1: (96,), 2: (96,)})
+    assert (
+        "layers [0, 2] keep keys/values of head dimension 96, which group size 64 does not divide: "
+        "use group_size 32 there, or set those layers to null (plain)"
+    ) in str(info.value)
+    plan.check_caches(cache, {}, n_layers=3, head_dims={0: (128,), 1: (96,), 2: (128,)})  # 64 divides 128
+
+
+def test_a_fake_quant_plan_names_itself_as_such_when_refused(tmp_path: Path) -> None:
+    """The float twin of a plan is a plan of its own: a refusal says it is the fake-quant one."""
+    plan = parse_kv_value(_write(tmp_path / "kv.json", {"layers": {"40": 4}}))
+    with pytest.raises(LeverError) as info:
+        plan.fake_quant().check_model(24)
+    assert str(info.value).startswith(f"KV plan fake-quant {plan.source} configures ")
+
+
+def test_kv_shared_layers_need_the_models_layers_and_are_none_without_them() -> None:
+    """gemma-4 keeps `previous_kvs` on its text model: the layers past the cached ones read the layer it
+    names. A model with that list but no `layers` of its own has no shared layers to name (not an error)."""
+    from types import SimpleNamespace
+
+    from pytest_mlxgate.levers.kvcache import shared_kv_sources
+
+    text = SimpleNamespace(previous_kvs=[0, 1, 0, 1])
+    assert shared_kv_sources(SimpleNamespace(model=text, layers=[None] * 4), 2) == {2: 0, 3: 1}
+    assert shared_kv_sources(SimpleNamespace(model=text), 2) == {}
