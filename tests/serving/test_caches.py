@@ -295,3 +295,30 @@ def test_only_a_real_quantized_plan_adds_readers_for_gemma4_s_kv_shared_layers(t
             assert [type(c) for c in got[: len(own)]] == own
             assert len(got) == (n_layers if real else len(own)), (p.describe(), len(got))
             assert all(isinstance(c, SharedKVReader) for c in got[len(own) :])
+
+
+def test_a_cache_with_no_quantized_form_is_refused_by_both_conversions_naming_its_class() -> None:
+    """Called directly on a recurrent layer's cache (the plan's loop checks `quantized_form` first),
+    the real and the fake-quant conversion both raise a TypeError that says which cache it was."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from pytest_mlxgate.serving.caches import fake_quantize_cache, quantize_cache
+
+    for convert in (quantize_cache, fake_quantize_cache):
+        with pytest.raises(TypeError, match=r"^ArraysCache has no quantized form$"):
+            convert(ArraysCache(2), group_size=64, bits=8)
+
+
+def test_a_shared_reader_has_bits_only_from_a_quantized_cache_never_through_another_reader() -> None:
+    """A reader's `bits` and `group_size` are its source layer's, while that layer is quantized; a reader
+    pointed at another reader's slot is no quantized cache, so it has none (the chain is not followed)."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    from pytest_mlxgate.serving.caches import SharedKVReader
+
+    caches: list[Any] = [KVCache()]
+    caches += [SharedKVReader(caches, 0), SharedKVReader(caches, 1)]
+    assert not any(hasattr(c, "bits") or hasattr(c, "group_size") for c in caches[1:])
+    caches[0] = QuantizedKVCache(group_size=32, bits=4)
+    assert (caches[1].bits, caches[1].group_size) == (4, 32)
+    assert not hasattr(caches[2], "bits") and not hasattr(caches[2], "group_size")
