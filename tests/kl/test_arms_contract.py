@@ -79,6 +79,30 @@ def test_a_patch_lever_the_model_never_calls_is_refused(llama: tuple[Any, Any]) 
     assert counters.lever_calls == {"reference": 0, "candidate": 0}
 
 
+def test_a_kv_lever_has_no_site_to_count_so_its_arms_record_no_lever_calls(tiny_kv_model_dir: Path) -> None:
+    """Only a patch lever has a site: a KV lever's arms run and count their forwards, but leave
+    `lever_calls` empty (the record then has none, rather than calls of 0 that read as never exercised)."""
+    import mlx_lm
+
+    model, tok = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    seqs = build_sequences(default_prompts(), tok, n=2, tokens=TOKENS)
+    shape = RunShape(path="serving", tokens=TOKENS, decode=3)
+    lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand="bits=8,group_size=32,start=0", path="serving")
+    counters = ArmCounters()
+    refs = arms.run_reference(model, seqs, shape, lever, counters=counters)
+    arms.run_candidate(model, seqs, shape, lever, refs, counters=counters)
+    assert counters.lever_calls == {}
+    assert counters.reference_forwards > 0 and counters.candidate_forwards == counters.reference_forwards
+
+
+def test_a_serving_batch_of_the_wrong_length_is_refused_saying_the_length_it_needs(llama: tuple[Any, Any]) -> None:
+    model, tok = llama
+    (seq,) = build_sequences(default_prompts(), tok, n=1, tokens=TOKENS)
+    shape = RunShape(path="serving", tokens=TOKENS, decode=3)
+    with pytest.raises(ValueError, match=rf"^a sequence must hold tokens \+ 1 = {TOKENS + 1} ids, got {TOKENS}$"):
+        arms.serving_logits(model, [list(seq.ids)[:TOKENS]], shape, PLAIN)
+
+
 @pytest.fixture(scope="module")
 def half_llama(tiny_model_dir: Path) -> Any:
     """The tiny llama computing in float16 (its own copy: `llama` stays float32)."""
