@@ -153,6 +153,23 @@ def test_a_body_completed_by_a_stalled_request_is_checked_not_given_up(
     assert (cache_dir / "models--org--contract-stalled-complete" / "blobs" / file.etag).read_bytes() == content
 
 
+def test_the_watchdog_counts_exactly_the_bytes_its_first_window_brought(
+    hub, cache_dir: Path, fast_policy: RetryPolicy
+) -> None:
+    """Three 1,000-byte pieces 0.6 s apart trip a 1 s window that asks for 1 MiB: the stall names the
+    bytes that window brought, a whole number of pieces (3,000; 2,000 only if a piece came 0.4 s late),
+    not one more, and the fetch keeps the file it completed."""
+    file, content = _repo(hub, "org/contract-window-count", size=3_000)
+    hub.inject("org/contract-window-count", BIG, Fault.trickle(1_000, 0.6))
+    policy = dataclasses.replace(fast_policy, stall_window=1.0, min_bytes_per_window=1 << 20, max_retries=0)
+    stats = _fetch(hub, cache_dir, "org/contract-window-count", file, policy)
+    stalls = [e for e in stats.errors if "no-progress watchdog" in e]
+    assert len(stalls) == 1, stats.errors
+    counted = int(stalls[0].removeprefix(f"{BIG}: only ").split(" bytes in ")[0])
+    assert counted in (2_000, 3_000), stalls
+    assert (cache_dir / "models--org--contract-window-count" / "blobs" / file.etag).read_bytes() == content
+
+
 @pytest.mark.parametrize(
     ("code", "error", "words"),
     [
