@@ -229,6 +229,23 @@ def test_a_run_s_phase_times_are_its_own_arms_and_lines_say_how_the_verdict_stan
     assert lines[0].startswith("capability probe (full): 2 items, drop +0.000 within [")
 
 
+def test_both_arms_phase_times_are_seconds_kept_to_the_millisecond(arm: tuple[Any, Any], probe: Probe) -> None:
+    """Each arm's time is a float of seconds rounded to 3 places: an arm that took a few milliseconds
+    says so (not a whole second rounded to 0)."""
+    run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER)
+    for phase in ("reference_s", "candidate_s"):
+        t = run.durations[phase]
+        assert type(t) is float and t == round(t, 3) and t > 0, (phase, t)
+
+
+def test_a_sequential_run_keeps_every_items_exact_input_from_every_batch(arm: tuple[Any, Any], probe: Probe) -> None:
+    """The record of a sequential run holds, for the reports, what each item was rendered to, whichever
+    batch it came in (the probe renders an item as its text)."""
+    seq = _sequential(arm, items=6)
+    assert seq.sequential["batches"] == 3 and len(seq.items) == 6
+    assert seq.rendered == {it.id: it.text for it in seq.items}
+
+
 @dataclass
 class EmptyProbe(Probe):
     """A task whose tier holds no items (a user task on an empty file, a tier with nothing selected)."""
