@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("hub_vs_hf", "resume_rss", "prefill_blas", "kl_gate", "capability", "speed")
+BENCHMARKS = ("hub_vs_hf", "resume_rss", "prefill_blas", "kl_gate", "capability", "speed", "sliding_batch")
 
 
 def main(argv: list[str]) -> int:
