@@ -25,8 +25,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
-from ..errors import MlxgateError
-from .gguf import EmbeddedModelMissing
+from .gguf import EmbeddedModelMissing, GGUFConversionError, _clean_float
 
 __all__ = [
     "GEMMA3_PACKAGE",
@@ -68,10 +67,6 @@ _LAYER_TENSORS = {
     "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"}
-
-
-class GGUFConversionError(MlxgateError, ValueError):
-    """The GGUF is not the gemma-3 model this converter knows, or not whole."""
 
 
 def gemma3_install_hint() -> str:
@@ -150,11 +145,6 @@ def _need(meta: Mapping[str, Any], key: str) -> Any:
     if key not in meta:
         raise GGUFConversionError(f"GGUF metadata lacks {key!r}")
     return meta[key]
-
-
-def _clean_float(value: float) -> float:
-    """Shortest decimal that round-trips through float32 (1e-06, not 9.99999997e-07)."""
-    return float(str(np.float32(value)))
 
 
 def gemma3_config(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,8 @@ import mlx.core as mx
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from ..errors import MlxgateError
+
 __all__ = [
     "EMBEDDED_GGUF_NAME",
     "EMBEDDED_PACKAGE",
@@ -64,8 +66,8 @@ class EmbeddedModelMissing(FileNotFoundError):
     """The package that ships the embedded GGUF is not installed (or lacks the file)."""
 
 
-class GGUFConversionError(ValueError):
-    """The GGUF holds something this converter does not support."""
+class GGUFConversionError(MlxgateError, ValueError):
+    """The GGUF holds something a converter here does not support, or is not whole."""
 
 
 def find_embedded_gguf() -> pathlib.Path:
@@ -99,7 +101,7 @@ def _scalar(metadata: Mapping[str, Any], key: str, default: Any = None) -> Any:
 
 
 def _clean_float(value: float) -> float:
-    """Shortest decimal that round-trips through float32 (1e-05, not 9.99999974e-06)."""
+    """Shortest decimal that round-trips through float32 (1e-05, not 9.99999974e-06): config.json as written by hand."""
     return float(str(np.float32(value)))
 
 
