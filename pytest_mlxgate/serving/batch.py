@@ -5,9 +5,10 @@ quantized KV cache runs one prompt at a time (`stream_generate(kv_bits=...)`). A
 candidate arm was therefore the slowest part of a gate. Here a whole batch runs in one loop:
 left-padded prompts, one cache per layer, `BatchQuantizedKVCache` once a layer's plan says so.
 
-Sliding-window layers (gemma's `RotatingKVCache`) batch as mlx_lm's `BatchRotatingKVCache` while the
-plan leaves them plain: each row's window, wrap and padding are its own. A plan that quantizes a
-sliding layer runs one prompt at a time (its quantized ring buffer holds one row).
+Sliding-window layers (gemma's `RotatingKVCache`) batch as mlx_lm's `BatchRotatingKVCache`: each row's
+window, wrap and padding are its own. Once the plan quantizes such a layer it becomes a
+`BatchQuantizedRotatingKVCache`: the same ring buffer, trims and masks, its storage quantized. A
+model's KV-shared layers (gemma-4) read their source layer's batched cache through `SharedKVReader`.
 
 Both arms of a gate take this same loop (a plain plan keeps `BatchKVCache`), so the arms differ
 only in the cache a layer keeps. What the loop mirrors of `mlx_lm.generate_step`: the prompt but
@@ -26,10 +27,23 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
+from ..levers.kvcache import shared_kv_sources
+from .caches import SharedKVReader
+
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
 
-__all__ = ["BatchQuantizedKVCache", "batchable", "greedy_batch", "quantize_batch_cache"]
+__all__ = [
+    "BatchQuantizedKVCache",
+    "BatchQuantizedRotatingKVCache",
+    "batchable",
+    "greedy_batch",
+    "quantize_batch_cache",
+]
+
+Parts = tuple[Any, Any, Any]  # (packed ints, scales, biases): mx.quantize's output
+# mlx_lm's batched ring buffer, untyped: subclassed and called through Any.
+_BatchRotatingBase: Any = BatchRotatingKVCache
 
 #: mlx_lm's `generate_step` prefills in chunks of this many tokens; longer prompts would quantize
 #: mid-prompt there, so the batched loop leaves them to the one-at-a-time path.
@@ -127,9 +141,142 @@ def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuan
     return out
 
 
+class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
+    """mlx_lm's `BatchRotatingKVCache` (left-padded rows, per-row offsets, the wrap) with each of the
+    keys and values stored quantized (`Parts`). Every index, trim, rotation and mask is the parent's:
+    only the storage differs, and it is quantized per row, head, position and group of the head
+    dimension, so a row holds the same quantized K/V in a batch as alone. `bits`/`group_size` make
+    mlx_lm's attention take its quantized path."""
+
+    keys: Any  # Parts, or None before the first update
+    values: Any
+    left_padding: Any  # (rows,) int32, as the parent keeps them
+    offset: Any
+    _idx: int
+    _offset: int
+    rotated: bool
+
+    def __init__(self, max_size: int, left_padding: list[int], *, group_size: int, bits: int) -> None:
+        super().__init__(max_size, left_padding)
+        self.group_size = group_size
+        self.bits = bits
+
+    @classmethod
+    def from_cache(cls, cache: Any, *, group_size: int, bits: int) -> BatchQuantizedRotatingKVCache:
+        """A `BatchRotatingKVCache`'s contents and positions, quantized."""
+        if cache._lengths is not None:
+            raise ValueError("finalize() the BatchRotatingKVCache (right padding) before quantizing it")
+        out = cls(cache.max_size, [0], group_size=group_size, bits=bits)
+        out.left_padding, out.offset = cache.left_padding, cache.offset
+        out._idx, out._offset, out.rotated = cache._idx, cache._offset, cache.rotated
+        if cache.keys is not None:
+            out.keys, out.values = out._quantize(cache.keys), out._quantize(cache.values)
+        return out
+
+    def _quantize(self, x: Any) -> Parts:
+        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
+        return packed, scales, biases
+
+    def _settle(self) -> None:
+        """Make the lazily updated positions evaluate with the keys (what the parent's `mx.depends` does)."""
+        first, *rest = self.keys
+        self.keys = (mx.depends(first, (self.left_padding, self.offset)), *rest)
+
+    def _temporal_order(self) -> None:
+        if self.rotated:
+            self.keys = tuple(mx.roll(p, -self._idx, 2) for p in self.keys)
+            self.values = tuple(mx.roll(p, -self._idx, 2) for p in self.values)
+            self._idx = self.keys[0].shape[2]
+            self.rotated = False
+
+    def _update_concat(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
+        if self._lengths is not None:
+            raise ValueError("right-padded rows are not supported by the quantized batched window")
+        new_k, new_v = self._quantize(keys), self._quantize(values)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            self._temporal_order()
+            cut = self._idx
+            trim = max(0, cut - self.max_size + 1)  # every new token still sees max_size of context
+            if trim > 0:
+                self.left_padding -= trim
+            self.keys = tuple(
+                mx.concatenate([p[..., trim:cut, :], n], axis=2) for p, n in zip(self.keys, new_k, strict=True)
+            )
+            self.values = tuple(
+                mx.concatenate([p[..., trim:cut, :], n], axis=2) for p, n in zip(self.values, new_v, strict=True)
+            )
+        self.offset = self.offset + keys.shape[2]
+        self._offset += keys.shape[2]
+        self._idx = self.keys[0].shape[2]
+        self._settle()
+        return self.keys, self.values
+
+    def _update_in_place(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
+        steps = keys.shape[2]
+        prev = self._offset
+        new_k, new_v = self._quantize(keys), self._quantize(values)
+        if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
+            size = min(self.step, self.max_size - prev)
+
+            def grown(have: Parts | None, like: Parts) -> Parts:
+                zeros = tuple(mx.zeros((*p.shape[:2], size, p.shape[3]), p.dtype) for p in like)
+                if have is None:
+                    return zeros  # type: ignore[return-value]
+                return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros, strict=True))  # type: ignore[return-value]
+
+            self.keys, self.values = grown(self.keys, new_k), grown(self.values, new_v)
+            self._idx = prev
+        trim = self.keys[0].shape[2] - self.max_size
+        if trim > 0:
+            self.keys = tuple(p[..., trim:, :] for p in self.keys)
+            self.values = tuple(p[..., trim:, :] for p in self.values)
+            self._idx = self.max_size
+            self.left_padding -= trim
+        if self._idx == self.max_size:  # rotate
+            self.rotated = True
+            self._idx = 0
+        if self.rotated:
+            self.left_padding -= steps
+        for stored, new in ((self.keys, new_k), (self.values, new_v)):
+            for part, value in zip(stored, new, strict=True):
+                part[..., self._idx : self._idx + steps, :] = value
+        self._offset += steps
+        self.offset = self.offset + steps
+        self._idx += steps
+        self._settle()
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple[Parts, Parts]:
+        if self._offset < self.keys[0].shape[2]:
+            cut = self._offset
+            return tuple(p[..., :cut, :] for p in self.keys), tuple(p[..., :cut, :] for p in self.values)
+        return self.keys, self.values
+
+    def filter(self, batch_indices: Any) -> None:
+        if self.keys is not None:
+            self.keys = tuple(p[batch_indices] for p in self.keys)
+            self.values = tuple(p[batch_indices] for p in self.values)
+        self.offset = self.offset[batch_indices]
+        self.left_padding = self.left_padding[batch_indices]
+
+    def extend(self, other: Any) -> None:
+        raise NotImplementedError("the quantized batched window holds one batch for its whole run")
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:
+        raise TypeError("already quantized")
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return sum(int(p.nbytes) for p in (*self.keys, *self.values))
+
+
 def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
     """True when the batched loop reproduces what one prompt at a time would do: every layer keeps
-    a plain `KVCache` or a sliding window the plan leaves plain (no recurrent state), no prompt is
+    a `KVCache` or a sliding window with no kept prefix (no recurrent state), no prompt is
     longer than one prefill chunk, and every quantized layer starts at or before the shortest
     prompt's prefill end (so all rows quantize at the same call, right after the prefill, as they
     would alone)."""
@@ -138,13 +285,13 @@ def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:
     starts = []
     for i, c in enumerate(make_prompt_cache(model)):
         if type(c) is RotatingKVCache and c.keep == 0:
-            if kv.for_layer(i, "sliding_attention") is not None:
-                return False
+            spec = kv.for_layer(i, "sliding_attention")
         elif type(c) is KVCache:
-            if (spec := kv.for_layer(i, "full_attention")) is not None:
-                starts.append(spec.start)
+            spec = kv.for_layer(i, "full_attention")
         else:
             return False
+        if spec is not None:
+            starts.append(spec.start)
     return all(start <= min(lengths) - 1 for start in starts)
 
 
@@ -153,6 +300,22 @@ def _batch_cache(cache: Any, padding: list[int]) -> Any:
     if type(cache) is RotatingKVCache:
         return BatchRotatingKVCache(cache.max_size, padding)
     return BatchKVCache(padding)
+
+
+def _quantized_twin(cache: Any, kv: KVPlan, layer: int, padding: list[int]) -> Any:
+    """`cache` quantized when the plan's spec for `layer` is due (the shortest row's offset reached
+    its start, as each row alone would have), else `cache` itself."""
+    if type(cache) is BatchKVCache:
+        spec, filled = kv.for_layer(layer, "full_attention"), cache._idx
+    elif type(cache) is BatchRotatingKVCache:
+        spec, filled = kv.for_layer(layer, "sliding_attention"), cache._offset
+    else:
+        return cache  # already quantized, or a KV-shared layer's reader
+    if spec is None or filled - max(padding) < spec.start:
+        return cache
+    if type(cache) is BatchKVCache:
+        return quantize_batch_cache(cache, group_size=spec.group_size, bits=spec.bits)
+    return BatchQuantizedRotatingKVCache.from_cache(cache, group_size=spec.group_size, bits=spec.bits)
 
 
 def greedy_batch(
@@ -169,14 +332,15 @@ def greedy_batch(
     width = max(len(x) for x in ids)
     padding = [width - len(x) for x in ids]
     tokens = mx.array([[0] * p + x for p, x in zip(padding, ids, strict=True)])
-    cache: list[Any] = [_batch_cache(c, padding) for c in make_prompt_cache(model)]
     kv.check_against(model)
+    cache: list[Any] = [_batch_cache(c, padding) for c in make_prompt_cache(model)]
+    shared = shared_kv_sources(model, len(cache))
+    if shared and not kv.is_plain:  # as `KVPlan.make_cache`: they must see their source's quantized K/V
+        cache.extend(SharedKVReader(cache, shared[j]) for j in sorted(shared))
 
     def quantize_due() -> None:
         for i, c in enumerate(cache):
-            spec = kv.for_layer(i, "full_attention")
-            if spec is not None and isinstance(c, BatchKVCache) and c._idx - max(padding) >= spec.start:
-                cache[i] = quantize_batch_cache(c, group_size=spec.group_size, bits=spec.bits)
+            cache[i] = _quantized_twin(c, kv, i, padding)
 
     model(tokens[:, :-1], cache=cache)
     quantize_due()

@@ -191,7 +191,8 @@ def test_what_the_batched_loop_refuses(tiny_model_dir: Path, tiny_gemma4_dir: Pa
     assert not batchable(model, by_type, [10, 20]), "a spec by attention type starts too late for the short row"
     gemma, _ = _load(tiny_gemma4_dir)
     assert batchable(gemma, parse_kv_value("plain"), [10, 20]), "plain sliding windows batch (BatchRotatingKVCache)"
-    assert not batchable(gemma, parse_kv_value("8"), [10, 20]), "a quantized window holds one row"
+    assert batchable(gemma, parse_kv_value("8"), [10, 20]), "quantized windows batch (BatchQuantizedRotatingKVCache)"
+    assert not batchable(gemma, parse_kv_value("8").fake_quant(), [10, 20]), "fake quantization runs per layer"
 
 
 def test_cache_bytes_count_the_quantized_arrays() -> None:
@@ -249,7 +250,8 @@ def test_every_arm_of_a_gate_takes_one_loop(tiny_kv_model_dir: Path, tiny_gemma4
     full_only = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 64, 0)}, source="types.json")
     assert generation_route(gemma, [plain, full_only], lengths) == "batched"
     assert generation_route(gemma, [plain, plain], [20, PREFILL_STEP + 2]) == "batch_generate"
-    assert generation_route(gemma, [plain, q8], lengths) == generation_route(gemma, [q8, plain], lengths) == "per_layer"
+    assert generation_route(gemma, [plain, q8], lengths) == generation_route(gemma, [q8, plain], lengths) == "batched"
+    assert generation_route(gemma, [plain, q8], [20, PREFILL_STEP + 2]) == "per_layer"
 
 
 def _tiny_gemma3(window: int = 8) -> Any:
@@ -321,13 +323,104 @@ def test_a_gemma4_batch_with_kv_shared_layers_is_each_row_alone(tiny_gemma4_dir:
     assert batched == [_one_at_a_time(model, x, 12) for x in ids]
 
 
-def test_a_plan_that_quantizes_a_sliding_layer_runs_one_prompt_at_a_time() -> None:
+def _per_layer_alone(model: Any, ids: list[int], n: int, kv: KVPlan) -> list[int]:
+    """The one-prompt-at-a-time loop with the plan's caches (`QuantizedRotatingKVCache` for a quantized
+    window): what a gate ran for such plans before they batched."""
+    import mlx.core as mx
+
+    cache = kv.make_cache(model)
+    model(mx.array(ids)[None, :-1], cache=cache)
+    kv.maybe_quantize(cache)
+    token, out = ids[-1], []
+    for _ in range(n):
+        logits = model(mx.array([[token]]), cache=cache)[0, -1]
+        kv.maybe_quantize(cache)
+        token = int(mx.argmax(logits).item())
+        out.append(token)
+    return out
+
+
+SLIDING_PLANS = {
+    "uniform 8-bit g32": parse_kv_value("bits=8,group_size=32,start=0"),
+    "uniform 4-bit g32": parse_kv_value("bits=4,group_size=32,start=0"),
+    "windows 4-bit, full plain": KVPlan(
+        default=None, layers={}, types={"sliding_attention": KVSpec(4, 32, 0)}, source="types.json"
+    ),
+    "from token 2": parse_kv_value("bits=4,group_size=32,start=2"),
+}
+
+
+@pytest.mark.parametrize("name", list(SLIDING_PLANS))
+def test_a_quantized_sliding_window_batch_is_each_row_alone_through_the_wrap(name: str) -> None:
+    """Rows of 3 to 20 tokens, 12 new ones, an 8-token window quantized: every row wraps inside the
+    batch at its own step, and each is token for token the quantized one-at-a-time loop's."""
+    import random
+
+    from pytest_mlxgate.serving.batch import batchable, greedy_batch
+
+    model, kv = _tiny_gemma3(), SLIDING_PLANS[name]
+    rng = random.Random(0)
+    ids = [[rng.randrange(3, 300) for _ in range(n)] for n in (3, 7, 12, 20)]
+    assert batchable(model, kv, [len(x) for x in ids])
+    assert greedy_batch(model, ids, max_new_tokens=12, kv=kv, eos=set()) == [
+        _per_layer_alone(model, x, 12, kv) for x in ids
+    ]
+
+
+def test_the_batched_loop_quantizes_the_windows_it_is_told_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantized windows are really there (and the plain ones are not): the caches each decode
+    step reads, by layer, for a plan that quantizes only the sliding layers."""
+    import random
+
+    from pytest_mlxgate.serving import batch
+
+    seen: list[list[str]] = []
+    real = batch._quantized_twin
+
+    def spy(cache: Any, kv: KVPlan, layer: int, padding: list[int]) -> Any:
+        out = real(cache, kv, layer, padding)
+        if layer == 0:
+            seen.append([])
+        seen[-1].append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(batch, "_quantized_twin", spy)
+    model = _tiny_gemma3()
+    rng = random.Random(1)
+    ids = [[rng.randrange(3, 300) for _ in range(n)] for n in (5, 11)]
+    batch.greedy_batch(model, ids, max_new_tokens=3, kv=SLIDING_PLANS["windows 4-bit, full plain"], eos=set())
+    assert seen and all(step == ["BatchQuantizedRotatingKVCache", "BatchKVCache"] * 2 for step in seen), seen
+
+
+def test_a_gemma4_batch_with_a_quantized_plan_is_each_row_alone(tiny_gemma4_dir: Path) -> None:
+    """gemma-4's KV-shared layers read their source's quantized K/V in a batch too (they once got none
+    of its quantization and raised a TypeError from inside mlx_lm): full layers 8-bit, and a uniform
+    4-bit plan over windows and full layers, each row token for token the one-at-a-time loop's."""
+    import random
+
+    from pytest_mlxgate.serving.batch import batchable, greedy_batch
+
+    model, _ = _load(tiny_gemma4_dir)
+    rng = random.Random(0)
+    ids = [[rng.randrange(3, 40_000) for _ in range(n)] for n in (3, 7, 12, 40)]
+    for kv in (
+        KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 64, 0)}, source="types.json"),
+        parse_kv_value("4"),
+    ):
+        assert batchable(model, kv, [len(x) for x in ids])
+        assert greedy_batch(model, ids, max_new_tokens=8, kv=kv, eos=set()) == [
+            _per_layer_alone(model, x, 8, kv) for x in ids
+        ], kv.describe()
+
+
+def test_a_plan_quantizing_a_window_late_runs_one_prompt_at_a_time() -> None:
+    """A window quantized after the shortest prompt's prefill would quantize rows at different calls:
+    that plan is left to the one-at-a-time loop."""
     from pytest_mlxgate.serving.batch import batchable
 
     model = _tiny_gemma3()
-    full_only = KVPlan(default=None, layers={}, types={"full_attention": KVSpec(8, 32, 0)}, source="types.json")
-    assert batchable(model, full_only, [10, 20]), "the full layers quantize batched, the windows stay plain"
-    assert not batchable(model, parse_kv_value("8"), [10, 20]), "a uniform plan quantizes the windows too"
-    sliding = KVPlan(default=None, layers={}, types={"sliding_attention": KVSpec(8, 32, 0)}, source="types.json")
-    assert not batchable(model, sliding, [10, 20])
-    assert not batchable(model, KVPlan(default=None, layers={0: KVSpec(8, 32, 0)}, types={}, source="l.json"), [10, 20])
+    assert batchable(model, parse_kv_value("bits=8,group_size=32,start=9"), [10, 20])
+    assert not batchable(model, parse_kv_value("bits=8,group_size=32,start=10"), [10, 20])
+    late = KVPlan(default=None, layers={0: KVSpec(8, 32, 15)}, types={}, source="l.json")
+    assert not batchable(model, late, [10, 20])
+    assert batchable(model, late, [16, 20])

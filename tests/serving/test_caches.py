@@ -54,6 +54,50 @@ def test_the_quantized_ring_buffer_holds_what_mlx_lms_ring_buffer_holds() -> Non
     assert real.nbytes < fake.nbytes
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    window=st.integers(2, 12),
+    padding=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    steps=st.lists(st.one_of(st.just(1), st.integers(2, 9)), min_size=4, max_size=30),
+    quantize_after=st.integers(0, 3),
+)
+def test_the_batched_quantized_window_holds_what_mlx_lms_batched_window_holds(
+    window: int, padding: list[int], steps: list[int], quantize_after: int
+) -> None:
+    """Left-padded rows, any window, prefill chunks and single steps in any order, quantized from the
+    start or converted after some updates: the quantized batched window's dequantized K/V, positions,
+    padding and masks are exactly mlx_lm's `BatchRotatingKVCache` storing the same rounded values."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    from pytest_mlxgate.serving.batch import BatchQuantizedRotatingKVCache
+
+    mx.random.seed(len(steps) * 31 + window)
+    g, b = 32, 4
+    real: Any = BatchRotatingKVCache(window, padding)  # becomes the quantized one after `quantize_after`
+    fake = BatchRotatingKVCache(window, padding)
+
+    def rounded(x: Any) -> Any:
+        return mx.dequantize(*mx.quantize(x, group_size=g, bits=b), group_size=g, bits=b)
+
+    for n, step in enumerate(steps):
+        if n == quantize_after:
+            real = BatchQuantizedRotatingKVCache.from_cache(real, group_size=g, bits=b)
+        k = mx.random.normal((len(padding), 2, step, 64))
+        v = mx.random.normal((len(padding), 2, step, 64))
+        rk, rv = real.update_and_fetch(k, v)  # raw values: the conversion rounds what it holds
+        fk, fv = fake.update_and_fetch(rounded(k), rounded(v))
+        assert (real._idx, real._offset, real.rotated) == (fake._idx, fake._offset, fake.rotated)
+        assert real.offset.tolist() == fake.offset.tolist()
+        assert real.left_padding.tolist() == fake.left_padding.tolist()
+        if isinstance(real, BatchQuantizedRotatingKVCache):
+            rk, rv = (mx.dequantize(*x, group_size=g, bits=b) for x in (rk, rv))
+            assert rk.shape == fk.shape and bool(mx.all(rk == fk)) and bool(mx.all(rv == fv))
+        for width in (1, 3):
+            assert bool(mx.all(real.make_mask(width) == fake.make_mask(width)))
+    assert isinstance(real, BatchQuantizedRotatingKVCache) and real.nbytes < fake.nbytes
+
+
 def _decode_kls(model: Any, tok: Any, plan: Any, other: Any, steps: int = 4) -> list[float]:
     """KL(plan || other) at each of `steps` decode positions, both fed the same tokens."""
     import mlx.core as mx
