@@ -32,6 +32,7 @@ from .model import (
     Record,
     RunFacts,
     Speed,
+    SpeedArm,
     SpeedContext,
     Stats,
     StoredRow,
@@ -785,6 +786,13 @@ def _tps(v: float | None) -> str:
     return DASH if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
+def _held(ref: SpeedArm, cand: SpeedArm) -> str:
+    """The bytes of the positions holding a token, under the allocated ones, when recorded."""
+    if ref.kv_held_bytes is None or cand.kv_held_bytes is None:
+        return ""
+    return f"<br><small>holds {_bytes(ref.kv_held_bytes)} → {_bytes(cand.kv_held_bytes)}</small>"
+
+
 def _bytes(v: float | None) -> str:
     return DASH if v is None else format_bytes(v)
 
@@ -800,7 +808,7 @@ def _speed_table(contexts: Sequence[SpeedContext], speed: Speed) -> str:
             f"<td>{_ratio_text(ctx.decode)}</td>"
             f"<td>{_bytes(ref.peak_bytes)} → {_bytes(cand.peak_bytes)}</td>"
             f"<td>{_ratio_text(ctx.peak)}</td>"
-            f"<td>{_bytes(ref.kv_bytes)} → {_bytes(cand.kv_bytes)}</td></tr>"
+            f"<td>{_bytes(ref.kv_bytes)} → {_bytes(cand.kv_bytes)}{_held(ref, cand)}</td></tr>"
         )
     notes = []
     if speed.repetitions is not None:

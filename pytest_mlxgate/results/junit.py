@@ -199,6 +199,8 @@ def _speed(record: Record, speed: Speed) -> _Pairs:
         yield f"{name}.kv.ratio", ctx.kv.ratio if ctx.kv is not None else None
         yield f"{name}.kv.reference_bytes", ctx.reference.kv_bytes
         yield f"{name}.kv.candidate_bytes", ctx.candidate.kv_bytes
+        yield f"{name}.kv.reference_held_bytes", ctx.reference.kv_held_bytes
+        yield f"{name}.kv.candidate_held_bytes", ctx.candidate.kv_held_bytes
         yield f"{name}.peak.reference_bytes", ctx.reference.peak_bytes
         yield f"{name}.peak.candidate_bytes", ctx.candidate.peak_bytes
     if speed.weights_ratio is not None:

@@ -353,7 +353,8 @@ class SpeedArm:
     prefill_tps: float | None = None
     decode_tps: float | None = None
     peak_bytes: int | None = None
-    kv_bytes: int | None = None
+    kv_bytes: int | None = None  # allocated
+    kv_held_bytes: int | None = None  # the positions holding a token (a wrapped window: at most its window)
 
 
 @dataclass(frozen=True)
@@ -402,6 +403,7 @@ class Speed:
                 "decode_tps": a.decode_tps,
                 "peak_bytes": a.peak_bytes,
                 "kv_bytes": a.kv_bytes,
+                "kv_held_bytes": a.kv_held_bytes,
             }
 
         def ratio(r: Ratio | None) -> dict[str, Any] | None:
@@ -747,6 +749,7 @@ def _arm(a: Mapping[str, Any]) -> SpeedArm:
         decode_tps=real(a.get("decode_tps")),
         peak_bytes=integer(a.get("peak_bytes")),
         kv_bytes=integer(a.get("kv_bytes")),
+        kv_held_bytes=integer(a.get("kv_held_bytes")),
     )
 
 

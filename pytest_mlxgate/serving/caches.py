@@ -32,6 +32,7 @@ __all__ = [
     "kv_head_dims",
     "quantize_cache",
     "quantized_form",
+    "sliding_window",
 ]
 
 Parts = tuple[Any, Any, Any]  # (packed ints, scales, biases): mx.quantize's output
@@ -72,6 +73,14 @@ def kv_head_dims(model: Any) -> dict[int, tuple[int, ...]]:
     _HEAD_DIMS[id(model)] = dims
     weakref.finalize(model, _HEAD_DIMS.pop, id(model), None)
     return dims
+
+
+def sliding_window(model: Any) -> int | None:
+    """The narrowest sliding window among `model`'s cached layers (the positions its `RotatingKVCache`
+    keeps), or None for a model with no sliding-window layer. Read from the model's own prompt cache,
+    whatever its architecture calls the setting."""
+    sizes = [int(c.max_size) for c in make_prompt_cache(model) if isinstance(c, RotatingKVCache)]
+    return min(sizes) if sizes else None
 
 
 def quantized_form(cache: Any) -> str | None:

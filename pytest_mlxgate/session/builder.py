@@ -101,10 +101,13 @@ def gate_shape(item: pytest.Item, gate: GateSettings, lever: Lever) -> tuple[Run
     return RunShape(path=lever.path, tokens=tokens, decode=decode, chunk=chunk, batched=batched), prompts
 
 
-def gate_speed_shape(item: pytest.Item, gate: GateSettings, device: str) -> SpeedShape | None:
+def gate_speed_shape(
+    item: pytest.Item, gate: GateSettings, device: str, window: int | None = None
+) -> SpeedShape | None:
     """How the module's speed is measured, or None when nothing asks for it: `--mlx-speed on|off`
-    over the module's `mlx_speed` marker; sizes: command line, then marker, then ini, then defaults."""
-    from ..speed.shape import DEFAULT_REPETITIONS, SpeedShape, default_contexts, default_decode
+    over the module's `mlx_speed` marker; sizes: command line, then marker, then ini, then defaults
+    (for a model with a sliding window of `window` positions, one context past it: `past_the_window`)."""
+    from ..speed.shape import DEFAULT_REPETITIONS, SpeedShape, default_contexts, default_decode, past_the_window
 
     mark = item.get_closest_marker("mlx_speed")
     if gate.speed == "off" or (gate.speed is None and mark is None):
@@ -116,7 +119,7 @@ def gate_speed_shape(item: pytest.Item, gate: GateSettings, device: str) -> Spee
             f"mlx_speed marker on {item.nodeid}: takes only contexts=, decode=, repetitions= "
             f"(got {sorted(unknown) or list(mark.args if mark else [])})"
         )
-    contexts = gate.speed_contexts or marked.get("contexts") or default_contexts(device)
+    contexts = gate.speed_contexts or marked.get("contexts") or past_the_window(default_contexts(device), window)
     if isinstance(contexts, int):
         contexts = (contexts,)
     decode = gate.speed_decode or marked.get("decode") or default_decode(device)
@@ -194,6 +197,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     """The module's run, made once: gates of one module share their arms' results."""
     from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
+    from ..serving.caches import sliding_window
     from .paired import PairedRun
     from .watch import Watcher, progress_interval
 
@@ -215,7 +219,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     elif lever.kind == "weights":
         reference, candidate = _weights_arms(ctx, lever, candidate)
 
-    speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"))
+    speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"), sliding_window(candidate.model))
     for model in {id(m): m for m in (candidate, reference) if m is not None}.values():
         check_context(model, item.nodeid, shape.tokens, speed_shape)
     prompts, fewer = prompts_for(

@@ -172,12 +172,14 @@ class PairedRun:
         if self._speed is None:
             import uuid
 
+            from ..serving.caches import sliding_window
             from ..speed.measure import ArmModel, measure_speed
-            from ..speed.shape import SpeedShape, default_contexts, default_decode
+            from ..speed.shape import SpeedShape, default_contexts, default_decode, past_the_window
 
+            device = self.machine.get("device", "cpu")
             shape = self.speed_shape or SpeedShape(
-                contexts=default_contexts(self.machine.get("device", "cpu")),
-                decode=default_decode(self.machine.get("device", "cpu")),
+                contexts=past_the_window(default_contexts(device), sliding_window(self.candidate.model)),
+                decode=default_decode(device),
             )
             ref = self._reference_model()
             candidate = ArmModel(ref.model, "reference") if self.aa else ArmModel(self.candidate.model, "candidate")

@@ -35,7 +35,16 @@ if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
     from ..session.watch import ArmWatch, Watcher
 
-__all__ = ["ArmModel", "MemoryProbe", "cache_bytes", "measure_speed", "memory_probe", "pair_order", "weight_bytes"]
+__all__ = [
+    "ArmModel",
+    "MemoryProbe",
+    "cache_bytes",
+    "cache_held_bytes",
+    "measure_speed",
+    "memory_probe",
+    "pair_order",
+    "weight_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -139,11 +148,11 @@ def _trial(
                 meter.check()
         t2 = time.perf_counter()
         peak = probe.peak()
-        kv_bytes = cache_bytes(cache)
+        kv_bytes, held = cache_bytes(cache), cache_held_bytes(cache)
     del cache, out
     if meter is not None:
         meter.advance()
-    return Trial(prefill_s=t1 - t0, decode_s=t2 - t1, peak_bytes=peak, kv_bytes=kv_bytes)
+    return Trial(prefill_s=t1 - t0, decode_s=t2 - t1, peak_bytes=peak, kv_bytes=kv_bytes, kv_held_bytes=held)
 
 
 def cache_bytes(cache: Sequence[Any]) -> int:
@@ -154,6 +163,24 @@ def cache_bytes(cache: Sequence[Any]) -> int:
         if getattr(layer, "keys", None) is None and not getattr(layer, "state", None):
             continue
         total += sum(int(a.nbytes) for a in _leaves(_arrays(layer)))
+    return total
+
+
+def cache_held_bytes(cache: Sequence[Any]) -> int:
+    """Bytes of the positions the arm's KV cache holds a token in: what `cache_bytes` counts less the
+    slack mlx_lm allocates ahead (a plain cache grows 256 positions at a time). A sliding window holds
+    at most its window once it wraps, however long the context: this is where a wrapped window's
+    saving shows, and where a window that kept everything would be seen."""
+    total = 0
+    for layer in cache:
+        if getattr(layer, "keys", None) is None and not getattr(layer, "state", None):
+            continue
+        offset = getattr(layer, "offset", None)
+        for a in _leaves(_arrays(layer)):
+            size = int(a.nbytes)
+            if isinstance(offset, int) and a.ndim == 4 and a.shape[2]:
+                size = size // a.shape[2] * min(offset, a.shape[2])  # (batch, heads, positions, dim)
+            total += size
     return total
 
 

@@ -26,7 +26,8 @@ class Trial:
     prefill_s: float
     decode_s: float
     peak_bytes: int | None  # above what was in use at the trial's start; None: not measurable here
-    kv_bytes: int
+    kv_bytes: int  # allocated: every array of every layer's cache (`speed.measure.cache_bytes`)
+    kv_held_bytes: int | None = None  # the positions holding a token (`cache_held_bytes`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -34,6 +35,7 @@ class Trial:
             "decode_s": round(self.decode_s, 6),
             "peak_bytes": self.peak_bytes,
             "kv_bytes": self.kv_bytes,
+            "kv_held_bytes": self.kv_held_bytes,
         }
 
 
@@ -71,6 +73,9 @@ class ContextSpeed:
                 "decode_tps": statistics.median(self.decode_tokens / t.decode_s for t in trials),
                 "peak_bytes": int(statistics.median(peaks)) if peaks else None,
                 "kv_bytes": int(statistics.median(t.kv_bytes for t in trials)),
+                "kv_held_bytes": int(statistics.median(held))
+                if (held := [t.kv_held_bytes for t in trials if t.kv_held_bytes is not None])
+                else None,
                 "trials": [t.to_json() for t in trials],
             }
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import LeverError
 
-__all__ = ["DEFAULT_REPETITIONS", "SpeedShape", "default_contexts", "default_decode"]
+__all__ = ["DEFAULT_REPETITIONS", "SpeedShape", "default_contexts", "default_decode", "past_the_window"]
 
 #: Pairs per context: fewer gives an interval too wide to show a few percent (and is refused under 3).
 DEFAULT_REPETITIONS = 9
@@ -32,6 +32,15 @@ def default_contexts(device: str) -> tuple[int, ...]:
 
 def default_decode(device: str) -> int:
     return _CPU_DECODE if device.startswith("cpu") else _ACCELERATOR_DECODE
+
+
+def past_the_window(contexts: tuple[int, ...], window: int | None) -> tuple[int, ...]:
+    """The default contexts, with one at 1.5x a sliding-window model's window when none reaches past
+    it: a window that has not wrapped times (and holds) what a plain cache would, so without it the
+    speed and KV bytes of the path a long prompt takes are never measured."""
+    if window is None or max(contexts) > window:
+        return contexts
+    return (*contexts, window * 3 // 2)
 
 
 @dataclass(frozen=True)

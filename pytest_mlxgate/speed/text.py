@@ -44,6 +44,9 @@ def context_text(ctx: Mapping[str, Any]) -> str:
         f"{_tps(cand.get('decode_tps'))})",
         f"KV {mib(_num(ref.get('kv_bytes')))} → {mib(_num(cand.get('kv_bytes')))}",
     ]
+    held_ref, held_cand = _num(ref.get("kv_held_bytes")), _num(cand.get("kv_held_bytes"))
+    if held_ref is not None and held_cand is not None:
+        parts[-1] += f" (holds {mib(held_ref)} → {mib(held_cand)})"
     if ref.get("peak_bytes") is not None and cand.get("peak_bytes") is not None:
         parts.append(f"peak +{mib(_num(ref['peak_bytes']))} → +{mib(_num(cand['peak_bytes']))}")
     return " · ".join(parts)

@@ -83,6 +83,7 @@ def test_every_section_is_there_for_a_kl_a_capability_and_a_speed_gate(page: str
     assert "gsm8k: 3 items flipped" in cap and "mmlu: no item changed" in cap
     assert plots(speed) == [*PLOTS["speed"], *PLOTS["history"]]
     assert "<h3>Speed and memory</h3>" in speed and "decode tok/s @256" in speed
+    assert "1.0 MB → 524.3 kB<br><small>holds 786.4 kB → 393.2 kB</small>" in speed  # @256: allocated, held
     assert "not recorded" not in kl + cap + speed  # these records carry every plot's data
 
 

@@ -173,8 +173,20 @@ def _speed() -> dict[str, Any]:
     def est(ratio: float, lo: float, hi: float) -> dict[str, Any]:
         return {"ratio": ratio, "ratio_ci": [lo, hi], "n": 9, "log_sd": 0.05}
 
-    ref = {"prefill_tps": 100.0, "decode_tps": 10.0, "peak_bytes": 4 << 20, "kv_bytes": 2 << 20}
-    cand = {"prefill_tps": 110.0, "decode_tps": 13.0, "peak_bytes": 3 << 20, "kv_bytes": 1 << 20}
+    ref = {
+        "prefill_tps": 100.0,
+        "decode_tps": 10.0,
+        "peak_bytes": 4 << 20,
+        "kv_bytes": 2 << 20,
+        "kv_held_bytes": 3 << 19,
+    }
+    cand = {
+        "prefill_tps": 110.0,
+        "decode_tps": 13.0,
+        "peak_bytes": 3 << 20,
+        "kv_bytes": 1 << 20,
+        "kv_held_bytes": 3 << 18,
+    }
     return {
         "id": "s1",
         "shape": {"contexts": [64, 256], "decode": 16, "repetitions": 9},
@@ -219,6 +231,10 @@ def test_speed_gives_the_longest_context_plain_others_by_context_and_each_goals_
     assert (p["mlxgate.speed.peak.ratio.upper"], p["mlxgate.speed.peak.limit"]) == ("0.8", "0.9")
     assert (p["mlxgate.speed.kv.ratio"], p["mlxgate.speed.kv.limit"]) == ("0.5", "0.6")
     assert (p["mlxgate.speed.kv.reference_bytes"], p["mlxgate.speed.decode.candidate_tps"]) == (str(2 << 20), "13.0")
+    assert (p["mlxgate.speed.kv.reference_held_bytes"], p["mlxgate.speed.kv.candidate_held_bytes"]) == (
+        str(3 << 19),
+        str(3 << 18),
+    )
     assert (p["mlxgate.speed.weights.ratio"], p["mlxgate.speed.weights.verdict"]) == ("0.25", "pass")
 
 

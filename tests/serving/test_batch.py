@@ -255,29 +255,9 @@ def test_every_arm_of_a_gate_takes_one_loop(tiny_kv_model_dir: Path, tiny_gemma4
 
 
 def _tiny_gemma3(window: int = 8) -> Any:
-    """A random gemma3_text (sliding, full, sliding, full) with an 8-token window; weights scaled up so
-    greedy choices are far from ties."""
-    import mlx.core as mx
-    from mlx.utils import tree_map
-    from mlx_lm.models import gemma3_text
+    from tinygemma import tiny_gemma3_model
 
-    mx.random.seed(0)
-    args = gemma3_text.ModelArgs(
-        model_type="gemma3_text",
-        hidden_size=64,
-        num_hidden_layers=4,
-        intermediate_size=128,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        vocab_size=300,
-        sliding_window=window,
-        sliding_window_pattern=2,
-    )
-    model = gemma3_text.Model(args)
-    model.update(tree_map(lambda p: p * 8 if p.ndim == 2 else p, model.parameters()))
-    mx.eval(model.parameters())
-    return model
+    return tiny_gemma3_model(window)
 
 
 def _one_at_a_time(model: Any, ids: list[int], n: int) -> list[int]:

@@ -196,3 +196,44 @@ def test_a_weights_gate_on_an_already_quantized_model_skips_and_says_what_it_nee
     result = pytester.runpytest_subprocess(f"--mlx-candidate={quantized}", "-p", "no:randomly", "--mlx-db=off", "-rs")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*is already quantized*run it on the float repo*"])
+
+
+WINDOWED = """
+import pytest
+from pytest_mlxgate import assert_smaller
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv8", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0},
+                          path="serving"),
+    pytest.mark.mlx_kl(prompts=2, tokens=16, decode=2),
+    pytest.mark.mlx_speed(decode=2, repetitions=3),
+]
+
+
+def test_memory(paired):
+    assert_smaller(paired, kv=0.5, at="all")
+"""
+
+
+@pytest.mark.slow  # a pytester session timing a 384-token context
+def test_a_sliding_window_model_is_timed_past_its_window_by_default(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """gemma-4 with a 256-token window: the CPU's default contexts (64, 256) never wrap it, so a third,
+    384 (1.5x the window), is timed, and there the plain arm's sliding layers hold their window only."""
+    from tinygemma import build_tiny_gemma4
+
+    model = build_tiny_gemma4(tmp_path_factory.mktemp("gemma4-w256"), sliding_window=256)
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_windowed=WINDOWED)
+    report = tmp_path / "r.json"
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={model}", "-p", "no:randomly", "--mlx-db=off", f"--mlx-report={report}"
+    )
+    result.assert_outcomes(passed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    speed = record["speed"]
+    assert speed["shape"]["contexts"] == [64, 256, 384]
+    plain = {c: speed["contexts"][c]["reference"] for c in ("256", "384")}
+    assert plain["384"]["kv_held_bytes"] < plain["384"]["kv_bytes"], "the wrapped windows hold less than allocated"
+    assert "speed @384: prefill ×" in result.stdout.str() and "(holds " in result.stdout.str()

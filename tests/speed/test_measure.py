@@ -129,15 +129,17 @@ def test_a_planted_slowdown_is_measured_at_its_exact_size_and_fails_a_speed_up(t
     assert ctx["kv"]["ratio"] == 1.0  # the same cache plan on both arms
 
 
-def _expected_kv_bytes(config: dict[str, Any], tokens: int, bits: int | None, group: int = 64) -> int:
+def _expected_kv_bytes(
+    config: dict[str, Any], tokens: int, bits: int | None, group: int = 64, *, held: bool = False
+) -> int:
     """mlx_lm's caches by hand: K and V per layer, (kv heads, allocated positions, head dim),
-    grown 256 positions at a time; a quantized cache holds packed uint32 words plus a float32 scale
-    and bias per group."""
+    grown 256 positions at a time (`held`: the positions holding a token); a quantized cache holds
+    packed uint32 words plus a float32 scale and bias per group."""
     step = 256
-    allocated = -(-tokens // step) * step
+    positions = tokens if held else -(-tokens // step) * step
     heads, dim, layers = config["num_key_value_heads"], config["head_dim"], config["num_hidden_layers"]
     per_position = dim * 4 if bits is None else dim * bits // 32 * 4 + 2 * (dim // group) * 4
-    return layers * 2 * heads * allocated * per_position
+    return layers * 2 * heads * positions * per_position
 
 
 def test_kv_bytes_are_the_caches_own_arrays_counted_by_hand(tiny: Any, tiny_kv_model_dir: Path) -> None:
@@ -154,6 +156,8 @@ def test_kv_bytes_are_the_caches_own_arrays_counted_by_hand(tiny: Any, tiny_kv_m
         tokens = context + shape.decode
         assert ctx["reference"]["kv_bytes"] == _expected_kv_bytes(config, tokens, None)
         assert ctx["candidate"]["kv_bytes"] == _expected_kv_bytes(config, tokens, 8)
+        assert ctx["reference"]["kv_held_bytes"] == _expected_kv_bytes(config, tokens, None, held=True)
+        assert ctx["candidate"]["kv_held_bytes"] == _expected_kv_bytes(config, tokens, 8, held=True)
         assert ctx["kv"]["ratio"] == pytest.approx(72 / 256)  # (16 words + scale + bias) / 64 floats, x4 bytes
     assert_smaller(speed, kv=0.3, at="all")
     with pytest.raises(AssertionError, match="(?s)memory gate failed.*KV bytes @300"):
@@ -245,3 +249,33 @@ def test_gemma4_kv_shared_layers_hold_no_bytes_and_a_quantized_plan_runs(tiny_ge
     shared = [c for c in cache if isinstance(c, SharedKVReader)]
     assert shared and cache_bytes(shared) == 0
     assert cache_bytes(cache) == sum(c.nbytes for c in cache if not isinstance(c, SharedKVReader))
+
+
+def test_a_wrapped_window_holds_its_window_and_the_default_contexts_reach_past_it() -> None:
+    """A sliding-window model's speed is timed past its window by default (1.5x), and there the KV
+    bytes held show the wrap: each sliding layer holds its window, each full layer every token, by
+    hand, plain and quantized; before the wrap both hold every token."""
+    from tinygemma import tiny_gemma3_model
+
+    from pytest_mlxgate.serving.caches import sliding_window
+    from pytest_mlxgate.speed.shape import past_the_window
+
+    window = 8
+    model = tiny_gemma3_model(window)
+    assert sliding_window(model) == window
+    contexts = past_the_window((4,), sliding_window(model))
+    assert contexts == (4, 12)
+    assert past_the_window((4, 64), window) == (4, 64), "a default context already past the window"
+    assert past_the_window((4,), None) == (4,), "no window, nothing added"
+    lever = Lever(
+        name="kv", kind="kv", target=None, ref="plain", cand={"bits": 8, "group_size": 32, "start": 0}, path="serving"
+    )
+    speed = _measure(model, lever, SpeedShape(contexts=contexts, decode=4, repetitions=3, warmup=0))
+    heads, dim = 1, 32
+    for context in contexts:
+        tokens = context + 4
+        for arm, per_position in (("reference", dim * 4), ("candidate", dim * 8 // 32 * 4 + 2 * (dim // 32) * 4)):
+            held = 2 * heads * per_position * (2 * min(tokens, window) + 2 * tokens)  # 2 sliding + 2 full layers
+            assert speed["contexts"][str(context)][arm]["kv_held_bytes"] == held, (context, arm)
+    past = speed["contexts"]["12"]
+    assert past["reference"]["kv_held_bytes"] < past["reference"]["kv_bytes"]

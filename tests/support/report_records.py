@@ -162,6 +162,7 @@ def speed_record() -> GateRecord:
                 decode_s=8 / 40 * (1 + 0.03 * rng.random()),
                 peak_bytes=40 << 20,
                 kv_bytes=context * 4096,
+                kv_held_bytes=context * 3072,
             )
             for _ in range(5)
         ]
@@ -171,6 +172,7 @@ def speed_record() -> GateRecord:
                 decode_s=8 / 44 * (1 + 0.03 * rng.random()),
                 peak_bytes=30 << 20,
                 kv_bytes=context * 2048,
+                kv_held_bytes=context * 1536,
             )
             for _ in range(5)
         ]

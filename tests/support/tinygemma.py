@@ -104,3 +104,29 @@ def build_tiny_gemma4(
     else:
         config = {"architectures": ["Gemma4ForCausalLM"], **text}
     return write_snapshot(out, config, weights)
+
+
+def tiny_gemma3_model(window: int = 8) -> Any:
+    """A random gemma3_text in memory (sliding, full, sliding, full; head dim 32) with a `window`-token
+    window; weights scaled up so greedy choices are far from ties. Seeded."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.models import gemma3_text
+
+    mx.random.seed(0)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=300,
+        sliding_window=window,
+        sliding_window_pattern=2,
+    )
+    model = gemma3_text.Model(args)
+    model.update(tree_map(lambda p: p * 8 if p.ndim == 2 else p, model.parameters()))
+    mx.eval(model.parameters())
+    return model
