@@ -105,8 +105,9 @@ def gate_speed_shape(
     item: pytest.Item, gate: GateSettings, device: str, window: int | None = None
 ) -> SpeedShape | None:
     """How the module's speed is measured, or None when nothing asks for it: `--mlx-speed on|off`
-    over the module's `mlx_speed` marker; sizes: command line, then marker, then ini, then defaults
-    (for a model with a sliding window of `window` positions, one context past it: `past_the_window`)."""
+    over the module's `mlx_speed` marker; sizes: the options (command line, ini), then marker, then defaults.
+    For a model with a sliding window of `window` positions, the marker's or the default contexts gain
+    one past it (`past_the_window`); contexts the options give are taken as they are."""
     from ..speed.shape import DEFAULT_REPETITIONS, SpeedShape, default_contexts, default_decode, past_the_window
 
     mark = item.get_closest_marker("mlx_speed")
@@ -119,7 +120,12 @@ def gate_speed_shape(
             f"mlx_speed marker on {item.nodeid}: takes only contexts=, decode=, repetitions= "
             f"(got {sorted(unknown) or list(mark.args if mark else [])})"
         )
-    contexts = gate.speed_contexts or marked.get("contexts") or past_the_window(default_contexts(device), window)
+    contexts = gate.speed_contexts
+    if not contexts:  # the module's or the default contexts, past a sliding window (the command line's as given)
+        contexts = marked.get("contexts") or default_contexts(device)
+        contexts = (contexts,) if isinstance(contexts, int) else contexts
+        if isinstance(contexts, (tuple, list)) and all(isinstance(c, int) and c > 0 for c in contexts):
+            contexts = past_the_window(tuple(contexts), window)
     if isinstance(contexts, int):
         contexts = (contexts,)
     decode = gate.speed_decode or marked.get("decode") or default_decode(device)
