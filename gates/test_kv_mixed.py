@@ -1,9 +1,11 @@
 """Gate: the production KV plan — 8-bit on layers 3, 4, 9, 10, 11, 14, 4-bit elsewhere, group 64.
 
 The plan this project descends from runs on gemma-4 e4b (`kv_config_production.json` beside this
-file; layer indices are e4b's, all among its 24 cached layers). It runs here on the embedded
-model's 30 layers through the serving path like the uniform 8-bit gate (`test_kv_cache.py`, whose
-reference arm this gate shares: same plain cache, same sizes), so the two read side by side.
+file; layer indices are e4b's, all among its 24 cached layers). A candidate snapshot that ships its
+own `kv_config.json` is gated on that plan instead (`snapshot_plan=`), as its serving stack would
+run it. It runs here on the embedded model's 30 layers through the serving path like the uniform
+8-bit gate (`test_kv_cache.py`, whose reference arm this gate shares: same plain cache, same sizes),
+so the two read side by side.
 
 Limits: `gates/calibration/test_kv_mixed.json` holds what they were set from, the A/A floor (the
 reference arm is the 8-bit gate's), this plan's drift and KNOWN_BAD's (`pytest gates/test_kv_mixed.py
@@ -28,7 +30,14 @@ import pytest
 from pytest_mlxgate import Paired, assert_kl_below, assert_smaller
 
 pytestmark = [
-    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand="kv_config_production.json", path="serving"),
+    pytest.mark.mlx_lever(
+        "kv_cache",
+        kv=True,
+        ref="plain",
+        cand="kv_config_production.json",
+        snapshot_plan="kv_config.json",  # a snapshot's own plan, when it ships one, is what its serving stack runs
+        path="serving",
+    ),
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(),
 ]

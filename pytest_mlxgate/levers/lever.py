@@ -24,6 +24,7 @@ reference cache by `naming`. Imported while pytest collects: no mlx or mlx_lm at
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ LEVER_PATHS: tuple[LeverPath, ...] = get_args(LeverPath)
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
+#: What `snapshot_plan=` may name: a file in a snapshot's top folder (no path, not hidden).
+_PLAN_FILE = re.compile(r"[\w-][\w.-]*\.json")
+
+
 @dataclass(frozen=True)
 class Lever:
     """One lever: what it switches (`kind`, `target`), its two values, and the path it runs on."""
@@ -67,6 +72,7 @@ class Lever:
     cand: object
     path: LeverPath = "prefill"
     factory: Callable[[Any], AbstractContextManager[Any]] | None = None  # kind == "context"
+    snapshot_plan: str | None = None  # kind == "kv": a file the candidate snapshot may ship; it then is `cand`
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -85,6 +91,18 @@ class Lever:
             )
         if self.kind in ("env", "patch", "context") and self.target is None and self.factory is None:
             raise LeverError(f"lever {self.name!r} ({self.kind}) needs a target; say what it switches")
+        if self.snapshot_plan is not None:
+            name = self.snapshot_plan
+            if self.kind != "kv":
+                raise LeverError(
+                    f"lever {self.name!r}: snapshot_plan= names a KV plan a snapshot ships; it applies to kv=True "
+                    f"levers only (this one is {self.kind})"
+                )
+            if not isinstance(name, str) or not _PLAN_FILE.fullmatch(name):
+                raise LeverError(
+                    f"lever {self.name!r}: snapshot_plan={name!r} must be the file name of a kv_config in the "
+                    "snapshot's top folder, e.g. 'kv_config.json'"
+                )
 
     def value(self, arm: Arm) -> object:
         """The value this lever takes on `arm`."""

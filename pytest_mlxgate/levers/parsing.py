@@ -22,7 +22,7 @@ from .weights import parse_weights_value
 __all__ = ["check_override_targets", "lever_from_marker", "lever_from_options", "override_applies"]
 
 _KIND_KWARGS: tuple[LeverKind, ...] = ("env", "patch", "kv", "context", "weights")
-_MARKER_KWARGS = frozenset({*_KIND_KWARGS, "ref", "cand", "path"})
+_MARKER_KWARGS = frozenset({*_KIND_KWARGS, "ref", "cand", "path", "snapshot_plan"})
 _BARE_NAME = re.compile(IDENT)
 _ORIGINAL = frozenset({"original", "none"})
 _CLI_FORMS = (
@@ -83,7 +83,13 @@ def lever_from_marker(mark: pytest.Mark, *, base_dir: Path | None = None) -> Lev
             f"{where}: weights={kwargs['weights']!r}; write weights=True and put the quantization "
             "in ref=/cand= (None: as loaded; {'bits': 4, 'group_size': 64})"
         )
-    return _build(where, name, kind, kwargs[kind], kwargs["ref"], kwargs["cand"], path or "prefill", base_dir)
+    lever = _build(where, name, kind, kwargs[kind], kwargs["ref"], kwargs["cand"], path or "prefill", base_dir)
+    if "snapshot_plan" not in kwargs:
+        return lever
+    try:
+        return replace(lever, snapshot_plan=kwargs["snapshot_plan"])
+    except LeverError as e:
+        raise LeverError(f"{where}: {e}") from None
 
 
 _EXPLICIT_PREFIXES = ("env:", "patch:", "context:")

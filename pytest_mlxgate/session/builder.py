@@ -7,7 +7,7 @@ command line. The lever comes from the module's `mlx_lever` marker; `--mlx-lever
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "gate_lever",
     "gate_shape",
     "gate_speed_shape",
+    "with_snapshot_plan",
 ]
 
 
@@ -156,6 +157,30 @@ def _weights_arms(ctx: RunContext, lever: Lever, loaded: LoadedModel) -> tuple[L
     return arms[0], arms[1]
 
 
+def with_snapshot_plan(lever: Lever, candidate: LoadedModel, progress: Callable[[str], None] | None) -> Lever:
+    """`lever` with the candidate snapshot's own KV plan as its candidate value, when it declares one
+    (`mlx_lever(..., snapshot_plan="kv_config.json")`) and the snapshot ships that file: the plan the
+    serving stack would run with this model. Otherwise the lever as declared."""
+    name = lever.snapshot_plan
+    if name is None:
+        return lever
+    shipped = candidate.snapshot.dir / name
+    if not shipped.is_file():
+        return lever
+    from ..levers.kvcache import parse_kv_value
+
+    try:
+        plan = parse_kv_value(shipped)
+    except LeverError as e:
+        raise LeverError(f"lever {lever.name!r}: the candidate snapshot's own {name}: {e}") from None
+    if progress is not None:
+        progress(
+            f"KV plan: {candidate.snapshot.pinned} ships {name}, so the candidate arm serves it ({plan.describe()}) "
+            f"in place of the gate's {lever.describe_value('candidate')}"
+        )
+    return replace(lever, cand=shipped)
+
+
 def check_context(model: LoadedModel, nodeid: str, tokens: int, speed: SpeedShape | None) -> None:
     """Refuse sizes past the positions the model serves, before any arm runs: its logits there are
     out of its trained range, so their drift (or speed) says nothing about the lever."""
@@ -224,6 +249,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
             raise LeverError("the model lever compares two models: pass --mlx-reference NAME")
     elif lever.kind == "weights":
         reference, candidate = _weights_arms(ctx, lever, candidate)
+    lever = with_snapshot_plan(lever, candidate, ctx.progress)
 
     speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"), sliding_window(candidate.model))
     for model in {id(m): m for m in (candidate, reference) if m is not None}.values():

@@ -142,6 +142,15 @@ def test_context_factory_must_return_context_manager() -> None:
         (("model",), {"ref": "a", "cand": "b"}, "takes no ref, cand"),
         ((), {"env": "A", "ref": 0, "cand": 1}, "lever's name as its one positional argument"),
         (("a", "b"), {"env": "A", "ref": 0, "cand": 1}, "one positional argument"),
+        (("x",), {"env": "A", "ref": 0, "cand": 1, "snapshot_plan": "kv_config.json"}, "kv=True levers only"),
+        (
+            ("x",),
+            {"kv": True, "ref": None, "cand": 8, "snapshot_plan": "../kv_config.json"},
+            "file name of a kv_config",
+        ),
+        (("x",), {"kv": True, "ref": None, "cand": 8, "snapshot_plan": "kv_config.txt"}, "file name of a kv_config"),
+        (("x",), {"kv": True, "ref": None, "cand": 8, "snapshot_plan": ".json"}, "file name of a kv_config"),
+        (("x",), {"kv": True, "ref": None, "cand": 8, "snapshot_plan": 1}, "file name of a kv_config"),
     ],
 )
 def test_bad_markers(args: tuple[Any, ...], kwargs: dict[str, Any], fragment: str) -> None:
