@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.atomic import atomic_write_bytes
+from ..common.gate_calls import DeclaredLimit, declared_limits, literal
 from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal
 
 __all__ = [
@@ -216,15 +217,8 @@ def serving_code() -> dict[str, Any]:
 # -- what a gate module declares --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Limit:
-    """One limit a gate's source declares: `assertion(paired, key=value, at=at)` in `test`."""
-
-    test: str
-    assertion: str
-    key: str
-    value: float
-    at: object = None  # assert_faster's `at`: a context, "all", or None (the longest)
+#: One limit a gate's source declares (`common.gate_calls`).
+Limit = DeclaredLimit
 
 
 @dataclass
@@ -242,24 +236,7 @@ class GateSource:
     def read(cls, path: Path) -> GateSource:
         source = path.read_text()
         tree = ast.parse(source, filename=str(path))
-        limits: list[Limit] = []
-        not_literal: list[str] = []
-        for fn in tree.body:
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(fn):
-                name = _call_name(node)
-                if name != KL_ASSERTION and name not in SPEED_ASSERTIONS:
-                    continue
-                assert isinstance(node, ast.Call)
-                keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
-                at = _literal(keywords.pop("at")) if "at" in keywords else None
-                for key, value_node in keywords.items():
-                    value = _literal(value_node)
-                    if isinstance(value, (int, float)) and not isinstance(value, bool):
-                        limits.append(Limit(fn.name, name, key, float(value), at))
-                    else:
-                        not_literal.append(f"{fn.name}: {name}({key}={ast.unparse(value_node)})")
+        limits, not_literal = declared_limits(tree, {KL_ASSERTION, *SPEED_ASSERTIONS})
         declared: dict[str, str] = {}
         known_bad: object = None
         declares_known_bad = False
@@ -268,7 +245,7 @@ class GateSource:
             if target in ("pytestmark", "KNOWN_BAD"):
                 declared[target] = ast.dump(stmt)
             if target == "KNOWN_BAD" and isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
-                known_bad = _literal(stmt.value)
+                known_bad = literal(stmt.value)
                 declares_known_bad = known_bad is not None
         names = _imported(tree)
         if isinstance(known_bad, str) and ":" in known_bad:  # "mymod:broken": the known-bad kernel's own file
@@ -289,23 +266,6 @@ class GateSource:
             for lim in self.limits
             if (test is None or lim.test == test) and (kl is None or (lim.assertion == KL_ASSERTION) == kl)
         ]
-
-
-def _call_name(node: ast.AST) -> str | None:
-    if not isinstance(node, ast.Call):
-        return None
-    func = node.func
-    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-
-
-def _literal(node: ast.expr) -> object:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NOT_LITERAL
-
-
-_NOT_LITERAL = object()
 
 
 def _assigned(stmt: ast.stmt) -> str | None:

@@ -812,7 +812,15 @@ def _speed_table(contexts: Sequence[SpeedContext], speed: Speed) -> str:
         )
     notes = []
     if speed.repetitions is not None:
-        notes.append(f"{speed.repetitions} ABBA pairs per context, {esc(speed.decode_tokens)} tokens decoded")
+        pairs = ", ".join(
+            f"{c.decode.n} @{c.length}" + (f" ({esc(c.stopped)})" if c.stopped else "")
+            for c in speed.contexts
+            if c.decode is not None and c.decode.n is not None
+        )
+        notes.append(
+            f"ABBA pairs per context: {pairs or DASH} of at most {speed.repetitions}, "
+            f"{esc(speed.decode_tokens)} tokens decoded"
+        )
     if speed.memory_method:
         notes.append(f"peak memory: {esc(speed.memory_method)}")
     if speed.weights_reference is not None and speed.weights_reference != speed.weights_candidate:

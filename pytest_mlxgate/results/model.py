@@ -368,6 +368,7 @@ class SpeedContext:
     decode: Ratio | None = None
     peak: Ratio | None = None
     kv: Ratio | None = None
+    stopped: str | None = None  # why the trials stopped here: "decided", "precise", "budget" (None: a fixed count)
 
     @property
     def kv_ratio(self) -> float | None:
@@ -419,6 +420,7 @@ class Speed:
                     "decode": ratio(c.decode),
                     "peak": ratio(c.peak),
                     "kv": ratio(c.kv),
+                    "stopped": c.stopped,
                 }
                 for c in self.contexts
             },
@@ -770,6 +772,7 @@ def _speed(s: Mapping[str, Any]) -> Speed:
                 decode=_ratio(_map(contexts[c]).get("decode")),
                 peak=_ratio(_map(contexts[c]).get("peak")),
                 kv=_ratio(_map(contexts[c]).get("kv")),
+                stopped=text(_map(contexts[c]).get("stopped")) or None,
             )
             for c in lengths
         ),

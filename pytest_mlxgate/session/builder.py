@@ -108,8 +108,18 @@ def gate_speed_shape(
     """How the module's speed is measured, or None when nothing asks for it: `--mlx-speed on|off`
     over the module's `mlx_speed` marker; sizes: the options (command line, ini), then marker, then defaults.
     For a model with a sliding window of `window` positions, the marker's or the default contexts gain
-    one past it (`past_the_window`); contexts the options give are taken as they are."""
-    from ..speed.shape import DEFAULT_REPETITIONS, SpeedShape, default_contexts, default_decode, past_the_window
+    one past it (`past_the_window`); contexts the options give are taken as they are. The goals the
+    module's assertions declare (read from its source) tell the trials when a context is decided."""
+    from ..common.gate_calls import declared_limits
+    from ..speed.shape import (
+        DEFAULT_REPETITIONS,
+        SAMPLED_GOALS,
+        SpeedGoal,
+        SpeedShape,
+        default_contexts,
+        default_decode,
+        past_the_window,
+    )
 
     mark = item.get_closest_marker("mlx_speed")
     if gate.speed == "off" or (gate.speed is None and mark is None):
@@ -131,8 +141,14 @@ def gate_speed_shape(
         contexts = (contexts,)
     decode = gate.speed_decode or marked.get("decode") or default_decode(device)
     reps = gate.speed_reps or marked.get("repetitions") or DEFAULT_REPETITIONS
+    declared, _ = declared_limits(item.path, ("assert_faster", "assert_smaller")) if item.path.is_file() else ([], [])
+    goals = tuple(
+        SpeedGoal(lim.key, lim.value, lim.at)  # type: ignore[arg-type]
+        for lim in declared
+        if lim.key in SAMPLED_GOALS
+    )
     try:
-        return SpeedShape(contexts=tuple(contexts), decode=int(decode), repetitions=int(reps))
+        return SpeedShape(contexts=tuple(contexts), decode=int(decode), repetitions=int(reps), goals=goals)
     except (TypeError, ValueError) as e:
         raise LeverError(f"mlx_speed on {item.nodeid}: {e}") from None
 

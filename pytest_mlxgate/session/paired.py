@@ -186,7 +186,7 @@ class PairedRun:
             what = "A/A: reference arm against itself" if self.aa else "both arms interleaved"
             self._say(
                 f"speed ({what}): contexts {', '.join(map(str, shape.contexts))} tokens, "
-                f"{shape.decode} decoded, {shape.repetitions} pairs each"
+                f"{shape.decode} decoded, up to {shape.repetitions} pairs each (fewer once decided)"
             )
             found = measure_speed(
                 lever=self.lever,

@@ -6,9 +6,12 @@ the plan says, then `decode` tokens fed one at a time, each call synchronised wi
 token ids (the gate's own prompts, cycled) stand in for sampled ones, so both arms do identical
 work. No KL work happens inside a timed span.
 
-Per context: `warmup` untimed trials per arm, then `repetitions` pairs in ABBA order (reference
-first in even pairs, candidate first in odd ones), so drift of the machine over the run (thermal
-state, a background job) falls on both arms alike. Each pair gives one ratio (`stats.ratios`).
+Per context: `warmup` untimed trials per arm, then pairs in ABBA order (reference first in even
+pairs, candidate first in odd ones), so drift of the machine over the run (thermal state, a
+background job) falls on both arms alike. Each pair gives one ratio (`stats.ratios`). Pairs are
+added until the context is decided (`stop_reason`: the module's goals there shown met or missed, or
+with none, the intervals within the shape's precision), at most `repetitions`; the intervals are
+the sequential looks' (`stats.ratios.look_confidence`), valid whenever the trials stop.
 
 The trials time alone: under xdist they hold the run's trial lock (`session.watch`), so no other
 worker's trials overlap them and other workers' KL arms pause between forwards; what other
@@ -18,18 +21,20 @@ processes still did on the cores meanwhile is sampled around the trials (`speed.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 from ..kl.shape import SERVING_PREFILL_STEP
+from ..stats.ratios import FIRST_LOOK
 from .load import load_seen, sample
 from .result import ContextSpeed, SpeedResult, Trial
-from .shape import SpeedShape
+from .shape import SAMPLED_GOALS, SpeedShape
 
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
@@ -43,6 +48,8 @@ __all__ = [
     "measure_speed",
     "memory_probe",
     "pair_order",
+    "pairs_until_decided",
+    "stop_reason",
     "weight_bytes",
 ]
 
@@ -88,14 +95,15 @@ def measure_speed(
             for _ in range(shape.warmup):
                 for side in sides:
                     _trial(side, lever, ids, context, shape.decode, probe, meter)
-            trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
-            for rep in range(shape.repetitions):
+
+            def pair(rep: int, ids: Any = ids, context: int = context) -> dict[str, Trial]:
+                timed = {}
                 for name in pair_order(rep):
                     side = reference if name == "reference" else candidate
-                    trials[name].append(_trial(side, lever, ids, context, shape.decode, probe, meter))
-            contexts[context] = ContextSpeed.from_trials(
-                context, shape.decode, trials["reference"], trials["candidate"]
-            )
+                    timed[name] = _trial(side, lever, ids, context, shape.decode, probe, meter)
+                return timed
+
+            contexts[context] = pairs_until_decided(shape, context, pair)
             if say is not None:
                 say(f"speed at {context} tokens: {contexts[context].short_text()}")
         seen = load_seen(before, sample(), waited_s=float(waited or 0.0))
@@ -110,6 +118,55 @@ def measure_speed(
         duration_s=time.perf_counter() - started,
         load_seen=seen,
     )
+
+
+def pairs_until_decided(shape: SpeedShape, context: int, pair: Callable[[int], Mapping[str, Trial]]) -> ContextSpeed:
+    """One context's ratios: `pair(rep)` times both arms once ({"reference": trial, "candidate": trial},
+    in `pair_order(rep)`), called until `stop_reason` says the context is decided, at most
+    `shape.repetitions` times; the intervals are the sequential looks'."""
+    trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
+    budget = shape.repetitions
+    for rep in range(budget):
+        timed = pair(rep)
+        for name in ("reference", "candidate"):
+            trials[name].append(timed[name])
+        if FIRST_LOOK <= rep + 1 < budget:
+            so_far = ContextSpeed.from_trials(
+                context, shape.decode, trials["reference"], trials["candidate"], budget=budget
+            )
+            reason = stop_reason(so_far, shape)
+            if reason is not None:
+                return replace(so_far, stopped=reason)
+    return ContextSpeed.from_trials(
+        context, shape.decode, trials["reference"], trials["candidate"], budget=budget, stopped="budget"
+    )
+
+
+def stop_reason(speed: ContextSpeed, shape: SpeedShape) -> str | None:
+    """Why no more pairs are needed at this context, or None: "decided" when every goal that applies
+    here has its interval on one side of its limit (a goal whose ratio is not measured on this
+    backend never will be), "precise" when no goal applies and the prefill and decode intervals are
+    within `shape.precision`. The intervals are the sequential looks', so stopping on them keeps
+    the verdict's error rate."""
+    goals = shape.goals_at(speed.context)
+    if goals:
+        for goal in goals:
+            est = {"decode": speed.decode, "prefill": speed.prefill, "memory": speed.peak}[goal.key]
+            if est is None or not (math.isfinite(est.lower) and math.isfinite(est.upper)):
+                continue
+            if SAMPLED_GOALS[goal.key] == "min":
+                shown = est.lower >= goal.limit or est.upper < goal.limit
+            else:
+                shown = est.upper <= goal.limit or est.lower > goal.limit
+            if not shown:
+                return None
+        return "decided"
+    widest = 1.0
+    for est in (speed.prefill, speed.decode):
+        if not (est.lower > 0 and math.isfinite(est.upper)):
+            return None
+        widest = max(widest, est.upper / est.ratio, est.ratio / est.lower)
+    return "precise" if widest <= 1.0 + shape.precision else None
 
 
 def pair_order(rep: int) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..stats.ratios import RatioEstimate, paired_ratio
+from ..stats.ratios import RatioEstimate, look_confidence, paired_ratio
 from .shape import SpeedShape
 from .text import context_text, speed_lines
 
@@ -50,20 +50,33 @@ class ContextSpeed:
     prefill: RatioEstimate
     decode: RatioEstimate
     peak: RatioEstimate | None  # None where peak memory is not measured, or an arm allocated nothing
+    stopped: str | None = None  # why no more pairs were timed: "decided", "precise" or "budget"
 
     @classmethod
     def from_trials(
-        cls, context: int, decode: int, reference: Sequence[Trial], candidate: Sequence[Trial]
+        cls,
+        context: int,
+        decode: int,
+        reference: Sequence[Trial],
+        candidate: Sequence[Trial],
+        *,
+        budget: int | None = None,
+        stopped: str | None = None,
     ) -> ContextSpeed:
+        """The ratios of the pairs so far. `budget`: the pairs were added sequentially, at most that
+        many, so the intervals are the looks' (`stats.ratios.look_confidence`); None: a fixed count."""
         if len(reference) != len(candidate) or not reference:
             raise ValueError("speed pairs need as many candidate as reference trials")
-        prefill = paired_ratio([context / t.prefill_s for t in candidate], [context / t.prefill_s for t in reference])
-        dec = paired_ratio([decode / t.decode_s for t in candidate], [decode / t.decode_s for t in reference])
+        level = {} if budget is None else {"confidence": look_confidence(len(reference), budget)}
+        prefill = paired_ratio(
+            [context / t.prefill_s for t in candidate], [context / t.prefill_s for t in reference], **level
+        )
+        dec = paired_ratio([decode / t.decode_s for t in candidate], [decode / t.decode_s for t in reference], **level)
         peaks = [(c.peak_bytes, r.peak_bytes) for c, r in zip(candidate, reference, strict=True)]
         peak = None
         if all(c is not None and r is not None and c > 0 and r > 0 for c, r in peaks):
-            peak = paired_ratio([float(c) for c, _ in peaks], [float(r) for _, r in peaks])  # type: ignore[arg-type]
-        return cls(context, decode, list(reference), list(candidate), prefill, dec, peak)
+            peak = paired_ratio([float(c) for c, _ in peaks], [float(r) for _, r in peaks], **level)  # type: ignore[arg-type]
+        return cls(context, decode, list(reference), list(candidate), prefill, dec, peak, stopped)
 
     def to_json(self) -> dict[str, Any]:
         def arm(trials: Sequence[Trial]) -> dict[str, Any]:
@@ -90,6 +103,7 @@ class ContextSpeed:
             "decode": self.decode.to_json(),
             "peak": self.peak.to_json() if self.peak is not None else None,
             "kv": {"ratio": kv_ratio},
+            "stopped": self.stopped,
         }
 
     def short_text(self) -> str:

@@ -1,7 +1,9 @@
 """How a gate's speed is measured: at which contexts, how many decoded tokens, how many pairs.
 
 Plain data, no mlx: the session builds it from the `mlx_speed` marker and the options before any
-arm runs.
+arm runs. Pairs are added one at a time (`speed.measure`) until each context is decided: the goals
+the module's assertions declare that apply there are cleared or shown missed, or, where none
+applies, the prefill and decode intervals are within `precision`; `repetitions` is the budget.
 """
 
 from __future__ import annotations
@@ -11,10 +13,25 @@ from typing import Any
 
 from ..errors import LeverError
 
-__all__ = ["DEFAULT_REPETITIONS", "SpeedShape", "default_contexts", "default_decode", "past_the_window"]
+__all__ = [
+    "DEFAULT_PRECISION",
+    "DEFAULT_REPETITIONS",
+    "SAMPLED_GOALS",
+    "SpeedGoal",
+    "SpeedShape",
+    "default_contexts",
+    "default_decode",
+    "past_the_window",
+]
 
-#: Pairs per context: fewer gives an interval too wide to show a few percent (and is refused under 3).
+#: Pairs per context at most (the budget): fewer gives an interval too wide to show a few percent (and
+#: is refused under 3).
 DEFAULT_REPETITIONS = 9
+#: Where no goal applies, a context stops once its prefill and decode intervals are within this share
+#: of their ratio on either side (0.05: [r / 1.05, r * 1.05] or narrower).
+DEFAULT_PRECISION = 0.05
+#: The goals a sampled ratio decides (bytes are counted, exact from the first trial): key -> direction.
+SAMPLED_GOALS = {"decode": "min", "prefill": "min", "memory": "max"}
 _MIN_REPETITIONS = 3
 #: The method this project descends from decides at 600 and 8k tokens of context.
 _ACCELERATOR_CONTEXTS = (600, 8192)
@@ -44,14 +61,33 @@ def past_the_window(contexts: tuple[int, ...], window: int | None) -> tuple[int,
 
 
 @dataclass(frozen=True)
+class SpeedGoal:
+    """A goal a module's assertion declares (`assert_faster(paired, decode=1.05, at=...)`): the trials
+    at the contexts it applies to stop once it is decided."""
+
+    key: str  # "decode", "prefill" (the least ratio) or "memory" (the most peak ratio)
+    limit: float
+    at: int | str | None = None  # a context, "all", or None: the longest
+
+    def applies_at(self, context: int, contexts: tuple[int, ...]) -> bool:
+        return self.at == "all" or self.at == context or (self.at is None and context == max(contexts))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "limit": self.limit, "at": self.at}
+
+
+@dataclass(frozen=True)
 class SpeedShape:
-    """Each context is prefilled, then `decode` tokens are decoded one at a time; `repetitions`
-    pairs of trials (after `warmup` untimed ones per arm) give the ratios."""
+    """Each context is prefilled, then `decode` tokens are decoded one at a time; pairs of trials
+    (after `warmup` untimed ones per arm) are added until the context is decided by `goals` (or,
+    with none there, `precision`), at most `repetitions` of them."""
 
     contexts: tuple[int, ...]
     decode: int
     repetitions: int = DEFAULT_REPETITIONS
     warmup: int = 1
+    goals: tuple[SpeedGoal, ...] = ()
+    precision: float = DEFAULT_PRECISION
 
     def __post_init__(self) -> None:
         if not self.contexts or any(not isinstance(c, int) or c < 1 for c in self.contexts):
@@ -67,6 +103,12 @@ class SpeedShape:
             )
         if self.warmup < 0:
             raise LeverError(f"speed warm-up trials cannot be negative, got {self.warmup}")
+        if not self.precision > 0:
+            raise LeverError(f"speed precision must be a positive share (0.05: within 5%), got {self.precision}")
+
+    def goals_at(self, context: int) -> list[SpeedGoal]:
+        """The sampled goals that decide `context` (bytes goals never need another pair)."""
+        return [g for g in self.goals if g.key in SAMPLED_GOALS and g.applies_at(context, self.contexts)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,4 +116,6 @@ class SpeedShape:
             "decode": self.decode,
             "repetitions": self.repetitions,
             "warmup": self.warmup,
+            "goals": [g.to_json() for g in self.goals],
+            "precision": self.precision,
         }

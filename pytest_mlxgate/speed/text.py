@@ -49,6 +49,9 @@ def context_text(ctx: Mapping[str, Any]) -> str:
         parts[-1] += f" (holds {mib(held_ref)} → {mib(held_cand)})"
     if ref.get("peak_bytes") is not None and cand.get("peak_bytes") is not None:
         parts.append(f"peak +{mib(_num(ref['peak_bytes']))} → +{mib(_num(cand['peak_bytes']))}")
+    pairs = _num((ctx.get("decode") or {}).get("n"))
+    if ctx.get("stopped") and pairs is not None:  # sequential trials: how many pairs, and why no more
+        parts.append(f"{pairs:.0f} pairs ({ctx['stopped']})")
     return " · ".join(parts)
 
 

@@ -4,6 +4,11 @@ Each repetition times both arms back to back, so slow moments of the machine hit
 the pair's ratio. Ratios multiply, so the estimate is the geometric mean of the per-pair ratios
 and the interval a Student-t interval on their logarithms, turned back into ratios (a lognormal
 model: timing noise is multiplicative).
+
+Speed trials are sequential (`speed.measure`): pairs are added until the verdict is decided, so the
+interval shown after n pairs is `look_confidence(n, budget)`'s, not the fixed-n one. Looking after
+every pair with fixed-n intervals and stopping on the first that clears a goal would pass a lever at
+its goal far more often than 2.5% of the time (tests/stats/test_ratios.py simulates both).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 
 from .intervals import CONFIDENCE, t_quantile
 
-__all__ = ["RatioEstimate", "paired_ratio", "ratio_pairs_needed"]
+__all__ = ["FIRST_LOOK", "RatioEstimate", "look_confidence", "paired_ratio", "ratio_pairs_needed"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,27 @@ def paired_ratio(
     sd = float(np.std(logs, ddof=1))
     half = t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
     return RatioEstimate(math.exp(center), math.exp(center - half), math.exp(center + half), n, sd)
+
+
+#: The first pair count a sequential speed trial looks at (an interval needs a spread: 3 pairs at least).
+FIRST_LOOK = 3
+
+
+def look_confidence(n: int, budget: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided level of the interval shown after `n` of at most `budget` pairs, such that the
+    intervals of every look n = FIRST_LOOK, ..., budget hold the true ratio all at once with
+    `confidence` (Bonferroni over the looks: whatever the stopping rule, a verdict read at any look is
+    wrong with probability at most 1 - confidence, half of it per side). Half the error goes to the
+    last look, so a trial that runs its whole budget reads nearly as a fixed-n one would; the other
+    half is spread evenly over the looks before it. The budget is fixed before any pair is timed."""
+    if n < FIRST_LOOK or budget < FIRST_LOOK:
+        raise ValueError(f"a sequential ratio looks from {FIRST_LOOK} pairs (got n={n}, budget={budget})")
+    alpha = 1.0 - confidence
+    if budget == FIRST_LOOK:
+        return confidence
+    if n >= budget:
+        return 1.0 - alpha / 2.0
+    return 1.0 - alpha / 2.0 / (budget - FIRST_LOOK)
 
 
 def ratio_pairs_needed(estimate: RatioEstimate, limit: float, confidence: float = CONFIDENCE) -> int | None:

@@ -914,8 +914,10 @@ def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None
     held = _speed()
     for ctx in held["contexts"].values():
         ctx["reference"]["kv_held_bytes"], ctx["candidate"]["kv_held_bytes"] = 3 << 20, 3 << 18
+    held["contexts"]["512"]["stopped"] = "decided"  # sequential trials say how many pairs, and why no more
     wrapped = "\n".join(summary_lines([make_record(speed=held)], width=200))
     assert "KV 4.0 MiB → 1.0 MiB (holds 3.0 MiB → 0.8 MiB) · peak" in wrapped
+    assert "9 pairs (decided)" in wrapped and wrapped.count("pairs (") == 1
     row = next(line for line in lines if "decode tok/s @512" in line)
     assert "×1.300" in row and "≥ ×1.200" in row and "×1.050" in row and "pass" in row
     narrow = summary_lines([drift], width=80)

@@ -72,13 +72,16 @@ def test_a_speed_module_measures_once_and_every_record_carries_it(
     assert "memory gate failed (shown over a goal): test_kv.py::test_impossible_saving" in out
     assert "DeprecationWarning: assert_faster(kv=0.3): memory goals are assert_smaller's now" in out
     assert out.count("speed @40: prefill ×") == 1 and out.count("speed @16: prefill ×") == 1  # once per module
-    assert "speed (both arms interleaved): contexts 16, 40 tokens, 3 decoded, 3 pairs each" in out
+    assert "speed (both arms interleaved): contexts 16, 40 tokens, 3 decoded, up to 3 pairs each" in out
     records = {r["nodeid"].split("::")[1]: r for r in json.loads(report.read_text())["gates"]}
     assert records["test_drift"]["mode"] == "gate" and records["test_memory"]["mode"] == "speed"
     ids = {r["speed"]["id"] for r in records.values()}
     assert len(ids) == 1  # one measurement, shared
     speed = records["test_memory"]["speed"]
     assert sorted(speed["contexts"]) == ["16", "40"]
+    # the module's sampled goals, read from its source, are what the trials stop on (bytes goals need no pairs)
+    assert speed["shape"]["goals"] == [{"key": "decode", "limit": 100.0, "at": None}]
+    assert {speed["contexts"][c]["stopped"] for c in ("16", "40")} <= {"decided", "precise", "budget"}
     assert all(
         len(speed["contexts"][c][arm]["trials"]) == 3 for c in ("16", "40") for arm in ("reference", "candidate")
     )

@@ -9,6 +9,7 @@ machine's speed or load (the real timer is the same call, read the same way)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from pytest_mlxgate import assert_faster, assert_smaller
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.speed.measure import ArmModel, measure_speed
-from pytest_mlxgate.speed.shape import SpeedShape
+from pytest_mlxgate.speed.shape import SpeedGoal, SpeedShape
 
 IDS = list(range(200, 520))
 
@@ -127,6 +128,12 @@ def test_a_planted_slowdown_is_measured_at_its_exact_size_and_fails_a_speed_up(t
     with pytest.raises(AssertionError, match=r"(?s)speed gate failed.*decode tok/s @32.*✗ fail"):
         assert_faster(speed, decode=1.0)
     assert ctx["kv"]["ratio"] == 1.0  # the same cache plan on both arms
+    # every pair alike: the first look (3 pairs) already has its interval within 5%, so no more pairs
+    assert (ctx["stopped"], len(ctx["reference"]["trials"]), ctx["decode"]["n"]) == ("precise", 3, 3)
+    with _costed(tiny, clock, lambda tokens: _base_cost(tokens) + arm_cost[0]):  # a goal: decided at the first look
+        goal = _measure(tiny, lever, dataclasses.replace(shape, goals=(SpeedGoal("decode", 1.0),)))["contexts"]["32"]
+    assert (goal["stopped"], goal["decode"]["n"]) == ("decided", 3)
+    assert goal["decode"]["ratio_ci"][1] < 1.0  # shown slower
 
 
 def _expected_kv_bytes(

@@ -4,6 +4,7 @@ the timing noise and drift a real machine has (simulated, seeded: many runs, not
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -176,3 +177,81 @@ def test_the_ratio_is_taken_in_float64_whatever_the_measurements_dtype() -> None
     wide = paired_ratio(cand.astype(np.float64), ref.astype(np.float64))
     assert paired_ratio(cand, ref) == wide
     assert paired_ratio(cand, ref.astype(np.float64)) == wide == paired_ratio(cand.astype(np.float64), ref)
+
+
+@given(st.integers(min_value=3, max_value=40))
+def test_the_looks_spend_exactly_the_error_rate_and_the_last_look_half_of_it(budget: int) -> None:
+    """Bonferroni over the looks FIRST_LOOK..budget: their error rates sum to 5%, so whenever the trials
+    stop, the interval read then holds the true ratio with 95% at least; a whole budget reads at 97.5%."""
+    from pytest_mlxgate.stats.ratios import FIRST_LOOK, look_confidence
+
+    spent = sum(1 - look_confidence(n, budget) for n in range(FIRST_LOOK, budget + 1))
+    assert spent == pytest.approx(0.05, abs=1e-12)
+    assert look_confidence(budget, budget) == pytest.approx(0.975 if budget > FIRST_LOOK else 0.95)
+    if budget > FIRST_LOOK + 1:
+        assert look_confidence(FIRST_LOOK, budget) > look_confidence(budget, budget)  # earlier looks: stricter
+    with pytest.raises(ValueError, match="looks from 3 pairs"):
+        look_confidence(2, budget)
+
+
+def _sequential_runs(
+    rng: np.random.Generator, true_ratio: float, goals: tuple[Any, ...], runs: int, *, sequential: bool = True
+) -> list[ContextSpeed]:
+    """The trials' own loop (`pairs_until_decided`) on a simulated machine (5% noise, a drifting speed),
+    budget 9; `sequential=False` reads fixed-n 95% intervals at every look instead, the mistake the
+    looks' levels exist to prevent."""
+    from pytest_mlxgate.speed import measure
+    from pytest_mlxgate.speed.shape import SpeedShape
+
+    shape = SpeedShape(contexts=(100,), decode=16, repetitions=9, goals=goals)
+
+    def pair(rep: int) -> dict[str, Trial]:
+        out = {}
+        for i, side in enumerate(pair_order(rep)):
+            slowdown = 1.0 + 0.2 * (2 * rep + i) / 18
+            t = 0.1 * slowdown * math.exp(rng.normal(0, 0.05)) / (true_ratio if side == "candidate" else 1.0)
+            out[side] = Trial(prefill_s=t, decode_s=t, peak_bytes=1, kv_bytes=1)
+        return out
+
+    if sequential:
+        return [measure.pairs_until_decided(shape, 100, pair) for _ in range(runs)]
+    fixed = ContextSpeed.from_trials
+    try:  # the same loop with the fixed-n level at every look
+        ContextSpeed.from_trials = classmethod(  # type: ignore[method-assign,assignment]
+            lambda cls, *a, budget=None, **k: fixed(*a, **k)
+        )
+        return [measure.pairs_until_decided(shape, 100, pair) for _ in range(runs)]
+    finally:
+        ContextSpeed.from_trials = fixed  # type: ignore[method-assign]
+
+
+def test_stopping_once_decided_passes_a_lever_at_its_goal_at_most_2_5_percent_of_the_time() -> None:
+    """The worst case for a false pass: the candidate exactly at its goal (1.05x). Looking after every
+    pair and stopping at the first decided look, the verdict passes it in at most 2.5% of runs (+ the
+    simulation's own error); fixed-n 95% intervals at every look would pass it far more often."""
+    from pytest_mlxgate.speed.shape import SpeedGoal
+
+    goal = (SpeedGoal("decode", 1.05),)
+    runs = _sequential_runs(np.random.default_rng(20261203), 1.05, goal, 3000)
+    false_pass = sum(r.decode.lower >= 1.05 for r in runs) / len(runs)
+    assert false_pass <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / len(runs))
+    assert any(len(r.reference) < 9 for r in runs), "some runs stopped early"
+    naive = _sequential_runs(np.random.default_rng(20261203), 1.05, goal, 3000, sequential=False)
+    naive_pass = sum(r.decode.lower >= 1.05 for r in naive) / len(naive)
+    assert naive_pass > 0.025 + 3 * math.sqrt(0.025 * 0.975 / len(naive)) > false_pass
+
+
+def test_a_clear_speed_up_stops_early_and_an_exact_lever_stops_once_precise() -> None:
+    """A lever 40% faster against a 1.05 goal is shown within a few pairs and stops there ("decided");
+    with no goal, an exact lever stops once both intervals are within 5% ("precise"), or at the budget."""
+    from pytest_mlxgate.speed.shape import SpeedGoal
+
+    fast = _sequential_runs(np.random.default_rng(3), 1.4, (SpeedGoal("decode", 1.05),), 200)
+    assert all(r.stopped == "decided" and r.decode.lower >= 1.05 for r in fast)
+    assert np.median([len(r.reference) for r in fast]) <= 4
+    exact = _sequential_runs(np.random.default_rng(4), 1.0, (), 200)
+    assert {r.stopped for r in exact} <= {"precise", "budget"}
+    for r in exact:
+        if r.stopped == "precise":
+            assert max(r.decode.upper / r.decode.ratio, r.decode.ratio / r.decode.lower) <= 1.05
+    assert all(r.decode.lower <= 1.0 <= r.decode.upper for r in exact[:10])
