@@ -305,3 +305,39 @@ def test_mlxgate_get_offline_builds_it_and_then_finds_it(cache: Path, snapshot: 
         )
         assert got.returncode == 0, got.stderr
         assert got.stdout.strip() == str(snapshot)
+
+
+@pytest.mark.slow  # the real model, and the 8-bit KV gate on it at 640 tokens (~1 min)
+@needs_chunks
+def test_the_kv_gate_passes_8_bit_on_gemma3_with_its_windows_wrapped(
+    pytester: pytest.Pytester, snapshot: Path, tmp_path: Path
+) -> None:
+    """The project's own 8-bit KV gate on the trained gemma: sequences of 640 tokens, so every scored
+    position lies past the 512-token window (the sliding layers' quantized ring buffers have wrapped),
+    speed timed at 600. Both of its drift and memory gates pass, and the drift is not nothing."""
+    gates = Path(__file__).resolve().parents[2] / "gates"
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_kv_cache=(gates / "test_kv_cache.py").read_text())
+    report = tmp_path / "r.json"
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={snapshot}",
+        "-p",
+        "no:randomly",
+        "--mlx-db=off",
+        f"--mlx-report={report}",
+        "-k",
+        "test_drift or test_memory",
+        "--mlx-kl-prompts=8",
+        "--mlx-kl-tokens=640",
+        "--mlx-kl-decode=16",
+        "--mlx-speed-contexts=600",
+        "--mlx-speed-decode=2",
+        "--mlx-speed-reps=3",
+    )
+    result.assert_outcomes(passed=2, deselected=1)
+    records = {r["nodeid"].split("::")[1]: r for r in json.loads(report.read_text())["gates"]}
+    drift = records["test_drift"]
+    assert drift["verdict"] == "pass" and drift["sizes"]["tokens"] == 640
+    assert 0 < drift["stats"]["mean"] < 2e-3  # 8 bits changed something, within the gate's limit
+    at600 = records["test_memory"]["speed"]["contexts"]["600"]["reference"]
+    assert at600["kv_held_bytes"] < at600["kv_bytes"], "the wrapped windows hold their 512 positions only"
