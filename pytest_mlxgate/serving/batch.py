@@ -28,7 +28,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from ..levers.kvcache import shared_kv_sources
-from .caches import SharedKVReader
+from .caches import Parts, SharedKVReader, grown_parts
 
 if TYPE_CHECKING:
     from ..levers.kvcache import KVPlan
@@ -41,7 +41,6 @@ __all__ = [
     "quantize_batch_cache",
 ]
 
-Parts = tuple[Any, Any, Any]  # (packed ints, scales, biases): mx.quantize's output
 # mlx_lm's batched ring buffer, untyped: subclassed and called through Any.
 _BatchRotatingBase: Any = BatchRotatingKVCache
 
@@ -219,14 +218,7 @@ class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
         new_k, new_v = self._quantize(keys), self._quantize(values)
         if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
             size = min(self.step, self.max_size - prev)
-
-            def grown(have: Parts | None, like: Parts) -> Parts:
-                zeros = tuple(mx.zeros((*p.shape[:2], size, p.shape[3]), p.dtype) for p in like)
-                if have is None:
-                    return zeros  # type: ignore[return-value]
-                return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros, strict=True))  # type: ignore[return-value]
-
-            self.keys, self.values = grown(self.keys, new_k), grown(self.values, new_v)
+            self.keys, self.values = grown_parts(self.keys, new_k, size), grown_parts(self.values, new_v, size)
             self._idx = prev
         trim = self.keys[0].shape[2] - self.max_size
         if trim > 0:

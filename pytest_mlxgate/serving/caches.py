@@ -26,9 +26,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 __all__ = [
+    "Parts",
     "SharedKVReader",
     "attention_type",
     "fake_quantize_cache",
+    "grown_parts",
     "kv_head_dims",
     "quantize_cache",
     "quantized_form",
@@ -165,6 +167,15 @@ class SharedKVReader:
         return True
 
 
+def grown_parts(have: Parts | None, like: Parts, size: int) -> Parts:
+    """Quantized K or V (`have`; None: none yet) with `size` more zeroed positions, shaped and typed
+    as `like` (the parts of the update that needs them): how a quantized ring buffer grows."""
+    zeros = tuple(mx.zeros((*p.shape[:2], size, p.shape[3]), p.dtype) for p in like)
+    if have is None:
+        return zeros  # type: ignore[return-value]
+    return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros, strict=True))  # type: ignore[return-value]
+
+
 class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
     """`RotatingKVCache` whose keys and values are stored quantized (`Parts` per array)."""
 
@@ -214,14 +225,7 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
         new_k, new_v = self._quantize(keys), self._quantize(values)
         if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
             size = min(self.step, self.max_size - prev)
-
-            def grown(have: Parts | None, like: Parts) -> Parts:
-                zeros = tuple(mx.zeros((*p.shape[:2], size, p.shape[3]), p.dtype) for p in like)
-                if have is None:
-                    return zeros  # type: ignore[return-value]
-                return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros, strict=True))  # type: ignore[return-value]
-
-            self.keys, self.values = grown(self.keys, new_k), grown(self.values, new_v)
+            self.keys, self.values = grown_parts(self.keys, new_k, size), grown_parts(self.values, new_v, size)
             self._idx = prev
         trim = self.keys[0].shape[2] - self.max_size
         if trim > 0:
