@@ -22,7 +22,7 @@ until the anytime-valid bound clears the margin either way; an exact lever stops
 differs. A lost softmax scale (uniform attention) is a regression this shows
 (tests/capability/test_planted_regression.py). `--mlx-tier full` runs the full sets.
 
-Speed (`mlx_speed`, 256 tokens of context, and 1.5x the window on a sliding-window model): reported
+Speed (`mlx_speed`: the default contexts, and 1.5x the window on a sliding-window model): reported
 beside the drift, so a slower attention kernel shows its figure; no goal is asserted, as on this CPU
 both arms are composed ops.
 """
@@ -42,7 +42,7 @@ pytestmark = [
         path="prefill",
     ),
     pytest.mark.mlx_kl(prompts=16, tokens=128),
-    pytest.mark.mlx_speed(contexts=(256,)),
+    pytest.mark.mlx_speed(),
 ]
 
 KNOWN_BAD = "known_bad_ops:attention_scale_off"  # the softmax scale 10% off (gates/known_bad_ops.py)
