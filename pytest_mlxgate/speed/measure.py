@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from ..kl.shape import SERVING_PREFILL_STEP
-from ..stats.ratios import FIRST_LOOK
+from ..stats.ratios import look_points
 from .load import load_seen, sample
 from .result import ContextSpeed, SpeedResult, Trial
 from .shape import SAMPLED_GOALS, SpeedShape
@@ -122,15 +122,16 @@ def measure_speed(
 
 def pairs_until_decided(shape: SpeedShape, context: int, pair: Callable[[int], Mapping[str, Trial]]) -> ContextSpeed:
     """One context's ratios: `pair(rep)` times both arms once ({"reference": trial, "candidate": trial},
-    in `pair_order(rep)`), called until `stop_reason` says the context is decided, at most
-    `shape.repetitions` times; the intervals are the sequential looks'."""
+    in `pair_order(rep)`), called until `stop_reason`, asked at each of `look_points`, says the context
+    is decided, at most `shape.repetitions` times; the intervals are the looks'."""
     trials: dict[str, list[Trial]] = {"reference": [], "candidate": []}
     budget = shape.repetitions
+    looks = look_points(budget)
     for rep in range(budget):
         timed = pair(rep)
         for name in ("reference", "candidate"):
             trials[name].append(timed[name])
-        if FIRST_LOOK <= rep + 1 < budget:
+        if rep + 1 in looks and rep + 1 < budget:
             so_far = ContextSpeed.from_trials(
                 context, shape.decode, trials["reference"], trials["candidate"], budget=budget
             )

@@ -5,10 +5,11 @@ the pair's ratio. Ratios multiply, so the estimate is the geometric mean of the 
 and the interval a Student-t interval on their logarithms, turned back into ratios (a lognormal
 model: timing noise is multiplicative).
 
-Speed trials are sequential (`speed.measure`): pairs are added until the verdict is decided, so the
-interval shown after n pairs is `look_confidence(n, budget)`'s, not the fixed-n one. Looking after
-every pair with fixed-n intervals and stopping on the first that clears a goal would pass a lever at
-its goal far more often than 2.5% of the time (tests/stats/test_ratios.py simulates both).
+Speed trials are sequential (`speed.measure`): pairs are added until the verdict is decided, looking
+at a few pair counts fixed in advance (`look_points`), so the interval shown after n pairs is
+`look_confidence(n, budget)`'s, not the fixed-n one. Looking with fixed-n intervals and stopping on
+the first that clears a goal would pass a lever at its goal far more often than 2.5% of the time
+(tests/stats/test_ratios.py simulates both).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from .intervals import CONFIDENCE, t_quantile
 
-__all__ = ["FIRST_LOOK", "RatioEstimate", "look_confidence", "paired_ratio", "ratio_pairs_needed"]
+__all__ = ["FIRST_LOOK", "RatioEstimate", "look_confidence", "look_points", "paired_ratio", "ratio_pairs_needed"]
 
 
 @dataclass(frozen=True)
@@ -70,25 +71,42 @@ def paired_ratio(
     return RatioEstimate(math.exp(center), math.exp(center - half), math.exp(center + half), n, sd)
 
 
-#: The first pair count a sequential speed trial looks at (an interval needs a spread: 3 pairs at least).
+#: The fewest pairs a sequential speed trial looks at (an interval needs a spread: 3 pairs at least).
 FIRST_LOOK = 3
+#: Looks after 4 pairs and then every time the count has grown by half (4, 6, 9, 13, ...), and at the
+#: budget: few looks, so each keeps most of the error rate, and the counts where a decision is likely.
+_FIRST_SCHEDULED, _GROWTH = 4, 1.5
+
+
+def look_points(budget: int) -> tuple[int, ...]:
+    """The pair counts a sequential trial of at most `budget` pairs looks at: 4, 6, 9, 13, ... below
+    the budget, then the budget itself. Fixed before any pair is timed."""
+    if budget < FIRST_LOOK:
+        raise ValueError(f"a sequential ratio looks from {FIRST_LOOK} pairs (got a budget of {budget})")
+    points: list[int] = []
+    n = _FIRST_SCHEDULED
+    while n < budget:
+        points.append(n)
+        n = math.ceil(n * _GROWTH)
+    return (*points, budget)
 
 
 def look_confidence(n: int, budget: int, confidence: float = CONFIDENCE) -> float:
-    """The two-sided level of the interval shown after `n` of at most `budget` pairs, such that the
-    intervals of every look n = FIRST_LOOK, ..., budget hold the true ratio all at once with
-    `confidence` (Bonferroni over the looks: whatever the stopping rule, a verdict read at any look is
-    wrong with probability at most 1 - confidence, half of it per side). Half the error goes to the
-    last look, so a trial that runs its whole budget reads nearly as a fixed-n one would; the other
-    half is spread evenly over the looks before it. The budget is fixed before any pair is timed."""
-    if n < FIRST_LOOK or budget < FIRST_LOOK:
-        raise ValueError(f"a sequential ratio looks from {FIRST_LOOK} pairs (got n={n}, budget={budget})")
+    """The two-sided level of the interval shown at look `n` (one of `look_points(budget)`), such that
+    the intervals of every look hold the true ratio all at once with `confidence` (Bonferroni over the
+    looks: whatever the stopping rule, a verdict read at a look is wrong with probability at most
+    1 - confidence, half of it per side). Half the error goes to the last look, so a trial that runs
+    its whole budget reads nearly as a fixed-n one would; the other half is spread evenly over the
+    looks before it."""
+    points = look_points(budget)
+    if n not in points:
+        raise ValueError(f"{n} pairs is not a look of a trial of at most {budget} (it looks at {list(points)})")
     alpha = 1.0 - confidence
-    if budget == FIRST_LOOK:
+    if len(points) == 1:
         return confidence
-    if n >= budget:
+    if n == budget:
         return 1.0 - alpha / 2.0
-    return 1.0 - alpha / 2.0 / (budget - FIRST_LOOK)
+    return 1.0 - alpha / 2.0 / (len(points) - 1)
 
 
 def ratio_pairs_needed(estimate: RatioEstimate, limit: float, confidence: float = CONFIDENCE) -> int | None:

@@ -128,11 +128,11 @@ def test_a_planted_slowdown_is_measured_at_its_exact_size_and_fails_a_speed_up(t
     with pytest.raises(AssertionError, match=r"(?s)speed gate failed.*decode tok/s @32.*✗ fail"):
         assert_faster(speed, decode=1.0)
     assert ctx["kv"]["ratio"] == 1.0  # the same cache plan on both arms
-    # every pair alike: the first look (3 pairs) already has its interval within 5%, so no more pairs
-    assert (ctx["stopped"], len(ctx["reference"]["trials"]), ctx["decode"]["n"]) == ("precise", 3, 3)
+    # every pair alike: the first look (4 pairs) already has its interval within 10%, so no more pairs
+    assert (ctx["stopped"], len(ctx["reference"]["trials"]), ctx["decode"]["n"]) == ("precise", 4, 4)
     with _costed(tiny, clock, lambda tokens: _base_cost(tokens) + arm_cost[0]):  # a goal: decided at the first look
         goal = _measure(tiny, lever, dataclasses.replace(shape, goals=(SpeedGoal("decode", 1.0),)))["contexts"]["32"]
-    assert (goal["stopped"], goal["decode"]["n"]) == ("decided", 3)
+    assert (goal["stopped"], goal["decode"]["n"]) == ("decided", 4)
     assert goal["decode"]["ratio_ci"][1] < 1.0  # shown slower
 
 
