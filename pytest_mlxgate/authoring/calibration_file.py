@@ -30,6 +30,7 @@ from typing import Any
 
 from ..common.atomic import atomic_write_bytes
 from ..common.gate_calls import DeclaredLimit, declared_limits, literal
+from ..config.names import BUILT_MODELS, DEFAULT_CANDIDATE, model_keys
 from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "Findings",
     "GateSource",
     "Limit",
+    "calibration_model",
     "calibration_path",
     "code_digests",
     "compact_drift",
@@ -259,13 +261,19 @@ class GateSource:
         whole = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
         return cls(path, limits, not_literal, declares_known_bad, known_bad, {"digest": whole, "parts": parts})
 
-    def limits_of(self, test: str | None = None, *, kl: bool | None = None) -> list[Limit]:
-        """The limits of one test (all of them: None), KL ones only (True) or speed ones only (False)."""
-        return [
+    def limits_of(self, test: str | None = None, *, kl: bool | None = None, model: str | None = None) -> list[Limit]:
+        """The limits of one test (all of them: None), KL ones only (True) or speed ones only (False),
+        on `model` (a per-model calibration's name; None: the embedded model's, the gate's own): the
+        gate's, each replaced by the one `models={model: ...}` gives for the same test and key."""
+        chosen = [
             lim
             for lim in self.limits
             if (test is None or lim.test == test) and (kl is None or (lim.assertion == KL_ASSERTION) == kl)
         ]
+        own = {(lim.test, lim.assertion, lim.key): lim for lim in chosen if model is not None and lim.model == model}
+        base = [lim for lim in chosen if lim.model is None]
+        replaced = [own.pop((lim.test, lim.assertion, lim.key), lim) for lim in base]
+        return replaced + list(own.values())
 
 
 def _assigned(stmt: ast.stmt) -> str | None:
@@ -289,9 +297,22 @@ def _imported(tree: ast.Module) -> list[str]:
 # -- the file ---------------------------------------------------------------------------------------
 
 
-def calibration_path(module: Path) -> Path:
-    """Where a gate module's calibration lives: beside it, in `calibration/<stem>.json`."""
-    return module.parent / CALIBRATION_DIR / f"{module.stem}.json"
+def calibration_path(module: Path, model: str | None = None) -> Path:
+    """Where a gate module's calibration lives: beside it, in `calibration/<stem>.json` for the embedded
+    model, `calibration/<model>/<stem>.json` for another (`calibration_model`)."""
+    folder = module.parent / CALIBRATION_DIR
+    return (folder / model if model else folder) / f"{module.stem}.json"
+
+
+def calibration_model(name: str | None, repo_id: str | None) -> str | None:
+    """The per-model calibration a candidate's measurement belongs to: None for the embedded default
+    (and a local directory, which names no model), a built-in's alias (`gemma3-270m`), else the repo id
+    as a folder name (`org--name`). So a calibration on one model never replaces another's."""
+    keys = model_keys(name, repo_id)
+    built = [k for k in keys if k in BUILT_MODELS]
+    if built:
+        return None if built[0] == DEFAULT_CANDIDATE else built[0]
+    return repo_id.replace("/", "--") if repo_id else None
 
 
 def compact_drift(stats: Mapping[str, Any]) -> dict[str, Any]:
@@ -449,16 +470,19 @@ def _num(x: object) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) else "—"
 
 
-def module_findings(module: Path, *, shown_as: str | None = None, test: str | None = None) -> Findings:
-    """Check the limits `module` declares (one test's: `test`) against its calibration file; say
-    whether that file is stale. `shown_as`: the module's path as messages name it (default: as given)."""
+def module_findings(
+    module: Path, *, shown_as: str | None = None, test: str | None = None, model: str | None = None
+) -> Findings:
+    """Check the limits `module` declares (one test's: `test`) on `model` (None: the embedded model)
+    against that model's calibration file; say whether that file is stale. `shown_as`: the module's
+    path as messages name it (default: as given)."""
     name = shown_as or str(module)
-    path = calibration_path(module)
+    path = calibration_path(module, model)
     findings = Findings(
         module=name,
         file=path,
-        refresh=f"pytest {shlex.quote(name)} --mlx-calibrate",
-        shown_file=str(Path(name).parent / CALIBRATION_DIR / path.name),
+        refresh=f"pytest {shlex.quote(name)} --mlx-calibrate" + (f" --mlx-candidate {model}" if model else ""),
+        shown_file=str(Path(name).parent / path.relative_to(module.parent)),
     )
     try:
         doc = read_calibration(path)
@@ -470,7 +494,7 @@ def module_findings(module: Path, *, shown_as: str | None = None, test: str | No
         return findings
     gate = GateSource.read(module)
     findings.stale = _stale(doc, gate)
-    limits = gate.limits_of(test)
+    limits = gate.limits_of(test, model=model)
     findings.notes.extend(f"not checked (not a literal): {text}" for text in gate.not_literal)
     suggested = doc.get("suggested") or {}
     breaks = suggested.get("breaks")
@@ -493,8 +517,8 @@ def module_findings(module: Path, *, shown_as: str | None = None, test: str | No
             )
         else:
             findings.problems.extend(_speed_problems(lim, doc.get("speed") or {}))
-    if test is None or gate.limits_of(test, kl=True):
-        findings.problems.extend(_known_bad_problems(doc, gate))
+    if test is None or gate.limits_of(test, kl=True, model=model):
+        findings.problems.extend(_known_bad_problems(doc, gate, model))
     return findings
 
 
@@ -567,9 +591,9 @@ def _speed_problems(lim: Limit, speed: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _known_bad_problems(doc: Mapping[str, Any], gate: GateSource) -> list[str]:
+def _known_bad_problems(doc: Mapping[str, Any], gate: GateSource, model: str | None = None) -> list[str]:
     known_bad = doc.get("known_bad")
-    kl_limits = gate.limits_of(kl=True)
+    kl_limits = gate.limits_of(kl=True, model=model)
     if not isinstance(known_bad, Mapping) or not kl_limits or not gate.declares_known_bad:
         return []
     drift = known_bad.get("drift")

@@ -2,10 +2,12 @@
 
 `keep_calibration` runs once per module, in the process that measured it (an xdist worker owns its
 module, so no two processes write one file): it measures the module's `KNOWN_BAD` beside the lever,
-then writes `calibration/<stem>.json` (`authoring.calibration_file`). A measurement that is not the
-gate's (sizes, lever or prompts from the command line), or that has nothing to check limits against,
-leaves the file there as it was and says so; a known-bad variant that cannot be measured fails the
-calibration. `check_before_aa` is `--mlx-aa`'s part: the test's limits against the file.
+then writes `calibration/<stem>.json` (`authoring.calibration_file`; on another model than the
+embedded one `calibration/<model>/<stem>.json`, so one model's calibration never replaces another's).
+A measurement that is not the gate's (sizes, lever or prompts from the command line), or that has
+nothing to check limits against, leaves the file there as it was and says so; a known-bad variant
+that cannot be measured fails the calibration. `check_before_aa` is `--mlx-aa`'s part: the test's
+limits against the file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ..config.names import looks_like_path, split_revision
 from ..errors import CalibrationError, MlxgateError, NonFiniteLogitsError, StaleCalibrationWarning
 from ..results.git import git_state
 from ..session.paired import Paired
@@ -25,6 +28,7 @@ from .calibrate import CHECK_RULE
 from .calibration_file import (
     FORMAT,
     GateSource,
+    calibration_model,
     calibration_path,
     compact_drift,
     known_bad_verdict,
@@ -60,9 +64,10 @@ def keep_calibration(paired: Paired, calibration: dict[str, Any]) -> None:
     item = paired.item
     module = Path(item.path)
     gate = GateSource.read(module)
-    known_bad = _measure_known_bad(paired, gate, module)
+    model = _model_of(paired)
+    known_bad = _measure_known_bad(paired, gate, module, model)
     doc = calibration_document(paired, calibration, gate, known_bad)
-    path = calibration_path(module)
+    path = calibration_path(module, model)
     shown = _shown(path, item.config.rootpath)
     why_not = _not_the_gate(item.config) or unusable(doc)
     if why_not is None:
@@ -109,7 +114,7 @@ def calibration_document(
         "drift": compact_drift(calibration["kl"]),
         "known_bad": known_bad if known_bad is not None else {"declared": False},
         "speed": _compact_speed(calibration.get("speed") or {}),
-        "limits": _limits(gate),
+        "limits": _limits(gate, _model_of(paired)),
         "suggested": {
             "kl_limits": suggested.get("kl_limits"),
             "speed_goals": suggested.get("speed_goals"),
@@ -122,11 +127,17 @@ def calibration_document(
     }
 
 
-def _limits(gate: GateSource) -> dict[str, Any]:
-    """The gate's limits when it was calibrated, by test and assertion (for the reader; the check
-    reads the gate's source as it is now)."""
+def _model_of(paired: Paired) -> str | None:
+    """The per-model calibration this measurement belongs to (None: the embedded model's)."""
+    ref = paired.run.candidate.describe()
+    return calibration_model(ref.get("name"), ref.get("repo_id"))
+
+
+def _limits(gate: GateSource, model: str | None) -> dict[str, Any]:
+    """The gate's limits on the calibrated model when it was calibrated, by test and assertion (for the
+    reader; the check reads the gate's source as it is now)."""
     out: dict[str, dict[str, Any]] = {}
-    for lim in gate.limits:
+    for lim in gate.limits_of(model=model):
         entry = out.setdefault(f"{lim.test}: {lim.assertion}", {})
         entry[lim.key] = lim.value
         if lim.at is not None:
@@ -134,12 +145,12 @@ def _limits(gate: GateSource) -> dict[str, Any]:
     return out
 
 
-def _measure_known_bad(paired: Paired, gate: GateSource, module: Path) -> dict[str, Any] | None:
+def _measure_known_bad(paired: Paired, gate: GateSource, module: Path, model: str | None) -> dict[str, Any] | None:
     """The module's KNOWN_BAD run through the same arms as the lever (None: none declared)."""
     bad = getattr(paired.item.module, "KNOWN_BAD", None) if paired.item.module is not None else None
     if bad is None:
         return None
-    shown = _shown(calibration_path(module), paired.item.config.rootpath)
+    shown = _shown(calibration_path(module, model), paired.item.config.rootpath)
     entry: dict[str, Any] = {"declared": True, "value": bad if isinstance(bad, (str, int, float, dict)) else repr(bad)}
     paired.run._say(f"calibration: the known-bad variant KNOWN_BAD = {bad!r}")
     try:
@@ -154,7 +165,7 @@ def _measure_known_bad(paired: Paired, gate: GateSource, module: Path) -> dict[s
         ) from None
     entry["lever"] = result.lever.to_json()
     entry["drift"] = compact_drift(result.stats.to_json())
-    verdict, why = known_bad_verdict(entry["drift"], gate.limits_of(kl=True))
+    verdict, why = known_bad_verdict(entry["drift"], gate.limits_of(kl=True, model=model))
     entry["verdict_when_measured"] = {"verdict": verdict, "limits": why}
     return entry
 
@@ -217,7 +228,10 @@ def check_before_aa(item: pytest.Item) -> None:
     __tracebackhide__ = True
     module = Path(item.path)
     shown = item.nodeid.split("::")[0]
-    findings = module_findings(module, shown_as=shown, test=getattr(item, "originalname", item.name))
+    name = item.config.getoption("mlx_candidate", None)  # the model the run is on: its own calibration file
+    repo = split_revision(name)[0] if isinstance(name, str) and "/" in name and not looks_like_path(name) else None
+    model = calibration_model(name, repo) if isinstance(name, str) else None
+    findings = module_findings(module, shown_as=shown, test=getattr(item, "originalname", item.name), model=model)
     if findings.missing:
         return  # a gate never calibrated: --mlx-aa checks its limits against the floor alone, as before
     if findings.stale:

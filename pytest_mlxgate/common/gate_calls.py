@@ -10,6 +10,7 @@ import ast
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 __all__ = ["NOT_LITERAL", "DeclaredLimit", "call_name", "declared_limits", "literal"]
 
@@ -26,11 +27,13 @@ class DeclaredLimit:
     key: str
     value: float
     at: object = None  # assert_faster's and assert_smaller's `at`: a context, "all", or None (the longest)
+    model: str | None = None  # a limit of `models={model: {...}}`: it replaces the one of its key on that model
 
 
 def declared_limits(source: ast.Module | Path, assertions: Collection[str]) -> tuple[list[DeclaredLimit], list[str]]:
     """(the numeric limits, the keyword arguments given as expressions the reader cannot evaluate:
-    `test: assertion(key=expression)`) of every call of `assertions` in `source`'s top-level functions."""
+    `test: assertion(key=expression)`) of every call of `assertions` in `source`'s top-level functions.
+    A `models={"gemma3-270m": {"p99": 0.5}}` table gives one limit per entry, marked with its model."""
     tree = source if isinstance(source, ast.Module) else ast.parse(source.read_text(), filename=str(source))
     limits: list[DeclaredLimit] = []
     not_literal: list[str] = []
@@ -44,13 +47,30 @@ def declared_limits(source: ast.Module | Path, assertions: Collection[str]) -> t
             assert isinstance(node, ast.Call) and name is not None
             keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
             at = literal(keywords.pop("at")) if "at" in keywords else None
+            models = keywords.pop("models", None)
             for key, value_node in keywords.items():
                 value = literal(value_node)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if _number(value):
                     limits.append(DeclaredLimit(fn.name, name, key, float(value), at))
                 else:
                     not_literal.append(f"{fn.name}: {name}({key}={ast.unparse(value_node)})")
+            if models is None:
+                continue
+            table = literal(models)
+            if not isinstance(table, dict) or not all(isinstance(t, dict) for t in table.values()):
+                not_literal.append(f"{fn.name}: {name}(models={ast.unparse(models)})")
+                continue
+            for model, overrides in table.items():
+                for key, value in overrides.items():
+                    if _number(value):
+                        limits.append(DeclaredLimit(fn.name, name, str(key), float(value), at, model=str(model)))
+                    else:
+                        not_literal.append(f"{fn.name}: {name}(models={{{model!r}: {{{key!r}: {value!r}}}}})")
     return limits, not_literal
+
+
+def _number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def call_name(node: ast.AST) -> str | None:

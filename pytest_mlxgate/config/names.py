@@ -28,6 +28,7 @@ __all__ = [
     "find_pyproject",
     "load_aliases",
     "looks_like_path",
+    "model_keys",
     "parse_name",
     "read_tool_table",
     "split_revision",
@@ -57,6 +58,22 @@ BUILTIN_ALIASES: Mapping[str, str | None] = {
     "e4b": "mlx-community/gemma-4-e4b-it-4bit",
     **{name: None for name in BUILT_MODELS},
 }
+
+
+def model_keys(name: str | None, repo_id: str | None) -> tuple[str, ...]:
+    """The names a per-model table (`assert_kl_below(..., models={...})`, the calibration files) may
+    know a candidate by, most specific first: its built-in alias (when its repo is a built-in model's),
+    the name it was given, its repo id. The embedded default model has no per-model entry: its
+    limits are the gate's own."""
+    keys: list[str] = []
+    for alias, repo in BUILT_MODELS.items():
+        if repo_id is not None and repo == repo_id:
+            keys.append(alias)
+    for key in (name, repo_id):
+        if key and key not in keys:
+            keys.append(key)
+    return tuple(keys)
+
 
 _REPO_PART = re.compile(r"[A-Za-z0-9_.\-]+")
 _ALIAS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..common.format import percent
+from ..config.names import DEFAULT_CANDIDATE, model_keys
 from ..results.records import Check
 from ..results.verdicts import Direction
 from ..speed.text import speed_lines
@@ -46,6 +48,40 @@ class KLSubject(Target, Protocol):
     def kl(self) -> KLResult: ...
 
     def speed_if_asked(self) -> dict[str, Any] | None: ...
+
+
+def _for_model(
+    bounds: dict[str, float], models: Mapping[str, Mapping[str, float]] | None, candidate: Mapping[str, Any] | None
+) -> tuple[dict[str, float], str | None]:
+    """The limits for this candidate: the gate's, with those of its entry in `models` (by built-in
+    alias, the name given, or repo id: `config.names.model_keys`) in their place; and that entry's name."""
+    if not models:
+        return bounds, None
+    if not isinstance(models, Mapping):
+        raise TypeError(f"assert_kl_below(models=...) takes {{model: {{metric: limit}}}}, got {type(models).__name__}")
+    if DEFAULT_CANDIDATE in models:
+        raise ValueError(
+            f"assert_kl_below(models={{{DEFAULT_CANDIDATE!r}: ...}}): the embedded model's limits are the gate's own "
+            "keywords (its calibration file is calibration/<module>.json); models= is for other models"
+        )
+    for model, table in models.items():
+        unknown = sorted(set(table) - set(_METRICS)) if isinstance(table, Mapping) else None
+        if unknown is None or unknown:
+            raise ValueError(
+                f"assert_kl_below(models={{{model!r}: ...}}): give {{metric: limit}} with metrics among "
+                f"{', '.join(_METRICS)}" + (f" (not {', '.join(unknown)})" if unknown else "")
+            )
+    ref = candidate or {}
+    for key in model_keys(ref.get("name"), ref.get("repo_id")):
+        if key in models:
+            own = given_limits(
+                "assert_kl_below",
+                dict(models[key]),
+                example=f"a limit for {key!r}",
+                usable=lambda k, v: v >= 0 and not (_METRICS[k][1] == "min" and v > 1),
+            )
+            return {**bounds, **own}, key
+    return bounds, None
 
 
 def kl_checks(stats: Mapping[str, Any], bounds: Mapping[str, float]) -> list[Check]:
@@ -97,6 +133,7 @@ def assert_kl_below(
     top1: float | None = None,
     same_top: float | None = None,
     ln_ppl: float | None = None,
+    models: Mapping[str, Mapping[str, float]] | None = None,
 ) -> KLResult:
     """Fail unless every named KL statistic is within its limit at 95% confidence.
 
@@ -105,6 +142,11 @@ def assert_kl_below(
     of the top-1 agreement (near-tie flips count as agreement; `same_top` counts every flip);
     `ln_ppl` the upper end of ln(PPL_cand / PPL_ref). `result` is the `paired` fixture or a
     `KLResult`. Returns the result, so a gate can go on to look at it.
+
+    `models`: limits of the same names for a model whose sensitivity differs, by its built-in alias
+    or repo id (`{"gemma3-270m": {"p99": 0.5}}`), each set from that model's calibration file
+    (`calibration/<model>/<module>.json`); on that candidate they replace the gate's, and its record
+    says so (`limits_for`).
     """
     __tracebackhide__ = True
     bounds = given_limits(
@@ -126,6 +168,7 @@ def assert_kl_below(
     )
     subject = None if isinstance(result, KLResult) else result
     kl = result if isinstance(result, KLResult) else result.kl()
+    bounds, limits_for = _for_model(bounds, models, kl.candidate)
     if kl.aa is not None:
         checks = _floor_checks(kl.aa["floors"], bounds, kl.stats.n_prompts)
         conclusion = kl.conclusion(
@@ -133,6 +176,8 @@ def assert_kl_below(
         )
     else:
         conclusion = kl.conclusion(bounds=bounds, checks=kl_checks(kl.stats.to_json(), bounds))
+    if limits_for is not None:
+        conclusion = replace(conclusion, fields={**conclusion.fields, "limits_for": limits_for})
     speed = subject.speed_if_asked() if subject is not None else None
 
     def message(*, verdict: str, nodeid: str, rerun: str) -> str:

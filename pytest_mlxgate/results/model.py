@@ -465,6 +465,7 @@ class Record:
     path: str | None = None
     sizes: Sizes = Sizes()
     stats: Stats = Stats()
+    limits_for: str | None = None  # the model whose own limits (`models=`) replaced the gate's
     bounds_floor: float | None = None  # a capability gate's floor= and max_drop=
     bounds_max_drop: float | None = None
     checks: tuple[CheckResult, ...] = ()
@@ -541,6 +542,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         path=text(r.get("path")),
         sizes=_sizes(_map(r.get("sizes"))),
         stats=_stats(stats),
+        limits_for=text(r.get("limits_for")) or None,
         bounds_floor=real(bounds.get("floor")),
         bounds_max_drop=real(bounds.get("max_drop")),
         checks=tuple(_check(c) for c in _list(r.get("checks")) if isinstance(c, Mapping)),

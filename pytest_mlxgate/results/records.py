@@ -101,6 +101,7 @@ class GateRecord(TypedDict, total=False):
     sizes: dict[str, Any]
     stats: dict[str, Any]  # model.Stats
     bounds: dict[str, Any]
+    limits_for: str  # the model whose own limits (`models=`) replaced the gate's: absent when none did
     checks: list[Check]
     durations: dict[str, float]
     rerun: str

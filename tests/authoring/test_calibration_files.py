@@ -46,6 +46,17 @@ from pytest_mlxgate.errors import StaleCalibrationWarning
 REPO = Path(__file__).resolve().parents[2]
 GATES = REPO / "gates"
 WITH_LIMITS = [p for p in sorted(GATES.glob("test_*.py")) if GateSource.read(p).limits]
+#: (gate, model) for every per-model calibration file there is, and every model a gate names limits for.
+PER_MODEL = sorted(
+    {
+        (module, folder.name)
+        for folder in (GATES / "calibration").iterdir()
+        if folder.is_dir()
+        for module in WITH_LIMITS
+        if (folder / f"{module.stem}.json").exists()
+    }
+    | {(module, str(lim.model)) for module in WITH_LIMITS for lim in GateSource.read(module).limits if lim.model}
+)
 
 
 def _skipped_here(module: Path) -> str | None:
@@ -92,6 +103,18 @@ def test_every_gate_s_limits_keep_the_rule_against_its_calibration_file(module: 
             f"{shown}: no calibration file, and it does not run here ({reason}); calibrate it where it "
             f"runs: {findings.refresh}"
         )
+    if findings.stale:
+        warnings.warn(StaleCalibrationWarning(findings.stale_text()), stacklevel=1)
+    assert not findings.problems, findings.problem_text()
+
+
+@pytest.mark.parametrize(("module", "model"), PER_MODEL, ids=lambda x: x.name if isinstance(x, Path) else x)
+def test_every_model_s_limits_keep_the_rule_against_that_model_s_calibration_file(module: Path, model: str) -> None:
+    """A gate's limits on another built-in model (its own `models=` entries, the gate's elsewhere) against
+    `calibration/<model>/<module>.json`: a model the gate names limits for must have its file."""
+    shown = f"gates/{module.name}"
+    findings = module_findings(module, shown_as=shown, model=model)
+    assert not findings.missing, f"{shown} names limits for {model} but has no {findings.file}: run {findings.refresh}"
     if findings.stale:
         warnings.warn(StaleCalibrationWarning(findings.stale_text()), stacklevel=1)
     assert not findings.problems, findings.problem_text()
@@ -220,6 +243,47 @@ def test_a_check_of_one_test_reads_only_that_test_s_limits(kv_gate: tuple[Path, 
     _plant(module, "assert_kl_below(paired, mean=2.5)")
     assert module_findings(module, test="test_memory").problems == []
     assert module_findings(module, test="test_drift").problems
+
+
+def test_a_model_s_own_limits_are_checked_against_that_model_s_file_only(kv_gate: tuple[Path, dict[str, Any]]) -> None:
+    """`models={"gemma3-270m": {...}}` limits are read from the source per model; the embedded model's
+    check reads the gate's own limits and its file, gemma3-270m's its limits (the gate's where it names
+    none) against `calibration/gemma3-270m/<module>.json`, and a model without a file of its own has
+    none (never the embedded model's)."""
+    module, doc = kv_gate
+    upper = doc["drift"]["metrics"]["mean"]["upper"]
+    tight = f"{upper * 1.5:.3g}"
+    _plant(
+        module,
+        'assert_kl_below(paired, mean=2e-3, p99=3e-2, top1=0.9, models={"gemma3-270m": {"mean": ' + tight + "}})",
+    )
+    gate = GateSource.read(module)
+    own = gate.limits_of("test_drift", kl=True)
+    assert {(lim.key, lim.value) for lim in own} == {("mean", 2e-3), ("p99", 3e-2), ("top1", 0.9)}
+    on_gemma = {(lim.key, lim.value, lim.model) for lim in gate.limits_of("test_drift", kl=True, model="gemma3-270m")}
+    assert on_gemma == {("mean", float(tight), "gemma3-270m"), ("p99", 3e-2, None), ("top1", 0.9, None)}
+    assert module_findings(module).problems == []  # the embedded model's limits, its file: as before
+    missing = module_findings(module, model="gemma3-270m")
+    assert missing.missing and missing.file == module.parent / "calibration" / "gemma3-270m" / "test_kv_cache.json"
+    assert "--mlx-candidate gemma3-270m" in missing.refresh
+    gemma = calibration_path(module, "gemma3-270m")
+    gemma.parent.mkdir()
+    gemma.write_text(json.dumps(doc))  # the same figures: the too-tight gemma3 mean is found, on that file only
+    problems = module_findings(module, model="gemma3-270m").problems
+    assert len(problems) == 1 and "only x1.5 of room" in problems[0], problems
+
+
+def test_a_calibration_belongs_to_the_model_it_measured() -> None:
+    from pytest_mlxgate.authoring.calibration_file import calibration_model
+    from pytest_mlxgate.config.names import BUILT_MODELS
+
+    assert calibration_model("smollm2-135m", BUILT_MODELS["smollm2-135m"]) is None  # the embedded: the gate's own
+    assert calibration_model("gemma3-270m", BUILT_MODELS["gemma3-270m"]) == "gemma3-270m"
+    assert calibration_model("x", BUILT_MODELS["gemma3-270m"]) == "gemma3-270m"  # known by its repo
+    assert calibration_model("mlx-community/gemma-4-e4b-it-4bit", "mlx-community/gemma-4-e4b-it-4bit") == (
+        "mlx-community--gemma-4-e4b-it-4bit"
+    )
+    assert calibration_model("/some/dir", None) is None
 
 
 # -- stale ----------------------------------------------------------------------------------------------

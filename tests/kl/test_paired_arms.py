@@ -154,6 +154,29 @@ def test_a_perturbing_lever_is_caught_with_a_report(embedded: LoadedModel) -> No
     assert_kl_below(result, mean=10 * s["mean_ci"][1])
 
 
+def test_a_model_s_own_limits_replace_the_gate_s_on_that_model_only(tiny: LoadedModel) -> None:
+    """`models=` limits apply when the candidate is that model (by built-in alias, given name or repo id),
+    and its record says whose they were; on any other candidate the gate's own decide."""
+    import dataclasses
+
+    from pytest_mlxgate.config.names import BUILT_MODELS
+
+    result = _run(tiny, perturbing_lever(tiny), RunShape(path="prefill", tokens=32, decode=8), n=3).kl()
+    mean = result.stats.to_json()["mean_ci"][1]
+    assert mean > 0
+    loose = {"gemma3-270m": {"mean": 10 * mean}}
+    with pytest.raises(AssertionError, match="KL gate failed"):
+        assert_kl_below(result, mean=mean / 10, models=loose)  # the tiny model is not gemma3-270m
+    as_gemma = dataclasses.replace(result, candidate={"name": "x", "repo_id": BUILT_MODELS["gemma3-270m"]})
+    assert_kl_below(as_gemma, mean=mean / 10, models=loose)  # by its repo id: the alias's limits
+    as_named = dataclasses.replace(result, candidate={"name": "org/other", "repo_id": "org/other"})
+    assert_kl_below(as_named, mean=mean / 10, models={"org/other": {"mean": 10 * mean}})
+    with pytest.raises(ValueError, match="metrics among"):
+        assert_kl_below(as_gemma, mean=1.0, models={"gemma3-270m": {"meen": 1.0}})
+    with pytest.raises(ValueError, match="the embedded model's limits are the gate's own"):
+        assert_kl_below(as_gemma, mean=1.0, models={"smollm2-135m": {"mean": 1.0}})
+
+
 # -- reference cache -----------------------------------------------------------------------------
 
 
