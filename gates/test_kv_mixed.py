@@ -46,7 +46,9 @@ KNOWN_BAD = {"bits": 2, "group_size": 64, "start": 0}  # a 2-bit cache: a plan t
 
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=0.3, p99=2.0, top1=0.5)
+    # gemma3-270m's p99 under this plan is ~3x the embedded model's, with a wide interval at 16 prompts
+    # (gates/calibration/gemma3-270m/test_kv_mixed.json): its limits have the rule's room there
+    assert_kl_below(paired, mean=0.3, p99=2.0, top1=0.5, models={"gemma3-270m": {"mean": 0.5, "p99": 7.0}})
 
 
 def test_memory(paired: Paired) -> None:

@@ -28,7 +28,9 @@ KNOWN_BAD = {"bits": 4, "group_size": 64}  # 4-bit weights (gates/test_weights.p
 
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=0.015, p99=0.1, top1=0.7)
+    # gemma3-270m's p99 under 8-bit weights is ~8x the embedded model's
+    # (gates/calibration/gemma3-270m/test_weights_8bit.json): its limits have the rule's room there
+    assert_kl_below(paired, mean=0.015, p99=0.1, top1=0.7, models={"gemma3-270m": {"mean": 0.02, "p99": 0.5}})
 
 
 def test_memory(paired: Paired) -> None:

@@ -111,12 +111,22 @@ def test_every_gate_s_limits_keep_the_rule_against_its_calibration_file(module: 
 @pytest.mark.parametrize(("module", "model"), PER_MODEL, ids=lambda x: x.name if isinstance(x, Path) else x)
 def test_every_model_s_limits_keep_the_rule_against_that_model_s_calibration_file(module: Path, model: str) -> None:
     """A gate's limits on another built-in model (its own `models=` entries, the gate's elsewhere) against
-    `calibration/<model>/<module>.json`: a model the gate names limits for must have its file."""
+    `calibration/<model>/<module>.json`: a model the gate names limits for must have its file. Where the
+    file shows the lever breaks that model (beyond the quality bounds: no limit can pass it), the gate
+    names none for it and must fail the lever there, as its known-bad variant: a true finding, kept red."""
     shown = f"gates/{module.name}"
     findings = module_findings(module, shown_as=shown, model=model)
     assert not findings.missing, f"{shown} names limits for {model} but has no {findings.file}: run {findings.refresh}"
     if findings.stale:
         warnings.warn(StaleCalibrationWarning(findings.stale_text()), stacklevel=1)
+    doc = read_calibration(findings.file)
+    assert doc is not None
+    gate = GateSource.read(module)
+    if (doc.get("suggested") or {}).get("breaks"):
+        assert not any(lim.model == model for lim in gate.limits), f"{shown}: limits for {model}, whose lever breaks it"
+        verdict, why = known_bad_verdict(doc["drift"], gate.limits_of(kl=True, model=model))
+        assert verdict == "fail", f"{shown} on {model}: the lever breaks the model but the limits give {verdict}: {why}"
+        return
     assert not findings.problems, findings.problem_text()
 
 
