@@ -50,6 +50,11 @@ class KLSubject(Target, Protocol):
     def speed_if_asked(self) -> dict[str, Any] | None: ...
 
 
+def _usable(key: str, value: float) -> bool:
+    """A KL limit is >= 0; an agreement rate (top-1) at most 1."""
+    return value >= 0 and not (_METRICS[key][1] == "min" and value > 1)
+
+
 def _for_model(
     bounds: dict[str, float], models: Mapping[str, Mapping[str, float]] | None, candidate: Mapping[str, Any] | None
 ) -> tuple[dict[str, float], str | None]:
@@ -74,12 +79,7 @@ def _for_model(
     ref = candidate or {}
     for key in model_keys(ref.get("name"), ref.get("repo_id")):
         if key in models:
-            own = given_limits(
-                "assert_kl_below",
-                dict(models[key]),
-                example=f"a limit for {key!r}",
-                usable=lambda k, v: v >= 0 and not (_METRICS[k][1] == "min" and v > 1),
-            )
+            own = given_limits("assert_kl_below", dict(models[key]), example=f"a limit for {key!r}", usable=_usable)
             return {**bounds, **own}, key
     return bounds, None
 
@@ -143,29 +143,14 @@ def assert_kl_below(
     `ln_ppl` the upper end of ln(PPL_cand / PPL_ref). `result` is the `paired` fixture or a
     `KLResult`. Returns the result, so a gate can go on to look at it.
 
-    `models`: limits of the same names for a model whose sensitivity differs, by its built-in alias
-    or repo id (`{"gemma3-270m": {"p99": 0.5}}`), each set from that model's calibration file
-    (`calibration/<model>/<module>.json`); on that candidate they replace the gate's, and its record
-    says so (`limits_for`).
+    `models`: `{"gemma3-270m": {"p99": 0.5}}`, a model's own limits (from its calibration file), which
+    replace the gate's on that candidate (`_for_model`; the record's `limits_for` names it).
     """
     __tracebackhide__ = True
-    bounds = given_limits(
-        "assert_kl_below",
-        {
-            "mean": mean,
-            "median": median,
-            "p90": p90,
-            "p95": p95,
-            "p99": p99,
-            "p999": p999,
-            "max": max,
-            "top1": top1,
-            "same_top": same_top,
-            "ln_ppl": ln_ppl,
-        },
-        example="at least one limit, e.g. assert_kl_below(paired, mean=1e-3)",
-        usable=lambda key, value: value >= 0 and not (_METRICS[key][1] == "min" and value > 1),
-    )
+    given = dict(mean=mean, median=median, p90=p90, p95=p95, p99=p99, p999=p999, max=max, top1=top1)
+    given.update(same_top=same_top, ln_ppl=ln_ppl)
+    example = "at least one limit, e.g. assert_kl_below(paired, mean=1e-3)"
+    bounds = given_limits("assert_kl_below", given, example=example, usable=_usable)
     subject = None if isinstance(result, KLResult) else result
     kl = result if isinstance(result, KLResult) else result.kl()
     bounds, limits_for = _for_model(bounds, models, kl.candidate)
