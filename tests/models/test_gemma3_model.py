@@ -310,7 +310,7 @@ def test_mlxgate_get_offline_builds_it_and_then_finds_it(cache: Path, snapshot: 
 @pytest.mark.slow  # the real model, and the 8-bit KV gate on it at 640 tokens (~1 min)
 @needs_chunks
 def test_the_kv_gate_passes_8_bit_on_gemma3_with_its_windows_wrapped(
-    pytester: pytest.Pytester, snapshot: Path, tmp_path: Path
+    pytester: pytest.Pytester, cache: Path, snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The project's own 8-bit KV gate on the trained gemma: sequences of 640 tokens, so every scored
     position lies past the 512-token window (the sliding layers' quantized ring buffers have wrapped),
@@ -319,8 +319,10 @@ def test_the_kv_gate_passes_8_bit_on_gemma3_with_its_windows_wrapped(
     pytester.makeini("[pytest]\n")
     pytester.makepyfile(test_kv_cache=(gates / "test_kv_cache.py").read_text())
     report = tmp_path / "r.json"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # the built-in by its alias, from this run's build
     result = pytester.runpytest_subprocess(
-        f"--mlx-candidate={snapshot}",
+        "--mlx-candidate=gemma3-270m",
+        "--mlx-offline",
         "-p",
         "no:randomly",
         "--mlx-db=off",
@@ -338,6 +340,8 @@ def test_the_kv_gate_passes_8_bit_on_gemma3_with_its_windows_wrapped(
     records = {r["nodeid"].split("::")[1]: r for r in json.loads(report.read_text())["gates"]}
     drift = records["test_drift"]
     assert drift["verdict"] == "pass" and drift["sizes"]["tokens"] == 640
+    assert drift["limits_for"] == "gemma3-270m" and drift["bounds"]["mean"] == 5e-3  # the gate's models= entry
+    assert "limits_for" not in records["test_memory"]  # a gate without one keeps its own
     assert 0 < drift["stats"]["mean"] < 2e-3  # 8 bits changed something, within the gate's limit
     at600 = records["test_memory"]["speed"]["contexts"]["600"]["reference"]
     assert at600["kv_held_bytes"] < at600["kv_bytes"], "the wrapped windows hold their 512 positions only"
