@@ -43,6 +43,7 @@ LAYERS = (
     "pytest_mlxgate.kl",
     "pytest_mlxgate.speed",
     "pytest_mlxgate.capability",
+    "pytest_mlxgate.explain",  # drift attribution and the plan search: run the arms the way kl does, scoped
     "pytest_mlxgate.session",
     "pytest_mlxgate.authoring",
     "pytest_mlxgate",  # the public face: __init__, plugin.py, cli.py, compatibility paths

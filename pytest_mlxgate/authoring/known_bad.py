@@ -32,6 +32,7 @@ from ..session.paired import Paired
 from .calibrate import known_bad_step
 
 if TYPE_CHECKING:
+    from ..kl.result import KLResult
     from ..levers.lever import Lever
     from ..results.records import Check
     from ..session.paired import PairedRun
@@ -55,6 +56,9 @@ class _KnownBadPaired(Paired):
 
     def speed_if_asked(self) -> dict[str, Any] | None:
         return None
+
+    def explanation(self, kl: KLResult, verdict: str) -> dict[str, Any] | None:
+        return None  # a known-bad arm is meant to fail: where its drift comes from is not asked
 
     def finish(self) -> None:
         return None

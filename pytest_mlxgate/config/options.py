@@ -32,6 +32,7 @@ __all__ = [
     "file_arg",
     "seconds_arg",
     "timeout_arg",
+    "times_arg",
     "name_arg",
     "option",
     "shard_arg",
@@ -144,6 +145,17 @@ def seconds_arg(value: str) -> float:
     if not seconds >= 0 or seconds == float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {value}")
     return seconds
+
+
+def times_arg(value: str) -> float:
+    """A multiple, 0 or more (`3`, `1.5`): how many times a cost may be spent."""
+    try:
+        times = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a number (a multiple, e.g. 3)") from None
+    if not times >= 0 or times == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite multiple, 0 or more, got {value}")
+    return times
 
 
 def timeout_arg(value: str) -> float:
@@ -378,6 +390,21 @@ OPTIONS: tuple[Option, ...] = (
         "runs). It never turns into a pass.",
         "gate",
         choices=("fail", "warn", "xfail"),
+    ),
+    Option(
+        "--mlx-explain",
+        "attribute every KL gate's drift to layers (the lever on one scope of layers at a time; each "
+        "layer's output error; KL by position per attention type), pass or fail. A failing KL gate is "
+        "explained without it, within --mlx-explain-budget",
+        "gate",
+    ),
+    Option(
+        "--mlx-explain-budget",
+        "what attribution may cost, in multiples of the gate's own two arms (sequences through an arm). "
+        "0 turns off the automatic explanation of failing gates. Default: 3",
+        "gate",
+        metavar="TIMES",
+        type=times_arg,
     ),
     Option(
         "--mlx-allow-untrained",

@@ -19,7 +19,7 @@ from ..common.refstore import DEFAULT_CACHE_MAX_BYTES
 from ..errors import MlxgateUsageError
 from ..session.shards import Shard, parse_shard
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
-from .options import OPTIONS, check_endpoint, contexts_arg, count_arg, seconds_arg, timeout_arg
+from .options import OPTIONS, check_endpoint, contexts_arg, count_arg, seconds_arg, timeout_arg, times_arg
 
 __all__ = [
     "DEFAULT_ARM_TIMEOUT",
@@ -132,6 +132,8 @@ class GateSettings:
     shard: Shard | None = None  # --mlx-shard I/N: this run keeps the gate modules of shard I
     arm_timeout: float | None = DEFAULT_ARM_TIMEOUT  # --mlx-arm-timeout SECONDS; None: no limit
     progress_interval: float | None = None  # --mlx-progress-interval; None: 5 s on a terminal, else 30 s
+    explain: bool = False  # --mlx-explain: attribute every KL gate's drift, not only a failing one's
+    explain_budget: float = 3.0  # --mlx-explain-budget TIMES the gate's two arms; 0: no automatic attribution
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -222,6 +224,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         speed_reps=cli["mlx_speed_reps"] or _ini_count(config, "mlx_speed_reps"),
         shard=_shard(cli["mlx_shard"] or config.getini("mlx_shard") or None, config),
         arm_timeout=_arm_timeout(cli["mlx_arm_timeout"], config),
+        explain=bool(cli["mlx_explain"] or config.getini("mlx_explain")),
+        explain_budget=_explain_budget(cli["mlx_explain_budget"], config),
         progress_interval=(
             cli["mlx_progress_interval"]
             if cli["mlx_progress_interval"] is not None
@@ -238,6 +242,12 @@ def _ini_seconds(config: pytest.Config, name: str, parse: Callable[[str], float]
         return parse(str(value))
     except argparse.ArgumentTypeError as e:
         raise MlxgateUsageError(f"{name} in {config.inipath or 'the ini file'}: {e}") from None
+
+
+def _explain_budget(cli: float | None, config: pytest.Config) -> float:
+    """Command line, else ini, else 3 (times the gate's own two arms)."""
+    value = cli if cli is not None else _ini_seconds(config, "mlx_explain_budget", times_arg)
+    return 3.0 if value is None else value
 
 
 def _arm_timeout(cli: float | None, config: pytest.Config) -> float | None:

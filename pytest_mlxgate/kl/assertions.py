@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ..common.format import percent
 from ..config.names import DEFAULT_CANDIDATE, model_keys
+from ..results.attribution_text import attribution_lines
 from ..results.records import Check
 from ..results.verdicts import Direction
 from ..speed.text import speed_lines
@@ -48,6 +49,8 @@ class KLSubject(Target, Protocol):
     def kl(self) -> KLResult: ...
 
     def speed_if_asked(self) -> dict[str, Any] | None: ...
+
+    def explanation(self, kl: KLResult, verdict: str) -> dict[str, Any] | None: ...
 
 
 def _usable(key: str, value: float) -> bool:
@@ -161,12 +164,17 @@ def assert_kl_below(
         )
     else:
         conclusion = kl.conclusion(bounds=bounds, checks=kl_checks(kl.stats.to_json(), bounds))
-    if limits_for is not None:
-        conclusion = replace(conclusion, fields={**conclusion.fields, "limits_for": limits_for})
+    attribution = subject.explanation(kl, conclusion.verdict) if subject is not None else None
+    extra: dict[str, Any] = {"limits_for": limits_for} if limits_for is not None else {}
+    if attribution is not None:
+        extra["attribution"] = attribution
+    conclusion = replace(conclusion, fields={**conclusion.fields, **extra}) if extra else conclusion
     speed = subject.speed_if_asked() if subject is not None else None
 
     def message(*, verdict: str, nodeid: str, rerun: str) -> str:
         text = failure_report(kl, conclusion.checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
+        if attribution is not None:
+            text += "".join(f"\n  {line}" for line in attribution_lines(attribution))
         if speed:
             text += "".join(f"\n  {line}" for line in speed_lines(speed))
         return text

@@ -27,6 +27,7 @@ from .records import RECORD_VERSION, GateRecord, RunInfo, migrate_record
 __all__ = [
     "AA",
     "Answer",
+    "Attribution",
     "CapabilityScore",
     "CheckResult",
     "ErrorInfo",
@@ -36,12 +37,14 @@ __all__ = [
     "Interrupted",
     "Interval",
     "KLProfile",
+    "LayerError",
     "Lever",
     "ModelInfo",
     "PositionProfile",
     "PromptMeans",
     "Ratio",
     "Record",
+    "ScopeDrift",
     "RunFacts",
     "ScoreTask",
     "Shard",
@@ -55,6 +58,7 @@ __all__ = [
     "WorstContext",
     "WorstToken",
     "calibration_module",
+    "parse_attribution",
     "interrupted_of",
     "nodeid_of",
     "parse_record",
@@ -259,6 +263,57 @@ class KLProfile:
     by_position: PositionProfile = PositionProfile()
     prompts: PromptMeans = PromptMeans()
     worst_context: tuple[WorstContext, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScopeDrift:
+    """One scope of attribution: the candidate on these layers only, its KL against the reference."""
+
+    name: str | None = None
+    kind: str | None = None  # layer | block | type | rest
+    layers: tuple[int, ...] = ()
+    level: int | None = None  # 1: the first round; 2: the worst block's layers
+    ranked: bool = True  # False: a block whose layers were measured in its place
+    n: int | None = None
+    mean: float | None = None
+    mean_ci: Interval = Interval()
+    p99: float | None = None
+    top1: float | None = None
+    by_position: PositionProfile | None = None  # attention-type scopes: KL by position
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """With the lever everywhere: one layer's output error relative to the reference arm's."""
+
+    layer: int | None = None
+    type: str | None = None
+    rel_error: float | None = None
+    ci: Interval = Interval()
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Where a KL gate's drift comes from (`explain.attribute`): scopes, the output-error curve, the cost."""
+
+    sequences: int | None = None
+    budget: float | None = None
+    whole_mean: float | None = None  # the lever everywhere, on the same sequences
+    whole_ci: Interval = Interval()
+    scopes: tuple[ScopeDrift, ...] = ()
+    residual: tuple[LayerError, ...] = ()
+    residual_sequences: int | None = None
+    notes: tuple[str, ...] = ()
+    sequence_arms: int | None = None
+    gate_sequence_arms: int | None = None
+    seconds: float | None = None
+    gate_seconds: float | None = None
+    source: str | None = None  # computed | cache
+
+    def top(self, k: int = 3) -> tuple[ScopeDrift, ...]:
+        """The ranked layer, block and outside-the-layers scopes with the most drift, worst first."""
+        rows = [s for s in self.scopes if s.kind != "type" and s.ranked and s.mean is not None]
+        return tuple(sorted(rows, key=lambda s: -(s.mean or 0.0))[:k])
 
 
 @dataclass(frozen=True)
@@ -476,6 +531,7 @@ class Record:
     aa: AA | None = None
     tokens: Mapping[str, str] = field(default_factory=dict)
     kl_profile: KLProfile = KLProfile()
+    attribution: Attribution | None = None  # where the drift comes from (--mlx-explain, or a failing KL gate)
     tasks: Mapping[str, Task] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     capability_score: CapabilityScore | None = None
@@ -555,6 +611,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         else None,
         tokens={str(k): v for k, v in _map(r.get("tokens")).items() if isinstance(v, str)},
         kl_profile=_profile(_map(r.get("kl_profile"))),
+        attribution=parse_attribution(_map(r.get("attribution"))) if r.get("attribution") else None,
         tasks={str(name): _task(str(name), _map(t)) for name, t in _map(r.get("tasks")).items()},
         skipped={str(k): str(v) for k, v in _map(r.get("skipped")).items()},
         capability_score=_score(score) if score else None,
@@ -629,6 +686,51 @@ def _ints(value: Any) -> tuple[int | None, ...]:
 
 def _reals(value: Any) -> tuple[float | None, ...]:
     return tuple(real(v) for v in _list(value))
+
+
+def parse_attribution(a: Mapping[str, Any]) -> Attribution:
+    """A record's `attribution` (also the assertion's own, before it is a record) in the read model."""
+    whole, cost, residual = _map(a.get("whole")), _map(a.get("cost")), _map(a.get("residual"))
+    return Attribution(
+        sequences=integer(a.get("sequences")),
+        budget=real(a.get("budget")),
+        whole_mean=real(whole.get("mean")),
+        whole_ci=_interval(whole.get("mean_ci")),
+        scopes=tuple(_scope(_map(s)) for s in _list(a.get("scopes")) if isinstance(s, Mapping)),
+        residual=tuple(
+            LayerError(
+                layer=integer(e.get("layer")),
+                type=text(e.get("type")),
+                rel_error=real(e.get("rel_error")),
+                ci=_interval(e.get("ci")),
+            )
+            for e in (_map(x) for x in _list(residual.get("layers")))
+        ),
+        residual_sequences=integer(residual.get("sequences")),
+        notes=tuple(str(n) for n in _list(a.get("notes"))),
+        sequence_arms=integer(cost.get("sequence_arms")),
+        gate_sequence_arms=integer(cost.get("gate_sequence_arms")),
+        seconds=real(cost.get("seconds")),
+        gate_seconds=real(cost.get("gate_seconds")),
+        source=text(a.get("source")),
+    )
+
+
+def _scope(s: Mapping[str, Any]) -> ScopeDrift:
+    bp = s.get("by_position")
+    return ScopeDrift(
+        name=text(s.get("name")),
+        kind=text(s.get("kind")),
+        layers=tuple(i for i in _ints(s.get("layers")) if i is not None),
+        level=integer(s.get("level")),
+        ranked=s.get("ranked") is not False,
+        n=integer(s.get("n")),
+        mean=real(s.get("mean")),
+        mean_ci=_interval(s.get("mean_ci")),
+        p99=real(s.get("p99")),
+        top1=real(s.get("top1")),
+        by_position=_profile({"by_position": bp}).by_position if isinstance(bp, Mapping) else None,
+    )
 
 
 def _profile(p: Mapping[str, Any]) -> KLProfile:

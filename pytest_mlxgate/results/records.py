@@ -112,6 +112,7 @@ class GateRecord(TypedDict, total=False):
     aa: dict[str, Any] | None  # model.AA
     tokens: dict[str, str]
     kl_profile: dict[str, Any]  # model.KLProfile; capped whatever the gate's size (stats/kl_profile.py)
+    attribution: dict[str, Any]  # model.Attribution: where the drift comes from (explain/attribute.py)
     # capability gates: per task model.Task (with `flipped`: the first 20 items whose score changed)
     tasks: dict[str, Any]
     skipped: dict[str, str]

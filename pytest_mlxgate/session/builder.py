@@ -287,6 +287,8 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         aa=gate.aa,
         calibrate=gate.calibrate,
         inconclusive=gate.inconclusive,
+        explain=gate.explain,
+        explain_budget=gate.explain_budget,
         allow_untrained=gate.allow_untrained,
         progress=ctx.progress,
         live=ctx.live,

@@ -52,6 +52,8 @@ class PairedRun:
     calibrate: bool = False  # --mlx-calibrate: `calibration()` instead of verdicts
     inconclusive: str = "fail"  # --mlx-inconclusive: what a gate that could not tell does
     allow_untrained: bool = False  # --mlx-allow-untrained: gates run on a model that predicts nothing
+    explain: bool = False  # --mlx-explain: attribute every KL gate's drift; else only a failing gate's
+    explain_budget: float = 3.0  # --mlx-explain-budget: times the gate's two arms; 0: never automatically
     progress: Callable[[str], None] | None = None
     live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
@@ -65,6 +67,7 @@ class PairedRun:
     _untrained_checked: bool = False
     _speed: dict[str, Any] | None = None
     _calibration: dict[str, Any] | None = None
+    _attribution: dict[str, Any] | None = None
 
     def skip_if_untrained(self) -> None:
         """Skip the gate (once checked, every gate of the module) when the reference model predicts
@@ -245,6 +248,40 @@ class PairedRun:
             }
         return self._calibration
 
+    def explanation(self, kl: KLResult, verdict: str) -> dict[str, Any] | None:
+        """Drift attribution for this gate (`explain.attribute`), once per module: under --mlx-explain, or
+        when the gate failed and the budget allows; None otherwise (A/A and calibration runs never)."""
+        if self._attribution is not None:
+            return self._attribution
+        wanted = self.explain or (verdict == "fail" and self.explain_budget > 0)
+        if not wanted or kl.aa is not None or self.calibrate:
+            return None
+        from ..explain.attribute import attribute, gate_reference_key
+
+        reference = self._reference_model()
+        key = gate_reference_key(
+            reference=reference, lever=self.lever, shape=self.shape, digest=self.sequences_digest, machine=self.machine
+        )
+        refs = self.cache.load(key, len(self.sequences)) if self.cache is not None else None
+        budget = self.explain_budget if self.explain_budget > 0 else 3.0
+        found = attribute(
+            lever=self.lever,
+            shape=self.shape,
+            sequences=self.sequences,
+            whole=kl.scores,
+            reference=reference,
+            candidate=self.candidate,
+            budget=budget,
+            refs=refs,
+            cache=self.cache,
+            cache_key=key,
+            say=self._say,
+            # the gate's own cost, both arms computed (a cached reference arm costs what the candidate's does)
+            gate_seconds=2 * float(kl.durations.get("candidate_s", 0.0)) or None,
+        ).to_json()
+        self._attribution = found
+        return found
+
     def _reference_model(self) -> LoadedModel:
         if not self.lever.two_models:
             return self.candidate
@@ -366,6 +403,10 @@ class Paired:
 
     def speed_if_asked(self) -> dict[str, Any] | None:
         return self.run.speed_if_asked()
+
+    def explanation(self, kl: KLResult, verdict: str) -> dict[str, Any] | None:
+        """Where the gate's drift comes from (see `PairedRun.explanation`), or None."""
+        return self.run.explanation(kl, verdict)
 
     def publish(self, conclusion: Conclusion) -> None:
         """The one way a gate's numbers leave it: the conclusion of an assertion (`verdicts.conclude`) becomes

@@ -1,0 +1,208 @@
+"""Drift attribution finds a planted single-layer break: the layer comes first, with an interval that
+separates it from every other layer's, on the llama-style models and on a tiny gemma-4 (sliding and
+full layers, KV-shared ones); and each lever kind is scoped its own way, restoring everything after."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from pytest_mlxgate.explain.layers import decoder_layers, layers_from, wrapped_layers
+from pytest_mlxgate.explain.scoped import Scope, kv_scoped_plan
+from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, sequences_digest
+from pytest_mlxgate.kl.shape import RunShape
+from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.models.loaded import LoadedModel
+from pytest_mlxgate.models.materialize import ResolvedSnapshot
+from pytest_mlxgate.results.attribution_text import attribution_lines, entry_step
+from pytest_mlxgate.results.model import parse_attribution
+from pytest_mlxgate.session.paired import PairedRun
+
+
+def _loaded(path: Path) -> LoadedModel:
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(path))
+    snap = ResolvedSnapshot(name="t", kind="local", repo_id=None, commit="local", path=str(path), source="local")
+    return LoadedModel(model, tokenizer, snap)
+
+
+@pytest.fixture(scope="module")
+def gemma4(tiny_gemma4_dir: Path) -> LoadedModel:
+    return _loaded(tiny_gemma4_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir: Path) -> LoadedModel:
+    return _loaded(tiny_model_dir)
+
+
+def halved_scale(attention: Any) -> Callable[..., Any]:
+    """A patch of `type(attention).__call__` that halves the attention scale of that one module."""
+    cls = type(attention)
+    original = cls.__call__
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self is not attention:
+            return original(self, *args, **kwargs)
+        before = self.scale
+        self.scale = before * 0.5
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.scale = before
+
+    return call
+
+
+def _target(model: LoadedModel) -> str:
+    cls = type(decoder_layers(model.model)[0].self_attn)
+    return f"{cls.__module__}:{cls.__qualname__}.__call__"
+
+
+#: On models this small a run's fixed costs outweigh its forwards, so the default budget (3x the gate's
+#: time) buys few scopes; the embedded model's benchmark (benchmarks/explain.py) holds the default.
+def _explained(
+    model: LoadedModel, lever: Lever, shape: RunShape, *, n: int = 8, budget: float = 6.0, reference: Any = None
+) -> dict[str, Any]:
+    seqs = build_sequences(default_prompts(), model.tokenizer, n=n, tokens=shape.tokens)
+    run = PairedRun(
+        lever=lever,
+        shape=shape,
+        sequences=seqs,
+        sequences_digest=sequences_digest(seqs),
+        candidate=model,
+        reference=reference,
+        machine={"device": "cpu"},
+        allow_untrained=True,
+        explain_budget=budget,
+    )
+    kl = run.kl()
+    found = run.explanation(kl, "fail")
+    assert found is not None
+    return found
+
+
+def _separated(found: dict[str, Any], layer: int) -> None:
+    """`layer` is the top contributor, and its interval's lower end clears every other layer's upper end."""
+    a = parse_attribution(found)
+    top = a.top(1)[0]
+    assert top.layers == (layer,), _debug(found)
+    others = [s for s in a.scopes if s.kind in ("layer", "block") and layer not in s.layers]
+    assert others
+    lo = top.mean_ci.lower
+    assert lo is not None and all(s.mean_ci.upper is not None and lo > s.mean_ci.upper for s in others), [
+        (s.name, s.mean_ci) for s in [top, *others]
+    ]
+
+
+def test_a_halved_attention_scale_in_one_gemma4_layer_is_attributed_to_that_layer(gemma4: LoadedModel) -> None:
+    layer = 3  # the first full-attention layer (sliding, sliding, sliding, full, ...)
+    attention = decoder_layers(gemma4.model)[layer].self_attn
+    lever = Lever("scale", "patch", _target(gemma4), None, halved_scale(attention))
+    found = _explained(gemma4, lever, RunShape("prefill", 48, 8))
+    _separated(found, layer)
+    a = parse_attribution(found)
+    assert {s.name for s in a.scopes if s.kind == "type"} == {"full layers", "sliding layers"}
+    full, sliding = (next(s for s in a.scopes if s.name == f"{t} layers") for t in ("full", "sliding"))
+    assert full.mean is not None and sliding.mean is not None and full.mean > 100 * max(sliding.mean, 1e-12)
+    assert full.by_position is not None and full.by_position.first  # KL by position, per attention type
+    # with the lever everywhere, the output error is zero before the broken layer and enters at it
+    assert [e.rel_error for e in a.residual[:layer]] == [0.0] * layer
+    assert entry_step(a.residual) == (layer, float("inf"))
+    assert not a.notes
+
+
+def test_one_gemma4_layer_s_kv_at_2_bits_is_attributed_to_that_layer(gemma4: LoadedModel, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps({"default": {"bits": 8, "group_size": 32}, "layers": {"1": {"bits": 2, "group_size": 32}}})
+    )
+    lever = Lever("kv", "kv", None, None, str(plan), path="serving")
+    found = _explained(gemma4, lever, RunShape("serving", 40, 16))
+    _separated(found, 1)
+    a = parse_attribution(found)
+    # only cached layers are scoped for a KV lever: the KV-shared ones (5-7) keep no cache of their own
+    assert sorted({i for s in a.scopes if s.kind in ("layer", "block") for i in s.layers}) == [0, 1, 2, 3, 4]
+    assert not any(s.kind == "rest" for s in a.scopes)  # a KV plan has nothing outside the layers
+    assert any("keep the same KV cache" in n for n in a.notes)
+
+
+def test_a_lever_acting_outside_the_layers_is_said_to_be_unscopable(tiny: LoadedModel) -> None:
+    from mlx_lm.models import llama
+
+    original = llama.LlamaModel.__call__
+
+    def louder(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs) * 1.5
+
+    lever = Lever("outer", "patch", "mlx_lm.models.llama:LlamaModel.__call__", None, louder)
+    found = _explained(tiny, lever, RunShape("prefill", 32, 8))
+    a = parse_attribution(found)
+    rest = next(s for s in a.scopes if s.kind == "rest")
+    assert a.top(1)[0].name == "outside the layers"
+    assert all(s.mean == 0.0 for s in a.scopes if s.kind == "layer")
+    assert rest.mean is not None and a.whole_mean is not None and rest.mean == pytest.approx(a.whole_mean, rel=1e-6)
+    assert any("never called inside the decoder layers" in n for n in a.notes)
+
+
+def test_a_weights_lever_is_scoped_by_taking_layers_from_the_candidate_model(
+    tiny: LoadedModel, tiny_model_dir: Path
+) -> None:
+    from mlx.utils import tree_flatten
+
+    other = _loaded(tiny_model_dir)
+    layer = decoder_layers(other.model)[1]
+    layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 3.0  # a broken layer in the candidate
+    mx.eval(other.model.parameters())
+    lever = Lever("model", "model", None, None, None)
+    found = _explained(other, lever, RunShape("prefill", 32, 8), reference=tiny)
+    _separated(found, 1)
+    # the reference model is back as it was: its layers are its own again
+    assert decoder_layers(tiny.model)[1] is not layer
+    assert all(
+        a is not b
+        for (_, a), (_, b) in zip(
+            tree_flatten(tiny.model.parameters()), tree_flatten(other.model.parameters()), strict=True
+        )
+    )
+
+
+def test_scoping_restores_every_layer_even_when_the_forward_raises(tiny: LoadedModel, tiny_model_dir: Path) -> None:
+    layers = decoder_layers(tiny.model)
+    classes = [type(x) for x in layers]
+
+    def boom(i: int, forward: Callable[[], Any]) -> Any:
+        raise RuntimeError(f"layer {i}")
+
+    with pytest.raises(RuntimeError, match="layer 0"), wrapped_layers(tiny.model, boom, range(len(layers))):
+        tiny.model(mx.array([[1, 2, 3]]))
+    assert [type(x) for x in layers] == classes and not any(hasattr(x, "_mlxgate_wrap") for x in layers)
+    other = _loaded(tiny_model_dir)
+    before = list(layers)
+    with pytest.raises(RuntimeError), layers_from(tiny.model, other.model, [0, 1]):
+        assert decoder_layers(tiny.model)[0] is decoder_layers(other.model)[0]
+        raise RuntimeError("mid-scope")
+    assert all(a is b for a, b in zip(decoder_layers(tiny.model), before, strict=True))
+
+
+def test_a_kv_scope_plan_holds_the_candidate_spec_on_its_layers_and_the_reference_s_elsewhere(
+    gemma4: LoadedModel, tmp_path: Path
+) -> None:
+    lever = Lever("kv", "kv", None, {"bits": 8, "group_size": 32}, {"bits": 4, "group_size": 32}, path="serving")
+    plan = kv_scoped_plan(lever, gemma4.model, Scope("layer 3", (3,), "layer").layers)
+    eight, four = {"bits": 8, "group_size": 32, "start": 0}, {"bits": 4, "group_size": 32, "start": 0}
+    assert plan == {"default": None, "layers": {"0": eight, "1": eight, "2": eight, "3": four, "4": eight}}
+
+
+def _debug(found: dict[str, Any]) -> str:
+    return (
+        "\n".join(attribution_lines(found))
+        + "\n"
+        + "\n".join(f"{s['name']} {s['mean']} {s['mean_ci']} calls" for s in found["scopes"])
+    )
