@@ -8,7 +8,17 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ("hub_vs_hf", "resume_rss", "prefill_blas", "kl_gate", "capability", "speed", "sliding_batch")
+BENCHMARKS = (
+    "hub_vs_hf",
+    "resume_rss",
+    "prefill_blas",
+    "kl_gate",
+    "capability",
+    "speed",
+    "sliding_batch",
+    "explain",
+    "plan_kv",
+)
 
 
 def main(argv: list[str]) -> int:

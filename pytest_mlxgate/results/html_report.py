@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
 from ..common.format import DASH, format_bytes, format_duration, percent
+from .attribution_text import attribution_lines
 from .model import (
+    Attribution,
     CapabilityScore,
     Histogram,
     Interval,
@@ -72,6 +74,7 @@ PLOTS = {
     "capability": ("capability-scores", "capability-drop"),
     "speed": ("speed-ratios", "memory"),
     "history": ("history",),
+    "attribution": ("attribution-scopes", "attribution-residual"),  # a gate whose drift was attributed
 }
 
 _NOT_RECORDED = "not recorded (a record from before this plot's data was kept)"
@@ -233,6 +236,8 @@ def _gate_section(
         out.append(_score_table(record.capability_score or CapabilityScore()))
     if mode in ("gate", "aa") and record.stats.present:
         out.append(_kl_sections(record))
+    if record.attribution is not None:
+        out.append(_attribution_sections(record.attribution))
     if mode == "capability":
         out.append(_capability_sections(record))
     speed = record.speed
@@ -377,6 +382,89 @@ def _kl_sections(record: Record) -> str:
             "<h3>Worst tokens in their context</h3>",
             _worst_tokens(record, profile.worst_context),
         ]
+    )
+
+
+def _attribution_sections(a: Attribution) -> str:
+    """Where the drift comes from: each scope's KL with its interval, each layer's output error, the
+    attention types' KL by position, and what it cost (`explain.attribute`)."""
+    lines = attribution_lines(a)
+    out = [
+        "<h3>Where the drift comes from</h3>",
+        f'<p class="note">{esc(lines[0])}</p>',
+        "<ul>" + "".join(f"<li>{esc(line.strip())}</li>" for line in lines[1:]) + "</ul>",
+        _scope_bars(a),
+        _residual_curve(a),
+    ]
+    for scope in a.scopes:
+        if scope.kind == "type" and scope.by_position is not None:
+            out.append(f"<h4>KL by position, the lever on {esc(scope.name or '')} only</h4>")
+            out.append(_kl_by_position(scope.by_position))
+    return "\n".join(out)
+
+
+def _scope_bars(a: Attribution) -> str:
+    scopes = [s for s in a.scopes if s.mean is not None][:MAX_POINTS]
+    span = _positive_range([s.mean for s in scopes] + [e for s in scopes for e in s.mean_ci] + [a.whole_mean])
+    if not scopes or span is None:
+        return _figure("attribution-scopes", "Each scope's mean KL.", message("no scope shows drift", label="scopes"))
+    k = len(scopes)
+    fig = Figure(x=(-0.5, k - 0.5), y=span, ylog=True, label="drift by scope", height=260, margin=(56, 12, 14, 90))
+    fig.axes(xlabel="", ylabel="mean KL (log)", xticks=[(i, s.name or "") for i, s in enumerate(scopes)])
+    if a.whole_mean:
+        fig.hline(a.whole_mean, cls="stat", label="lever everywhere")
+    fig.points(
+        [
+            (
+                i,
+                s.mean,
+                s.mean_ci.lower,
+                s.mean_ci.upper,
+                f"{s.name}: mean KL {_sci(s.mean)} "
+                f"[{_sci(s.mean_ci.lower)}, {_sci(s.mean_ci.upper)}] over {s.n} sequences",
+            )
+            for i, s in enumerate(scopes)
+        ],
+        unbounded=(False, True),
+    )
+    return _figure(
+        "attribution-scopes",
+        f"The lever on one scope of layers at a time, the reference everywhere else: each scope's mean KL and "
+        f"its 95% interval over {a.sequences} sequences; the line is the lever on every layer.",
+        fig.svg(),
+    )
+
+
+def _residual_curve(a: Attribution) -> str:
+    rows = [e for e in a.residual if e.layer is not None][:MAX_POINTS]
+    span = _positive_range([e.rel_error for e in rows] + [x for e in rows for x in e.ci])
+    if not rows or span is None:
+        return _figure(
+            "attribution-residual",
+            "Each layer's output error.",
+            message("no layer's output differs", label="output error"),
+        )
+    fig = Figure(x=(-0.5, len(rows) - 0.5), y=span, ylog=True, label="output error by layer")
+    fig.axes(xlabel="layer", ylabel="relative error (log)")
+    fig.line([(float(e.layer or 0), e.rel_error) for e in rows], cls="line median", tip="relative error")
+    fig.points(
+        [
+            (
+                float(e.layer or 0),
+                e.rel_error,
+                e.ci.lower,
+                e.ci.upper,
+                f"layer {e.layer} ({e.type or 'attention'}): {_sci(e.rel_error)} of the reference's norm",
+            )
+            for e in rows
+        ],
+        unbounded=(False, True),
+    )
+    return _figure(
+        "attribution-residual",
+        f"With the lever on every layer: each layer's output against the reference arm's, ||h_c - h_r|| / ||h_r|| "
+        f"over {a.residual_sequences} sequences. A step is where error enters; steady growth is compounding.",
+        fig.svg(),
     )
 
 

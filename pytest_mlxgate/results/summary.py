@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..common.format import DASH, format_duration, percent, percent_distinct
+from .attribution_text import top_line
 from .fields import number
 from .model import CapabilityScore, CheckResult, Interrupted, Record, Stats, interrupted_of, parse_record
 from .records import GateRecord
@@ -214,6 +215,11 @@ def _error_parts(record: Record) -> list[str]:
     return lines[:6] + (["…"] if len(lines) > 6 else [])
 
 
+def _attribution_parts(record: Record) -> list[str]:
+    """A KL gate's top drift contributors, when its drift was attributed (--mlx-explain, or a failure)."""
+    return [top_line(record.attribution)] if record.attribution is not None else []
+
+
 def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
     """Join parts into lines of at most `width`, breaking only between parts (clipping a lone giant)."""
     lines: list[str] = []
@@ -264,7 +270,7 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
                 _gate_rows(record),
                 n_parts(record),
                 speed_parts(record, speeds_shown),
-                _error_parts(record),
+                _error_parts(record) + _attribution_parts(record),
             )
         )
 

@@ -285,3 +285,37 @@ def test_figures_escape_every_text_and_write_no_namespace_url() -> None:
     ET.fromstring(sparkline([1.0, None, 3.0], tips=["<a>", "", "<c>"], classes=["v-pass", "", "v-fail"], reference=2.0))
     assert "no values" in sparkline([None, None])
     assert esc("a\x00b\x1bc") == "abc"  # control characters XML cannot hold are dropped
+
+
+def test_an_attributed_gate_shows_each_scope_the_output_error_curve_and_the_types_by_position() -> None:
+    from report_records import attribution_data
+
+    record = kl_record()
+    record["attribution"] = attribution_data()
+    page = html_report([record], run=run_info())
+    kl = sections(page)["gate"]
+    assert plots(kl) == [*PLOTS["kl"], *PLOTS["attribution"], "kl-by-position", *PLOTS["history"]]
+    assert "<h3>Where the drift comes from</h3>" in kl
+    assert "drift from: layer 2 0.018 [0.009, 0.027], 90% of the whole" in kl
+    assert "output error enters at layer 2 (x83.3 the layer before&#x27;s)" in kl
+    assert "<h4>KL by position, the lever on sliding layers only</h4>" in kl
+    assert HOSTILE not in page  # scope names and notes are record text: escaped
+    parser = _Balance()
+    parser.feed(page)
+    parser.close()
+    assert parser.stack == []
+    for svg in re.findall(r"<svg\b.*?</svg>", kl, re.S):
+        ET.fromstring(svg)
+
+
+def test_the_summary_names_the_top_contributors_of_an_attributed_gate() -> None:
+    from report_records import attribution_data
+
+    from pytest_mlxgate.results.summary import summary_lines
+
+    record = kl_record()
+    plain = "\n".join(summary_lines([record]))
+    record["attribution"] = attribution_data()
+    text = "\n".join(summary_lines([record], width=200))
+    assert "drift from" not in plain
+    assert "drift from: layer 2 0.018 [0.009, 0.027], 90% of the whole; layer 0 1.00e-04" in text

@@ -238,3 +238,47 @@ def history_for(records: list[GateRecord], runs: int = 6) -> dict[str, list[dict
             )
         out[record["nodeid"]] = rows
     return out
+
+
+def attribution_data(*, hostile: str = HOSTILE) -> dict[str, Any]:
+    """An `attribution` as `explain.attribute` writes it: four layers, layer 2 carrying the drift, a
+    sliding and a full type scope (one with KL by position), the output-error curve stepping at layer 2."""
+    scores = synthetic_scores(4, 16)
+
+    def scope(name: str, layers: list[int], kind: str, mean: float, **extra: Any) -> dict[str, Any]:
+        return {
+            "name": name,
+            "layers": layers,
+            "kind": kind,
+            "level": 1,
+            "ranked": True,
+            "n": 4,
+            "mean": mean,
+            "mean_ci": [mean * 0.5, mean * 1.5],
+            "p99": mean * 10,
+            "top1": 0.99,
+            **extra,
+        }
+
+    return {
+        "version": 1,
+        "budget": 3.0,
+        "sequences": 4,
+        "whole": {"mean": 0.02, "mean_ci": [0.01, 0.03], "n": 4},
+        "scopes": [
+            scope("sliding layers", [0, 2], "type", 0.019, by_position=kl_profile(scores)["by_position"]),
+            scope("full layers", [1, 3], "type", 1e-4),
+            *(scope(f"layer {i}", [i], "layer", 0.018 if i == 2 else 1e-4) for i in range(4)),
+            scope(f"layer {hostile}", [], "rest", 0.0),
+        ],
+        "residual": {
+            "sequences": 2,
+            "layers": [
+                {"layer": i, "type": "sliding_attention", "rel_error": e, "ci": [e * 0.8, e * 1.2]}
+                for i, e in enumerate([1e-4, 1.2e-4, 0.01, 0.011])
+            ],
+        },
+        "notes": [f"a note with {hostile}"],
+        "cost": {"sequence_arms": 30, "gate_sequence_arms": 12, "seconds": 9.0, "gate_seconds": 4.0},
+        "source": "computed",
+    }
