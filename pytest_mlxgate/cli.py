@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return history_main(args)
     if args.command == "new-gate":
         return _new_gate(args)
+    if args.command == "plan":
+        return _plan(args)
     try:
         spec = _spec(args)
     except MlxgateUsageError as e:
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Verified model snapshots, new gates, and the results history, for pytest-mlxgate.",
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{get,verify,new-gate,history,compare,report,merge}"
+        dest="command", required=True, metavar="{get,verify,new-gate,plan,history,compare,report,merge}"
     )
     for name, help_ in (
         ("get", "download (or build) a snapshot and print its path"),
@@ -82,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                 help="move corrupt blobs aside (never deleted) so the next `get` fetches them again",
             )
     _add_new_gate(sub)
+    _add_plan(sub)
     from .results.history_cli import add_parsers
 
     add_parsers(sub)
@@ -126,6 +129,74 @@ def _new_gate(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(next_steps(path), end="")
     return EXIT_OK
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    help_ = "search the cheapest KV plan that passes a KV gate, then verify it by running the gate"
+    p = sub.add_parser("plan", help=help_, description=help_ + " (pytest_mlxgate.explain.plan_kv)")
+    p.add_argument("kind", choices=("kv",), help="what is planned: kv (a kv_config.json)")
+    p.add_argument("--gate", metavar="FILE", type=Path, required=True, help="the KV gate, e.g. gates/test_kv_cache.py")
+    p.add_argument("--model", metavar="NAME", help="the model (as --mlx-candidate; default: the embedded model)")
+    p.add_argument("--out", metavar="FILE", type=Path, default=Path("kv_config.json"), help="where the plan goes")
+    p.add_argument("--bits", metavar="B,B", default="4,6,8", help="bit widths a layer may take (default 4,6,8)")
+    p.add_argument("--group-sizes", metavar="G,G", default="32,64", help="group sizes (default 32,64)")
+    p.add_argument("--selection", metavar="N", type=int, default=6, help="selection sequences (default 6)")
+    p.add_argument("--no-verify", action="store_true", help="skip running the gate on the plan (not a verdict)")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        bits = tuple(int(b) for b in args.bits.split(","))
+        groups = tuple(int(g) for g in args.group_sizes.split(","))
+    except ValueError:
+        print("mlxgate: error: --bits and --group-sizes take comma-separated whole numbers, e.g. 4,8", file=sys.stderr)
+        return EXIT_USAGE
+    from .models.loaded import load_mlx
+    from .models.materialize import materialize
+
+    try:
+        cwd = Path.cwd()
+        spec = parse_name(
+            args.model or "smollm2-135m", aliases=load_aliases(find_pyproject(cwd)), base_dir=cwd, role="model"
+        )
+        from .explain.plan_kv import plan_summary, read_gate, search_kv_plan, verify_plan
+
+        gate = read_gate(args.gate.resolve(), model=args.model)
+        snap = materialize(spec, offline=True)
+        model, tokenizer = load_mlx(snap)
+        result = search_kv_plan(
+            model,
+            tokenizer,
+            gate,
+            bits=bits,
+            groups=groups,
+            selection=args.selection,
+            say=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except MlxgateUsageError as e:
+        print(f"mlxgate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:
+        if not _is_expected(e):
+            raise
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    args.out.write_text(json.dumps(result.kv_config(), indent=1) + "\n")
+    if not args.no_verify and result.chosen != "none":
+        print(f"plan kv: verifying: {gate.path.name} with {args.out} as its candidate", file=sys.stderr, flush=True)
+        report = args.out.with_suffix(".gate-report.json")
+        result.verification = verify_plan(gate, args.out.resolve(), candidate=args.model, report=report)
+    record = args.out.with_suffix(".search.json")
+    record.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    for line in plan_summary(result):
+        print(line, file=sys.stderr)
+    print(args.out)
+    ok = result.chosen != "none" and (
+        result.verification["verified"] if result.verification else result.passed_selection
+    )
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:

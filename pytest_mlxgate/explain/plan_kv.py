@@ -1,0 +1,422 @@
+"""The cheapest KV plan that passes a gate: per-layer sensitivities, a greedy search by drift saved per
+byte, a measured check that backs off, and a verification run of the gate itself on its own prompts.
+
+1. *Selection* sequences, built from prompts the gate's own sequences do not use, so the gate's prompts
+   stay held out for the verification.
+2. *Sensitivities*: every cached layer alone at the cheapest option (the rest plain), and each option on
+   every layer (uniform). A layer's drift at another option is its measured drift at the cheapest, scaled
+   by the uniform runs' ratio: measured per layer once, per option once.
+3. *Greedy*: from every layer at the cheapest option, the upgrade (a layer to a dearer option, or plain)
+   that removes the most predicted drift per byte, until the prediction is within `TARGET_SHARE` of the
+   gate's mean limit.
+4. *Measured, not assumed additive*: the plan runs on the selection sequences and must pass every limit
+   of the gate there (mean, p99, top-1...); if it does not, the target halves and the greedy goes on from
+   where it stopped (`MAX_ROUNDS`).
+5. *Compared*: a uniform plan that passes on the selection sequences and costs no more bytes wins (a mixed
+   plan must earn its complexity); none passing and no mixed plan either: "no plan passes" is the answer.
+6. *Verified*: the gate module runs under pytest with the plan as its candidate (`--mlx-cand-value`), on
+   its own prompts; its record is the verdict. A plan that fails there is reported failed, never passed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..common.gate_calls import declared_limits
+from ..errors import MlxgateUsageError
+from ..kl.arms import run_candidate, run_reference
+from ..kl.assertions import kl_checks
+from ..kl.prompts import build_sequences, default_prompts
+from ..kl.shape import ArmCounters, RunShape
+from ..levers.kvcache import KV_GROUP_SIZES
+from ..levers.lever import Lever
+from ..levers.parsing import lever_from_marker
+from ..serving.caches import quantized_form
+from ..stats.kl_stats import KLStats, summarize
+
+__all__ = ["GateSpec", "Option", "PlanSearch", "greedy_plan", "read_gate", "search_kv_plan", "verify_plan"]
+
+#: The greedy stops once the predicted mean KL is this share of the gate's mean limit: room for the
+#: interval and for drifts that do not add up.
+TARGET_SHARE = 0.5
+#: Measured rounds on the selection sequences before the search gives up on a mixed plan.
+MAX_ROUNDS = 4
+#: Selection sequences (the gate's own prompts are held out for the verification).
+SELECTION_SEQUENCES = 6
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to keep a layer's KV cache: quantized (bits, group size), or plain (bits None)."""
+
+    bits: int | None
+    group_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        return "plain" if self.bits is None else f"{self.bits}-bit g{self.group_size}"
+
+    def bytes_per_value(self, itemsize: int) -> float:
+        """Bytes per cached value: packed bits plus a scale and a bias (model dtype) per group."""
+        if self.bits is None or self.group_size is None:
+            return float(itemsize)
+        return self.bits / 8 + 2 * itemsize / self.group_size
+
+    def spec(self) -> dict[str, int] | None:
+        return None if self.bits is None else {"bits": self.bits, "group_size": int(self.group_size or 64)}
+
+
+PLAIN_OPTION = Option(None)
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """What the search needs of a gate module: its KV lever, sizes and mean/p99/top-1 limits."""
+
+    path: Path
+    lever: Lever
+    prompts: int
+    tokens: int
+    decode: int
+    limits: Mapping[str, float]
+    kl_tests: tuple[str, ...]
+
+
+def read_gate(path: Path, *, model: str | None = None) -> GateSpec:
+    """Import the gate module and read its `mlx_lever`/`mlx_kl` marks and `assert_kl_below` limits (a
+    `models=` entry for `model` replaces the gate's own). MlxgateUsageError when it is no KV gate."""
+    if not path.is_file():
+        raise MlxgateUsageError(f"--gate {path}: no such file; give a gate module, e.g. gates/test_kv_cache.py")
+    spec = importlib.util.spec_from_file_location(f"_mlxgate_plan_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    marks = getattr(module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    lever_mark = next((m.mark for m in marks if getattr(m, "name", "") == "mlx_lever"), None)
+    if lever_mark is None:
+        raise MlxgateUsageError(f"{path} declares no mlx_lever: give a KV gate module")
+    lever = lever_from_marker(lever_mark, base_dir=path.parent)
+    if lever.kind != "kv":
+        raise MlxgateUsageError(f"{path}'s lever {lever.name!r} is a {lever.kind} lever: `plan kv` searches KV plans")
+    if not lever.kv_plan("reference").is_plain:
+        raise MlxgateUsageError(f"{path}'s reference arm is not the plain cache: the search prices plans against it")
+    kl_mark = next((m.mark for m in marks if getattr(m, "name", "") == "mlx_kl"), None)
+    sizes = dict(kl_mark.kwargs) if kl_mark is not None else {}
+    found, _ = declared_limits(path, {"assert_kl_below"})
+    limits: dict[str, float] = {}
+    for limit in found:
+        if limit.model is None:
+            limits.setdefault(limit.key, limit.value)
+    for limit in found:
+        if limit.model is not None and limit.model == model:
+            limits[limit.key] = limit.value
+    if "mean" not in limits:
+        raise MlxgateUsageError(f"{path} asserts no mean KL limit (assert_kl_below(paired, mean=...)): nothing to meet")
+    return GateSpec(
+        path=path,
+        lever=lever,
+        prompts=int(sizes.get("prompts", 64)),
+        tokens=int(sizes.get("tokens", 256)),
+        decode=int(sizes.get("decode", 32)),
+        limits=limits,
+        kl_tests=tuple(sorted({limit.test for limit in found})),
+    )
+
+
+@dataclass
+class PlanSearch:
+    """The search's outcome: the plan, its bytes against the uniform options, the rounds, and the cost."""
+
+    layers: dict[int, Option]
+    bytes_per_token: float
+    plain_bytes_per_token: float
+    uniform: list[dict[str, Any]]
+    rounds: list[dict[str, Any]]
+    sensitivity: dict[int, float]
+    passed_selection: bool
+    chosen: str  # "mixed" | "uniform <label>" | "none"
+    seconds: float
+    selection: int
+    verification: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def kv_config(self) -> dict[str, Any]:
+        return {"default": None, "layers": {str(i): o.spec() for i, o in sorted(self.layers.items())}}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kv_config": self.kv_config(),
+            "bytes_per_token": self.bytes_per_token,
+            "plain_bytes_per_token": self.plain_bytes_per_token,
+            "chosen": self.chosen,
+            "uniform": self.uniform,
+            "rounds": self.rounds,
+            "sensitivity": {str(k): v for k, v in sorted(self.sensitivity.items())},
+            "passed_selection": self.passed_selection,
+            "selection_sequences": self.selection,
+            "seconds": round(self.seconds, 1),
+            "verification": self.verification,
+            "notes": self.notes,
+        }
+
+
+def greedy_plan(
+    sizes: Mapping[int, float],
+    options: Sequence[Option],
+    drift: Callable[[int, Option], float],
+    *,
+    target: float,
+    start: Mapping[int, Option] | None = None,
+    itemsize: int,
+) -> dict[int, Option]:
+    """From `start` (default: every layer at the cheapest option), upgrade the layer whose next dearer
+    option removes the most predicted drift per byte, until the predicted total is <= `target`.
+    `sizes`: values per token per layer; `drift(layer, option)`: its predicted drift (plain: 0)."""
+    choices = sorted([*options, PLAIN_OPTION], key=lambda o: o.bytes_per_value(itemsize))
+    plan = dict(start) if start is not None else {i: choices[0] for i in sizes}
+
+    def total() -> float:
+        return sum(drift(i, o) for i, o in plan.items())
+
+    while total() > target:
+        best: tuple[float, int, Option] | None = None
+        for i, now in plan.items():
+            cost_now, drift_now = now.bytes_per_value(itemsize) * sizes[i], drift(i, now)
+            for o in choices:
+                extra = o.bytes_per_value(itemsize) * sizes[i] - cost_now
+                saved = drift_now - drift(i, o)
+                if extra > 0 and saved > 0 and (best is None or saved / extra > best[0]):
+                    best = (saved / extra, i, o)
+        if best is None:
+            break  # every layer plain, or nothing dearer saves drift
+        plan[best[1]] = best[2]
+    return plan
+
+
+def search_kv_plan(
+    model: Any,
+    tokenizer: Any,
+    gate: GateSpec,
+    *,
+    bits: Sequence[int] = (4, 6, 8),
+    groups: Sequence[int] = (32, 64),
+    selection: int = SELECTION_SEQUENCES,
+    say: Callable[[str], None] = lambda _: None,
+) -> PlanSearch:
+    started = time.perf_counter()
+    sizes, itemsize, dims = _layer_sizes(model)
+    options = [Option(b, g) for b in bits for g in groups if g in KV_GROUP_SIZES and all(d % g == 0 for d in dims)]
+    if not options:
+        raise MlxgateUsageError(
+            f"no group size among {list(groups)} divides this model's head dimensions {sorted(dims)}"
+        )
+    cheapest = min(options, key=lambda o: o.bytes_per_value(itemsize))
+    shape = RunShape("serving", gate.tokens, gate.decode)
+    seqs = _selection_sequences(tokenizer, gate, selection)
+    say(f"plan kv: reference arm on {len(seqs)} selection sequences (the gate's {gate.prompts} prompts held out)")
+    plain = Lever("plan", "kv", None, None, None, path="serving")
+    refs = run_reference(model, seqs, shape, plain, counters=ArmCounters())
+    with tempfile.TemporaryDirectory(prefix="mlxgate-plan-") as tmp:
+
+        def measure(layers: Mapping[int, Option], what: str) -> KLStats:
+            say(f"plan kv: {what}")
+            path = Path(tmp) / "plan.json"
+            path.write_text(json.dumps({"default": None, "layers": {str(i): o.spec() for i, o in layers.items()}}))
+            lever = Lever("plan", "kv", None, None, str(path), path="serving")
+            return summarize(run_candidate(model, seqs, shape, lever, refs, counters=ArmCounters()))
+
+        uniform: list[dict[str, Any]] = []
+        uniform_mean: dict[Option, float] = {}
+        for o in options:
+            stats = measure({i: o for i in sizes}, f"uniform {o.label}")
+            verdicts = _verdicts(stats, gate.limits)
+            uniform_mean[o] = max(stats.mean, 1e-12)
+            uniform.append(
+                {
+                    "option": o.label,
+                    "mean": stats.mean,
+                    "mean_ci": list(stats.mean_ci),
+                    "passes": verdicts == "pass",
+                    "bytes_per_token": o.bytes_per_value(itemsize) * sum(sizes.values()),
+                }
+            )
+        sensitivity = {i: measure({i: cheapest}, f"layer {i} alone at {cheapest.label}").mean for i in sizes}
+
+        def drift(i: int, o: Option) -> float:
+            if o.bits is None:
+                return 0.0
+            return sensitivity[i] * uniform_mean[o] / uniform_mean[cheapest]
+
+        target = gate.limits["mean"] * TARGET_SHARE
+        plan: dict[int, Option] | None = None
+        rounds: list[dict[str, Any]] = []
+        passed = False
+        for _ in range(MAX_ROUNDS):
+            plan = greedy_plan(sizes, options, drift, target=target, start=plan, itemsize=itemsize)
+            stats = measure(plan, f"the plan found for a predicted mean KL <= {target:.3g}")
+            verdict = _verdicts(stats, gate.limits)
+            rounds.append(
+                {
+                    "target": target,
+                    "predicted": sum(drift(i, o) for i, o in plan.items()),
+                    "mean": stats.mean,
+                    "mean_ci": list(stats.mean_ci),
+                    "verdict": verdict,
+                    "bytes_per_token": _bytes(plan, sizes, itemsize),
+                }
+            )
+            if verdict == "pass":
+                passed = True
+                break
+            target /= 2
+    assert plan is not None
+    plain_bytes = PLAIN_OPTION.bytes_per_value(itemsize) * sum(sizes.values())
+    result = PlanSearch(
+        layers=plan,
+        bytes_per_token=_bytes(plan, sizes, itemsize),
+        plain_bytes_per_token=plain_bytes,
+        uniform=uniform,
+        rounds=rounds,
+        sensitivity=sensitivity,
+        passed_selection=passed,
+        chosen="mixed",
+        seconds=0.0,
+        selection=len(seqs),
+    )
+    passing = [u for u, o in zip(uniform, options, strict=True) if u["passes"]]
+    best_uniform = min(passing, key=lambda u: u["bytes_per_token"]) if passing else None
+    if best_uniform is not None and (not passed or best_uniform["bytes_per_token"] <= result.bytes_per_token):
+        o = next(o for o in options if o.label == best_uniform["option"])
+        result.layers = {i: o for i in sizes}
+        result.bytes_per_token = best_uniform["bytes_per_token"]
+        result.chosen = f"uniform {o.label}"
+        result.passed_selection = True
+        result.notes.append(f"no mixed plan found costs fewer bytes than uniform {o.label}, which passes")
+    elif not passed:
+        result.chosen = "none"
+        result.notes.append(
+            f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
+            f"sequences in {MAX_ROUNDS} rounds; keep the plain cache, or widen the options (--bits, --group-sizes)"
+        )
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def verify_plan(gate: GateSpec, plan_file: Path, *, candidate: str | None, report: Path) -> dict[str, Any]:
+    """Run the gate's KL tests under pytest with `plan_file` as the candidate, on the gate's own prompts;
+    the verdicts of its records, and the command (what a reader re-runs)."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(gate.path),
+        "-q",
+        "-p",
+        "no:randomly",
+        f"--mlx-lever={gate.lever.name}",
+        "--mlx-ref-value=plain",
+        f"--mlx-cand-value={plan_file}",
+        f"--mlx-report={report}",
+        "--mlx-db=off",
+        "--mlx-speed=off",
+        "--mlx-explain-budget=0",
+        "-k",
+        " or ".join(gate.kl_tests),
+    ]
+    if candidate:
+        command.append(f"--mlx-candidate={candidate}")
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    records = json.loads(report.read_text())["gates"] if report.is_file() else []
+    verdicts = {r["nodeid"]: r["verdict"] for r in records}
+    verified = bool(verdicts) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
+    return {
+        "command": " ".join(command[2:]),
+        "verdicts": verdicts,
+        "verified": verified,
+        "checks": [c for r in records for c in r.get("checks", [])],
+        "exit": done.returncode,
+        "output_tail": done.stdout[-2000:] if not verified else "",
+    }
+
+
+def _verdicts(stats: KLStats, limits: Mapping[str, float]) -> str:
+    checks = kl_checks(stats.to_json(), dict(limits))
+    verdicts = {c["verdict"] for c in checks}
+    return "fail" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "pass"
+
+
+def _bytes(plan: Mapping[int, Option], sizes: Mapping[int, float], itemsize: int) -> float:
+    return sum(o.bytes_per_value(itemsize) * sizes[i] for i, o in plan.items())
+
+
+def _layer_sizes(model: Any) -> tuple[dict[int, float], int, set[int]]:
+    """{cached layer: K and V values per token}, the cache's item size, and the head dimensions."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    sizes: dict[int, float] = {}
+    itemsize, dims = 2, set()
+    for i, c in enumerate(cache):
+        if quantized_form(c) is None or c.keys is None:
+            continue
+        k, v = c.keys, c.values
+        sizes[i] = float(k.shape[1] * k.shape[-1] + v.shape[1] * v.shape[-1])
+        itemsize = k.dtype.size
+        dims |= {int(k.shape[-1]), int(v.shape[-1])}
+    return sizes, itemsize, dims
+
+
+def _selection_sequences(tokenizer: Any, gate: GateSpec, n: int) -> list[Any]:
+    """`n` sequences from prompts the gate's own sequences never use (else from the prompts after its own)."""
+    prompts = default_prompts()
+    gate_seqs = build_sequences(prompts, tokenizer, n=gate.prompts, tokens=gate.tokens)
+    used = {source for s in gate_seqs for source in s.sources}
+    free = [p for p in prompts if p.id not in used]
+    pool = free if len(free) >= 2 else list(prompts[gate.prompts % len(prompts) :]) or list(prompts)
+    return build_sequences(pool, tokenizer, n=n, tokens=gate.tokens)
+
+
+def plan_summary(result: PlanSearch) -> list[str]:
+    """The search in words: the plan, its bytes against plain and the uniform plans, the rounds, the verdict."""
+    counts: dict[str, int] = {}
+    for o in result.layers.values():
+        counts[o.label] = counts.get(o.label, 0) + 1
+    share = result.bytes_per_token / result.plain_bytes_per_token if result.plain_bytes_per_token else math.nan
+    lines = [
+        f"plan ({result.chosen}): "
+        + ", ".join(f"{n} layers {label}" for label, n in sorted(counts.items()))
+        + f" · {result.bytes_per_token:,.0f} KV bytes per token ({share:.1%} of plain)",
+    ]
+    for u in result.uniform:
+        rel = u["bytes_per_token"] / result.bytes_per_token if result.bytes_per_token else math.nan
+        lines.append(
+            f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
+            f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
+        )
+    for k, r in enumerate(result.rounds, 1):
+        lines.append(
+            f"  round {k}: predicted {r['predicted']:.3g} <= target {r['target']:.3g}; measured mean KL "
+            f"{r['mean']:.3g} [{r['mean_ci'][0]:.3g}, {r['mean_ci'][1]:.3g}] -> {r['verdict']} on "
+            f"{result.selection} selection sequences"
+        )
+    lines.extend(f"  note: {n}" for n in result.notes)
+    v = result.verification
+    if v is not None:
+        word = "VERIFIED: passes" if v["verified"] else "NOT verified: does not pass"
+        lines.append(f"  {word} the gate on its own (held-out) prompts: {v['verdicts']}")
+    lines.append(f"  took {result.seconds:.0f} s")
+    return lines
