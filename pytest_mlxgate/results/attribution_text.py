@@ -47,6 +47,8 @@ def attribution_lines(attribution: Attribution | Mapping[str, Any]) -> list[str]
     """Where the drift comes from, as a failing gate's message ends: the top scopes, the attention
     types, where the output error enters, what could not be scoped, and what it cost."""
     a = attribution if isinstance(attribution, Attribution) else parse_attribution(attribution)
+    if not a.scopes:
+        return ["where the drift comes from: not measured", *(f"  note: {n}" for n in a.notes)]
     cost = f"{a.sequence_arms} sequence-arms"
     if a.gate_sequence_arms:
         cost += (

@@ -264,21 +264,29 @@ class PairedRun:
         )
         refs = self.cache.load(key, len(self.sequences)) if self.cache is not None else None
         budget = self.explain_budget if self.explain_budget > 0 else 3.0
-        found = attribute(
-            lever=self.lever,
-            shape=self.shape,
-            sequences=self.sequences,
-            whole=kl.scores,
-            reference=reference,
-            candidate=self.candidate,
-            budget=budget,
-            refs=refs,
-            cache=self.cache,
-            cache_key=key,
-            say=self._say,
-            # the gate's own cost, both arms computed (a cached reference arm costs what the candidate's does)
-            gate_seconds=2 * float(kl.durations.get("candidate_s", 0.0)) or None,
-        ).to_json()
+        try:
+            found = attribute(
+                lever=self.lever,
+                shape=self.shape,
+                sequences=self.sequences,
+                whole=kl.scores,
+                reference=reference,
+                candidate=self.candidate,
+                budget=budget,
+                refs=refs,
+                cache=self.cache,
+                cache_key=key,
+                say=self._say,
+                # the gate's own cost, both arms computed (a cached reference arm costs what the candidate's does)
+                gate_seconds=2 * float(kl.durations.get("candidate_s", 0.0)) or None,
+            ).to_json()
+        except Exception as e:  # attribution is a by-product: it never turns the gate's verdict into an error
+            found = {
+                "version": 0,
+                "scopes": [],
+                "residual": {"layers": []},
+                "notes": [f"attribution could not run ({type(e).__name__}: {e}); the gate's verdict stands"],
+            }
         self._attribution = found
         return found
 

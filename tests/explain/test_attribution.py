@@ -206,3 +206,58 @@ def _debug(found: dict[str, Any]) -> str:
         + "\n"
         + "\n".join(f"{s['name']} {s['mean']} {s['mean_ci']} calls" for s in found["scopes"])
     )
+
+
+def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_forward(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    from pytest_mlxgate.kl.refcache import ReferenceCache
+
+    attention = decoder_layers(tiny.model)[1].self_attn
+    lever = Lever("scale", "patch", _target(tiny), None, halved_scale(attention))
+    shape = RunShape("prefill", 32, 8)
+    seqs = build_sequences(default_prompts(), tiny.tokenizer, n=8, tokens=32)
+
+    def explained() -> tuple[dict[str, Any], PairedRun]:
+        run = PairedRun(
+            lever=lever,
+            shape=shape,
+            sequences=seqs,
+            sequences_digest=sequences_digest(seqs),
+            candidate=tiny,
+            reference=None,
+            machine={"device": "cpu"},
+            allow_untrained=True,
+            explain_budget=6.0,
+            cache=ReferenceCache(tmp_path / "cache"),
+        )
+        found = run.explanation(run.kl(), "fail")
+        assert found is not None
+        return found, run
+
+    first, _ = explained()
+    calls: list[int] = []
+    second, _ = wrapped_and_counted(tiny, calls, explained)
+    assert first["source"] == "computed" and second["source"] == "cache"
+    assert second["scopes"] == first["scopes"]
+    # the second run's forwards are its own gate's (a cached reference: the candidate arm only), none for attribution
+    assert len(calls) == len(seqs) * len(decoder_layers(tiny.model))
+
+
+def wrapped_and_counted(model: LoadedModel, calls: list[int], fn: Callable[[], Any]) -> Any:
+    def count(i: int, forward: Callable[[], Any]) -> Any:
+        calls.append(i)
+        return forward()
+
+    with wrapped_layers(model.model, count, range(len(decoder_layers(model.model)))):
+        return fn()
+
+
+def test_an_attribution_that_cannot_run_leaves_the_gate_s_verdict_as_it_was(tiny: LoadedModel, tmp_path: Path) -> None:
+    from tinymodel import build_tiny_model
+
+    deeper = _loaded(build_tiny_model(tmp_path / "deeper", num_hidden_layers=3))
+    lever = Lever("model", "model", None, None, None)
+    found = _explained(deeper, lever, RunShape("prefill", 32, 8), reference=tiny)
+    assert found["scopes"] == [] and "attribution could not run (LeverError" in found["notes"][0]
+    assert attribution_lines(found)[0] == "where the drift comes from: not measured"
