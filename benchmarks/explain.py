@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from ._common import header, verdict
+from ._common import TESTS_DIR, header, verdict
 
 BUDGET_GOAL = 3.0
 
@@ -44,23 +45,6 @@ def _embedded() -> Any:
         source="cached",
     )
     return LoadedModel(model, tokenizer, snap)
-
-
-def _halved(attention: Any) -> Any:
-    cls = type(attention)
-    original = cls.__call__
-
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self is not attention:
-            return original(self, *args, **kwargs)
-        before = self.scale
-        self.scale = before * 0.5
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            self.scale = before
-
-    return call
 
 
 def _case(name: str, loaded: Any, lever: Any, shape: Any, planted: int, cache_dir: Path) -> bool:
@@ -110,6 +94,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--kv-layer", type=int, default=17)
     parser.add_argument("--scale-layer", type=int, default=9)
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(TESTS_DIR))
+    from planted import halved_scale, patch_target
+
     from pytest_mlxgate.explain.layers import decoder_layers
     from pytest_mlxgate.kl.shape import RunShape
     from pytest_mlxgate.levers.lever import Lever
@@ -125,6 +112,5 @@ def main(argv: list[str]) -> None:
             _case("kv", loaded, lever, RunShape("serving", 128, 32), args.kv_layer, Path(tmp) / "cache")
         if args.only in (None, "scale"):
             attention = decoder_layers(loaded.model)[args.scale_layer].self_attn
-            cls = type(attention)
-            lever = Lever("scale", "patch", f"{cls.__module__}:{cls.__qualname__}.__call__", None, _halved(attention))
+            lever = Lever("scale", "patch", patch_target(attention), None, halved_scale(attention))
             _case("scale", loaded, lever, RunShape("prefill", 128, 32), args.scale_layer, Path(tmp) / "cache")

@@ -11,6 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from planted import halved_scale, patch_target
 
 from pytest_mlxgate.explain.layers import decoder_layers, layers_from, wrapped_layers
 from pytest_mlxgate.explain.scoped import Scope, kv_scoped_plan
@@ -42,27 +43,8 @@ def tiny(tiny_model_dir: Path) -> LoadedModel:
     return _loaded(tiny_model_dir)
 
 
-def halved_scale(attention: Any) -> Callable[..., Any]:
-    """A patch of `type(attention).__call__` that halves the attention scale of that one module."""
-    cls = type(attention)
-    original = cls.__call__
-
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self is not attention:
-            return original(self, *args, **kwargs)
-        before = self.scale
-        self.scale = before * 0.5
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            self.scale = before
-
-    return call
-
-
 def _target(model: LoadedModel) -> str:
-    cls = type(decoder_layers(model.model)[0].self_attn)
-    return f"{cls.__module__}:{cls.__qualname__}.__call__"
+    return patch_target(decoder_layers(model.model)[0].self_attn)
 
 
 #: On models this small a run's fixed costs outweigh its forwards, so the default budget (3x the gate's
