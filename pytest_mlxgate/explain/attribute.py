@@ -181,7 +181,8 @@ def attribute(
                     f"the budget measured {affordable} of the {len(inner)} layers of {worst['name']} "
                     "(--mlx-explain-budget raises it)"
                 )
-        notes.extend(run.notes(rows))
+        if summarize(list(whole[:n_s])).mean > 0:  # a lever that changed nothing has nothing to attribute
+            notes.extend(run.notes(rows))
     spent = clock.arms
     whole_stats = summarize(list(whole[:n_s]))
     data = {
