@@ -401,7 +401,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--mlx-explain-budget",
         "what attribution may cost, in multiples of the gate's own two arms (sequences through an arm). "
-        "0 turns off the automatic explanation of failing gates. Default: 3",
+        "0 turns off the automatic explanation of failing gates. Default: 3 (also MLXGATE_EXPLAIN_BUDGET)",
         "gate",
         metavar="TIMES",
         type=times_arg,

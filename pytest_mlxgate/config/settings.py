@@ -245,8 +245,14 @@ def _ini_seconds(config: pytest.Config, name: str, parse: Callable[[str], float]
 
 
 def _explain_budget(cli: float | None, config: pytest.Config) -> float:
-    """Command line, else ini, else 3 (times the gate's own two arms)."""
+    """Command line, else ini, else MLXGATE_EXPLAIN_BUDGET, else 3 (times the gate's own two arms)."""
     value = cli if cli is not None else _ini_seconds(config, "mlx_explain_budget", times_arg)
+    env = os.environ.get("MLXGATE_EXPLAIN_BUDGET", "").strip()
+    if value is None and env:
+        try:
+            value = times_arg(env)
+        except argparse.ArgumentTypeError as e:
+            raise MlxgateUsageError(f"MLXGATE_EXPLAIN_BUDGET={env!r}: {e}") from None
     return 3.0 if value is None else value
 
 

@@ -53,7 +53,9 @@ class PairedRun:
     inconclusive: str = "fail"  # --mlx-inconclusive: what a gate that could not tell does
     allow_untrained: bool = False  # --mlx-allow-untrained: gates run on a model that predicts nothing
     explain: bool = False  # --mlx-explain: attribute every KL gate's drift; else only a failing gate's
-    explain_budget: float = 3.0  # --mlx-explain-budget: times the gate's two arms; 0: never automatically
+    explain_budget: float = (
+        0.0  # --mlx-explain-budget (the builder passes the session's, default 3); 0: never automatically
+    )
     progress: Callable[[str], None] | None = None
     live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed

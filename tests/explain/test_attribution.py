@@ -83,6 +83,7 @@ def _separated(found: dict[str, Any], layer: int) -> None:
     ]
 
 
+@pytest.mark.slow  # a gate and its attribution on a real model
 def test_a_halved_attention_scale_in_one_gemma4_layer_is_attributed_to_that_layer(gemma4: LoadedModel) -> None:
     layer = 3  # the first full-attention layer (sliding, sliding, sliding, full, ...)
     attention = decoder_layers(gemma4.model)[layer].self_attn
@@ -100,6 +101,7 @@ def test_a_halved_attention_scale_in_one_gemma4_layer_is_attributed_to_that_laye
     assert not a.notes
 
 
+@pytest.mark.slow  # a gate and its attribution on a real model
 def test_one_gemma4_layer_s_kv_at_2_bits_is_attributed_to_that_layer(gemma4: LoadedModel, tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(
@@ -190,6 +192,7 @@ def _debug(found: dict[str, Any]) -> str:
     )
 
 
+@pytest.mark.slow  # a gate and its attribution on a real model
 def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_forward(
     tiny: LoadedModel, tmp_path: Path
 ) -> None:

@@ -75,3 +75,28 @@ def test_a_failing_gate_says_where_its_drift_comes_from_and_a_passing_one_only_w
     result, record, _ = _run(pytester, tiny_kv_model_dir, tmp_path, 1e-6, "--mlx-explain-budget=0")
     result.assert_outcomes(failed=1)
     assert "attribution" not in record and "where the drift comes from" not in result.stdout.str()
+
+
+def test_the_budget_comes_from_the_command_line_then_the_ini_then_the_environment(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_mlxgate.config.settings import read_gate_settings
+
+    def budget(*args: str, env: str | None = None, ini: str = "") -> float:
+        if env is None:
+            monkeypatch.delenv("MLXGATE_EXPLAIN_BUDGET", raising=False)
+        else:
+            monkeypatch.setenv("MLXGATE_EXPLAIN_BUDGET", env)
+        pytester.makeini(f"[pytest]\n{ini}")
+        return read_gate_settings(pytester.parseconfig(*args)).explain_budget
+
+    assert budget() == 3.0
+    assert budget(env="1.5") == 1.5
+    assert budget(env="1.5", ini="mlx_explain_budget = 2") == 2.0
+    assert budget("--mlx-explain-budget=0", env="1.5", ini="mlx_explain_budget = 2") == 0.0
+    from pytest_mlxgate.errors import MlxgateUsageError
+
+    with pytest.raises(MlxgateUsageError, match="MLXGATE_EXPLAIN_BUDGET='lots'"):
+        budget(env="lots")
+    with pytest.raises(pytest.UsageError):
+        pytester.parseconfig("--mlx-explain-budget=-1")

@@ -212,8 +212,13 @@ def test_an_aa_run_reads_as_no_difference_and_abba_cancels_a_drifting_machine(ti
         forwards[0] += 1
         return _base_cost(tokens) * (1.0 + 0.01 * forwards[0])
 
+    from pytest_mlxgate.serving.caches import kv_head_dims
+
     lever = Lever(name="kv", kind="kv", target=None, ref="plain", cand={"bits": 4}, path="serving")
-    shape = SpeedShape(contexts=(48,), decode=8, repetitions=9)
+    # every pair of the budget (a precision no interval reaches: this test counts them), and the plan's
+    # one-token shape probe made before counting starts (else it counts in whichever test runs first)
+    shape = SpeedShape(contexts=(48,), decode=8, repetitions=9, precision=1e-9)
+    kv_head_dims(tiny)
     with _costed(tiny, clock, drifting):
         speed = _measure(tiny, lever, shape, aa=True)
     ctx = speed["contexts"]["48"]
