@@ -53,9 +53,7 @@ class PairedRun:
     inconclusive: str = "fail"  # --mlx-inconclusive: what a gate that could not tell does
     allow_untrained: bool = False  # --mlx-allow-untrained: gates run on a model that predicts nothing
     explain: bool = False  # --mlx-explain: attribute every KL gate's drift; else only a failing gate's
-    explain_budget: float = (
-        0.0  # --mlx-explain-budget (the builder passes the session's, default 3); 0: never automatically
-    )
+    explain_budget: float = 0.0  # --mlx-explain-budget (the builder passes the session's); 0: never automatically
     progress: Callable[[str], None] | None = None
     live: bool = False  # interim progress lines (a terminal); else only a closing line per task and arm
     capability_options: dict[str, Any] = field(default_factory=dict)  # tier, max_new_tokens, allow_unsandboxed
@@ -253,11 +251,11 @@ class PairedRun:
     def explanation(self, kl: KLResult, verdict: str) -> dict[str, Any] | None:
         """Drift attribution for this gate (`explain.attribute`), once per module: under --mlx-explain, or
         when the gate failed and the budget allows; None otherwise (A/A and calibration runs never)."""
-        if self._attribution is not None:
-            return self._attribution
         wanted = self.explain or (verdict == "fail" and self.explain_budget > 0)
         if not wanted or kl.aa is not None or self.calibrate:
             return None
+        if self._attribution is not None:  # the module's arms, explained once for all its KL tests
+            return self._attribution
         from ..explain.attribute import attribute, gate_reference_key
 
         reference = self._reference_model()
