@@ -29,7 +29,6 @@ import numpy as np
 
 from ..common.keys import canonical_json, key_digest
 from ..kl.arms import run_candidate, run_reference, sequence_logits, serving_logits
-from ..kl.measure import reference_key
 from ..kl.shape import ArmCounters, RunShape
 from ..models.identity import model_identity
 from ..stats.intervals import mean_interval
@@ -67,11 +66,6 @@ class Attribution:
 
     def to_json(self) -> dict[str, Any]:
         return self.data
-
-    def top(self, k: int = 3) -> list[dict[str, Any]]:
-        """The scopes that carry the most drift, layers and blocks (not attention types), worst first."""
-        rows = [s for s in self.data["scopes"] if s["kind"] != "type" and s.get("ranked")]
-        return sorted(rows, key=lambda s: -(s["mean"] or 0.0))[:k]
 
 
 def plan_scopes(
@@ -181,10 +175,10 @@ def attribute(
                     f"the budget measured {affordable} of the {len(inner)} layers of {worst['name']} "
                     "(--mlx-explain-budget raises it)"
                 )
-        if summarize(list(whole[:n_s])).mean > 0:  # a lever that changed nothing has nothing to attribute
+        whole_stats = summarize(list(whole[:n_s]))
+        if whole_stats.mean > 0:  # a lever that changed nothing has nothing to attribute
             notes.extend(run.notes(rows))
     spent = clock.arms
-    whole_stats = summarize(list(whole[:n_s]))
     data = {
         "version": ATTRIBUTION_VERSION,
         "budget": budget,
@@ -387,10 +381,3 @@ def _store(cache: ReferenceCache, key: Mapping[str, Any], data: Mapping[str, Any
         cache.files.write(_path(cache, key), payload)
     except OSError:
         pass  # a by-product: the next run measures it again
-
-
-def gate_reference_key(
-    *, reference: LoadedModel, lever: Lever, shape: RunShape, digest: str, machine: Mapping[str, str]
-) -> dict[str, Any]:
-    """The gate's reference key (what its cached reference arm is stored under)."""
-    return reference_key(model=reference, lever=lever, shape=shape, sequences_digest=digest, machine=machine)

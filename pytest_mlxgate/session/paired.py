@@ -256,11 +256,16 @@ class PairedRun:
             return None
         if self._attribution is not None:  # the module's arms, explained once for all its KL tests
             return self._attribution
-        from ..explain.attribute import attribute, gate_reference_key
+        from ..explain.attribute import attribute
+        from ..kl.measure import reference_key
 
         reference = self._reference_model()
-        key = gate_reference_key(
-            reference=reference, lever=self.lever, shape=self.shape, digest=self.sequences_digest, machine=self.machine
+        key = reference_key(
+            model=reference,
+            lever=self.lever,
+            shape=self.shape,
+            sequences_digest=self.sequences_digest,
+            machine=self.machine,
         )
         refs = self.cache.load(key, len(self.sequences)) if self.cache is not None else None
         budget = self.explain_budget if self.explain_budget > 0 else 3.0

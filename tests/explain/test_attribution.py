@@ -50,7 +50,14 @@ def _target(model: LoadedModel) -> str:
 #: On models this small a run's fixed costs outweigh its forwards, so the default budget (3x the gate's
 #: time) buys few scopes; the embedded model's benchmark (benchmarks/explain.py) holds the default.
 def _explained(
-    model: LoadedModel, lever: Lever, shape: RunShape, *, n: int = 8, budget: float = 6.0, reference: Any = None
+    model: LoadedModel,
+    lever: Lever,
+    shape: RunShape,
+    *,
+    n: int = 8,
+    budget: float = 6.0,
+    reference: Any = None,
+    cache: Any = None,
 ) -> dict[str, Any]:
     seqs = build_sequences(default_prompts(), model.tokenizer, n=n, tokens=shape.tokens)
     run = PairedRun(
@@ -63,6 +70,7 @@ def _explained(
         machine={"device": "cpu"},
         allow_untrained=True,
         explain_budget=budget,
+        cache=cache,
     )
     kl = run.kl()
     found = run.explanation(kl, "fail")
@@ -201,32 +209,17 @@ def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_f
     attention = decoder_layers(tiny.model)[1].self_attn
     lever = Lever("scale", "patch", _target(tiny), None, halved_scale(attention))
     shape = RunShape("prefill", 32, 8)
-    seqs = build_sequences(default_prompts(), tiny.tokenizer, n=8, tokens=32)
 
-    def explained() -> tuple[dict[str, Any], PairedRun]:
-        run = PairedRun(
-            lever=lever,
-            shape=shape,
-            sequences=seqs,
-            sequences_digest=sequences_digest(seqs),
-            candidate=tiny,
-            reference=None,
-            machine={"device": "cpu"},
-            allow_untrained=True,
-            explain_budget=6.0,
-            cache=ReferenceCache(tmp_path / "cache"),
-        )
-        found = run.explanation(run.kl(), "fail")
-        assert found is not None
-        return found, run
+    def explained() -> dict[str, Any]:
+        return _explained(tiny, lever, shape, cache=ReferenceCache(tmp_path / "cache"))
 
-    first, _ = explained()
+    first = explained()
     calls: list[int] = []
-    second, _ = wrapped_and_counted(tiny, calls, explained)
+    second = wrapped_and_counted(tiny, calls, explained)
     assert first["source"] == "computed" and second["source"] == "cache"
     assert second["scopes"] == first["scopes"]
     # the second run's forwards are its own gate's (a cached reference: the candidate arm only), none for attribution
-    assert len(calls) == len(seqs) * len(decoder_layers(tiny.model))
+    assert len(calls) == 8 * len(decoder_layers(tiny.model))
 
 
 def wrapped_and_counted(model: LoadedModel, calls: list[int], fn: Callable[[], Any]) -> Any:
