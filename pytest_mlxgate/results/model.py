@@ -525,6 +525,7 @@ class Record:
     bounds_max_drop: float | None = None
     checks: tuple[CheckResult, ...] = ()
     total_s: float | None = None
+    phases: Mapping[str, float] = field(default_factory=dict)  # this record's share of its module's work, s
     rerun: str | None = None
     reference_source: str | None = None
     lever_calls: int | None = None  # a patch lever: calls of its site seen in the candidate arm
@@ -603,6 +604,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         bounds_max_drop=real(bounds.get("max_drop")),
         checks=tuple(_check(c) for c in _list(r.get("checks")) if isinstance(c, Mapping)),
         total_s=real(_map(r.get("durations")).get("total_s")),
+        phases={str(k): v for k, v in ((k, real(v)) for k, v in _map(r.get("phases")).items()) if v is not None},
         rerun=text(r.get("rerun")),
         reference_source=text(r.get("reference_source")),
         lever_calls=integer(_map(r.get("lever_calls")).get("candidate")),

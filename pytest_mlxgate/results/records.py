@@ -104,6 +104,7 @@ class GateRecord(TypedDict, total=False):
     limits_for: str  # the model whose own limits (`models=`) replaced the gate's: absent when none did
     checks: list[Check]
     durations: dict[str, float]
+    phases: dict[str, float]  # seconds of this record's own share of its module's work, per phase (session/phases.py)
     rerun: str
     # KL gates
     reference_source: str

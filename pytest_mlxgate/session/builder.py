@@ -242,6 +242,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     from ..kl.refcache import ReferenceCache
     from ..serving.caches import sliding_window
     from .paired import PairedRun
+    from .phases import PhaseClock
     from .watch import Watcher, progress_interval
 
     gate = ctx.gate
@@ -252,15 +253,17 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     if key in runs:
         return runs[key]
 
-    candidate = ctx.load_model("candidate")
-    assert candidate is not None  # the candidate always has a default
-    reference = None
-    if lever.kind == "model":
-        reference = ctx.load_model("reference")
-        if reference is None:
-            raise LeverError("the model lever compares two models: pass --mlx-reference NAME")
-    elif lever.kind == "weights":
-        reference, candidate = _weights_arms(ctx, lever, candidate)
+    loading = PhaseClock()
+    with loading.timing("load"):  # loaded once per process: a later module's share is ~0
+        candidate = ctx.load_model("candidate")
+        assert candidate is not None  # the candidate always has a default
+        reference = None
+        if lever.kind == "model":
+            reference = ctx.load_model("reference")
+            if reference is None:
+                raise LeverError("the model lever compares two models: pass --mlx-reference NAME")
+        elif lever.kind == "weights":
+            reference, candidate = _weights_arms(ctx, lever, candidate)
     lever = with_snapshot_plan(lever, candidate, ctx.progress)
 
     speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"), sliding_window(candidate.model))
@@ -306,6 +309,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
             "allow_unsandboxed": gate.allow_unsandboxed,
             "distributed": ctx.distributed,
         },
+        phases=loading,
     )
     runs[key] = run
     return run

@@ -15,6 +15,7 @@ from ..errors import VocabularyMismatchError
 from ..kl.shape import ArmCounters, RunShape
 from ..results.records import CALIBRATION_PROPERTY, RECORD_PROPERTY, gate_record
 from ..verdicts.conclude import Conclusion
+from .phases import PhaseClock
 from .transport import stage
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class PairedRun:
     speed_shape: SpeedShape | None = None  # None: the module's speed is not asked for (mlx_speed, --mlx-speed)
     watch: Watcher | None = None  # the arms' progress lines, time limit and the run's speed-trial lock
     counters: ArmCounters = field(default_factory=ArmCounters)
+    phases: PhaseClock = field(default_factory=PhaseClock)  # where the module's time went (each record's share)
     _capability: dict[tuple[Any, ...], CapabilityRun] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
@@ -80,7 +82,8 @@ class PairedRun:
             from ..models.untrained import untrained_reason
 
             ref = self._reference_model()
-            self._untrained = untrained_reason(ref.model, [s.ids for s in self.sequences])
+            with self.phases.timing("check"):
+                self._untrained = untrained_reason(ref.model, [s.ids for s in self.sequences])
             self._untrained_checked = True
         if self._untrained is not None:
             pytest.skip(self._untrained)
@@ -91,11 +94,26 @@ class PairedRun:
             raise self._error
         if self._result is None:
             try:
-                self._result = self._run()
+                self._result = self._timed_run()
             except BaseException as e:
                 self._error = e
                 raise
         return self._result
+
+    def _timed_run(self) -> KLResult:
+        """`_run`, its time charged to the reference and candidate phases (all to the candidate if it raised)."""
+        import time
+
+        started = time.perf_counter()
+        try:
+            found = self._run()
+        except BaseException:
+            self.phases.add("candidate", time.perf_counter() - started)
+            raise
+        reference_s = float(found.durations.get("reference_s", 0.0))
+        self.phases.add("reference", reference_s)
+        self.phases.add("candidate", time.perf_counter() - started - reference_s)
+        return found
 
     def capability(
         self,
@@ -112,60 +130,67 @@ class PairedRun:
         self.skip_if_untrained()
         from ..capability.base import Budget
 
+        tier = tier or self.capability_options.get("tier", "smoke")
+        seq = tuple(sorted((sequential or {}).items())) if isinstance(n, Budget) else ()
+        key = (task, str(tier), n, seq)
+        if key not in self._capability:
+            with self.phases.timing("capability"):
+                self._capability[key] = self._capability_run(task, tier, n, sequential)
+        return self._capability[key]
+
+    def _capability_run(
+        self, task: str, tier: str, n: int | Budget | None, sequential: Mapping[str, float | None] | None
+    ) -> CapabilityRun:
+        from ..capability.base import Budget
+
         opts = self.capability_options
         if not opts.get("distributed"):
             from ..capability.runner import run_capability, run_capability_sequential
         else:  # one rank of an mlx.launch job: the items split over the ranks, the whole run on each
             from ..capability.distributed import run_capability_distributed as run_capability
             from ..capability.distributed import run_capability_sequential_distributed as run_capability_sequential
-        tier = tier or opts.get("tier", "smoke")
-        seq = tuple(sorted((sequential or {}).items())) if isinstance(n, Budget) else ()
-        key = (task, str(tier), n, seq)
-        if key not in self._capability:
-            ref = self._reference_model()
-            arms: dict[str, Any] = dict(
-                reference=(ref.model, ref.tokenizer),
-                candidate=(self.candidate.model, self.candidate.tokenizer),
-                lever=self.lever,
-                max_new_tokens=opts.get("max_new_tokens"),
-                allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
-                **self._capability_cache(ref),
+        ref = self._reference_model()
+        arms: dict[str, Any] = dict(
+            reference=(ref.model, ref.tokenizer),
+            candidate=(self.candidate.model, self.candidate.tokenizer),
+            lever=self.lever,
+            max_new_tokens=opts.get("max_new_tokens"),
+            allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
+            **self._capability_cache(ref),
+        )
+        if isinstance(n, Budget):
+            if not sequential or sequential.get("max_drop") is None:
+                raise TypeError("n=Budget(...) sizes the drop test: it needs max_drop=")
+            self._say(f"capability {task} ({tier}): batch by batch ({n.describe()})")
+            found = run_capability_sequential(
+                task,
+                tier,  # type: ignore[arg-type]
+                budget=n,
+                max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
+                alpha=float(sequential.get("alpha") or 0.05),
+                fail_alpha=sequential.get("fail_alpha"),
+                say=self._say if self.live else None,
+                progress_for=self._arm_progress(f"capability {task} ({tier}) batch", closing=False),
+                **arms,
             )
-            if isinstance(n, Budget):
-                if not sequential or sequential.get("max_drop") is None:
-                    raise TypeError("n=Budget(...) sizes the drop test: it needs max_drop=")
-                self._say(f"capability {task} ({tier}): batch by batch ({n.describe()})")
-                found = run_capability_sequential(
-                    task,
-                    tier,  # type: ignore[arg-type]
-                    budget=n,
-                    max_drop=float(sequential["max_drop"]),  # type: ignore[arg-type]
-                    alpha=float(sequential.get("alpha") or 0.05),
-                    fail_alpha=sequential.get("fail_alpha"),
-                    say=self._say if self.live else None,
-                    progress_for=self._arm_progress(f"capability {task} ({tier}) batch", closing=False),
-                    **arms,
-                )
-                verdict = found.sequential or {}
-                self._say(
-                    f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
-                    f"{verdict.get('batches')} batches ({verdict.get('stopped_by')}), drop bounds "
-                    f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]; "
-                    f"reference arm: {_SOURCE_WORDS.get(found.reference_source, found.reference_source)}"
-                )
-                self._capability[key] = found
-            else:
-                self._say(f"capability {task} ({tier}): both arms, the same items")
-                self._capability[key] = run_capability(
-                    task,
-                    tier,  # type: ignore[arg-type]
-                    n=n,
-                    progress_for=self._arm_progress(
-                        f"capability {task} ({tier}{', rank 0 share' if opts.get('distributed') else ''})"
-                    ),
-                    **arms,
-                )
-        return self._capability[key]
+            verdict = found.sequential or {}
+            self._say(
+                f"capability {task} ({tier}): {verdict.get('verdict')} after {found.n} items in "
+                f"{verdict.get('batches')} batches ({verdict.get('stopped_by')}), drop bounds "
+                f"[{verdict.get('lower', float('nan')):.3f}, {verdict.get('upper', float('nan')):.3f}]; "
+                f"reference arm: {_SOURCE_WORDS.get(found.reference_source, found.reference_source)}"
+            )
+            return found
+        self._say(f"capability {task} ({tier}): both arms, the same items")
+        return run_capability(
+            task,
+            tier,  # type: ignore[arg-type]
+            n=n,
+            progress_for=self._arm_progress(
+                f"capability {task} ({tier}{', rank 0 share' if opts.get('distributed') else ''})"
+            ),
+            **arms,
+        )
 
     def speed(self) -> dict[str, Any]:
         """Both arms' prefill and decode speed and memory, interleaved (once per module; never
@@ -191,15 +216,16 @@ class PairedRun:
                 f"speed ({what}): contexts {', '.join(map(str, shape.contexts))} tokens, "
                 f"{shape.decode} decoded, up to {shape.repetitions} pairs each (fewer once decided)"
             )
-            found = measure_speed(
-                lever=self.lever,
-                reference=ArmModel(ref.model, "reference"),
-                candidate=candidate,
-                token_ids=[t for s in self.sequences for t in s.ids],
-                shape=shape,
-                say=self._say,
-                watch=self.watch,
-            )
+            with self.phases.timing("speed"):
+                found = measure_speed(
+                    lever=self.lever,
+                    reference=ArmModel(ref.model, "reference"),
+                    candidate=candidate,
+                    token_ids=[t for s in self.sequences for t in s.ids],
+                    shape=shape,
+                    say=self._say,
+                    watch=self.watch,
+                )
             self._speed = {"id": uuid.uuid4().hex, **found.to_json()}
         return self._speed
 
@@ -222,7 +248,8 @@ class PairedRun:
 
             lever_kl = self.kl()
             self._say("calibration: the A/A floor (reference against itself, and with another prefill chunk)")
-            floor_kl = replace(self, aa=True, _result=None, _error=None, _speed=None, _calibration=None)._run()
+            with self.phases.timing("candidate"):
+                floor_kl = replace(self, aa=True, _result=None, _error=None, _speed=None, _calibration=None)._run()
             assert floor_kl.aa is not None
             speed = self.speed()
             stats = lever_kl.stats.to_json()
@@ -270,21 +297,22 @@ class PairedRun:
         refs = self.cache.load(key, len(self.sequences)) if self.cache is not None else None
         budget = self.explain_budget if self.explain_budget > 0 else 3.0
         try:
-            found = attribute(
-                lever=self.lever,
-                shape=self.shape,
-                sequences=self.sequences,
-                whole=kl.scores,
-                reference=reference,
-                candidate=self.candidate,
-                budget=budget,
-                refs=refs,
-                cache=self.cache,
-                cache_key=key,
-                say=self._say,
-                # the gate's own cost, both arms computed (a cached reference arm costs what the candidate's does)
-                gate_seconds=2 * float(kl.durations.get("candidate_s", 0.0)) or None,
-            ).to_json()
+            with self.phases.timing("explain"):
+                found = attribute(
+                    lever=self.lever,
+                    shape=self.shape,
+                    sequences=self.sequences,
+                    whole=kl.scores,
+                    reference=reference,
+                    candidate=self.candidate,
+                    budget=budget,
+                    refs=refs,
+                    cache=self.cache,
+                    cache_key=key,
+                    say=self._say,
+                    # the gate's own cost, both arms computed (a cached reference arm costs what the candidate's does)
+                    gate_seconds=2 * float(kl.durations.get("candidate_s", 0.0)) or None,
+                ).to_json()
         except Exception as e:  # attribution is a by-product: it never turns the gate's verdict into an error
             found = {
                 "version": 0,
@@ -444,6 +472,7 @@ class Paired:
         speed = run.speed_if_asked() if "speed" not in record else None
         if speed is not None:
             record["speed"] = speed
+        record["phases"] = run.phases.take()  # after the speed above: its trials are this record's work too
         stage(self.item, RECORD_PROPERTY, record)
         self.published = True
 

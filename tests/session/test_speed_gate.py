@@ -86,6 +86,13 @@ def test_a_speed_module_measures_once_and_every_record_carries_it(
         len(speed["contexts"][c][arm]["trials"]) == 3 for c in ("16", "40") for arm in ("reference", "candidate")
     )
     assert [c["verdict"] for c in records["test_memory"]["checks"]] == ["pass", "pass"]
+    # where the module's time went: the first test ran the model load, both KL arms and the speed trials (its
+    # record carries speed), so it is charged for them; the tests after it read shared results and pay nothing
+    first = records["test_drift"]["phases"]
+    assert {"load", "reference", "candidate", "speed"} <= set(first) and min(first.values()) > 0
+    assert first["speed"] >= speed["duration_s"] - 0.001  # the trials' own clock runs inside the phase's
+    for name in ("test_memory", "test_memory_as_before", "test_impossible_speed_up", "test_impossible_saving"):
+        assert not {"load", "reference", "candidate", "speed"} & set(records[name]["phases"]), name
     old, new = records["test_memory_as_before"], records["test_memory"]
     assert old["checks"] == new["checks"]
     assert (old["mode"], old["verdict"], old["bounds"]) == ("speed", "pass", {"kv": 0.3})
