@@ -17,7 +17,7 @@ BENCHMARKS = (
     "speed",
     "sliding_batch",
     "explain",
-    "plan_kv",
+    "gates",
 )
 
 
