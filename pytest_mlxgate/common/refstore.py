@@ -12,6 +12,7 @@ costs a warning, never a verdict.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -20,7 +21,7 @@ import stat
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -331,6 +332,25 @@ class CacheFolder:
     ) -> None:
         self.directory = directory
         self.files = files if files is not None else EntryStore(directory, max_bytes=max_bytes, report=report)
+
+    @contextlib.contextmanager
+    def computing(self, digest: str) -> Iterator[None]:
+        """Hold entry `digest`'s lock file for the block: two processes of one run (xdist workers) that need
+        the same missing entry compute it once — the second waits, then finds it stored. A folder that cannot
+        hold the lock (read-only, absent and not creatable) locks nothing: the block runs anyway."""
+        from filelock import FileLock
+
+        lock = FileLock(str(self.directory / f".{digest}.lock"))
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except OSError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 class _Store(Protocol):

@@ -7,6 +7,7 @@ candidate, once as is and once with another prefill chunk size, and the worse is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..common.refstore import store_or_warn
 from ..errors import VocabularyMismatchError
 from ..levers.kvcache import require_kv_difference
+from ..levers.naming import source_digest
 from ..models.identity import model_identity
 from ..stats.kl_profile import kl_profile
 from ..stats.kl_stats import KLStats, summarize
@@ -63,20 +65,20 @@ def measure_kl(
             where="the serving path",
         )
     started = time.perf_counter()
+    source = "cache"
     key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest, machine=machine)
     refs: list[RefDistributions] | None = None
     if cache is not None and not refresh_reference:
         refs = cache.load(key, len(sequences))
-    source = "cache" if refs is not None else "computed"
     if refs is None:
-        say(f"reference arm ({lever.name}={lever.describe_value('reference')}), {len(sequences)} sequences")
-        arm_watch = _arm_watch(
-            watch, f"reference arm ({lever.name}={lever.describe_value('reference')})", sequences, shape
-        )
-        refs = run_reference(reference.model, sequences, shape, lever, counters=counters, watch=arm_watch)
-        _finish(arm_watch)
-        if cache is not None:
-            store_or_warn(cache, key, refs)
+        with cache.computing(cache.digest(key)) if cache is not None else contextlib.nullcontext():
+            if cache is not None and not refresh_reference:  # another worker may have stored it while we waited
+                refs = cache.load(key, len(sequences))
+            if refs is None:
+                refs = _computed_reference(reference, sequences, shape, lever, counters, say, watch)
+                if cache is not None:
+                    store_or_warn(cache, key, refs)
+                source = "computed"
     reference_s = time.perf_counter() - started
 
     aa_info: dict[str, Any] | None = None
@@ -113,6 +115,23 @@ def measure_kl(
         aa=aa_info,
         profile=profile,
     )
+
+
+def _computed_reference(
+    reference: LoadedModel,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    lever: Lever,
+    counters: ArmCounters,
+    say: Callable[[str], None],
+    watch: Watcher | None,
+) -> list[RefDistributions]:
+    label = f"reference arm ({lever.name}={lever.describe_value('reference')})"
+    say(f"{label}, {len(sequences)} sequences")
+    arm_watch = _arm_watch(watch, label, sequences, shape)
+    refs = run_reference(reference.model, sequences, shape, lever, counters=counters, watch=arm_watch)
+    _finish(arm_watch)
+    return refs
 
 
 def _aa(
@@ -185,10 +204,14 @@ def reference_key(
     sequences_digest: str,
     machine: Mapping[str, str],
 ) -> dict[str, Any]:
-    """Everything the reference arm's distributions depend on (see `refcache`)."""
+    """Everything the reference arm's distributions depend on (see `refcache`). The lever's part names only
+    what its reference arm switches (`Lever.key`): gates whose reference runs the model as loaded share one.
+    The model's own code (its mlx_lm architecture module) is keyed by its source: an edited checkout of
+    mlx_lm under the same version is a miss, not a stale reference."""
     return {
         "format": CACHE_FORMAT,
         **model_identity(model),
+        "model_code": source_digest(type(model.model)),
         "machine": dict(machine),
         "sequences": sequences_digest,
         "shape": shape.to_json(),

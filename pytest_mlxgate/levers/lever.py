@@ -145,12 +145,15 @@ class Lever:
     def key(self, arm: Arm) -> str:
         """Stable text identifying this arm's configuration, for a cache key.
 
-        Kind, target, path and a canonical value: a kv_config.json by the sha256 of its bytes
+        An arm that switches nothing (`as_loaded`) is named by its path alone. Otherwise:
+        kind, target, path and a canonical value: a kv_config.json by the sha256 of its bytes
         (not its path), a callable by module:qualname *and the sha256 of its module's source*, so
         an edited function under the same name is another key (the patch value, the original it
         replaces, a context factory; see `code_digests`). The lever's name is left out (it changes
         nothing computed); a model lever's key names only the arm, so add the models' identity.
         """
+        if self.as_loaded(arm):  # the same computation whichever lever names it: one key, one cached reference
+            return json.dumps({"kind": "as-loaded", "path": self.path}, sort_keys=True, separators=(",", ":"))
         value = self.value(arm)
         stable: object
         if self.kind == "kv":
@@ -167,6 +170,20 @@ class Lever:
         if code:
             key["code"] = code
         return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+    def as_loaded(self, arm: Arm) -> bool:
+        """True when `arm` switches nothing: the model as loaded with mlx_lm's plain caches and its own
+        functions (a KV lever's plain plan, a patch left to the original, a weights lever's weights as
+        loaded). Such arms of different levers compute the same thing on the same path, so they share a
+        key (`key`) and a run computes their reference once. An env lever is never one (unsetting a
+        variable the process has is a change), nor a context lever (its factory runs whatever the value)."""
+        if self.kind == "kv":
+            return self.kv_plan(arm).is_plain
+        if self.kind == "patch":
+            return self.value(arm) is None
+        if self.kind == "weights":
+            return self.weights_spec(arm) is None
+        return False
 
     def code_digests(self, arm: Arm) -> dict[str, str]:
         """{object name: sha256 of its module's source} for the Python code this arm runs through the

@@ -352,3 +352,51 @@ def test_the_cap_option_and_its_ini_twin(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--mlx-reference-cache-max=huge")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mlx-reference-cache-max: 'huge' is not a size*"])
+
+
+# --- one computation per missing entry, whatever the number of workers -----------------------------
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from pytest_mlxgate.kl.refcache import ReferenceCache
+cache = ReferenceCache(Path(sys.argv[1]))
+with cache.computing(sys.argv[2]):
+    Path(sys.argv[3]).write_text("held")
+    time.sleep(1.0)
+    (cache.directory / "stored-by-holder").write_text("done")
+"""
+
+
+def test_a_second_process_waits_for_the_first_one_s_computation_and_finds_it_stored(tmp_path: Path) -> None:
+    """Two xdist workers whose gates need the same missing reference: the one that comes second blocks in
+    `computing` until the first has stored the entry, then loads it (measure_kl re-reads inside the lock)."""
+    import subprocess
+    import sys
+
+    cache = ReferenceCache(tmp_path / "refs")
+    digest = cache.digest(KEY)
+    held = tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(cache.directory), digest, str(held)])
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder never took the lock"
+            time.sleep(0.02)
+        with cache.computing(digest):
+            assert (cache.directory / "stored-by-holder").read_text() == "done"  # entered only after the holder
+        with cache.computing(cache.digest({**KEY, "tokens": 5})):  # another entry's lock is another lock
+            pass
+    finally:
+        holder.wait(timeout=60)
+    assert holder.returncode == 0
+
+
+def test_a_folder_that_cannot_hold_a_lock_still_runs_the_computation(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    cache = ReferenceCache(blocker / "refs")  # its parent is a file: no folder, no lock file
+    ran = []
+    with cache.computing(cache.digest(KEY)):
+        ran.append(True)
+    assert ran == [True]

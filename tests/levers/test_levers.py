@@ -472,7 +472,33 @@ def test_key_canonical_forms() -> None:
     assert Lever("renamed", "env", "A", "0", "1").key("reference") == env.key("reference")
     patch = Lever("p", "patch", SDPA, ref=_replacement, cand=None)
     assert json.loads(patch.key("reference"))["value"] == {"callable": f"{__name__}:_replacement"}
-    assert json.loads(patch.key("candidate"))["value"] is None
+    assert json.loads(patch.key("candidate")) == {"kind": "as-loaded", "path": "prefill"}
+
+
+def test_arms_that_switch_nothing_share_one_key_whatever_lever_names_them() -> None:
+    """A KV lever's plain plan, a patch left to the original and a weights lever's weights as loaded all run
+    the model as loaded: one key per path, so a run computes (and caches) that reference arm once for all of them.
+    What changes anything keeps a key of its own."""
+    as_loaded = [
+        Lever("kv8", "kv", None, ref=None, cand={"bits": 8}, path="serving"),
+        Lever("kv4", "kv", None, ref="plain", cand={"bits": 4}, path="serving"),
+        Lever("sdpa", "patch", SDPA, ref=None, cand=_replacement, path="serving"),
+        Lever("w4", "weights", None, ref=None, cand={"bits": 4}, path="serving"),
+    ]
+    assert all(lever.as_loaded("reference") for lever in as_loaded)
+    assert len({lever.key("reference") for lever in as_loaded}) == 1
+    assert len({lever.key("candidate") for lever in as_loaded}) == len(as_loaded)  # each candidate its own
+    assert not any(lever.as_loaded("candidate") for lever in as_loaded)
+    changes = [
+        Lever("e", "env", "A", ref=None, cand="1", path="serving"),  # unsetting a variable the process has: a change
+        Lever("c", "context", "x.y", ref=None, cand=1, path="serving", factory=record_factory),
+        Lever("m", "model", None, ref=None, cand=None, path="serving"),
+        Lever("kv", "kv", None, ref={"bits": 8}, cand=None, path="serving"),
+    ]
+    assert not any(lever.as_loaded("reference") for lever in changes)
+    assert as_loaded[0].key("reference") not in {lever.key("reference") for lever in changes}
+    # the path is part of what is computed
+    assert Lever("p", "patch", SDPA, ref=None, cand=_replacement).key("reference") != as_loaded[2].key("reference")
 
 
 def test_key_tells_lambdas_apart() -> None:

@@ -54,6 +54,7 @@ RECORD_FIELDS = {
     "verdict",
     "reference_source",
     "durations",
+    "phases",
     "time",
     "rerun",
 }
@@ -149,6 +150,51 @@ def test_xdist_writes_one_db_row_per_gate_one_summary_and_a_full_json_report(
     neutral = next(r for r in data["gates"] if r["nodeid"].startswith("test_neutral"))
     assert neutral["stats"]["mean"] == 0.0 and neutral["path"] == "serving"
     assert neutral["lever"]["ref"] == "0" and neutral["lever"]["cand"] == "1"
+
+
+AS_LOADED_REFERENCE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever({lever}, path="serving"),
+    pytest.mark.mlx_kl(prompts=3, tokens=24, decode=4),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=100.0)
+"""
+
+
+@pytest.mark.slow  # a pytester gate session in a subprocess
+def test_gates_whose_reference_runs_the_model_as_loaded_compute_it_once_per_run(
+    gate_dir: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    """A KV lever's plain reference and a patch lever's original compute the same arm: on a cold reference
+    cache the first module computes it and the second reads it, instead of computing it again. A module whose
+    reference switches something (the perturbed norm as reference) computes its own."""
+    gate_dir.makepyfile(
+        test_a_kv=AS_LOADED_REFERENCE.format(lever='"kv8", kv=True, ref="plain", cand=8'),
+        test_b_norm=AS_LOADED_REFERENCE.format(
+            lever='"norm", patch="mlx.core.fast.rms_norm", ref=None, cand="perturb:rms_norm"'
+        ),
+        test_c_own=AS_LOADED_REFERENCE.format(
+            lever='"norm", patch="mlx.core.fast.rms_norm", ref="perturb:rms_norm", cand=None'
+        ),
+    )
+    report = tmp_path / "report.json"
+    result = gate_dir.runpytest_subprocess(
+        *_args(tiny_kv_model_dir, tmp_path, "--mlx-report", str(report), "--mlx-reference-cache", str(tmp_path / "c"))
+    )
+    result.assert_outcomes(passed=3)
+    records = {r["nodeid"].split(".py")[0]: r for r in json.loads(report.read_text())["gates"]}
+    sources = {name: r["reference_source"] for name, r in records.items()}
+    assert sources == {"test_a_kv": "computed", "test_b_norm": "cache", "test_c_own": "computed"}
+    assert "reference" not in records["test_b_norm"]["phases"] or (
+        records["test_b_norm"]["phases"]["reference"] < records["test_a_kv"]["phases"]["reference"]
+    )
+    assert records["test_b_norm"]["stats"]["mean"] > 0  # its own candidate arm ran against the shared reference
 
 
 @pytest.mark.slow  # a pytester gate session in a subprocess
