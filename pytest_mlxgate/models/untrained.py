@@ -49,10 +49,22 @@ def mean_nll(model: Any, sequences: Sequence[Sequence[int]]) -> tuple[float, int
 
 
 def untrained_reason(model: Any, sequences: Sequence[Sequence[int]]) -> str | None:
-    """The skip reason when `model` predicts `sequences` no better than a uniform guess, else None."""
+    """The skip reason when `model` predicts `sequences` no better than a uniform guess, else None.
+    Once per model object and sample in a process: gate modules with the same prompts ask the same."""
     sample = [list(s)[:SAMPLE_TOKENS] for s in sequences[:SAMPLE_SEQUENCES] if len(s) >= 2]
     if not sample:
         return None
+    key = (id(model), tuple(tuple(s) for s in sample))
+    if key not in _CHECKED:
+        _CHECKED[key] = (model, _reason(model, sample))  # the model held too: its id is not reused meanwhile
+    return _CHECKED[key][1]
+
+
+#: (id of a model, its sample) -> (the model, the reason or None): the check's answers in this process.
+_CHECKED: dict[tuple[int, tuple[tuple[int, ...], ...]], tuple[Any, str | None]] = {}
+
+
+def _reason(model: Any, sample: list[list[int]]) -> str | None:
     nll, vocab = mean_nll(model, sample)
     uniform = math.log(vocab)
     if nll < UNTRAINED_SHARE * uniform:

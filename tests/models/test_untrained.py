@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from pytest_mlxgate.models.untrained import mean_nll, untrained_reason, untrained_reason_for_prompts
 
 
@@ -34,3 +36,25 @@ def test_nothing_to_read_is_not_a_verdict(tiny_model_dir: Path) -> None:
 
     model, _ = mlx_lm.load(str(tiny_model_dir))
     assert untrained_reason(model, [[5]]) is None  # one token predicts nothing
+
+
+def test_the_check_runs_once_per_model_and_sample_in_a_process(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gate modules with the same prompts on the same model ask the same question: one forward answers all
+    of them; another sample, or another model object (a quantized copy), is asked afresh."""
+    import mlx_lm
+
+    from pytest_mlxgate.models import untrained
+
+    calls = []
+    real = untrained.mean_nll
+    monkeypatch.setattr(untrained, "mean_nll", lambda m, s: calls.append(len(s)) or real(m, s))
+    model, _ = mlx_lm.load(str(tiny_model_dir))
+    other, _ = mlx_lm.load(str(tiny_model_dir))
+    sample = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    first = untrained_reason(model, sample)
+    assert untrained_reason(model, [list(s) for s in sample]) == first and len(calls) == 1
+    untrained_reason(model, [[1, 2, 3, 5]])
+    untrained_reason(other, sample)
+    assert len(calls) == 3
