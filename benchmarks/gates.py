@@ -57,8 +57,21 @@ class SuiteRun:
 
 def run_suite(tree: Path, label: str, state: str, cache: Path, extra: list[str], work: Path) -> SuiteRun:
     """`python -m pytest gates/ --mlx-offline` in `tree` (its own package first on the path), timed."""
-    report, junit = work / f"{label}-{state}.json", work / f"{label}-{state}.xml"
+    slug = label.replace(" ", "-")
+    report, junit = work / f"{slug}-{state}.json", work / f"{slug}-{state}.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    imported = subprocess.run(
+        [sys.executable, "-c", "import pytest_mlxgate; print(pytest_mlxgate.__file__)"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(imported).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(
+            f"{label}: pytest_mlxgate imports from {imported}, not from {tree}: the comparison would be void"
+        )
     cmd = [
         sys.executable,
         "-m",
@@ -78,7 +91,7 @@ def run_suite(tree: Path, label: str, state: str, cache: Path, extra: list[str],
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
-    (work / f"{label}-{state}.log").write_text(done.stdout + done.stderr)
+    (work / f"{slug}-{state}.log").write_text(done.stdout + done.stderr)
     run = SuiteRun(label, state, wall, done.returncode)
     run.tests = _tests(junit, report)
     last = (done.stdout.strip().splitlines() or [""])[-1]
