@@ -10,7 +10,9 @@ the records' `phases` (session/phases.py) the seconds of load, reference, candid
 capability (and check, explain); a tree whose records carry no phases shows only the totals.
 Verdicts of the two trees are compared gate by gate: a speed-up that changes a verdict is no speed-up.
 
-Goals (issue 23): cached <= 5 min, cold <= 8 min. Figures go to `--out` (JSON) for a closing note.
+Goals (issue 23): cached <= 5 min, cold <= 8 min; speed beside drift costs a gate <= 1.3x its KL arms
+(from the phases: (reference + candidate + speed) / (reference + candidate), per module). Figures go to
+`--out` (JSON) for a closing note.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +34,7 @@ from typing import Any
 from ._common import REPO_ROOT, header, verdict
 
 GOALS_S = {"cold": 8 * 60.0, "cached": 5 * 60.0}
+OVERHEAD_GOAL = 1.3  # a gate with speed beside its drift / the same gate without
 PHASE_COLUMNS = ("load", "check", "reference", "candidate", "speed", "capability", "explain")
 
 
@@ -170,6 +174,23 @@ def _print_phases(run: SuiteRun) -> None:
     print(f"{'sum':<{width}}  " + "".join(f"{totals[p]:>11.1f}" for p in PHASE_COLUMNS))
 
 
+def _speed_overhead(run: SuiteRun) -> list[float]:
+    """Per module that measured speed beside its KL arms: (KL arms + speed) / KL arms, from its records' phases."""
+    modules: dict[str, dict[str, float]] = {}
+    for nodeid, test in run.tests.items():
+        for phase, seconds in (test.get("phases") or {}).items():
+            totals = modules.setdefault(nodeid.split("::")[0], {})
+            totals[phase] = totals.get(phase, 0.0) + float(seconds)
+    ratios = []
+    for module, totals in sorted(modules.items()):
+        kl = totals.get("reference", 0.0) + totals.get("candidate", 0.0)
+        if kl > 0 and totals.get("speed"):
+            ratio = (kl + totals["speed"]) / kl
+            ratios.append(ratio)
+            print(f"  {module}: KL arms {kl:.1f} s, speed {totals['speed']:.1f} s: {ratio:.2f}x")
+    return ratios
+
+
 def _compare_verdicts(a: SuiteRun, b: SuiteRun) -> bool:
     """True when every gate both runs have ends the same way (verdict, else outcome)."""
     same = True
@@ -226,6 +247,15 @@ def main(argv: list[str]) -> None:
         if run.tree == "this tree":
             goal = GOALS_S[run.state]
             print(f"{run.state}: {run.wall_s:.0f} s — goal <= {goal:.0f} s: {verdict(run.wall_s <= goal)}")
+    for run in runs:
+        if run.tree == "this tree":
+            print(f"speed overhead in a gate ({run.state}; goal <= {OVERHEAD_GOAL}x):")
+            ratios = _speed_overhead(run)
+            if ratios:
+                worst = max(ratios)
+                print(
+                    f"  median {statistics.median(ratios):.2f}x, worst {worst:.2f}x: {verdict(worst <= OVERHEAD_GOAL)}"
+                )
     by = {(r.tree, r.state): r for r in runs}
     for state in ("cold", "cached"):
         mine = by.get(("this tree", state))
