@@ -10,7 +10,7 @@ Per context: `warmup` untimed trials per arm, then pairs in ABBA order (referenc
 pairs, candidate first in odd ones), so drift of the machine over the run (thermal state, a
 background job) falls on both arms alike. Each pair gives one ratio (`stats.ratios`). Pairs are
 added until the context is decided (`stop_reason`: the module's goals there shown met or missed, or
-with none, the intervals within the shape's precision), at most `repetitions`; the intervals are
+with none, the estimates as precise as the shape asks), at most `repetitions`; the intervals are
 the sequential looks' (`stats.ratios.look_confidence`), valid whenever the trials stop.
 
 The trials time alone: under xdist they hold the run's trial lock (`session.watch`), so no other
@@ -146,9 +146,10 @@ def pairs_until_decided(shape: SpeedShape, context: int, pair: Callable[[int], M
 def stop_reason(speed: ContextSpeed, shape: SpeedShape) -> str | None:
     """Why no more pairs are needed at this context, or None: "decided" when every goal that applies
     here has its interval on one side of its limit (a goal whose ratio is not measured on this
-    backend never will be), "precise" when no goal applies and the prefill and decode intervals are
-    within `shape.precision`. The intervals are the sequential looks', so stopping on them keeps
-    the verdict's error rate."""
+    backend never will be), "precise" when no goal applies and the prefill and decode estimates' standard
+    errors (sd of the pairs' log ratios / sqrt(pairs)) are within `shape.precision`. The intervals are the
+    sequential looks', so stopping on them keeps the verdict's error rate; a stop on the spread alone
+    leaves the estimate unbiased (under the lognormal model a sample's mean and spread are independent)."""
     goals = shape.goals_at(speed.context)
     if goals:
         for goal in goals:
@@ -162,12 +163,10 @@ def stop_reason(speed: ContextSpeed, shape: SpeedShape) -> str | None:
             if not shown:
                 return None
         return "decided"
-    widest = 1.0
     for est in (speed.prefill, speed.decode):
-        if not (est.lower > 0 and math.isfinite(est.upper)):
+        if est.n < 2 or not math.isfinite(est.log_sd) or est.log_sd / math.sqrt(est.n) > shape.precision:
             return None
-        widest = max(widest, est.upper / est.ratio, est.ratio / est.lower)
-    return "precise" if widest <= 1.0 + shape.precision else None
+    return "precise"
 
 
 def pair_order(rep: int) -> tuple[str, str]:

@@ -3,6 +3,7 @@ the timing noise and drift a real machine has (simulated, seeded: many runs, not
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -202,21 +203,30 @@ def test_the_looks_spend_exactly_the_error_rate_and_the_last_look_half_of_it(bud
 
 
 def _sequential_runs(
-    rng: np.random.Generator, true_ratio: float, goals: tuple[Any, ...], runs: int, *, sequential: bool = True
+    rng: np.random.Generator,
+    true_ratio: float,
+    goals: tuple[Any, ...],
+    runs: int,
+    *,
+    sequential: bool = True,
+    noise: float = 0.05,
+    precision: float | None = None,
 ) -> list[ContextSpeed]:
-    """The trials' own loop (`pairs_until_decided`) on a simulated machine (5% noise per trial, a
+    """The trials' own loop (`pairs_until_decided`) on a simulated machine (`noise` per trial, a
     drifting speed), budget 9 (looks at 4, 6 and 9 pairs); `sequential=False` reads fixed-n 95%
     intervals at every look instead, the mistake the looks' levels exist to prevent."""
     from pytest_mlxgate.speed import measure
     from pytest_mlxgate.speed.shape import SpeedShape
 
     shape = SpeedShape(contexts=(100,), decode=16, repetitions=9, goals=goals)
+    if precision is not None:
+        shape = dataclasses.replace(shape, precision=precision)
 
     def pair(rep: int) -> dict[str, Trial]:
         out = {}
         for i, side in enumerate(pair_order(rep)):
             slowdown = 1.0 + 0.2 * (2 * rep + i) / 18
-            t = 0.1 * slowdown * math.exp(rng.normal(0, 0.05)) / (true_ratio if side == "candidate" else 1.0)
+            t = 0.1 * slowdown * math.exp(rng.normal(0, noise)) / (true_ratio if side == "candidate" else 1.0)
             out[side] = Trial(prefill_s=t, decode_s=t, peak_bytes=1, kv_bytes=1)
         return out
 
@@ -250,8 +260,8 @@ def test_stopping_once_decided_passes_a_lever_at_its_goal_at_most_2_5_percent_of
 
 def test_a_clear_speed_up_stops_early_and_an_exact_lever_stops_once_precise() -> None:
     """A lever 40% faster against a 1.05 goal is shown within a few pairs and stops there ("decided");
-    with no goal, an exact lever stops once both intervals are within 10% ("precise"): at 5% noise per
-    trial, often before the budget (9), its interval still holding 1."""
+    with no goal, an exact lever stops once both estimates' standard errors are within the precision
+    ("precise"): at 5% noise per trial, mostly at the first look, its interval still holding 1."""
     from pytest_mlxgate.speed.shape import DEFAULT_PRECISION, SpeedGoal
 
     fast = _sequential_runs(np.random.default_rng(3), 1.4, (SpeedGoal("decode", 1.05),), 200)
@@ -259,8 +269,32 @@ def test_a_clear_speed_up_stops_early_and_an_exact_lever_stops_once_precise() ->
     assert np.median([len(r.reference) for r in fast]) <= 4
     exact = _sequential_runs(np.random.default_rng(4), 1.0, (), 200)
     assert {r.stopped for r in exact} <= {"precise", "budget"}
-    assert sum(r.stopped == "precise" for r in exact) >= 0.3 * len(exact)
+    assert sum(r.stopped == "precise" for r in exact) >= 0.5 * len(exact)
     for r in exact:
         if r.stopped == "precise":
-            assert max(r.decode.upper / r.decode.ratio, r.decode.ratio / r.decode.lower) <= 1 + DEFAULT_PRECISION
+            for est in (r.prefill, r.decode):
+                assert est.log_sd / math.sqrt(est.n) <= DEFAULT_PRECISION
     assert sum(r.decode.lower <= 1.0 <= r.decode.upper for r in exact) / len(exact) >= 0.95
+
+
+@pytest.mark.parametrize("noise", [0.03, 0.07, 0.10])
+def test_figures_only_reported_repeat_within_the_goal_and_cost_fewer_pairs_on_a_quiet_machine(noise: float) -> None:
+    """What the precision rule is for: an exact lever with no goal, measured again and again on a machine
+    whose trials spread `noise` each (this CPU's pairs: 5-14%), gives estimates whose spread across runs (sd
+    of their logs) stays within the repeatability goal, 0.05, where the whole budget's does, and never far
+    above the whole budget's where even that is at the goal; a quieter machine stops sooner: pairs are spent
+    where the noise needs them. Stopping on the spread does not move the estimate (the mean log stays ~0)
+    nor the intervals' coverage."""
+    seed = int(noise * 1000)
+    runs = _sequential_runs(np.random.default_rng(seed), 1.0, (), 400, noise=noise)
+    every = _sequential_runs(np.random.default_rng(seed), 1.0, (), 400, noise=noise, precision=1e-12)
+    spread, spread_every = (float(np.std(np.log([r.decode.ratio for r in rs]), ddof=1)) for rs in (runs, every))
+    assert all(len(r.reference) == 9 for r in every)
+    assert spread <= max(0.05, 1.1 * spread_every), (spread, spread_every)
+    if spread_every <= 0.045:
+        assert spread <= 0.05
+    logs = np.log([r.decode.ratio for r in runs])
+    assert abs(float(np.mean(logs))) <= 3 * spread / math.sqrt(len(runs))
+    assert sum(r.decode.lower <= 1.0 <= r.decode.upper for r in runs) / len(runs) >= 0.95
+    pairs = float(np.mean([len(r.reference) for r in runs]))
+    assert pairs <= (4.5 if noise <= 0.03 else 8.5)  # a quiet machine stops at the first look
