@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from filelock import FileLock
+
 from ..errors import MlxgateWarning
 from .atomic import atomic_write_bytes
 
@@ -338,8 +340,6 @@ class CacheFolder:
         """Hold entry `digest`'s lock file for the block: two processes of one run (xdist workers) that need
         the same missing entry compute it once — the second waits, then finds it stored. A folder that cannot
         hold the lock (read-only, absent and not creatable) locks nothing: the block runs anyway."""
-        from filelock import FileLock
-
         lock = FileLock(str(self.directory / f".{digest}.lock"))
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
