@@ -2,7 +2,7 @@
 
 On the embedded model, with the KV gate's lever (plain vs 8-bit, group 64) and sizes:
 1. overhead: the KL arms of a serving gate (16 prompts x 128 tokens, 32 decoded) vs the same plus
-   the speed measurement at the CPU defaults (64 and 256 tokens, 8 decoded, 9 pairs): the ratio.
+   the speed measurement at the CPU defaults (128 tokens, 8 decoded, up to 9 pairs): the ratio.
 2. repeatability: `--runs` (5) whole A/B measurements back to back: the spread of the decode and
    prefill ratio point estimates (min, max, sd of their logs) and whether every interval holds
    every other run's estimate. Goal: sd of log decode ratio <= 0.05.

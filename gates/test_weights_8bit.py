@@ -8,8 +8,9 @@ gates/test_weights_8bit.py --mlx-calibrate` measures it again; the calibration f
 limits against it): 8 bits drift orders of magnitude less than 4, and the limits are the rule's, so
 4-bit weights (KNOWN_BAD, gates/test_weights.py's lever) fail every one of them. Memory: 8-bit words
 plus a float32 scale and bias per 64 weights, which `test_memory` bounds (the rule's bytes + 10%).
-Speed: no BLAS for quantized matmuls on this CPU, slower than 4 bits even (more bytes to unpack); on
-Metal quantized matmuls are the fast path.
+Speed: no BLAS for quantized matmuls on this CPU, slower than 4 bits even (more bytes to unpack), so the
+sizes are gates/test_weights.py's (16 tokens of context, 4 decoded); on Metal quantized matmuls are the
+fast path.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pytest_mlxgate import Paired, assert_kl_below, assert_smaller
 pytestmark = [
     pytest.mark.mlx_lever("weights", weights=True, ref=None, cand={"bits": 8, "group_size": 64}),
     pytest.mark.mlx_kl(prompts=8, tokens=32),
-    pytest.mark.mlx_speed(contexts=(32,), decode=4),
+    pytest.mark.mlx_speed(contexts=(16,), decode=4),
 ]
 
 KNOWN_BAD = {"bits": 4, "group_size": 64}  # 4-bit weights (gates/test_weights.py's lever): far more drift

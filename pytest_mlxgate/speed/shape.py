@@ -40,9 +40,13 @@ _MIN_REPETITIONS = 3
 #: The method this project descends from decides at 600 and 8k tokens of context.
 _ACCELERATOR_CONTEXTS = (600, 8192)
 _ACCELERATOR_DECODE = 64
-#: On a CPU (the embedded model in CI) the same measurement at sizes a run can afford: the embedded
-#: model decodes ~12 tokens/s on 2 cores, so a module's 40 trials at 64 and 256 take ~1 min.
-_CPU_CONTEXTS = (64, 256)
+#: On a CPU (the embedded model in CI) one context a run can afford: a CPU's figure says whether a lever
+#: runs and is grossly slower or faster, where an accelerator's two say how it scales with context. Two
+#: CPU contexts (64 and 256) told ratios within ~10% of each other in every gate here, about their
+#: intervals' width (gates/calibration/), and were 41% of `./dev gates` (`./dev bench gates`); at 128 a
+#: trial is ~0.6 s of prefill and ~0.7 s of decoding (the embedded model decodes ~11 tokens/s on 2
+#: cores), so a context's 10-20 trials take 15-30 s.
+_CPU_CONTEXTS = (128,)
 _CPU_DECODE = 8
 
 

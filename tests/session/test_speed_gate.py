@@ -229,7 +229,7 @@ def test_memory(paired):
 def test_a_sliding_window_model_is_timed_past_its_window_by_default(
     pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    """gemma-4 with a 256-token window: the CPU's default contexts (64, 256) never wrap it, so a third,
+    """gemma-4 with a 256-token window: the CPU's default context (128) never wraps it, so a second,
     384 (1.5x the window), is timed, and there the plain arm's sliding layers hold their window only."""
     from tinygemma import build_tiny_gemma4
 
@@ -243,7 +243,7 @@ def test_a_sliding_window_model_is_timed_past_its_window_by_default(
     result.assert_outcomes(passed=1)
     (record,) = json.loads(report.read_text())["gates"]
     speed = record["speed"]
-    assert speed["shape"]["contexts"] == [64, 256, 384]
-    plain = {c: speed["contexts"][c]["reference"] for c in ("256", "384")}
+    assert speed["shape"]["contexts"] == [128, 384]
+    plain = {c: speed["contexts"][c]["reference"] for c in ("128", "384")}
     assert plain["384"]["kv_held_bytes"] < plain["384"]["kv_bytes"], "the wrapped windows hold less than allocated"
     assert "speed @384: prefill ×" in result.stdout.str() and "(holds " in result.stdout.str()
