@@ -1,18 +1,20 @@
 """gates: the main job, `./dev gates`, timed per gate and per phase, cold and cached, beside another commit.
 
-Each run is `pytest gates/ --mlx-offline` in a fresh process, exactly what `./dev gates` runs, with
-its own reference cache folder: *cold* starts from an empty one (every reference arm and capability
-reference computed), *cached* runs again over what the cold run stored. With `--against REV` (default:
-the commit before HEAD; `none`: this tree only) REV's tree is checked out in a temporary worktree
-and run the same way, interleaved (this tree cold, REV cold, REV cached, this tree cached), so both
-see the same machine. Per gate: the wall time pytest measured (setup, call and teardown), and from
-the records' `phases` (session/phases.py) the seconds of load, reference, candidate, speed,
-capability (and check, explain); a tree whose records carry no phases shows only the totals.
-Verdicts of the two trees are compared gate by gate: a speed-up that changes a verdict is no speed-up.
+Each run is `pytest gates/ --mlx-offline -n WORKERS` in a fresh process, exactly what `./dev gates`
+runs (the worker count read from `dev`, MLXGATE_GATES_WORKERS as there), with its own reference cache
+folder: *cold* starts from an empty one (every reference arm and capability reference computed),
+*cached* runs again over what the cold run stored. With `--against REV` (default: the commit before
+HEAD; `none`: this tree only) REV's tree is checked out in a temporary worktree and run the same way,
+interleaved (this tree cold, REV cold, REV cached, this tree cached), so both see the same machine.
+Per gate: the wall time pytest measured (setup, call and teardown), and from the records' `phases`
+(session/phases.py) the seconds of load, reference, candidate, speed, capability (and check,
+explain); a tree whose records carry no phases shows only the totals. Verdicts of the two trees are
+compared gate by gate: a speed-up that changes a verdict is no speed-up.
 
 Goals (issue 23): cached <= 5 min, cold <= 8 min; speed beside drift costs a gate <= 1.3x its KL arms
-(from the phases: (reference + candidate + speed) / (reference + candidate), per module). Figures go to
-`--out` (JSON) for a closing note.
+(from the phases: (reference + candidate + speed) / (reference + candidate), per module; under two
+workers a module's KL arms share the cores with another module's, so the ratio reads lower than in
+one process would: the speed column's sum is the plainer figure). Figures go to `--out` (JSON).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -59,6 +62,20 @@ class SuiteRun:
         }
 
 
+def dev_gates_workers(dev_script: Path = REPO_ROOT / "dev") -> int:
+    """The xdist workers `./dev gates` runs with: MLXGATE_GATES_WORKERS, else the script's default
+    (read from it, so the benchmark times what the main job runs, not a copy of its settings)."""
+    found = re.search(r"MLXGATE_GATES_WORKERS:-([0-9]+)", dev_script.read_text(encoding="utf-8"))
+    if found is None:
+        raise SystemExit(f"{dev_script}: no MLXGATE_GATES_WORKERS default in its gates command; say here what it runs")
+    return int(os.environ.get("MLXGATE_GATES_WORKERS", found.group(1)))
+
+
+def workers_args(workers: int) -> list[str]:
+    """pytest's arguments for that many workers, as `./dev gates` passes them (0: no xdist)."""
+    return ["-n", str(workers)] if workers else []
+
+
 def run_suite(tree: Path, label: str, state: str, cache: Path, extra: list[str], work: Path) -> SuiteRun:
     """`python -m pytest gates/ --mlx-offline` in `tree` (its own package first on the path), timed."""
     slug = label.replace(" ", "-")
@@ -82,6 +99,7 @@ def run_suite(tree: Path, label: str, state: str, cache: Path, extra: list[str],
         "pytest",
         "gates/",
         "--mlx-offline",
+        *workers_args(dev_gates_workers()),
         f"--mlx-reference-cache={cache}",
         f"--mlx-report={report}",
         "--mlx-db=off",
