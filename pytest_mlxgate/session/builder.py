@@ -241,6 +241,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
     from ..serving.caches import sliding_window
+    from ..speed.load import wait_for_siblings
     from .paired import PairedRun
     from .phases import PhaseClock
     from .watch import Watcher, progress_interval
@@ -301,6 +302,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
             interval=progress_interval(gate.progress_interval, ctx.live),
             limit_s=gate.arm_timeout,
             run_dir=ctx.run_dir,
+            settle=wait_for_siblings,
         ),
         capability_options={
             "tier": gate.tier or "smoke",

@@ -8,7 +8,9 @@ MLX mid-operation; a single call that never returns is beyond what this can end.
 Speed trials time alone. Under xdist the controller gives every worker one run folder; a worker's
 trial phase holds the exclusive lock file in it (so two workers' trials never overlap) and marks
 the folder while it times. Other workers' arms look for the mark between forwards and wait for the
-lock's release before their next one (the time waited does not count against their own limit).
+lock's release before their next one (the time waited does not count against their own limit); the
+trials first wait, through `settle` (speed/load.py's `wait_for_siblings`), for the forward each
+other worker had in flight to end.
 Without xdist there is one process: nothing to lock. Standard library and filelock only.
 """
 
@@ -51,12 +53,14 @@ class Watcher:
         limit_s: float | None,
         run_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        settle: Callable[[], float] | None = None,
     ) -> None:
         self.say = say
         self.interval = interval
         self.limit_s = limit_s
         self.run_dir = run_dir
         self.clock = clock
+        self.settle = settle  # under xdist, with the mark up: waits out other workers' forwards in flight
         self._timing = False  # this process holds the trial lock: its own arms never wait for it
 
     def arm(
@@ -86,6 +90,11 @@ class Watcher:
         try:
             mark.write_text(f"{_worker_name()} ({what}), pid {os.getpid()}\n", encoding="utf-8")
             self._timing = True
+            if self.settle is not None:
+                settled = self.settle()
+                waited += settled
+                if settled >= 1.0:
+                    self._say(f"{what}: waited {settled:.1f} s for other workers' forwards in flight to end")
             yield waited
         finally:
             self._timing = False

@@ -5,23 +5,40 @@ a browser on the same cores slow whichever trial they overlap. Before and after 
 reads the CPU time every process spent on the cores this one may use (Linux: /proc/stat, per CPU,
 restricted to the process's affinity) and this process's own CPU time: the difference is what
 others used. Elsewhere only the load average is recorded, which counts this process too, so no
-verdict is drawn from it. Standard library only.
+verdict is drawn from it.
+
+Under xdist another worker of the run parks at the trial mark only between its forwards
+(session/watch.py), so one in flight when the trials start would run beside them (measured: a
+long-context capability batch kept 1.0 of 2 cores busy through a weights gate's trials, its decode
+interval 2.5x its usual width). `wait_for_siblings` waits, before the first trial, until the run's
+other workers (this process's siblings under the xdist controller) use no CPU for a window. It reads
+only them, so unrelated load never holds the trials up. Linux reads /proc; elsewhere it cannot tell
+and waits for nothing. Standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["HIGH_SHARE", "CpuSample", "load_seen", "sample"]
+__all__ = ["HIGH_SHARE", "CpuSample", "load_seen", "sample", "sibling_cpu_seconds", "wait_for_siblings"]
 
 #: Other processes' load is "high" from a quarter of the cores (and at least half a core) on average.
 HIGH_SHARE = 0.25
 _MIN_CORES = 0.5
 #: /proc/stat's columns that are work: user nice system (idle iowait) irq softirq steal.
 _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+#: The run's other workers are parked when, over one window, they used under a tenth of a core
+#: (a parked worker polls its lock file; an idle one blocks on the controller's next test).
+SIBLING_WINDOW_S = 0.3
+SIBLING_QUIET_CORES = 0.1
+#: At most this long: a forward that runs longer is a stall the trials do not wait out (their load
+#: figures then say they ran under load).
+SIBLING_WAIT_LIMIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -113,3 +130,51 @@ def load_seen(before: CpuSample, after: CpuSample, *, waited_s: float = 0.0) -> 
         "share": round(share, 3),
         "high": share >= HIGH_SHARE and other_cores >= _MIN_CORES,
     }
+
+
+def sibling_cpu_seconds(proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds (user + system) used so far by this process's siblings: the other processes whose
+    parent is ours (under xdist: the run's other workers). None where /proc cannot tell (not Linux)."""
+    me, parent = os.getpid(), os.getppid()
+    if not (proc / "self" / "stat").exists():
+        return None
+    ticks = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        # pid (comm) state ppid ... utime stime: comm may hold spaces and parentheses, so split after it
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 12 and fields[1] == str(parent):
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_siblings(
+    *,
+    window_s: float = SIBLING_WINDOW_S,
+    quiet_cores: float = SIBLING_QUIET_CORES,
+    limit_s: float = SIBLING_WAIT_LIMIT_S,
+    read: Callable[[], float | None] = sibling_cpu_seconds,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Seconds waited until the run's other workers used under `quiet_cores` for one `window_s`
+    (at most `limit_s`; 0.0 at once where `read` cannot tell). Called once the trial mark is up, so
+    they are on their way to parking: this waits out the forward each has in flight."""
+    started = clock()
+    before = read()
+    if before is None:
+        return 0.0
+    while True:
+        sleep(window_s)
+        after = read()
+        if after is None:
+            return clock() - started
+        # an exited sibling takes its seconds with it: negative use is no use
+        if max(0.0, after - before) < quiet_cores * window_s or clock() - started >= limit_s:
+            return clock() - started
+        before = after

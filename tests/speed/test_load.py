@@ -7,11 +7,13 @@ import os
 import resource
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate.speed.load import CpuSample, load_seen, sample
+from pytest_mlxgate.speed.load import SIBLING_WINDOW_S, CpuSample, load_seen, sample, wait_for_siblings
 from pytest_mlxgate.speed.text import load_warning, speed_lines
 
 _PROC_STAT = os.path.exists("/proc/stat") and hasattr(os, "sched_getaffinity")
@@ -68,3 +70,78 @@ def test_the_summary_warns_when_the_record_says_high_and_only_then() -> None:
     for seen in ({"high": False, "other_cores": 0.1, "cores": 2, "share": 0.05}, {"high": None}, None, "junk"):
         assert load_warning(seen) is None
         assert speed_lines({"contexts": {}, "load_seen": seen}) == []
+
+
+def test_waiting_for_siblings_ends_at_the_first_quiet_window_and_never_past_its_limit() -> None:
+    """Sibling CPU seconds, read once per 0.3 s window: busy (a full core) for three windows, then idle."""
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    def run(readings: list[float | None], limit_s: float = 120.0) -> tuple[float, int]:
+        left = iter(readings)
+        reads = [0]
+
+        def read() -> float | None:
+            reads[0] += 1
+            return next(left)
+
+        clock[0] = 0.0
+        waited = wait_for_siblings(read=read, clock=lambda: clock[0], sleep=sleep, limit_s=limit_s)
+        return waited, reads[0]
+
+    busy_then_idle = [10.0, 10.3, 10.6, 10.9, 10.9]
+    waited, reads = run(busy_then_idle)
+    assert reads == 5 and waited == pytest.approx(4 * SIBLING_WINDOW_S)  # the quiet window is the fourth
+    assert run([5.0, 5.0])[0] == pytest.approx(SIBLING_WINDOW_S)  # parked already: one window
+    assert run([None]) == (0.0, 1)  # cannot tell (not Linux): no wait at all
+    forever_busy = [float(i) for i in range(1000)]
+    waited, _ = run(forever_busy, limit_s=3.0)
+    assert 3.0 <= waited < 3.0 + SIBLING_WINDOW_S + 1e-9  # a stall is not waited out
+    assert run([4.0, 1.0])[0] == pytest.approx(SIBLING_WINDOW_S)  # a sibling that exited: its seconds left
+
+
+# A parent that, like the xdist controller, has two children. B waits for A to be ready, spins for SPIN
+# seconds (a forward in flight) and then idles (a parked or idle worker); A takes the speed-trial lock
+# with the real settle at once. A must have waited out B's spin, and not its idling.
+_SIBLINGS = textwrap.dedent("""
+    import subprocess, sys
+    folder = sys.argv[1]
+    spin = (
+        "import sys, time\\n"
+        "from pathlib import Path\\n"
+        "ready = Path(sys.argv[1]) / 'ready'\\n"
+        "while not ready.exists(): time.sleep(0.005)\\n"
+        "t = time.process_time()\\n"
+        "while time.process_time() - t < SPIN: pass\\n"
+        "time.sleep(6)\\n"
+    )
+    holder = (
+        "import sys\\n"
+        "from pathlib import Path\\n"
+        "from pytest_mlxgate.session.watch import Watcher\\n"
+        "from pytest_mlxgate.speed.load import wait_for_siblings\\n"
+        "folder = Path(sys.argv[1])\\n"
+        "w = Watcher(say=None, interval=5.0, limit_s=None, run_dir=folder, settle=wait_for_siblings)\\n"
+        "(folder / 'ready').touch()\\n"
+        "with w.timing_alone('speed trials') as waited:\\n"
+        "    (folder / 'waited').write_text(str(waited))\\n"
+    )
+    busy = subprocess.Popen([sys.executable, "-c", spin, folder])
+    subprocess.run([sys.executable, "-c", holder, folder], check=True)
+    busy.kill()
+""")
+SPIN = 1.5
+
+
+@pytest.mark.slow  # three Python processes, one importing the package
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="siblings' CPU time is read from Linux's /proc")
+def test_speed_trials_wait_for_a_sibling_workers_forward_in_flight_and_not_for_its_idling(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(_SIBLINGS.replace("SPIN", repr(SPIN)))
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, timeout=60)
+    waited = float((tmp_path / "waited").read_text())
+    # B's spin is CPU time: on a loaded machine it takes longer in wall time, never shorter; its 6 s idle
+    # after it must not be waited for
+    assert SPIN - 0.5 <= waited < SPIN + 4.0, waited
