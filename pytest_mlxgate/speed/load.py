@@ -9,11 +9,11 @@ verdict is drawn from it.
 
 Under xdist another worker of the run parks at the trial mark only between its forwards
 (session/watch.py), so one in flight when the trials start would run beside them (measured: a
-long-context capability batch kept 1.0 of 2 cores busy through a weights gate's trials, its decode
-interval 2.5x its usual width). `wait_for_siblings` waits, before the first trial, until the run's
-other workers (this process's siblings under the xdist controller) use no CPU for a window. It reads
-only them, so unrelated load never holds the trials up. Linux reads /proc; elsewhere it cannot tell
-and waits for nothing. Standard library only.
+long-context capability batch kept 1.0 of 2 cores busy through a weights gate's trials: decode
+x0.61 [0.39, 0.94], usually [0.46, 0.55]). `wait_for_siblings` waits, before the first trial, until
+the run's other workers (this process's siblings under the xdist controller) use under a tenth of a
+core for a window. It reads only them, so unrelated load never holds the trials up. Linux reads
+/proc; elsewhere it cannot tell and waits for nothing. Standard library only.
 """
 
 from __future__ import annotations
