@@ -77,7 +77,7 @@ def workers_args(workers: int) -> list[str]:
 
 
 def run_suite(tree: Path, label: str, state: str, cache: Path, extra: list[str], work: Path) -> SuiteRun:
-    """`python -m pytest gates/ --mlx-offline` in `tree` (its own package first on the path), timed."""
+    """`python -m pytest gates/ --mlx-offline -n WORKERS` in `tree` (its own package first on the path), timed."""
     slug = label.replace(" ", "-")
     report, junit = work / f"{slug}-{state}.json", work / f"{slug}-{state}.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
