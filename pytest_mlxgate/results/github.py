@@ -17,7 +17,7 @@ from typing import Any
 from ..common.format import DASH
 from .model import CapabilityScore, CheckResult, Record, parse_record
 from .records import GateRecord
-from .summary import format_limit, format_value, n_parts, speed_parts
+from .summary import format_limit, format_value, limits_text, n_parts, speed_parts
 
 __all__ = [
     "ANNOTATIONS_PER_KIND",
@@ -91,7 +91,16 @@ def _read_check(check: Mapping[str, Any]) -> CheckResult:
 
 
 def _figures(record: Record) -> list[str]:
-    """The record's key figures, what decided the verdict first."""
+    """The record's key figures, what decided the verdict first, and where its limits come from: first when
+    the limits were refuted (that is the error), else after the figures they judged."""
+    figures = _measured(record)
+    limits, words = record.limits_from, limits_text(record)
+    if limits is None or words is None:
+        return figures
+    return [words, *figures] if limits.status == "refuted" else [*figures, words]
+
+
+def _measured(record: Record) -> list[str]:
     if record.error is not None:  # a gate that raised: its error, first line (the JSON report keeps the rest)
         error = record.error
         first = next((line for line in (error.message or "").splitlines() if line.strip()), "")

@@ -44,7 +44,7 @@ from .model import (
     parse_row,
     run_facts,
 )
-from .summary import format_limit, format_value, n_parts
+from .summary import LIMITS_NOT_SHOWN, format_limit, format_value, n_parts
 from .svg import Figure, esc, message, sparkline
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ def _tally(gates: Sequence[Record]) -> str:
 def _contents(records: Sequence[Record]) -> str:
     rows = "".join(
         f'<tr><td><a href="#g{i}">{esc(r.name)}</a></td><td>{esc(r.mode or DASH)}</td>'
-        f"<td>{_verdict_badge(r.verdict)}</td><td>{esc(' · '.join(n_parts(r)) or DASH)}</td></tr>"
+        f"<td>{_verdict_badge(r.verdict)}{_limits_badge(r)}</td><td>{esc(' · '.join(n_parts(r)) or DASH)}</td></tr>"
         for i, r in enumerate(records)
     )
     return (
@@ -223,6 +223,7 @@ def _gate_section(
         f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
         f"<h2>{esc(record.name)} {_verdict_badge(verdict)}</h2>",
         _meta(record),
+        _limits_line(record),
         "<h3>Verdict</h3>",
         _verdict_table(record),
     ]
@@ -272,6 +273,30 @@ def _meta(record: Record) -> str:
     parts += [esc(p) for p in n_parts(record)]
     rerun = f'<p class="rerun">re-run: <code>{esc(record.rerun)}</code></p>' if record.rerun else ""
     return f'<p class="meta">{" · ".join(parts)}</p>{rerun}'
+
+
+def _limits_line(record: Record) -> str:
+    """Where the gate's limits were shown to work (`LimitsFrom.words`); limits not shown (unproven,
+    refuted) are marked and coloured so a pass on them does not read like one on proven limits."""
+    limits = record.limits_from
+    if limits is None:
+        return ""
+    status = esc(limits.status)
+    if limits.shown:
+        return f'<p class="limits shown l-{status}" data-limits="{status}">{esc(limits.words)}</p>'
+    return (
+        f'<p class="limits not-shown l-{status}" data-limits="{status}" role="note">'
+        f"<strong>{LIMITS_NOT_SHOWN} {esc(limits.words)}</strong></p>"
+    )
+
+
+def _limits_badge(record: Record) -> str:
+    """In the contents: a badge beside the verdict of a gate whose limits were not shown to work here."""
+    limits = record.limits_from
+    if limits is None or limits.shown:
+        return ""
+    status = esc(limits.status)
+    return f' <span class="badge limits not-shown l-{status}">limits {status}</span>'
 
 
 def _short(value: str | None, n: int = 80) -> str:
@@ -1145,6 +1170,10 @@ th{background:var(--soft)}
 .banner{border:1px solid var(--fail);border-left:5px solid var(--fail);border-radius:6px;padding:8px 12px;
 color:var(--fail)}
 pre.error{border-left:3px solid var(--fail)}
+p.limits{margin:4px 0}p.limits.shown{color:var(--muted)}
+.limits.not-shown{color:var(--unsure);border-color:var(--unsure)}
+p.limits.not-shown{border-left:3px solid;padding-left:8px}
+.limits.l-refuted{color:var(--fail);border-color:var(--fail)}
 section.gate{border:1px solid var(--line);border-left:5px solid var(--line);border-radius:6px;padding:12px 16px;
 margin:18px 0}
 section.v-pass{border-left-color:var(--pass)}section.v-fail,section.v-error{border-left-color:var(--fail)}

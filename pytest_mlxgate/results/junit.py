@@ -2,8 +2,9 @@
 
 `junit_properties` gives one gate's `(name, value)` pairs: `mlxgate.verdict`, `mlxgate.kl.mean.upper`,
 `mlxgate.capability.mmlu.drop.limit`, `mlxgate.speed.decode.lower`, a gate that raised its
-`mlxgate.error.type`, `.phase` and `.message` … and last `mlxgate.record`, the whole record as strict
-JSON (what `--mlx-report` writes for that gate). Interval ends are `.lower`
+`mlxgate.error.type`, `.phase` and `.message`, where its limits come from `mlxgate.limits_from` (the
+words every report shows) with its `.status`, `.shown` and `.file` … and last `mlxgate.record`, the
+whole record as strict JSON (what `--mlx-report` writes for that gate). Interval ends are `.lower`
 and `.upper` whatever the metric's direction; the bound a verdict compared is `.upper` for a
 "must stay below" metric and `.lower` for a "must reach" one (top-1, a score floor, a speed-up).
 
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .fields import dumps, jsonable
-from .model import CapabilityScore, CheckResult, Interval, Record, Speed, parse_record
+from .model import CapabilityScore, CheckResult, Interval, LimitsFrom, Record, Speed, parse_record
 from .records import RECORD_PROPERTY, GateRecord
 
 __all__ = ["PREFIX", "junit_properties", "property_text", "record_json", "split_suite_name", "suite_properties"]
@@ -100,6 +101,8 @@ def _flat(record: Record) -> _Pairs:
         yield "mlxgate.error.type", record.error.type
         yield "mlxgate.error.phase", record.error.phase
         yield "mlxgate.error.message", record.error.message
+    if record.limits_from is not None:
+        yield from _limits_from(record.limits_from)
     if record.mode == "score" and record.capability_score is not None:
         yield from _score(record.capability_score)
     if record.mode in ("gate", "aa") and record.stats.present:
@@ -109,6 +112,17 @@ def _flat(record: Record) -> _Pairs:
     if record.speed is not None:
         yield from _speed(record, record.speed)
     yield "mlxgate.rerun", record.rerun
+
+
+def _limits_from(limits: LimitsFrom) -> _Pairs:
+    """Where the gate's limits were shown to work on the model and backend it judged: its words, then the parts."""
+    yield "mlxgate.limits_from", limits.words
+    yield "mlxgate.limits_from.status", limits.status
+    yield "mlxgate.limits_from.shown", limits.shown
+    yield "mlxgate.limits_from.model", limits.model
+    yield "mlxgate.limits_from.backend", limits.backend
+    yield "mlxgate.limits_from.file", limits.file
+    yield "mlxgate.limits_from.known_bad", limits.known_bad
 
 
 def _interval(name: str, ci: Interval) -> _Pairs:

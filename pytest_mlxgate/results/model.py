@@ -38,6 +38,8 @@ __all__ = [
     "Interval",
     "KLProfile",
     "LayerError",
+    "LimitsFrom",
+    "limits_from_words",
     "Lever",
     "ModelInfo",
     "PositionProfile",
@@ -118,6 +120,48 @@ class ModelInfo:
 
     label: str | None  # its pinned id (repo@commit), else whatever names it
     commit: str | None = None
+
+
+@dataclass(frozen=True)
+class LimitsFrom:
+    """Where a gate's limits were shown to work on the model and backend it judged (`records.LimitsFrom`)."""
+
+    status: str  # records.LIMIT_SOURCES: calibrated, proven, unproven, refuted
+    model: str
+    backend: str
+    file: str | None = None
+    models_entry: str | None = None
+    why: str | None = None
+    known_bad: str | None = None  # the known-bad value, as text
+    known_bad_figures: tuple[str, ...] = ()
+    floors: Mapping[str, float] = field(default_factory=dict)
+    inside_floor: tuple[str, ...] = ()
+    note: str | None = None
+
+    @property
+    def shown(self) -> bool:
+        """The limits were shown to catch a broken variant on this model and backend."""
+        return self.status in ("calibrated", "proven")
+
+    @property
+    def words(self) -> str:
+        """One line, the same in every report: where the limits come from and what that showed."""
+        on = f"{self.model} ({self.backend})"
+        own = f" (its models= entry {self.models_entry!r})" if self.models_entry else ""
+        if self.status == "calibrated":
+            text = f"limits{own} shown on {on} by {self.file or 'its calibration file'}"
+        elif self.status == "proven":
+            bad = f"known-bad {self.known_bad}" if self.known_bad else "its known-bad"
+            text = f"limits{own} proven on {on}: {bad} fails them"
+        elif self.status == "refuted":
+            text = f"limits{own} do not catch the known-bad on {on}: {self.why or 'it passes them'}"
+        else:
+            text = f"limits{own} unproven on {on}: {self.why or 'not calibrated'}"
+        if self.inside_floor:
+            text += f"; {', '.join(self.inside_floor)} inside {self.model}'s noise floor (inconclusive)"
+        if self.note:
+            text += f" · {self.note}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -521,6 +565,7 @@ class Record:
     sizes: Sizes = Sizes()
     stats: Stats = Stats()
     limits_for: str | None = None  # the model whose own limits (`models=`) replaced the gate's
+    limits_from: LimitsFrom | None = None  # where the limits were shown to work on this model and backend
     bounds_floor: float | None = None  # a capability gate's floor= and max_drop=
     bounds_max_drop: float | None = None
     checks: tuple[CheckResult, ...] = ()
@@ -600,6 +645,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         sizes=_sizes(_map(r.get("sizes"))),
         stats=_stats(stats),
         limits_for=text(r.get("limits_for")) or None,
+        limits_from=_limits_from(_map(r.get("limits_from"))),
         bounds_floor=real(bounds.get("floor")),
         bounds_max_drop=real(bounds.get("max_drop")),
         checks=tuple(_check(c) for c in _list(r.get("checks")) if isinstance(c, Mapping)),
@@ -624,6 +670,33 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         if error
         else None,
     )
+
+
+def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
+    status, model, backend = text(value.get("status")), text(value.get("model")), text(value.get("backend"))
+    if not (status and model and backend):
+        return None
+    bad = _map(value.get("known_bad"))
+    known_bad = bad.get("value")
+    return LimitsFrom(
+        status=status,
+        model=model,
+        backend=backend,
+        file=text(value.get("file")) or None,
+        models_entry=text(value.get("models_entry")) or None,
+        why=text(value.get("why")) or None,
+        known_bad=text(known_bad),
+        known_bad_figures=tuple(str(f) for f in _list(bad.get("figures"))),
+        floors={str(k): v for k, v in ((k, real(v)) for k, v in _map(value.get("floors")).items()) if v is not None},
+        inside_floor=tuple(str(k) for k in _list(value.get("inside_floor"))),
+        note=text(value.get("note")) or None,
+    )
+
+
+def limits_from_words(value: Any) -> str | None:
+    """A record's `limits_from` (its wire form) in the words every report shows; None without one."""
+    parsed = _limits_from(_map(value))
+    return parsed.words if parsed is not None else None
 
 
 def _interval(value: Any) -> Interval:

@@ -22,6 +22,8 @@ from .verdicts import VERDICTS
 __all__ = [
     "Check",
     "GateRecord",
+    "LIMIT_SOURCES",
+    "LimitsFrom",
     "ModelRef",
     "CALIBRATION_PROPERTY",
     "ERROR_CHARS",
@@ -81,6 +83,28 @@ class Check(TypedDict, total=False):
     context: int  # a speed or memory check: the context (tokens) it holds at
 
 
+#: Where a gate's limits were shown to work on the judged model and backend (`LimitsFrom.status`):
+#: *calibrated* (a calibration file of this model on this backend covers the module), *proven* (this run
+#: showed the module's KNOWN_BAD fails them here), *unproven* (neither: no known-bad, --mlx-prove off, a
+#: check no known-bad speaks for), *refuted* (the known-bad passes them here: the gate is an error).
+LIMIT_SOURCES = ("calibrated", "proven", "unproven", "refuted")
+
+
+class LimitsFrom(TypedDict, total=False):
+    """Where a gate's limits come from, on the model and backend it judged (`authoring.proof` makes it)."""
+
+    status: Required[Literal["calibrated", "proven", "unproven", "refuted"]]
+    model: Required[str]  # the judged model: a built-in alias, else repo@commit
+    backend: Required[str]  # cpu, metal, cuda
+    file: str  # the calibration file (calibrated), or the one that would cover it (`--mlx-calibrate` writes it)
+    models_entry: str  # the `models=` entry whose limits replaced the gate's on this model
+    why: str  # unproven / refuted: the reason, in words
+    known_bad: dict[str, Any]  # the proof's known-bad: value, verdict against these limits, its figures
+    floors: dict[str, float]  # this model's A/A floor (a proof run measured it)
+    inside_floor: list[str]  # the limits within the rule's multiple of that floor: their checks read inconclusive
+    note: str  # what kind of limit this is: a drop margin in points (model-independent), a speed goal (not)
+
+
 class GateRecord(TypedDict, total=False):
     """What one gate measured and decided, as JSON (the wire form; `gate_record` builds it). KL gates fill
     `stats`/`aa`/`tokens`/`kl_profile`; capability gates `tasks`/`skipped`; the run's Capability Score
@@ -102,6 +126,7 @@ class GateRecord(TypedDict, total=False):
     stats: dict[str, Any]  # model.Stats
     bounds: dict[str, Any]
     limits_for: str  # the model whose own limits (`models=`) replaced the gate's: absent when none did
+    limits_from: LimitsFrom  # where the limits were shown to work on this model and backend
     checks: list[Check]
     durations: dict[str, float]
     phases: dict[str, float]  # seconds of this record's own share of its module's work, per phase (session/phases.py)

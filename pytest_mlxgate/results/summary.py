@@ -14,7 +14,16 @@ from .fields import number
 from .model import CapabilityScore, CheckResult, Interrupted, Record, Stats, interrupted_of, parse_record
 from .records import GateRecord
 
-__all__ = ["format_limit", "format_value", "interrupted_line", "n_parts", "speed_parts", "summary_lines"]
+__all__ = [
+    "LIMITS_NOT_SHOWN",
+    "format_limit",
+    "format_value",
+    "interrupted_line",
+    "limits_text",
+    "n_parts",
+    "speed_parts",
+    "summary_lines",
+]
 
 _PERCENT_KEYS = frozenset({"top1", "same_top", "top1_lo", "same_top_lo"})
 _KL_KEYS = frozenset({"mean", "median", "p90", "p95", "p99", "p999", "max"})
@@ -220,6 +229,24 @@ def _attribution_parts(record: Record) -> list[str]:
     return [top_line(record.attribution)] if record.attribution is not None else []
 
 
+#: What marks limits that were not shown to work on the judged model and backend (unproven, refuted).
+LIMITS_NOT_SHOWN = "⚠"
+
+
+def limits_text(record: Record) -> str | None:
+    """Where the gate's limits were shown to work (`LimitsFrom.words`), marked where they were not: a
+    pass on limits nobody showed can catch anything here must not read like one on proven limits."""
+    limits = record.limits_from
+    if limits is None:
+        return None
+    return limits.words if limits.shown else f"{LIMITS_NOT_SHOWN} {limits.words}"
+
+
+def _limits_parts(record: Record) -> list[str]:
+    text = limits_text(record)
+    return [text] if text is not None else []
+
+
 def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
     """Join parts into lines of at most `width`, breaking only between parts (clipping a lone giant)."""
     lines: list[str] = []
@@ -270,7 +297,7 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
                 _gate_rows(record),
                 n_parts(record),
                 speed_parts(record, speeds_shown),
-                _error_parts(record) + _attribution_parts(record),
+                _error_parts(record) + _limits_parts(record) + _attribution_parts(record),
             )
         )
 
@@ -294,7 +321,7 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
             lines.extend(_name_lines(name, width))
         for i, row in enumerate(rows):
             lines.append(line((name if i == 0 and in_column else "", *row)))
-        for text in error:  # the error's own words, wrapped under the block
+        for text in error:  # the error's words, where the limits come from, the drift's sources: wrapped
             lines.extend(
                 textwrap.wrap(
                     text,
