@@ -11,10 +11,11 @@ Limits: `gates/calibration/test_compile.json` holds what they were set from (`py
 gates/test_compile.py --mlx-calibrate` measures it again; the calibration files' test checks the
 limits against it). On this CPU compiled and uncompiled graphs give bit-identical logits ("identical
 on this backend"), so the limits come from the A/A floor alone; Metal's compiled kernels may round
-differently: calibrate there. What a fused kernel gets wrong must fail them: a compiled SwiGLU with
-the hard sigmoid in place of the sigmoid (a fast-math shortcut; planted by hand with a patch lever on
-`mlx_lm.models.activations.swiglu`, as this context lever has no broken value to name as KNOWN_BAD)
-fails every limit by orders of magnitude.
+differently: calibrate there. What a fused kernel gets wrong must fail them: KNOWN_BAD, the compiled
+activations with the hard sigmoid in place of the sigmoid (a fast-math shortcut: mlx_lm's SwiGLU on
+llama-style models, mlx.nn's tanh-approximate GELU on gemma's; `gates/known_bad_ops.py`), fails every
+limit by orders of magnitude on both calibrated models. This lever has no broken value, so KNOWN_BAD
+is a whole lever on the same path; its reference arm is the activations as they ship.
 
 Speed (`mlx_speed`: the default contexts, one on a CPU, 600 and 8192 tokens on a GPU): on this CPU
 compiling the activations buys nothing for decode and may cost prefill (compiled CPU kernels are
@@ -35,6 +36,11 @@ pytestmark = [
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(),
 ]
+
+# the compiled activations with the hard sigmoid in place of the sigmoid (gates/known_bad_ops.py)
+KNOWN_BAD = pytest.mark.mlx_lever(
+    "activations_hard_sigmoid", context="known_bad_ops:hard_sigmoid_activations", ref="off", cand="on", path="serving"
+)
 
 
 def test_drift(paired: Paired) -> None:

@@ -11,11 +11,12 @@ gates/test_fused_norms_rope.py --mlx-calibrate` measures it again; the calibrati
 the limits against it). On this CPU mx.fast's norms and RoPE are composed float32 ops too, so the two
 arms differ only in rounding (mx.fast.rope's inverse frequencies by `exp` in float32) and sit at the
 A/A floor; the limits are the rule's. On Metal and CUDA the kernels are fused: re-calibrate there
-before trusting a failure as a bug. Known-bad kernels must fail them (planted by hand with a patch
-lever on `mlx.core.fast.rope`, as this context lever has no broken value to name as KNOWN_BAD): the
-cache offset dropped (every decoded token rotated as if at position 0) breaks the model outright; the
-RoPE base 10% off keeps most greedy tokens, so top-1 alone cannot tell it, and the mean and p99
-limits are what catch it.
+before trusting a failure as a bug. KNOWN_BAD, RoPE with its base 10% off (`gates/known_bad_ops.py`,
+patched over `mlx.core.fast.rope`; its reference arm is mlx's own RoPE, as this lever has no broken
+value), must fail them, and does on both calibrated models: it keeps most greedy tokens, so top-1
+alone cannot tell it, and the mean and p99 limits are what catch it. It is the known-bad rather than
+RoPE with the cache offset dropped (every decoded token rotated as if at position 0), which breaks
+the model outright: any limit fails that, so it would prove little about these ones.
 
 Speed (`mlx_speed`: the default contexts, one on a CPU, 600 and 8192 tokens on a GPU): not told apart on
 this CPU, as expected where both arms run the same composed ops; no goal asserted. On Metal the fused
@@ -35,6 +36,11 @@ pytestmark = [
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(),
 ]
+
+# RoPE with its base 10% off (gates/known_bad_ops.py), against mlx's own RoPE
+KNOWN_BAD = pytest.mark.mlx_lever(
+    "rope_base_off", patch="mlx.core.fast.rope", ref=None, cand="known_bad_ops:rope_base_off", path="serving"
+)
 
 
 def test_drift(paired: Paired) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "least_kl_limit",
     "known_bad_lines",
     "known_bad_step",
+    "known_bad_text",
     "nice_ceil",
     "suggest_limits",
 ]
@@ -485,6 +486,16 @@ def known_bad_step(module: str | None, lever: Mapping[str, Any] | None) -> dict[
             "declare": None,
             "command": f"pytest {file} --mlx-candidate BROKEN_MODEL",
         }
+    elif kind == "context":  # a switch with no broken value: the known-bad is a whole lever with the bug
+        path = lever.get("path") or "prefill"
+        return {
+            "what": f"a whole lever on the gate's path whose candidate has the bug, as {target or 'a context'} "
+            "has no broken value (e.g. a patch of a function it switches with mymod:broken)",
+            "declare": 'KNOWN_BAD = pytest.mark.mlx_lever("broken", patch="package.module.attr", ref=None, '
+            f'cand="mymod:broken", path="{path}")',
+            "command": f"pytest {file} --mlx-lever patch:package.module.attr --mlx-ref-value original "
+            "--mlx-cand-value mymod:broken",
+        }
     else:
         example = "BROKEN"
         what = f"a value {target or 'the lever'} takes that selects a broken variant (e.g. BROKEN)"
@@ -498,6 +509,19 @@ def known_bad_step(module: str | None, lever: Mapping[str, Any] | None) -> dict[
     )
     declare = f"KNOWN_BAD = {example}" if kind in ("kv", "weights") else f'KNOWN_BAD = "{example}"'
     return {"what": what, "declare": declare, "command": command}
+
+
+def known_bad_text(value: object) -> str:
+    """KNOWN_BAD as messages and the terminal show it: a value by its repr (`'mymod:broken'`, `{'bits':
+    4}`); a whole lever, as the calibration file keeps it (`Lever.to_json()`), by what it switches:
+    `mlx_lever 'name' (patch mlx.core.fast.rope: original → mymod:broken, path=serving)`."""
+    if isinstance(value, Mapping) and {"name", "kind", "ref", "cand"} <= set(value):
+        target = f" {value['target']}" if value.get("target") else ""
+        return (
+            f"mlx_lever {value['name']!r} ({value['kind']}{target}: {value['ref']} → {value['cand']}, "
+            f"path={value.get('path')})"
+        )
+    return repr(value)
 
 
 #: The goals suggested from a speed measurement: speed-ups are assert_faster's, byte savings assert_smaller's.
@@ -580,7 +604,8 @@ def _kept_lines(calibration: Mapping[str, Any]) -> list[str]:
     bad = calibration.get("known_bad_result")
     if isinstance(bad, Mapping) and bad.get("declared"):
         if bad.get("non_finite"):
-            lines.append(f"  known-bad KNOWN_BAD = {bad.get('value')!r}: NaN or inf logits (the gate goes red on them)")
+            shown = known_bad_text(bad.get("value"))
+            lines.append(f"  known-bad KNOWN_BAD = {shown}: NaN or inf logits (the gate goes red on them)")
         else:
             metrics = (bad.get("drift") or {}).get("metrics") or {}
             figures = ", ".join(
@@ -595,7 +620,7 @@ def _kept_lines(calibration: Mapping[str, Any]) -> list[str]:
                 "pass": "PASSES the gate's limits",
                 "inconclusive": "is NOT shown to fail the gate's limits",
             }.get(str(then.get("verdict")), "measured")
-            lines.append(f"  known-bad KNOWN_BAD = {bad.get('value')!r}: {figures}: {caught}")
+            lines.append(f"  known-bad KNOWN_BAD = {known_bad_text(bad.get('value'))}: {figures}: {caught}")
     file = calibration.get("file")
     if isinstance(file, Mapping):
         if file.get("written"):

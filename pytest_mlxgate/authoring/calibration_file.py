@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ..common.atomic import atomic_write_bytes
-from ..common.gate_calls import DeclaredLimit, declared_limits, literal
+from ..common.gate_calls import NOT_LITERAL, DeclaredLimit, call_name, declared_limits, literal
 from ..config.names import BUILT_MODELS, DEFAULT_CANDIDATE, model_keys
-from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal
+from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal, known_bad_text
 
 __all__ = [
     "CALIBRATION_DIR",
@@ -247,11 +247,10 @@ class GateSource:
             if target in ("pytestmark", "KNOWN_BAD"):
                 declared[target] = ast.dump(stmt)
             if target == "KNOWN_BAD" and isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
-                known_bad = literal(stmt.value)
-                declares_known_bad = known_bad is not None
-        names = _imported(tree)
-        if isinstance(known_bad, str) and ":" in known_bad:  # "mymod:broken": the known-bad kernel's own file
-            names.append(known_bad.partition(":")[0].partition(".")[0])
+                value = literal(stmt.value)  # not a literal: a whole lever, pytest.mark.mlx_lever(...)
+                declares_known_bad = value is not None
+                known_bad = None if value is NOT_LITERAL else value
+        names = _imported(tree) + [name.partition(":")[0].partition(".")[0] for name in _known_bad_objects(tree)]
         local = {
             f"{name}.py": source_digest(path.parent / f"{name}.py")
             for name in sorted(set(names))
@@ -274,6 +273,21 @@ class GateSource:
         base = [lim for lim in chosen if lim.model is None]
         replaced = [own.pop((lim.test, lim.assertion, lim.key), lim) for lim in base]
         return replaced + list(own.values())
+
+
+def _known_bad_objects(tree: ast.Module) -> list[str]:
+    """The `module:attr` names KNOWN_BAD declares (a value "mymod:broken", or a whole lever's cand=, ref=
+    and context=): the known-bad kernel's own file is part of what the calibration measured."""
+    texts: list[object] = []
+    for stmt in tree.body:
+        if _assigned(stmt) != "KNOWN_BAD" or not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        value = stmt.value
+        if isinstance(value, ast.Call) and call_name(value) == "mlx_lever":
+            texts.extend(literal(k.value) for k in value.keywords if k.arg in ("cand", "ref", "context", "patch"))
+        else:
+            texts.append(literal(value))
+    return [t for t in texts if isinstance(t, str) and ":" in t]
 
 
 def _assigned(stmt: ast.stmt) -> str | None:
@@ -600,12 +614,16 @@ def _known_bad_problems(doc: Mapping[str, Any], gate: GateSource, model: str | N
     if known_bad.get("non_finite"):
         return []  # NaN or inf logits: the gate goes red on them
     if not isinstance(drift, Mapping):
-        return [f"KNOWN_BAD = {known_bad.get('value')!r}: the calibration holds no measurement of it"]
+        if not known_bad.get("declared"):
+            return [
+                "KNOWN_BAD: the calibration was measured before the gate declared it and holds no measurement of it"
+            ]
+        return [f"KNOWN_BAD = {known_bad_text(known_bad.get('value'))}: the calibration holds no measurement of it"]
     verdict, why = known_bad_verdict(drift, kl_limits)
     if verdict == "fail":
         return []
     return [
-        f"KNOWN_BAD = {known_bad.get('value')!r} is not shown to fail the gate's KL limits ({verdict}: "
+        f"KNOWN_BAD = {known_bad_text(known_bad.get('value'))} is not shown to fail the gate's KL limits ({verdict}: "
         f"{'; '.join(why)}): limits that pass a broken variant may pass a broken kernel"
     ]
 

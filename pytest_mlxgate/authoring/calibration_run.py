@@ -38,7 +38,7 @@ from .calibration_file import (
     unusable,
     write_calibration,
 )
-from .known_bad import known_bad_paired
+from .known_bad import is_whole_lever, known_bad_paired, known_bad_shown
 
 __all__ = ["calibration_document", "check_before_aa", "keep_calibration"]
 
@@ -146,28 +146,38 @@ def _limits(gate: GateSource, model: str | None) -> dict[str, Any]:
 
 
 def _measure_known_bad(paired: Paired, gate: GateSource, module: Path, model: str | None) -> dict[str, Any] | None:
-    """The module's KNOWN_BAD run through the same arms as the lever (None: none declared)."""
+    """The module's KNOWN_BAD run through the same arms as the lever (None: none declared). Its `value`
+    is KNOWN_BAD as declared, a whole lever as its `to_json()`."""
     bad = getattr(paired.item.module, "KNOWN_BAD", None) if paired.item.module is not None else None
     if bad is None:
         return None
     shown = _shown(calibration_path(module, model), paired.item.config.rootpath)
-    entry: dict[str, Any] = {"declared": True, "value": bad if isinstance(bad, (str, int, float, dict)) else repr(bad)}
-    paired.run._say(f"calibration: the known-bad variant KNOWN_BAD = {bad!r}")
     try:
         bad_paired = known_bad_paired(paired, bad)
+    except MlxgateError as e:
+        raise _unmeasured(paired, known_bad_shown(bad), shown, e) from None
+    lever = bad_paired.lever
+    value = lever.to_json() if is_whole_lever(bad) else bad if isinstance(bad, (str, int, float, dict)) else repr(bad)
+    entry: dict[str, Any] = {"declared": True, "value": value}
+    paired.run._say(f"calibration: the known-bad variant KNOWN_BAD = {known_bad_shown(bad, lever)}")
+    try:
         result = bad_paired.kl()
     except NonFiniteLogitsError as e:
         return {**entry, "non_finite": True, "message": str(e)}
     except MlxgateError as e:
-        raise CalibrationError(
-            f"{paired.nodeid.split('::')[0]}: the known-bad variant KNOWN_BAD = {bad!r} could not be measured, "
-            f"so the calibration file was not written ({shown} is left as it was): {e}"
-        ) from None
+        raise _unmeasured(paired, known_bad_shown(bad, lever), shown, e) from None
     entry["lever"] = result.lever.to_json()
     entry["drift"] = compact_drift(result.stats.to_json())
     verdict, why = known_bad_verdict(entry["drift"], gate.limits_of(kl=True, model=model))
     entry["verdict_when_measured"] = {"verdict": verdict, "limits": why}
     return entry
+
+
+def _unmeasured(paired: Paired, bad: str, shown: str, error: MlxgateError) -> CalibrationError:
+    return CalibrationError(
+        f"{paired.nodeid.split('::')[0]}: the known-bad variant KNOWN_BAD = {bad} could not be measured, "
+        f"so the calibration file was not written ({shown} is left as it was): {error}"
+    )
 
 
 def _compact_speed(speed: Mapping[str, Any]) -> dict[str, Any]:

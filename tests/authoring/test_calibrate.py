@@ -260,6 +260,22 @@ def test_the_known_bad_step_names_what_to_plant_and_a_command_that_must_fail(
         assert target in step["what"]
 
 
+def test_a_context_lever_s_known_bad_step_is_a_whole_lever_on_the_gate_s_path() -> None:
+    """A context lever (mx.compile on/off, fused ops plain/fused) has no broken value: the step plants a whole
+    lever, on the gate's path, that `authoring.known_bad` accepts as written."""
+    from pytest_mlxgate.levers.parsing import lever_from_marker
+
+    lever = {"kind": "context", "name": "mx_compile", "target": "pytest_mlxgate.reference_ops:compiled", "ref": "off"}
+    step = known_bad_step("gates/test_c.py", {**lever, "path": "serving"})
+    assert step["declare"].startswith("KNOWN_BAD = pytest.mark.mlx_lever(")
+    mark = eval(step["declare"].removeprefix("KNOWN_BAD = "), {"pytest": pytest})
+    planted = lever_from_marker(mark.mark)
+    assert (planted.kind, planted.ref, planted.path) == ("patch", None, "serving")
+    assert "whole lever" in step["what"] and "pytest_mlxgate.reference_ops:compiled" in step["what"]
+    argv = shlex.split(step["command"])
+    assert argv[:2] == ["pytest", "gates/test_c.py"] and argv[argv.index("--mlx-lever") + 1].startswith("patch:")
+
+
 def test_a_model_lever_s_known_bad_step_is_another_model() -> None:
     step = known_bad_step("gates/test_m.py", {"kind": "model", "name": "model"})
     assert step["declare"] is None and step["command"] == "pytest gates/test_m.py --mlx-candidate BROKEN_MODEL"

@@ -231,6 +231,50 @@ def test_limits_that_pass_the_known_bad_variant_fail(kv_gate: tuple[Path, dict[s
     ), problems
 
 
+@pytest.fixture
+def rope_gate(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A copy of gates/test_fused_norms_rope.py (its KNOWN_BAD a whole lever), known_bad_ops.py and its
+    calibration file, stamped with this code's serving digest."""
+    gates = tmp_path / "gates"
+    (gates / "calibration").mkdir(parents=True)
+    module = gates / "test_fused_norms_rope.py"
+    shutil.copy(GATES / "test_fused_norms_rope.py", module)
+    shutil.copy(GATES / "known_bad_ops.py", gates / "known_bad_ops.py")
+    doc = json.loads((GATES / "calibration" / "test_fused_norms_rope.json").read_text())
+    doc["serving_code"] = serving_code()
+    (gates / "calibration" / "test_fused_norms_rope.json").write_text(json.dumps(doc))
+    return module, doc
+
+
+def test_limits_that_pass_a_whole_lever_known_bad_fail_naming_what_it_switches(
+    rope_gate: tuple[Path, dict[str, Any]],
+) -> None:
+    module, doc = rope_gate
+    assert module_findings(module).problems == []
+    gate = GateSource.read(module)
+    assert gate.declares_known_bad and gate.known_bad is None  # declared, as a marker: not a literal
+    assert "known_bad_ops.py" in gate.digest["parts"]  # the broken kernel's file, named in cand=
+    bad_upper = doc["known_bad"]["drift"]["metrics"]["mean"]["upper"]
+    _plant(module, f"assert_kl_below(paired, mean={bad_upper * 2:.3g})")  # within the quality bounds, still
+    problems = module_findings(module).problems
+    assert any(
+        p.startswith(
+            "KNOWN_BAD = mlx_lever 'rope_base_off' (patch mlx.core.fast.rope: original → known_bad_ops:rope_base_off, "
+            "path=serving) is not shown to fail the gate's KL limits (pass: mean ["
+        )
+        for p in problems
+    ), problems
+
+
+def test_a_whole_lever_known_bad_s_kernel_edited_makes_the_calibration_stale(
+    rope_gate: tuple[Path, dict[str, Any]],
+) -> None:
+    module, _ = rope_gate
+    ops = module.parent / "known_bad_ops.py"
+    ops.write_text(ops.read_text().replace("base = base * 1.1", "base = base * 1.2"))
+    assert [s for s in module_findings(module).stale if "(known_bad_ops.py)" in s]
+
+
 def test_a_limit_beyond_the_quality_bounds_fails(kv_gate: tuple[Path, dict[str, Any]]) -> None:
     module, _ = kv_gate
     _plant(module, "assert_kl_below(paired, mean=2.5)")

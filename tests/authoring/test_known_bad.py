@@ -1,7 +1,9 @@
 """`assert_known_bad_fails`: a gate's known-bad test passes only when its drift test gives a *fail* verdict
 on the known-bad arm, for patch, KV and weights levers (the forms this project's gates plant); a known-bad
 that passes the limits, a drift test with no limits, an inconclusive verdict, a plain `assert`, the
-reference itself or a value the lever cannot take each fail, saying which; under --mlx-aa it skips.
+reference itself or a value the lever cannot take each fail, saying which; under --mlx-aa it skips. A
+context lever's known-bad is a whole lever (`pytest.mark.mlx_lever(...)`) with its own reference arm,
+named by what it switches; one on another path than the gate's, or comparing two models, is refused.
 
 One pytester session on the tiny model runs a module per case (the model loads once); the broken kernel
 is an RMSNorm that divides by the mean square instead of its root (top-1 0%, mean KL ~2.7 here).
@@ -13,6 +15,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+from pytest_mlxgate.authoring.calibrate import known_bad_text
+from pytest_mlxgate.authoring.known_bad import _bad_lever, known_bad_shown
+from pytest_mlxgate.errors import MlxgateUsageError
+from pytest_mlxgate.levers.lever import Lever
 
 BROKEN_KERNELS = '''
 import mlx.core as mx
@@ -147,3 +154,145 @@ def test_drift(paired):
         ["*marker mlx_calibrate on test_g.py::test_drift: accept_broken='': give the reason as text*"]
     )
     assert "Traceback" not in result.stdout.str()
+
+
+# -- a whole lever as the known-bad: for a lever with no broken value (a context: compile on/off, fused ops)
+
+#: The gate's lever as gates/test_fused_norms_rope.py's, on one op: no value of it is broken.
+CONTEXT_LEVER = (
+    'pytest.mark.mlx_lever("norms", context="pytest_mlxgate.reference_ops:fast_ops", ref="rms_norm", cand="fused")'
+)
+WHOLE_BAD = (
+    'pytest.mark.mlx_lever("bad_norm", patch="mlx.core.fast.rms_norm", ref=None, '
+    'cand="kb_kernels:rms_norm_without_the_root"{path})'
+)
+WHOLE_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below, assert_known_bad_fails
+
+pytestmark = [{lever}, pytest.mark.mlx_kl(prompts=4, tokens=32, decode=8)]
+
+KNOWN_BAD = {known_bad}
+
+
+def test_drift(paired):
+    {drift}
+
+
+def test_known_bad(paired):
+    assert_known_bad_fails(paired, KNOWN_BAD, test_drift)
+"""
+WHOLE_CASES = {
+    # module: (known_bad, drift body)
+    "wholecaught": (WHOLE_BAD.format(path=""), "assert_kl_below(paired, mean=1e-3, p99=1e-2, top1=0.9)"),
+    "wholeloose": (WHOLE_BAD.format(path=""), "assert_kl_below(paired, mean=50, p99=50)"),
+    "wholepath": (WHOLE_BAD.format(path=', path="serving"'), "assert_kl_below(paired, mean=1e-3)"),
+}
+SHOWN = (
+    "mlx_lever 'bad_norm' (patch mlx.core.fast.rms_norm: original → kb_kernels:rms_norm_without_the_root, path=prefill)"
+)
+
+
+@pytest.mark.slow  # two pytester sessions on the tiny model, three gate modules
+def test_a_whole_lever_known_bad_runs_as_its_own_arms_and_is_named_by_what_it_switches(
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path
+) -> None:
+    """A context gate's known-bad is a whole patch lever: the gate's known-bad test passes when its limits
+    fail it, fails naming it when they pass it, and refuses one on another path than the gate's;
+    --mlx-calibrate keeps it in the file as the lever it is."""
+    pytester.makeini("[pytest]\n")
+    (pytester.path / "kb_kernels.py").write_text(BROKEN_KERNELS)
+    for name, (known_bad, drift) in WHOLE_CASES.items():
+        gate = WHOLE_GATE.format(lever=CONTEXT_LEVER, known_bad=known_bad, drift=drift)
+        pytester.makepyfile(**{f"test_{name}": gate})
+    common = [f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "--mlx-db=off"]
+    result = pytester.runpytest_subprocess(*common, "-rA", "-k", "test_known_bad")
+    outcomes = {
+        line.split(" ")[1].split("::")[0][5:-3]: line.split(" ")[0]
+        for line in result.outlines
+        if line.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
+    assert outcomes == {"wholecaught": "PASSED", "wholeloose": "FAILED", "wholepath": "FAILED"}, result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            f"*the known-bad variant {SHOWN} passes test_drift's limits (mean KL 95% bound * <= limit 50*",
+            "*KNOWN_BAD mlx_lever 'bad_norm' (patch mlx.core.fast.rms_norm: original → "
+            "kb_kernels:rms_norm_without_the_root, path=serving) runs on path='serving', the gate's lever 'norms' "
+            "on path='prefill': *write path='prefill' in the KNOWN_BAD marker*",
+        ]
+    )
+
+    calibrated = pytester.runpytest_subprocess(
+        *common, "--mlx-allow-untrained", "--mlx-calibrate", "test_wholecaught.py::test_drift"
+    )
+    calibrated.assert_outcomes(skipped=1)
+    calibrated.stdout.fnmatch_lines([f"*known-bad KNOWN_BAD = {SHOWN}: mean KL *: fails the gate's limits (caught)"])
+    known_bad = json.loads((pytester.path / "calibration" / "test_wholecaught.json").read_text())["known_bad"]
+    assert known_bad["value"] == {
+        "name": "bad_norm",
+        "kind": "patch",
+        "target": "mlx.core.fast.rms_norm",
+        "ref": "original",
+        "cand": "kb_kernels:rms_norm_without_the_root",
+        "path": "prefill",
+    }
+    assert known_bad["verdict_when_measured"]["verdict"] == "fail"
+
+
+def _context_lever() -> Lever:
+    """gates/test_fused_norms_rope.py's lever: a context, on the serving path."""
+    return Lever("fused", "context", "pytest_mlxgate.reference_ops:fast_ops", "plain", "fused", "serving")
+
+
+def test_a_whole_patch_lever_with_the_original_as_reference_shares_the_as_loaded_reference() -> None:
+    bad = _bad_lever(
+        _context_lever(),
+        pytest.mark.mlx_lever(
+            "rope", patch="mlx.core.fast.rope", ref=None, cand="pytest_mlxgate.reference_ops:rope", path="serving"
+        ),
+        base_dir=None,
+    )
+    assert (bad.kind, bad.target, bad.ref) == ("patch", "mlx.core.fast.rope", None)
+    plain_kv = Lever("kv", "kv", None, "plain", {"bits": 8}, "serving")
+    assert bad.key("reference") == plain_kv.key("reference") != bad.key("candidate")
+
+
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        (
+            pytest.mark.mlx_lever("rope", patch="mlx.core.fast.rope", ref=None, cand="m:broken", path="prefill"),
+            "KNOWN_BAD mlx_lever 'rope' (patch mlx.core.fast.rope: original → m:broken, path=prefill) runs on "
+            "path='prefill', the gate's lever 'fused' on path='serving': the limits are the gate's on its path, so "
+            "its known-bad must run there; write path='serving' in the KNOWN_BAD marker",
+        ),
+        (pytest.mark.mlx_lever("model"), "KNOWN_BAD mlx_lever 'model' (model: "),
+        (
+            pytest.mark.mlx_lever("w", weights=True, ref=None, cand={"bits": 2, "group_size": 64}, path="serving"),
+            "a weights lever compares two models, so its arms are not the gate's model with one bug",
+        ),
+        (pytest.mark.skip(reason="x"), "KNOWN_BAD is a pytest.mark.skip marker: a known-bad variant is a value"),
+        (pytest.mark.mlx_lever("rope", patch="mlx.core.fast.rope"), "missing ref= and cand="),
+    ],
+    ids=["path", "model", "weights", "other-marker", "unparsable"],
+)
+def test_a_whole_lever_that_cannot_stand_in_for_the_gate_s_is_refused_saying_how_to_fix_it(
+    bad: pytest.MarkDecorator, words: str
+) -> None:
+    with pytest.raises(MlxgateUsageError) as e:
+        _bad_lever(_context_lever(), bad, base_dir=None)
+    assert words in str(e.value)
+
+
+def test_a_whole_lever_is_named_by_what_it_switches_and_a_value_by_its_repr() -> None:
+    lever = Lever("rope", "patch", "mlx.core.fast.rope", None, "m:broken", "serving")
+    mark = pytest.mark.mlx_lever("rope", patch="mlx.core.fast.rope", ref=None, cand="m:broken", path="serving")
+    assert (
+        known_bad_shown(mark, lever)
+        == known_bad_text(lever.to_json())
+        == "mlx_lever 'rope' (patch mlx.core.fast.rope: original → m:broken, path=serving)"
+    )
+    assert known_bad_shown(mark) == "pytest.mark.mlx_lever('rope', ...)"  # before it is parsed
+    assert known_bad_shown("m:broken") == known_bad_text("m:broken") == "'m:broken'"
+    assert known_bad_text({"bits": 4, "group_size": 64}) == "{'bits': 4, 'group_size': 64}"
