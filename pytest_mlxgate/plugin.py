@@ -209,6 +209,11 @@ def paired(request: pytest.FixtureRequest) -> Iterator[Paired]:
             from .authoring.calibration_run import check_before_aa
 
             check_before_aa(request.node)  # the test's limits against its calibration file, if it has one
+        elif value.run.vouch is None:  # once per module: where its limits come from on this model and backend
+            from .authoring.proof import limits_proof
+
+            run = value.run
+            run.vouch = limits_proof(value, prove=run.prove, require=run.require_proof).vouch
         yield value
         value.finish()
         return

@@ -74,7 +74,7 @@ def assert_capability_at_least(
     }
     conclusion = _conclusion(runs, stats, checks, skipped, bounds)
 
-    def message(*, verdict: str, nodeid: str, rerun: str) -> str:
+    def message(*, verdict: str, nodeid: str, rerun: str, checks: Sequence[Check]) -> str:
         return failure_report(runs, stats, checks, verdict=verdict, rerun=rerun, nodeid=nodeid)
 
     conclude(None if isinstance(result, Mapping) else result, conclusion, message)

@@ -407,6 +407,20 @@ OPTIONS: tuple[Option, ...] = (
         type=times_arg,
     ),
     Option(
+        "--mlx-prove",
+        "auto (the default): where no calibration file of the judged model on this backend covers a gate "
+        "module, first show its limits work there (the A/A floor, and its KNOWN_BAD must fail them); off: "
+        "skip that, and every verdict says its limits are unproven. Also MLXGATE_PROVE",
+        "gate",
+        choices=("auto", "off"),
+    ),
+    Option(
+        "--mlx-require-proof",
+        "a gate whose limits are neither calibrated nor proven on the judged model (no KNOWN_BAD, a "
+        "two-model lever) is an error, not a pass: for CI required checks",
+        "gate",
+    ),
+    Option(
         "--mlx-allow-untrained",
         "run gates on a reference model that predicts text no better than chance "
         "(random-weight test models); by default such gates skip, saying so. Also MLXGATE_ALLOW_UNTRAINED=1",

@@ -134,6 +134,8 @@ class GateSettings:
     progress_interval: float | None = None  # --mlx-progress-interval; None: 5 s on a terminal, else 30 s
     explain: bool = False  # --mlx-explain: attribute every KL gate's drift, not only a failing one's
     explain_budget: float = 3.0  # --mlx-explain-budget TIMES the gate's two arms; 0: no automatic attribution
+    prove: str = "auto"  # --mlx-prove: auto (prove limits where no calibration covers the model) | off
+    require_proof: bool = False  # --mlx-require-proof: limits unproven on the judged model are an error
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -187,6 +189,13 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
             "--mlx-aa and --mlx-calibrate: choose one (--mlx-calibrate runs the A/A floor itself, "
             "beside the lever, and suggests limits; --mlx-aa checks limits you already have)"
         )
+    prove = _prove(cli["mlx_prove"] or config.getini("mlx_prove") or None)
+    require_proof = bool(cli["mlx_require_proof"] or config.getini("mlx_require_proof"))
+    if require_proof and prove == "off":
+        raise MlxgateUsageError(
+            "--mlx-require-proof with --mlx-prove off: a proof is required but none may run; drop one of them "
+            "(MLXGATE_PROVE=off counts as --mlx-prove off)"
+        )
     return GateSettings(
         lever=lever,
         ref_value=ref_value,
@@ -226,6 +235,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         arm_timeout=_arm_timeout(cli["mlx_arm_timeout"], config),
         explain=bool(cli["mlx_explain"] or config.getini("mlx_explain")),
         explain_budget=_explain_budget(cli["mlx_explain_budget"], config),
+        prove=prove,
+        require_proof=require_proof,
         progress_interval=(
             cli["mlx_progress_interval"]
             if cli["mlx_progress_interval"] is not None
@@ -254,6 +265,15 @@ def _explain_budget(cli: float | None, config: pytest.Config) -> float:
         except argparse.ArgumentTypeError as e:
             raise MlxgateUsageError(f"MLXGATE_EXPLAIN_BUDGET={env!r}: {e}") from None
     return 3.0 if value is None else value
+
+
+def _prove(given: str | None) -> str:
+    """Command line, else ini, else MLXGATE_PROVE, else auto."""
+    value = (given or os.environ.get("MLXGATE_PROVE", "").strip() or "auto").lower()
+    if value not in ("auto", "off"):
+        where = "mlx_prove" if given else "MLXGATE_PROVE"
+        raise MlxgateUsageError(f"{where}={value!r}: use auto (prove limits where no calibration covers) or off")
+    return value
 
 
 def _arm_timeout(cli: float | None, config: pytest.Config) -> float | None:

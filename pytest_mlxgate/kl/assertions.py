@@ -171,8 +171,8 @@ def assert_kl_below(
     conclusion = replace(conclusion, fields={**conclusion.fields, **extra}) if extra else conclusion
     speed = subject.speed_if_asked() if subject is not None else None
 
-    def message(*, verdict: str, nodeid: str, rerun: str) -> str:
-        text = failure_report(kl, conclusion.checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
+    def message(*, verdict: str, nodeid: str, rerun: str, checks: Sequence[Check]) -> str:
+        text = failure_report(kl, checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
         if attribution is not None:
             text += "".join(f"\n  {line}" for line in attribution_lines(attribution))
         if speed:

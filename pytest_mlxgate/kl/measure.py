@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
-__all__ = ["aa_chunk", "check_same_vocabulary", "measure_kl", "reference_key"]
+__all__ = ["aa_chunk", "chunked_floor", "check_same_vocabulary", "measure_kl", "reference_key"]
 
 
 def measure_kl(
@@ -115,6 +115,45 @@ def measure_kl(
         aa=aa_info,
         profile=profile,
     )
+
+
+def chunked_floor(
+    *,
+    reference: LoadedModel,
+    lever: Lever,
+    shape: RunShape,
+    sequences: Sequence[TokenSequence],
+    sequences_digest: str,
+    machine: Mapping[str, str],
+    cache: ReferenceCache | None,
+    counters: ArmCounters,
+    say: Callable[[str], None],
+    watch: Watcher | None = None,
+) -> tuple[int, dict[str, float]]:
+    """(chunk, floors): the reference against itself with another prefill chunk, one arm beside the
+    reference distributions the gate's own run left in the cache (computed again when there are none).
+    What a limits proof needs of the A/A floor; `--mlx-aa` runs the repeat arm too."""
+    key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest, machine=machine)
+    refs = cache.load(key, len(sequences)) if cache is not None else None
+    if refs is None:
+        refs = _computed_reference(reference, sequences, shape, lever, counters, say, watch)
+    chunk = aa_chunk(shape)
+    label = f"A/A reference arm with prefill chunk {chunk}"
+    say(label.replace("A/A ", "A/A: ", 1))
+    arm_watch = _arm_watch(watch, label, sequences, shape)
+    scores = run_candidate(
+        reference.model,
+        sequences,
+        shape,
+        lever,
+        refs,
+        counters=counters,
+        arm="reference",
+        override_shape=dataclasses.replace(shape, chunk=chunk),
+        watch=arm_watch,
+    )
+    _finish(arm_watch)
+    return chunk, aa_floors([summarize(scores)])
 
 
 def _computed_reference(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 __all__ = [
     "REFERENCE_BLAS",
+    "backend_of",
     "blas_in_use",
     "classify_blas",
     "mapped_libraries",
@@ -79,6 +80,16 @@ def mlx_device() -> str:
     if cuda is not None and cuda.is_available():
         return "gpu · CUDA"
     return "gpu"
+
+
+def backend_of(device: str) -> str:
+    """The backend a device string (`mlx_device`) names: cpu, metal, cuda, or the string itself. A
+    calibration covers one backend: rounding differs between them."""
+    lowered = device.lower()
+    for backend in ("metal", "cuda"):
+        if backend in lowered:
+            return backend
+    return "cpu" if lowered.startswith("cpu") else device
 
 
 def blas_in_use() -> str:

@@ -293,6 +293,8 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         inconclusive=gate.inconclusive,
         explain=gate.explain,
         explain_budget=gate.explain_budget,
+        prove=gate.prove,
+        require_proof=gate.require_proof,
         allow_untrained=gate.allow_untrained,
         progress=ctx.progress,
         live=ctx.live,

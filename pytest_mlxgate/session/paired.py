@@ -62,6 +62,11 @@ class PairedRun:
     watch: Watcher | None = None  # the arms' progress lines, time limit and the run's speed-trial lock
     counters: ArmCounters = field(default_factory=ArmCounters)
     phases: PhaseClock = field(default_factory=PhaseClock)  # where the module's time went (each record's share)
+    prove: str = "auto"  # --mlx-prove: show the limits work where no calibration covers the model (auto) or not
+    require_proof: bool = False  # --mlx-require-proof: limits unproven on the model are an error
+    # where the module's limits come from (`authoring.proof.LimitsProof.vouch`, set by the `paired` fixture);
+    # None: verdicts go out as the assertions made them (A/A, calibration, a known-bad arm)
+    vouch: Callable[[Conclusion], Conclusion] | None = None
     _capability: dict[tuple[Any, ...], CapabilityRun] = field(default_factory=dict)
     _result: KLResult | None = None
     _error: BaseException | None = None
@@ -448,6 +453,11 @@ class Paired:
     def explanation(self, kl: KLResult, verdict: str) -> dict[str, Any] | None:
         """Where the gate's drift comes from (see `PairedRun.explanation`), or None."""
         return self.run.explanation(kl, verdict)
+
+    def vouch(self, conclusion: Conclusion) -> Conclusion:
+        """`conclusion` with where its limits come from on this model and backend (`authoring.proof`), its
+        verdict settled by that; as it was where nothing vouches (A/A, calibration, a known-bad arm)."""
+        return self.run.vouch(conclusion) if self.run.vouch is not None else conclusion
 
     def publish(self, conclusion: Conclusion) -> None:
         """The one way a gate's numbers leave it: the conclusion of an assertion (`verdicts.conclude`) becomes

@@ -19,8 +19,9 @@ __all__ = ["PHASES", "Phase", "PhaseClock"]
 
 #: load: models loaded and quantized copies made (once per process: a later module finds them loaded);
 #: check: the untrained-model check; reference / candidate: the KL arms (A/A: the reference again, as
-#: candidate); speed: the interleaved trials; capability: both arms' tasks; explain: drift attribution.
-Phase = Literal["load", "check", "reference", "candidate", "speed", "capability", "explain"]
+#: candidate); speed: the interleaved trials; capability: both arms' tasks; explain: drift attribution;
+#: proof: the A/A and known-bad arms that show a gate's limits work on a model no calibration covers.
+Phase = Literal["load", "check", "reference", "candidate", "speed", "capability", "explain", "proof"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
 

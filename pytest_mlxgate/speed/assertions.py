@@ -200,8 +200,8 @@ def assert_faster(
     subject, speed = _measured(result)
     conclusion = speed_conclusion(speed, goals, speed_checks(speed, goals, at))
 
-    def message(*, verdict: str, nodeid: str, rerun: str) -> str:
-        return speed_failure(speed, conclusion.checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
+    def message(*, verdict: str, nodeid: str, rerun: str, checks: Sequence[Check]) -> str:
+        return speed_failure(speed, checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
 
     conclude(subject, conclusion, message)
     return speed
@@ -232,8 +232,8 @@ def assert_smaller(
     subject, speed = _measured(result)
     conclusion = speed_conclusion(speed, goals, speed_checks(speed, goals, at, assertion="assert_smaller"))
 
-    def message(*, verdict: str, nodeid: str, rerun: str) -> str:
-        return speed_failure(speed, conclusion.checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
+    def message(*, verdict: str, nodeid: str, rerun: str, checks: Sequence[Check]) -> str:
+        return speed_failure(speed, checks, nodeid=nodeid, rerun=rerun, verdict=verdict)
 
     conclude(subject, conclusion, message)
     return speed

@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..results.model import limits_from_words
 from ..results.records import Check, Mode
-from ..results.verdicts import Direction, Verdict, bounds_verdict, overall_verdict, settle_inconclusive
+from ..results.verdicts import ERROR, Direction, Verdict, bounds_verdict, overall_verdict, settle_inconclusive
 
 __all__ = ["Conclusion", "MessageFn", "Target", "check", "conclude", "given_limits"]
 
@@ -103,13 +104,15 @@ class Target(Protocol):
     @property
     def inconclusive(self) -> str: ...  # --mlx-inconclusive: fail, warn or xfail
 
+    def vouch(self, conclusion: Conclusion) -> Conclusion: ...  # where its limits come from (`authoring.proof`)
+
     def publish(self, conclusion: Conclusion) -> None: ...
 
 
 class MessageFn(Protocol):
-    """An assertion's report for a verdict that did not pass."""
+    """An assertion's report for a verdict that did not pass, on the checks as vouched for."""
 
-    def __call__(self, *, verdict: str, nodeid: str, rerun: str) -> str: ...
+    def __call__(self, *, verdict: str, nodeid: str, rerun: str, checks: Sequence[Check]) -> str: ...
 
 
 def given_limits(
@@ -132,19 +135,28 @@ def given_limits(
 
 
 def conclude(target: Target | None, conclusion: Conclusion, message: MessageFn) -> None:
-    """Publish the conclusion (when there is a `paired` to publish to), then act on its verdict: a fail
-    raises AssertionError with the assertion's report, an inconclusive one fails, warns or xfails as
-    --mlx-inconclusive says (never a pass); any other verdict returns."""
+    """Vouch for the conclusion's limits on the judged model and publish it (when there is a `paired`),
+    then act on its verdict: an error (limits that do not catch the known-bad here) or a fail raises
+    AssertionError with the report, an inconclusive one fails, warns or xfails as --mlx-inconclusive says
+    (never a pass); any other verdict returns."""
     __tracebackhide__ = True
     if target is not None:
+        conclusion = target.vouch(conclusion)
         target.publish(conclusion)
+    limits_from = limits_from_words(conclusion.fields.get("limits_from"))
+    if conclusion.verdict == ERROR:
+        error = conclusion.fields.get("error")
+        raise AssertionError(str(error.get("message") if isinstance(error, Mapping) else error))
     if conclusion.verdict not in ("fail", "inconclusive"):
         return
     text = message(
         verdict=conclusion.verdict,
         nodeid=target.nodeid if target is not None else "",
         rerun=target.rerun if target is not None else "",
+        checks=conclusion.checks,
     )
+    if limits_from is not None:
+        text += f"\n  {limits_from}"
     if conclusion.verdict == "fail":
         raise AssertionError(text)
     # the warning names the line that called the assertion: settle_inconclusive <- conclude <- assert_...

@@ -131,6 +131,9 @@ class Target:
         self.nodeid, self.rerun, self.inconclusive = "gates/test_x.py::test_drift", "pytest gates/test_x.py", policy
         self.published: list[Conclusion] = []
 
+    def vouch(self, conclusion: Conclusion) -> Conclusion:
+        return conclusion
+
     def publish(self, conclusion: Conclusion) -> None:
         self.published.append(conclusion)
 
@@ -154,7 +157,7 @@ def assert_something(target: Target | None, *verdicts: str, verdict: str = "") -
     """An assertion as the three are written: checks, then everything else in `conclude`."""
     __tracebackhide__ = True
     conclusion = Conclusion(mode="gate", checks=[_check(v) for v in verdicts], bounds={"k": 1.0}, verdict=verdict)
-    conclude(target, conclusion, lambda *, verdict, nodeid, rerun: f"{verdict} at {nodeid} ({rerun})")
+    conclude(target, conclusion, lambda *, verdict, nodeid, rerun, checks: f"{verdict} at {nodeid} ({rerun})")
     return conclusion
 
 

@@ -1,0 +1,474 @@
+"""Limits shown on the model they judge: every verdict says where its limits come from (`limits_from`).
+
+A gate's limits were sized on one model on one backend, and its calibration file shows there that
+they sit above the noise and fail the module's `KNOWN_BAD`. On any other model or backend those
+numbers say nothing by themselves: a less sensitive model lets a broken lever through, a more
+sensitive one fails a good lever on its own noise. So where no calibration file of the judged model
+on this backend covers a gate module (`covering_file`), the run first shows there what the file
+would have shown (`Proof`, once per module, cached beside the reference):
+
+- the A/A floor (the reference against itself with another prefill chunk): a KL limit below
+  `FLOOR_FACTOR` x this model's floor makes its check *inconclusive*, never a fail or a pass by noise;
+- the known-bad variant's drift: when it passes every limit of a KL assertion here, that gate is an
+  *error* naming the known-bad, its figures and the command that calibrates this model; when it is not
+  shown to fail them, the gate can at best be inconclusive.
+
+A module with no KNOWN_BAD (or a two-model lever, which has none) is *unproven*: said in its verdict
+line, an error under --mlx-require-proof. Capability and speed limits are not proven by a known-bad:
+their records say whether a calibration covers them and what kind of limit they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..common.keys import canonical_json, key_digest
+from ..config.names import BUILT_MODELS
+from ..errors import MlxgateError, NonFiniteLogitsError
+from ..kl.assertions import kl_checks
+from ..kl.measure import chunked_floor, reference_key
+from ..levers.lever import Lever
+from ..models.device import backend_of
+from ..results.records import Check, LimitsFrom
+from ..results.verdicts import ERROR, overall_verdict
+from ..session.paired import Paired
+from ..session.phases import PhaseClock
+from ..verdicts.conclude import Conclusion
+from .calibrate import AGREEMENT_METRICS, FLOOR_FACTOR
+from .calibration_file import calibration_model, calibration_path, read_calibration, serving_code
+from .known_bad import is_whole_lever, known_bad_lever, known_bad_paired, known_bad_shown
+
+__all__ = ["PROOF_FORMAT", "LimitsProof", "Proof", "covering_file", "inside_floor", "limits_proof"]
+
+#: Bump when what a cached proof holds changes meaning: an older entry is then a miss.
+PROOF_FORMAT = 1
+#: What a record's note says of each kind of limit: whether it means the same on every model.
+NOTES = {
+    "capability": "a drop margin in points: the same on every model",
+    "speed": "a speed or memory goal: sized on the model and machine it was calibrated on",
+}
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What a proof run measured on the judged model: its A/A floor and its known-bad's KL statistics."""
+
+    floors: Mapping[str, float]
+    known_bad: object | None = None  # the module's KNOWN_BAD (None: none declared)
+    known_bad_stats: Mapping[str, Any] | None = None  # KLStats.to_json() of the known-bad arm
+    non_finite: str | None = None  # the known-bad gave NaN or inf logits: caught whatever the limits
+    error: str | None = None  # the known-bad could not be measured
+    source: str = "measured"  # or "cache"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "floors": dict(self.floors),
+            "known_bad_stats": dict(self.known_bad_stats) if self.known_bad_stats is not None else None,
+            "non_finite": self.non_finite,
+        }
+
+
+def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> list[str]:
+    """The limits that sit within `FLOOR_FACTOR` x the floor (for agreement rates: whose disagreement
+    does): a check against them would tell noise, not the lever."""
+    out = []
+    for key, limit in bounds.items():
+        floor = floors.get(key)
+        if floor is None or not math.isfinite(floor):
+            continue
+        if key in AGREEMENT_METRICS:
+            if 1.0 - limit < FLOOR_FACTOR * (1.0 - floor):
+                out.append(key)
+        elif limit < FLOOR_FACTOR * floor:
+            out.append(key)
+    return out
+
+
+def _model_of(described: Mapping[str, Any]) -> str | None:
+    name, repo = described.get("name"), described.get("repo_id")
+    return calibration_model(name if isinstance(name, str) else None, repo if isinstance(repo, str) else None)
+
+
+def covering_file(module: Path, described: Mapping[str, Any], backend: str) -> Path | None:
+    """The calibration file that covers this module on this model and backend, or None: the model's own
+    file (`calibration_path`) measured on the same backend and on the same model commit. A file that
+    cannot be read covers nothing (the calibration files' check names it)."""
+    path = calibration_path(module, _model_of(described))
+    try:
+        doc = read_calibration(path)
+    except ValueError:
+        return None
+    if doc is None:
+        return None
+    machine, model = doc.get("machine"), doc.get("model")
+    if not isinstance(machine, Mapping) or backend_of(str(machine.get("device", ""))) != backend:
+        return None
+    if not isinstance(model, Mapping):
+        return None
+    commit = described.get("commit")
+    if not commit or model.get("commit") != commit:
+        return None
+    return path
+
+
+def model_label(described: Mapping[str, Any]) -> str:
+    """How a verdict names the judged model: its built-in alias, else repo@commit as pinned."""
+    name = described.get("name")
+    if isinstance(name, str) and name in BUILT_MODELS:
+        return name
+    return str(described.get("pinned") or described.get("repo_id") or name or "the model")
+
+
+@dataclass
+class LimitsProof:
+    """One gate module's `limits_from`: made once per module by `limits_proof`, asked by every assertion
+    through `vouch` (the `paired` fixture's hook in `verdicts.conclude`)."""
+
+    paired: Paired  # the module's first `paired`: its arms, item and re-run
+    model: str
+    backend: str
+    file: Path | None  # the covering calibration file (None: none covers)
+    shown_file: str  # the file as the run names it (covering, or where --mlx-calibrate would write it)
+    calibrate_command: str
+    prove: bool  # --mlx-prove auto and nothing covers: measure a proof on first use
+    require: bool  # --mlx-require-proof
+    known_bad: object | None
+    unprovable: str | None = None  # why no known-bad can speak for these limits (None: one can)
+    own_entry: bool = True  # the model's limits go in a `models=` entry (the embedded model's are the gate's own)
+    _proof: Proof | None = field(default=None, repr=False)
+
+    def vouch(self, conclusion: Conclusion) -> Conclusion:
+        """`conclusion` with its `limits_from`, its KL checks read against this model's floor and its
+        verdict settled by the known-bad (`refuted`: error; not shown to fail: at best inconclusive)."""
+        if conclusion.mode not in ("gate", "capability", "speed"):
+            return conclusion  # A/A, a score, an error: no limits of their own to prove
+        entry = self._base(conclusion)
+        if conclusion.mode != "gate":
+            entry["note"] = NOTES[conclusion.mode]
+            return _with(conclusion, entry)
+        if self.file is not None:
+            return _with(conclusion, entry)
+        if not self.prove:
+            entry |= {"status": "unproven", "why": "--mlx-prove off"}
+            return self._required(conclusion, entry)
+        proof = self.proof()
+        checks = list(conclusion.checks)
+        bounds = {str(k): float(v) for k, v in conclusion.bounds.items() if isinstance(v, (int, float))}
+        entry["floors"] = {k: float(v) for k, v in proof.floors.items() if k in bounds}
+        noisy = inside_floor(bounds, proof.floors)
+        if noisy:
+            entry["inside_floor"] = noisy
+            checks = [_at_floor(c, self.model, proof.floors) if c["key"] in noisy else c for c in checks]
+        verdict = overall_verdict(checks)
+        if self.unprovable is not None:
+            entry |= {"status": "unproven", "why": self.unprovable}
+            return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
+        if proof.error is not None:
+            entry |= {"status": "unproven", "why": f"the known-bad could not be measured: {proof.error}"}
+            message = f"{entry['why']}\n  {self._calibrate_hint()}"
+            return _with(replace(conclusion, checks=checks, verdict=ERROR), entry, error=message)
+        bad = _named(self.paired, self.known_bad)
+        if proof.non_finite is not None:
+            entry |= {"status": "proven", "known_bad": {"value": bad, "verdict": "fail", "figures": ["non-finite"]}}
+            return _with(replace(conclusion, checks=checks, verdict=verdict), entry)
+        bad_checks = kl_checks(proof.known_bad_stats or {}, bounds)
+        bad_verdict = overall_verdict(bad_checks)
+        figures = [_figure(c) for c in bad_checks]
+        entry["known_bad"] = {"value": bad, "verdict": bad_verdict, "figures": figures}
+        if bad_verdict == "fail":
+            entry["status"] = "proven"
+            return _with(replace(conclusion, checks=checks, verdict=verdict), entry)
+        if bad_verdict == "pass":
+            entry |= {"status": "refuted", "why": f"known-bad {bad} passes them ({'; '.join(figures)})"}
+            return _with(
+                replace(conclusion, checks=checks, verdict=ERROR), entry, error=self._refuted(bad, figures, noisy)
+            )
+        entry |= {
+            "status": "unproven",
+            "why": f"known-bad {bad} not shown to fail them ({'; '.join(figures)}): more prompts would tell",
+        }
+        if verdict == "pass":
+            verdict = "inconclusive"  # limits not shown to catch a broken variant here: a pass shows nothing
+        return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
+
+    def proof(self) -> Proof:
+        """The A/A floor and the known-bad's drift on this model (once per module; cached beside the reference)."""
+        if self._proof is None:
+            self._proof = _cached_or_measured(self.paired, self.known_bad if self.unprovable is None else None)
+        return self._proof
+
+    def _base(self, conclusion: Conclusion) -> LimitsFrom:
+        entry = LimitsFrom(
+            status="calibrated" if self.file is not None else "unproven",
+            model=self.model,
+            backend=self.backend,
+            file=self.shown_file,
+        )
+        if self.file is None:
+            entry["why"] = "not calibrated"
+        models_entry = conclusion.fields.get("limits_for")
+        if isinstance(models_entry, str):
+            entry["models_entry"] = models_entry
+        return entry
+
+    def _required(self, conclusion: Conclusion, entry: LimitsFrom) -> Conclusion:
+        """An unproven gate: a note in its verdict line, an error under --mlx-require-proof."""
+        if not self.require or conclusion.verdict == ERROR:
+            return _with(conclusion, entry)
+        message = (
+            f"limits unproven on {self.model} ({self.backend}): {entry.get('why')}; --mlx-require-proof makes "
+            f"this an error.\n  {self._calibrate_hint()}, or declare KNOWN_BAD in the module (a variant with a "
+            "bug its limits must fail)"
+        )
+        return _with(replace(conclusion, verdict=ERROR), entry, error=message)
+
+    def _refuted(self, bad: str, figures: Sequence[str], noisy: Sequence[str]) -> str:
+        lines = [
+            f"limits do not catch the known-bad on {self.model} ({self.backend}): {self.paired.nodeid}",
+            f"  KNOWN_BAD = {bad} passes every limit here:",
+            *(f"    {f}" for f in figures),
+            f"  limits that pass a broken variant on {self.model} would pass a broken kernel: they were sized on "
+            "another model or backend",
+            f"  {self._calibrate_hint()}",
+        ]
+        if noisy:
+            lines.append(f"  ({', '.join(noisy)}: inside {self.model}'s noise floor as well)")
+        lines.append(f"  re-run: {self.paired.rerun}")
+        return "\n".join(lines)
+
+    def _calibrate_hint(self) -> str:
+        own = (
+            f"give the limits it suggests as models={{{self.model!r}: {{...}}}}"
+            if self.own_entry
+            else "paste the limits it suggests into the gate"
+        )
+        command = self.calibrate_command
+        return f"make this model's limits its own: {command} (writes {self.shown_file}; then {own} and commit both)"
+
+
+def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
+    """The module's LimitsProof: which file covers it, whether a proof will run, and with what known-bad."""
+    run, item = paired.run, paired.item
+    module = Path(item.path)
+    described = dict(run.candidate.describe())
+    backend = backend_of(run.machine.get("device", "cpu"))
+    covering = covering_file(module, described, backend)
+    if covering is not None and run.lever.two_models and run.reference is not None:
+        ref = dict(run.reference.describe())
+        doc_ref = ((read_calibration(covering) or {}).get("model") or {}).get("reference") or {}
+        if doc_ref.get("commit") != ref.get("commit"):
+            covering = None  # the file was measured against another reference model
+    path = covering or calibration_path(module, _model_of(described))
+    root = item.config.rootpath
+    shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    shown_module = paired.nodeid.split("::")[0]
+    name = described.get("name") or described.get("repo_id")
+    known_bad = getattr(item.module, "KNOWN_BAD", None) if getattr(item, "module", None) is not None else None
+    unprovable = None
+    if run.lever.kind == "model":
+        unprovable = "a two-model lever has no known-bad value"
+    elif known_bad is None:
+        unprovable = "no known-bad"
+    return LimitsProof(
+        paired=paired,
+        model=model_label(described),
+        backend=backend,
+        file=covering,
+        shown_file=shown,
+        calibrate_command=f"pytest {shown_module} --mlx-candidate {name} --mlx-calibrate",
+        prove=prove == "auto" and covering is None,
+        require=require,
+        known_bad=known_bad,
+        unprovable=unprovable,
+        own_entry=_model_of(described) is not None,
+    )
+
+
+def _with(conclusion: Conclusion, entry: LimitsFrom, *, error: str | None = None) -> Conclusion:
+    fields: dict[str, Any] = {**conclusion.fields, "limits_from": dict(entry)}
+    if error is not None:
+        fields["error"] = {"type": "LimitsNotShown", "message": error, "phase": "call"}
+    return replace(conclusion, fields=fields)
+
+
+def _at_floor(check: Check, model: str, floors: Mapping[str, float]) -> Check:
+    """A check whose limit sits inside the model's noise floor: a fail there may be noise, so it reads
+    inconclusive; a pass (the bound inside even that limit) stands."""
+    if check["verdict"] == "pass":
+        return check
+    floor = floors.get(check["key"])
+    method = f"limit inside {model}'s A/A noise floor ({_num(floor)}; the rule asks {FLOOR_FACTOR:g}x it)"
+    return Check(**{**check, "verdict": "inconclusive", "n_needed": None, "method": method})
+
+
+def _figure(check: Check) -> str:
+    """A known-bad's check as its figure: the bound that decided it (a fail: the end shown beyond the limit)."""
+    lower, upper, limit = _num(check.get("lower")), _num(check.get("upper")), _num(check["limit"])
+    name, verdict, at_most = check["metric"], check["verdict"], check["direction"] == "max"
+    if verdict == "inconclusive":
+        return f"{name} 95% interval [{lower}, {upper}] straddles limit {limit}"
+    if verdict == "pass":
+        return (
+            f"{name} 95% upper bound {upper} ≤ limit {limit}"
+            if at_most
+            else f"{name} 95% lower bound {lower} ≥ limit {limit}"
+        )
+    return (
+        f"{name} 95% lower bound {lower} > limit {limit}"
+        if at_most
+        else f"{name} 95% upper bound {upper} < limit {limit}"
+    )
+
+
+def _num(x: object) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
+
+
+def _named(paired: Paired, bad: object) -> str:
+    """`_shown`, a whole lever by what it switches (as built on this module, when it can be)."""
+    try:
+        lever = known_bad_lever(paired, bad) if is_whole_lever(bad) else None
+    except MlxgateError:
+        lever = None
+    return _shown(bad, lever)
+
+
+def _shown(bad: object, lever: Lever | None = None) -> str:
+    """The known-bad as a verdict line names it: a whole lever as the calibration file does, a value as JSON."""
+    if is_whole_lever(bad):
+        return known_bad_shown(bad, lever)
+    try:
+        return json.dumps(bad, sort_keys=True)
+    except TypeError:
+        return repr(bad)
+
+
+# -- measuring, and the cache beside the reference --------------------------------------------------
+
+
+def _key(paired: Paired, known_bad: object | None) -> dict[str, Any]:
+    """What a proof depends on: everything the reference arm does (model commit, machine, sequences,
+    sizes, the reference lever), the known-bad as declared, and the serving code."""
+    run = paired.run
+    return {
+        "proof": PROOF_FORMAT,
+        "reference": reference_key(
+            model=run._reference_model(),
+            lever=run.lever,
+            shape=run.shape,
+            sequences_digest=run.sequences_digest,
+            machine=run.machine,
+        ),
+        "candidate": run.candidate.describe()["commit"],
+        "known_bad": _known_bad_key(paired, known_bad),
+        "serving_code": serving_code()["digest"],
+    }
+
+
+def _known_bad_key(paired: Paired, known_bad: object | None) -> object:
+    """Both arms of the known-bad's lever as a cache key names them (a callable by its source's digest, so
+    an edited known-bad kernel is measured again); one that cannot be built is never stored (it errors)."""
+    if known_bad is None:
+        return None
+    try:
+        lever = known_bad_lever(paired, known_bad)
+    except MlxgateError:
+        return _shown(known_bad)
+    return {"reference": lever.key("reference"), "candidate": lever.key("candidate")}
+
+
+def _cached_or_measured(paired: Paired, known_bad: object | None) -> Proof:
+    """The proof from the cache beside the reference, else measured (under the entry's lock, so two xdist
+    workers whose modules share it measure it once) and stored."""
+    run = paired.run
+    if run.cache is None:
+        found = _measure(paired, known_bad)
+    else:
+        key = _key(paired, known_bad)
+        hit = _load(run.cache, key)
+        if hit is None:
+            with run.cache.computing(key_digest(key)):
+                hit = _load(run.cache, key)  # another worker may have stored it while this one waited
+                if hit is None:
+                    found = _measure(paired, known_bad)
+                    if found.error is None:
+                        _store(run.cache, key, found)
+        if hit is not None:
+            run._say(f"limits proof: from the reference cache ({_proof_line(hit)})")
+            return replace(hit, known_bad=known_bad, source="cache")
+    run._say(f"limits proof: {_proof_line(found)}")
+    return found
+
+
+def _measure(paired: Paired, known_bad: object | None) -> Proof:
+    """The A/A arm (the reference against itself, another prefill chunk) and the known-bad arm."""
+    run = paired.run
+    run._say("limits proof: no calibration covers this model here; the A/A floor first")
+    with run.phases.timing("proof"):
+        _, floors = chunked_floor(
+            reference=run._reference_model(),
+            lever=run.lever,
+            shape=run.shape,
+            sequences=run.sequences,
+            sequences_digest=run.sequences_digest,
+            machine=run.machine,
+            cache=run.cache,
+            counters=type(run.counters)(),
+            say=run._say,
+            watch=run.watch,
+        )
+        if known_bad is None:
+            return Proof(floors=floors)
+        run._say(f"limits proof: the known-bad variant KNOWN_BAD = {_named(paired, known_bad)}")
+        try:
+            bad = known_bad_paired(paired, known_bad)
+            bad.run.phases = PhaseClock()  # its arms are this proof's time, charged once, here
+            stats = bad.kl().stats.to_json()
+        except NonFiniteLogitsError as e:
+            return Proof(floors=floors, known_bad=known_bad, non_finite=str(e))
+        except MlxgateError as e:
+            return Proof(floors=floors, known_bad=known_bad, error=str(e))
+    return Proof(floors=floors, known_bad=known_bad, known_bad_stats=stats)
+
+
+def _proof_line(proof: Proof) -> str:
+    mean = proof.floors.get("mean")
+    text = f"A/A mean KL floor {_num(mean)}"
+    if proof.known_bad_stats is not None:
+        text += f"; known-bad mean KL {_num(proof.known_bad_stats.get('mean'))}"
+    elif proof.non_finite is not None:
+        text += "; known-bad gives non-finite logits"
+    return text
+
+
+def _path(cache: Any, key: Mapping[str, Any]) -> Path:
+    return Path(cache.directory) / "proof" / f"{key_digest(key)}.json"
+
+
+def _load(cache: Any, key: Mapping[str, Any]) -> Proof | None:
+    def decode(payload: bytes) -> Proof | None:
+        entry = json.loads(payload)
+        if entry.get("key") != json.loads(canonical_json(key)):
+            return None
+        data = entry["data"]
+        return Proof(
+            floors={str(k): float(v) for k, v in data["floors"].items()},
+            known_bad_stats=data.get("known_bad_stats"),
+            non_finite=data.get("non_finite"),
+        )
+
+    loaded: Proof | None = cache.files.load(_path(cache, key), decode)
+    return loaded
+
+
+def _store(cache: Any, key: Mapping[str, Any], proof: Proof) -> None:
+    payload = json.dumps({"key": json.loads(canonical_json(key)), "data": proof.to_json()}, allow_nan=False)
+    try:
+        cache.files.write(_path(cache, key), payload.encode())
+    except (OSError, ValueError):
+        pass  # a by-product: the next run measures it again

@@ -1,0 +1,331 @@
+"""Limits shown on the model they judge (`authoring.proof`): where no calibration file of the judged model on
+this backend covers a module, its KNOWN_BAD must fail its limits there, or the gate never reads pass.
+
+The rules first, on made-up proofs (no model): which file covers, which limits sit inside the floor, and
+what each proof does to a verdict. Then real pytester sessions on the tiny model: the issue's own case (a
+gate whose limits pass its known-bad) is an error on every report, a gate whose limits fail it passes with
+"limits proven", a second run reads the proof from the cache, and --mlx-prove off / --mlx-require-proof.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_mlxgate.authoring.calibrate import FLOOR_FACTOR
+from pytest_mlxgate.authoring.proof import LimitsProof, Proof, covering_file, inside_floor
+from pytest_mlxgate.cli import main
+from pytest_mlxgate.kl.assertions import kl_checks
+from pytest_mlxgate.results.junit import split_suite_name
+from pytest_mlxgate.results.model import parse_record
+from pytest_mlxgate.verdicts.conclude import Conclusion
+
+# -- which limits sit inside the floor --------------------------------------------------------------
+
+
+@given(
+    limit=st.floats(min_value=0, max_value=10, allow_nan=False),
+    floor=st.floats(min_value=0, max_value=1, allow_nan=False),
+)
+def test_a_kl_limit_is_inside_the_floor_exactly_when_below_the_rule_s_multiple(limit: float, floor: float) -> None:
+    inside = inside_floor({"mean": limit}, {"mean": floor})
+    assert (inside == ["mean"]) == (limit < FLOOR_FACTOR * floor)
+    # a looser limit is never more inside the floor; a floor that is not measured puts nothing inside
+    assert not inside_floor({"mean": limit * 2 + 1e-9}, {"mean": floor}) or inside
+    assert inside_floor({"mean": limit}, {}) == []
+
+
+@given(
+    limit=st.floats(min_value=0, max_value=1, allow_nan=False),
+    floor=st.floats(min_value=0, max_value=1, allow_nan=False),
+)
+def test_an_agreement_limit_is_judged_on_its_disagreement(limit: float, floor: float) -> None:
+    inside = inside_floor({"top1": limit}, {"top1": floor})
+    assert (inside == ["top1"]) == (1 - limit < FLOOR_FACTOR * (1 - floor))
+
+
+# -- which calibration file covers -----------------------------------------------------------------
+
+
+def _calibration(folder: Path, *, device: str = "cpu", commit: str = "c0ffee") -> Path:
+    path = folder / "calibration" / "test_gate.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"calibration_format": 1, "model": {"name": "smollm2-135m", "commit": commit}, "machine": {"device": device}}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+EMBEDDED = {"name": "smollm2-135m", "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32", "commit": "c0ffee"}
+
+
+def test_a_file_covers_only_its_model_commit_on_its_backend(tmp_path: Path) -> None:
+    module = tmp_path / "test_gate.py"
+    assert covering_file(module, EMBEDDED, "cpu") is None  # no file
+    path = _calibration(tmp_path)
+    assert covering_file(module, EMBEDDED, "cpu") == path
+    assert covering_file(module, EMBEDDED, "metal") is None  # a CPU file proves nothing on Metal
+    assert covering_file(module, {**EMBEDDED, "commit": "beef"}, "cpu") is None  # other weights
+    assert covering_file(module, {**EMBEDDED, "commit": None}, "cpu") is None  # weights it cannot name
+    gemma = {"name": "gemma3-270m", "repo_id": "mlxgate/gemma-3-270m-f32", "commit": "c0ffee"}
+    assert covering_file(module, gemma, "cpu") is None  # the embedded model's file is not gemma's
+    _calibration(tmp_path, device="gpu · Metal")
+    assert covering_file(module, EMBEDDED, "metal") is not None and covering_file(module, EMBEDDED, "cpu") is None
+    path.write_text("{not json")
+    assert covering_file(module, EMBEDDED, "metal") is None  # unreadable: covers nothing
+
+
+# -- what a proof does to a verdict -----------------------------------------------------------------
+
+
+@dataclass
+class _Paired:
+    nodeid: str = "gates/test_gate.py::test_drift"
+    rerun: str = "pytest gates/test_gate.py::test_drift"
+
+
+def _stats(mean: tuple[float, float], top1: tuple[float, float] = (0.99, 1.0)) -> dict[str, Any]:
+    value = sum(mean) / 2
+    return {
+        "n_prompts": 16,
+        "mean": value,
+        "mean_ci": list(mean),
+        "top1": sum(top1) / 2,
+        "top1_ci": list(top1),
+        "p99": value * 10,
+        "quantile_ci": {"p99": [mean[0] * 10, mean[1] * 10]},
+    }
+
+
+def _proof(
+    *,
+    bad: dict[str, Any] | None,
+    floors: dict[str, float] | None = None,
+    known_bad: object = "kernels:broken",
+    file: Path | None = None,
+    prove: bool = True,
+    require: bool = False,
+    unprovable: str | None = None,
+) -> LimitsProof:
+    made = LimitsProof(
+        paired=_Paired(),  # type: ignore[arg-type]  # what vouch reads of it: nodeid and rerun
+        model="e4b",
+        backend="metal",
+        file=file,
+        shown_file="gates/calibration/mlx-community--gemma-4-e4b/test_gate.json",
+        calibrate_command="pytest gates/test_gate.py --mlx-candidate e4b --mlx-calibrate",
+        prove=prove,
+        require=require,
+        known_bad=known_bad,
+        unprovable=unprovable,
+    )
+    made._proof = Proof(floors=floors or {"mean": 1e-8, "top1": 0.999}, known_bad=known_bad, known_bad_stats=bad)
+    return made
+
+
+def _gate(mean: tuple[float, float], bounds: dict[str, float] | None = None) -> Conclusion:
+    bounds = bounds or {"mean": 1e-3}
+    return Conclusion(mode="gate", checks=kl_checks(_stats(mean), bounds), bounds=bounds)
+
+
+def test_a_known_bad_that_fails_the_limits_proves_them_and_the_verdict_stands() -> None:
+    vouched = _proof(bad=_stats((0.05, 0.08))).vouch(_gate((1e-4, 2e-4)))
+    assert vouched.verdict == "pass"
+    entry = vouched.fields["limits_from"]
+    assert entry["status"] == "proven" and entry["known_bad"]["verdict"] == "fail"
+    assert "mean KL 95% lower bound 0.05 > limit 0.001" in entry["known_bad"]["figures"]
+    words = parse_record({"nodeid": "a::b", "limits_from": entry}).limits_from
+    assert words is not None and words.words == 'limits proven on e4b (metal): known-bad "kernels:broken" fails them'
+
+
+def test_a_known_bad_that_passes_the_limits_makes_the_gate_an_error_naming_it() -> None:
+    vouched = _proof(bad=_stats((2e-4, 5e-4))).vouch(_gate((1e-4, 2e-4)))
+    assert vouched.verdict == "error"  # never a pass, though the lever's own check passed
+    assert [c["verdict"] for c in vouched.checks] == ["pass"]
+    assert vouched.fields["limits_from"]["status"] == "refuted"
+    message = vouched.fields["error"]["message"]
+    assert 'KNOWN_BAD = "kernels:broken" passes every limit here' in message
+    assert "mean KL 95% upper bound 0.0005 ≤ limit 0.001" in message
+    assert "pytest gates/test_gate.py --mlx-candidate e4b --mlx-calibrate" in message
+    assert "models={'e4b': {...}}" in message
+
+
+def test_a_known_bad_not_shown_to_fail_leaves_a_pass_inconclusive() -> None:
+    vouched = _proof(bad=_stats((5e-4, 2e-3))).vouch(_gate((1e-4, 2e-4)))
+    assert vouched.verdict == "inconclusive"
+    assert vouched.fields["limits_from"]["status"] == "unproven"
+    assert "not shown to fail" in vouched.fields["limits_from"]["why"]
+    failing = _proof(bad=_stats((5e-4, 2e-3))).vouch(_gate((2e-3, 3e-3)))
+    assert failing.verdict == "fail"  # a lever shown beyond its limit still fails
+
+
+def test_a_limit_inside_the_model_s_floor_turns_a_fail_inconclusive_never_a_pass() -> None:
+    proof = _proof(bad=_stats((0.05, 0.08)), floors={"mean": 5e-4})  # the limit 1e-3 < 10 x 5e-4
+    failing = proof.vouch(_gate((2e-3, 3e-3)))
+    assert failing.verdict == "inconclusive" and failing.checks[0]["verdict"] == "inconclusive"
+    assert "noise floor" in failing.checks[0]["method"]
+    assert failing.fields["limits_from"]["inside_floor"] == ["mean"]
+    passing = proof.vouch(_gate((1e-4, 2e-4)))
+    assert passing.verdict == "pass"  # the bound cleared even that limit: shown
+
+
+def test_where_a_file_covers_no_proof_runs_and_the_record_names_the_file(tmp_path: Path) -> None:
+    proof = _proof(bad=None, file=tmp_path / "c.json")
+    proof._proof = None  # a proof measured here would need a model: none must be asked for
+    vouched = proof.vouch(_gate((1e-4, 2e-4)))
+    assert vouched.verdict == "pass" and vouched.fields["limits_from"]["status"] == "calibrated"
+    assert proof._proof is None
+
+
+def test_unproven_reads_as_such_and_is_an_error_only_when_proof_is_required() -> None:
+    no_bad = _proof(bad=None, known_bad=None, unprovable="no known-bad")
+    vouched = no_bad.vouch(_gate((1e-4, 2e-4)))
+    assert vouched.verdict == "pass" and vouched.fields["limits_from"]["why"] == "no known-bad"
+    required = _proof(bad=None, known_bad=None, unprovable="no known-bad", require=True).vouch(_gate((1e-4, 2e-4)))
+    assert required.verdict == "error" and "--mlx-require-proof" in required.fields["error"]["message"]
+    off = _proof(bad=None, prove=False)
+    off._proof = None
+    assert off.vouch(_gate((1e-4, 2e-4))).fields["limits_from"]["why"] == "--mlx-prove off"
+
+
+def test_capability_and_speed_limits_say_what_kind_of_limit_they_are() -> None:
+    proof = _proof(bad=_stats((0.05, 0.08)))
+    capability = proof.vouch(Conclusion(mode="capability", checks=[], bounds={}, verdict="pass"))
+    assert "the same on every model" in capability.fields["limits_from"]["note"]
+    speed = proof.vouch(Conclusion(mode="speed", checks=[], bounds={}, verdict="pass"))
+    assert "speed or memory goal" in speed.fields["limits_from"]["note"]
+    assert proof.vouch(Conclusion(mode="aa", checks=[], bounds={}, verdict="floor")).fields == {}
+
+
+# -- real sessions on the tiny model ----------------------------------------------------------------
+
+KERNELS = '''
+import mlx.core as mx
+
+_rms = mx.fast.rms_norm
+
+
+def scaled_rms_norm(x, weight, eps):
+    """Weights 1% too large: the lever, a small real drift."""
+    return _rms(x, weight * 1.01, eps)
+
+
+def broken_rms_norm(x, weight, eps):
+    """Weights twice as large: the known-bad."""
+    return _rms(x, weight * 2.0, eps)
+'''
+
+GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("norm", patch="mlx.core.fast.rms_norm", ref=None, cand="kernels:scaled_rms_norm"),
+    pytest.mark.mlx_kl(prompts=4, tokens=32, decode=8),
+]
+
+KNOWN_BAD = "kernels:broken_rms_norm"
+
+
+def test_drift(paired):
+    assert_kl_below(paired, {limits})
+"""
+
+
+@pytest.fixture
+def gates(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(kernels=KERNELS)
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> pytest.RunResult:
+    return p.runpytest_subprocess(
+        f"--mlx-candidate={model}",
+        f"--mlx-db={tmp / 'results.sqlite'}",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-allow-untrained",
+        "-p",
+        "no:randomly",
+        *more,
+    )
+
+
+def _figures(p: pytest.Pytester, model: Path, tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The lever's and the known-bad's drift on this model, measured by the plugin (--mlx-prove auto)."""
+    p.makepyfile(test_probe=GATE.format(limits="mean=1e9"))
+    report = tmp / "probe.json"
+    _run(p, model, tmp, "--mlx-prove=auto", f"--mlx-report={report}", "--mlx-db=off")
+    record = json.loads(report.read_text())["gates"][0]
+    (p.path / "test_probe.py").unlink()
+    assert record["phases"]["proof"] > 0  # measured here, once: the modules below share its key
+    return record["stats"], record["limits_from"]
+
+
+@pytest.mark.slow  # four pytester sessions on the tiny model (~25 s)
+def test_limits_that_pass_the_known_bad_never_read_pass_anywhere_and_caught_ones_are_proven(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    lever, probe = _figures(gates, tiny_model_dir, tmp_path)
+    bad_mean = float(probe["known_bad"]["figures"][0].split("bound ")[1].split()[0])
+    lever_upper = lever["mean_ci"][1]
+    assert bad_mean > 4 * lever_upper, (lever, probe)  # the known-bad is far worse than the lever here
+    # loose: above the known-bad's bound (the issue's case); tight: between the lever's and the known-bad's
+    loose, tight = f"mean={bad_mean * 3:.3g}", f"mean={(lever_upper * bad_mean) ** 0.5:.3g}"
+    gates.makepyfile(test_loose=GATE.format(limits=loose), test_tight=GATE.format(limits=tight))
+    report, html, xml = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "r.xml"
+    result = _run(
+        gates,
+        tiny_model_dir,
+        tmp_path,
+        "--mlx-prove=auto",
+        f"--mlx-report={report}",
+        f"--mlx-html={html}",
+        f"--junit-xml={xml}",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    records = {g["nodeid"]: g for g in json.loads(report.read_text())["gates"]}
+    loose_record, tight_record = records["test_loose.py::test_drift"], records["test_tight.py::test_drift"]
+    assert loose_record["verdict"] == "error" and loose_record["limits_from"]["status"] == "refuted"
+    assert tight_record["verdict"] == "pass" and tight_record["limits_from"]["status"] == "proven"
+    # the same lever, sizes and known-bad as the probe's: its proof is theirs, read from the cache
+    assert result.stdout.str().count("limits proof: from the reference cache") == 2
+    result.stdout.fnmatch_lines(
+        ["*limits do not catch the known-bad on *(cpu)*", '*KNOWN_BAD = "kernels:broken_rms_norm" passes every limit*']
+    )
+    result.stdout.fnmatch_lines(["*limits proven on *(cpu): known-bad*"])  # the summary's line (wrapped)
+    # every report: the history DB, JUnit, HTML, and a merge of the run's report
+    with sqlite3.connect(tmp_path / "results.sqlite") as db:
+        rows = dict(db.execute("SELECT nodeid, verdict FROM quality_runs").fetchall())
+    assert rows == {"test_loose.py::test_drift": "error", "test_tight.py::test_drift": "pass"}
+    props: dict[str, dict[str, str]] = {}
+    for prop in ET.parse(xml).getroot().iter("property"):
+        split = split_suite_name(prop.get("name") or "")
+        if split:
+            props.setdefault(split[0], {})[split[1]] = prop.get("value") or ""
+    assert props["test_loose.py::test_drift"]["mlxgate.verdict"] == "error"
+    assert props["test_tight.py::test_drift"]["mlxgate.verdict"] == "pass"
+    page = html.read_text()
+    assert "limits do not catch the known-bad" in page and 'class="badge v-error"' in page
+    assert main(["merge", str(report)]) == 1
+
+    assert "A/A: reference arm with prefill chunk" not in result.stdout.str()  # no A/A arm, no known-bad arm
+    assert all("proof" not in g.get("phases", {}) for g in records.values())
+
+    # --mlx-prove off: the loose gate passes, saying its limits are unproven; --mlx-require-proof refuses that
+    off = _run(gates, tiny_model_dir, tmp_path, "--mlx-prove=off", "-k", "loose", f"--mlx-report={report}")
+    off.assert_outcomes(passed=1)
+    unproven = parse_record(json.loads(report.read_text())["gates"][0]).limits_from
+    assert unproven is not None and unproven.words.endswith("(cpu): --mlx-prove off"), unproven
+    assert "--mlx-prove off" in off.stdout.str()  # the summary says so beside the pass
+    both = _run(gates, tiny_model_dir, tmp_path, "--mlx-prove=off", "--mlx-require-proof")
+    assert both.ret == pytest.ExitCode.USAGE_ERROR
+    both.stderr.fnmatch_lines(["*--mlx-require-proof with --mlx-prove off*"])
