@@ -42,6 +42,7 @@ __all__ = [
     "kernel_backend",
     "launch_threads",
     "rms_norm",
+    "rms_norm_half_row",
     "template_args",
 ]
 
@@ -258,3 +259,14 @@ def rms_norm(x: Any, weight: Any, eps: float, *, stream: Any = None) -> Any:
         stream=mx.gpu if stream is None else stream,
     )
     return out.reshape(x.shape)
+
+
+def rms_norm_half_row(x: Any, weight: Any, eps: float, *, stream: Any = None) -> Any:
+    """The kernel's known-bad twin (gates/test_custom_kernel.py's KNOWN_BAD): the mean square taken over the
+    first half of each row only, what a launch with half the threads per row computes. Composed ops: it
+    runs wherever MLX does, so its drift can be shown on any backend."""
+    half = max(1, x.shape[-1] // 2)
+    xf = x.astype(mx.float32)
+    ms = mx.mean(xf[..., :half] * xf[..., :half], axis=-1, keepdims=True)
+    out = (xf * mx.rsqrt(ms + eps)).astype(x.dtype)
+    return out if weight is None else out * weight  # as mlx's kernel rounds: to x's dtype, then the weight

@@ -37,8 +37,9 @@ float32-accumulated RMSNorms can differ by.
   attention gate's limits already accept: mean KL 1e-4, p99 1e-3, top-1 99% leave orders of
   magnitude of room above float32 rounding and sit far below what a real bug (a lost weight, a wrong
   row length, a missing element in the sum) does to every token.
-- A known-bad kernel must fail, not yet shown: plant one (`--mlx-lever custom_rms_norm
-  --mlx-ref-value original --mlx-cand-value mymod:broken_rms_norm`) and record what it measures.
+- KNOWN_BAD, the kernel's mean square over half of each row (`custom_rms_norm.rms_norm_half_row`, what
+  a launch with half the threads per row computes), must fail them: `--mlx-calibrate` measures it where
+  the gate runs, and a model no calibration covers proves the limits on it first.
 - Size them on the hardware: `pytest gates/test_custom_kernel.py --mlx-calibrate` on a Mac or a CUDA
   machine measures the lever's drift, the A/A floor and speed, prints the calls to paste here, and
   writes them to `gates/calibration/test_custom_kernel.json` (none yet: the calibration files' test
@@ -66,6 +67,9 @@ pytestmark = [
     pytest.mark.mlx_kl(prompts=16, tokens=128, decode=32),
     pytest.mark.mlx_speed(),
 ]
+
+
+KNOWN_BAD = "custom_rms_norm:rms_norm_half_row"  # the mean square over half of each row (gates/custom_rms_norm.py)
 
 
 def test_drift(paired: Paired) -> None:

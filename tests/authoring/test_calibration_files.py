@@ -89,6 +89,15 @@ def test_the_project_s_gates_with_limits_are_the_ones_expected() -> None:
 
 
 @pytest.mark.parametrize("module", WITH_LIMITS, ids=lambda p: p.name)
+def test_every_gate_with_kl_limits_declares_a_known_bad(module: Path) -> None:
+    """What proves a gate's limits on a model no calibration covers (authoring/proof.py): without one,
+    its verdicts there read "limits unproven" and --mlx-require-proof fails them."""
+    gate = GateSource.read(module)
+    if gate.limits_of(kl=True):
+        assert gate.declares_known_bad, f"gates/{module.name} has KL limits and no KNOWN_BAD"
+
+
+@pytest.mark.parametrize("module", WITH_LIMITS, ids=lambda p: p.name)
 def test_every_gate_s_limits_keep_the_rule_against_its_calibration_file(module: Path) -> None:
     shown = f"gates/{module.name}"
     findings = module_findings(module, shown_as=shown)

@@ -856,3 +856,18 @@ def test_launches_table_covers_the_kernel_paths() -> None:
     assert {w for _, _, w in LAUNCHES} == {"same", "none", "float32"}
     assert any(int(np.prod(shape)) < 8 for shape, _, _ in LAUNCHES)
     assert json.dumps(LAUNCHES)  # plain data: parametrization identical on every xdist worker
+
+
+def test_the_known_bad_twin_takes_the_mean_square_over_half_the_row_and_nothing_else() -> None:
+    """gates/test_custom_kernel.py's KNOWN_BAD: runs on any backend, differs from mx.fast.rms_norm by its one bug."""
+    import mlx.core as mx
+
+    x = mx.random.normal((3, 8), key=mx.random.key(0))
+    w = mx.random.normal((8,), key=mx.random.key(1))
+    bad = np.array(crn.rms_norm_half_row(x, w, 1e-5))
+    xs, ws = np.array(x, dtype=np.float64), np.array(w, dtype=np.float64)
+    half = xs / np.sqrt(np.mean(xs[:, :4] ** 2, axis=-1, keepdims=True) + 1e-5) * ws
+    np.testing.assert_allclose(bad, half, rtol=1e-5)
+    assert not np.allclose(bad, np.array(mx.fast.rms_norm(x, w, 1e-5)), rtol=1e-3)
+    gate = (Path(__file__).resolve().parents[2] / "gates" / "test_custom_kernel.py").read_text()
+    assert 'KNOWN_BAD = "custom_rms_norm:rms_norm_half_row"' in gate
