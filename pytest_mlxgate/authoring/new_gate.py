@@ -359,7 +359,8 @@ def render_gate(spec: GateSpec, *, shown_path: str) -> str:
         known_bad_comment="\n".join(
             textwrap.wrap(
                 f"The known-bad variant test_drift's limits must catch (test_known_bad fails until it is set, then "
-                f"passes only when test_drift fails on it): {' '.join(str(known_bad['what']).split())}.",
+                f"passes only when test_drift fails on it): {' '.join(str(known_bad['what']).split())}. On a model "
+                "no calibration file covers, the run first shows the limits fail it there, or the gate is an error.",
                 width=116,
                 initial_indent="#: ",
                 subsequent_indent="#: ",

@@ -329,3 +329,34 @@ def test_limits_that_pass_the_known_bad_never_read_pass_anywhere_and_caught_ones
     both = _run(gates, tiny_model_dir, tmp_path, "--mlx-prove=off", "--mlx-require-proof")
     assert both.ret == pytest.ExitCode.USAGE_ERROR
     both.stderr.fnmatch_lines(["*--mlx-require-proof with --mlx-prove off*"])
+
+
+# -- the options ------------------------------------------------------------------------------------
+
+
+def test_prove_comes_from_the_command_line_then_the_ini_then_the_environment(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_mlxgate.config.settings import read_gate_settings
+    from pytest_mlxgate.errors import MlxgateUsageError
+
+    def settings(*args: str, env: str | None = None, ini: str = "") -> tuple[str, bool]:
+        if env is None:
+            monkeypatch.delenv("MLXGATE_PROVE", raising=False)
+        else:
+            monkeypatch.setenv("MLXGATE_PROVE", env)
+        pytester.makeini(f"[pytest]\n{ini}")
+        read = read_gate_settings(pytester.parseconfig(*args))
+        return read.prove, read.require_proof
+
+    assert settings() == ("auto", False)
+    assert settings(env="off") == ("off", False)
+    assert settings(env="off", ini="mlx_prove = auto") == ("auto", False)
+    assert settings("--mlx-prove=off", ini="mlx_prove = auto") == ("off", False)
+    assert settings(ini="mlx_require_proof = true") == ("auto", True)
+    with pytest.raises(MlxgateUsageError, match="MLXGATE_PROVE='sometimes'"):
+        settings(env="sometimes")
+    with pytest.raises(MlxgateUsageError, match="--mlx-require-proof with --mlx-prove off"):
+        settings("--mlx-require-proof", env="off")
+    with pytest.raises(pytest.UsageError):
+        pytester.parseconfig("--mlx-prove=maybe")
