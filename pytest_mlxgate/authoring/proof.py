@@ -150,6 +150,8 @@ class LimitsProof:
         entry = self._base(conclusion)
         if conclusion.mode != "gate":
             entry["note"] = NOTES[conclusion.mode]
+            if self.file is None:
+                entry["why"] = "not calibrated"
             return _with(conclusion, entry)
         if self.file is not None:
             return _with(conclusion, entry)
@@ -209,8 +211,6 @@ class LimitsProof:
             backend=self.backend,
             file=self.shown_file,
         )
-        if self.file is None:
-            entry["why"] = "not calibrated"
         models_entry = conclusion.fields.get("limits_for")
         if isinstance(models_entry, str):
             entry["models_entry"] = models_entry
