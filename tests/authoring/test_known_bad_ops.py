@@ -4,33 +4,15 @@ refuses to stand for a known-bad on a model that calls none of its activations."
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
-import sys
-import types
-from pathlib import Path
 
 import pytest
+from gate_modules import load_gate_module
 
 from pytest_mlxgate.errors import VacuousLeverError
 
-GATES = Path(__file__).resolve().parents[2] / "gates"
-
-
-def _load(name: str) -> types.ModuleType:
-    """A gates/ module by plain name, as gate modules import it (gates/ itself is not on sys.path)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GATES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ops = _load("known_bad_ops")
+ops = load_gate_module("known_bad_ops")
 
 
 def test_rope_base_off_is_rope_with_the_base_10_percent_larger_and_given_frequencies_alike() -> None:

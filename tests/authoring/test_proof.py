@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from report_records import junit_gate_properties
 
 from pytest_mlxgate.authoring.calibrate import FLOOR_FACTOR
 from pytest_mlxgate.authoring.proof import LimitsProof, Proof, covering_file, inside_floor
 from pytest_mlxgate.cli import main
 from pytest_mlxgate.kl.assertions import kl_checks
-from pytest_mlxgate.results.junit import split_suite_name
 from pytest_mlxgate.results.model import parse_record
 from pytest_mlxgate.verdicts.conclude import Conclusion
 
@@ -306,11 +305,7 @@ def test_limits_that_pass_the_known_bad_never_read_pass_anywhere_and_caught_ones
     with sqlite3.connect(tmp_path / "results.sqlite") as db:
         rows = dict(db.execute("SELECT nodeid, verdict FROM quality_runs").fetchall())
     assert rows == {"test_loose.py::test_drift": "error", "test_tight.py::test_drift": "pass"}
-    props: dict[str, dict[str, str]] = {}
-    for prop in ET.parse(xml).getroot().iter("property"):
-        split = split_suite_name(prop.get("name") or "")
-        if split:
-            props.setdefault(split[0], {})[split[1]] = prop.get("value") or ""
+    props = junit_gate_properties(xml)
     assert props["test_loose.py::test_drift"]["mlxgate.verdict"] == "error"
     assert props["test_tight.py::test_drift"]["mlxgate.verdict"] == "pass"
     page = html.read_text()

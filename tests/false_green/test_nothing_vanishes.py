@@ -16,16 +16,15 @@ import json
 import sqlite3
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from report_records import junit_gate_properties
 
 from pytest_mlxgate.cli import main
 from pytest_mlxgate.results.history import DB_BUSY_TIMEOUT_S, ResultsDB, pending_path
-from pytest_mlxgate.results.junit import split_suite_name
 
 pytestmark = pytest.mark.slow  # pytester gate sessions in subprocesses
 
@@ -135,11 +134,7 @@ def test_nan_logits_and_a_setup_error_are_error_records_everywhere(
         "test_ok.py::test_drift": "pass",
     }
 
-    props: dict[str, dict[str, str]] = {}
-    for prop in ET.parse(xml).getroot().iter("property"):
-        split = split_suite_name(prop.get("name") or "")
-        if split:
-            props.setdefault(split[0], {})[split[1]] = prop.get("value") or ""
+    props = junit_gate_properties(xml)
     assert props["test_nan.py::test_drift"]["mlxgate.verdict"] == "error"
     assert props["test_nan.py::test_drift"]["mlxgate.error.type"] == "NonFiniteLogitsError"
     assert props["test_nolever.py::test_drift"]["mlxgate.error.phase"] == "setup"

@@ -24,39 +24,25 @@ No test here runs the kernel on a GPU: this machine has neither Metal nor CUDA. 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from gate_modules import load_gate_module
 
 ROOT = Path(__file__).resolve().parents[2]
-GATES = ROOT / "gates"
 
 
-def _load(name: str) -> types.ModuleType:
-    """A gates/ module by plain name, as gate modules import it (gates/ itself is not put on sys.path)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, GATES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-crn = _load("custom_rms_norm")
-check = _load("custom_rms_norm_check")
+crn = load_gate_module("custom_rms_norm")
+check = load_gate_module("custom_rms_norm_check")
 
 NO_BACKEND = pytest.mark.skipif(
     crn.kernel_backend() is not None,

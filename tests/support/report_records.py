@@ -5,6 +5,8 @@ gate and a speed gate, plus results-DB rows of earlier runs. For the HTML report
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,7 @@ from pytest_mlxgate.capability.base import Item, ItemResult
 from pytest_mlxgate.capability.result import CapabilityRun
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.kl.divergence import TokenScores
+from pytest_mlxgate.results.junit import split_suite_name
 from pytest_mlxgate.results.records import GateRecord, RunInfo, gate_record
 from pytest_mlxgate.results.verdicts import overall_verdict
 from pytest_mlxgate.speed.assertions import speed_checks
@@ -282,3 +285,13 @@ def attribution_data(*, hostile: str = HOSTILE) -> dict[str, Any]:
         "cost": {"sequence_arms": 30, "gate_sequence_arms": 12, "seconds": 9.0, "gate_seconds": 4.0},
         "source": "computed",
     }
+
+
+def junit_gate_properties(xml: Path) -> dict[str, dict[str, str]]:
+    """A JUnit file's mlxgate properties by gate: {NODEID: {"mlxgate.verdict": …}} from `mlxgate[NODEID].verdict`."""
+    props: dict[str, dict[str, str]] = {}
+    for prop in ET.parse(xml).getroot().iter("property"):
+        split = split_suite_name(prop.get("name") or "")
+        if split:
+            props.setdefault(split[0], {})[split[1]] = prop.get("value") or ""
+    return props
