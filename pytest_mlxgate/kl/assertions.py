@@ -58,13 +58,11 @@ def _usable(key: str, value: float) -> bool:
     return value >= 0 and not (_METRICS[key][1] == "min" and value > 1)
 
 
-def _for_model(
-    bounds: dict[str, float], models: Mapping[str, Mapping[str, float]] | None, candidate: Mapping[str, Any] | None
-) -> tuple[dict[str, float], str | None]:
-    """The limits for this candidate: the gate's, with those of its entry in `models` (by built-in
-    alias, the name given, or repo id: `config.names.model_keys`) in their place; and that entry's name."""
+def _models_table(models: Mapping[str, Mapping[str, float]] | None) -> dict[str, dict[str, float]]:
+    """`models=`, every entry's limits checked as the gate's are (before anything is measured, whichever
+    model runs): {model: {metric: limit}}."""
     if not models:
-        return bounds, None
+        return {}
     if not isinstance(models, Mapping):
         raise TypeError(f"assert_kl_below(models=...) takes {{model: {{metric: limit}}}}, got {type(models).__name__}")
     if DEFAULT_CANDIDATE in models:
@@ -72,6 +70,7 @@ def _for_model(
             f"assert_kl_below(models={{{DEFAULT_CANDIDATE!r}: ...}}): the embedded model's limits are the gate's own "
             "keywords (its calibration file is calibration/<module>.json); models= is for other models"
         )
+    checked = {}
     for model, table in models.items():
         unknown = sorted(set(table) - set(_METRICS)) if isinstance(table, Mapping) else None
         if unknown is None or unknown:
@@ -79,11 +78,19 @@ def _for_model(
                 f"assert_kl_below(models={{{model!r}: ...}}): give {{metric: limit}} with metrics among "
                 f"{', '.join(_METRICS)}" + (f" (not {', '.join(unknown)})" if unknown else "")
             )
+        checked[model] = given_limits("assert_kl_below", dict(table), example=f"a limit for {model!r}", usable=_usable)
+    return checked
+
+
+def _for_model(
+    bounds: dict[str, float], models: Mapping[str, Mapping[str, float]], candidate: Mapping[str, Any] | None
+) -> tuple[dict[str, float], str | None]:
+    """The limits for this candidate: the gate's, with those of its entry in `models` (by built-in
+    alias, the name given, or repo id: `config.names.model_keys`) in their place; and that entry's name."""
     ref = candidate or {}
     for key in model_keys(ref.get("name"), ref.get("repo_id")):
         if key in models:
-            own = given_limits("assert_kl_below", dict(models[key]), example=f"a limit for {key!r}", usable=_usable)
-            return {**bounds, **own}, key
+            return {**bounds, **models[key]}, key
     return bounds, None
 
 
@@ -154,9 +161,10 @@ def assert_kl_below(
     given.update(same_top=same_top, ln_ppl=ln_ppl)
     example = "at least one limit, e.g. assert_kl_below(paired, mean=1e-3)"
     bounds = given_limits("assert_kl_below", given, example=example, usable=_usable)
+    per_model = _models_table(models)
     subject = None if isinstance(result, KLResult) else result
     kl = result if isinstance(result, KLResult) else result.kl()
-    bounds, limits_for = _for_model(bounds, models, kl.candidate)
+    bounds, limits_for = _for_model(bounds, per_model, kl.candidate)
     if kl.aa is not None:
         checks = _floor_checks(kl.aa["floors"], bounds, kl.stats.n_prompts)
         conclusion = kl.conclusion(

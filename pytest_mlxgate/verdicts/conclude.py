@@ -124,12 +124,18 @@ def given_limits(
     what: str = "is not a usable limit",
 ) -> dict[str, float]:
     """The limits an assertion was given (None: not asked), each checked: TypeError for none at all
-    (saying `example`), ValueError naming the first unusable one."""
+    (saying `example`), ValueError naming the first unusable one (a limit is a finite number: NaN and
+    ±inf are refused for every assertion, before its own `usable`)."""
     limits = {k: float(v) for k, v in given.items() if v is not None}
     if not limits:
         raise TypeError(f"{assertion} needs {example}")
     for key, value in limits.items():
-        if math.isnan(value) or not usable(key, value):
+        if not math.isfinite(value):  # inf clears every bound: a limit that cannot fail is no limit
+            raise ValueError(
+                f"{assertion}: {key}={value} is not a finite number, so nothing could cross it; give the "
+                "largest (or, for a rate, the smallest) value you accept"
+            )
+        if not usable(key, value):
             raise ValueError(f"{assertion}: {key}={value} {what}")
     return limits
 

@@ -206,3 +206,25 @@ def test_every_assertion_is_short_and_ends_in_the_one_pipeline(module: str) -> N
         assert "conclude" in calls, f"{name} does not end in conclude()"
         assert not calls & {"settle_inconclusive", "overall_verdict", "getattr", "hasattr"}, name
         assert function.end_lineno is not None and function.end_lineno - function.lineno < 60, name
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, float("1e400")])
+def test_a_limit_is_a_finite_number_for_every_assertion_or_an_error(bad: float) -> None:
+    """An infinite limit clears every bound: `assert_kl_below(paired, mean=1e400)` once read pass, rc 0. By class:
+    each assertion refuses it before it measures (the subject is never touched here)."""
+    from pytest_mlxgate import assert_capability_at_least, assert_faster, assert_kl_below, assert_smaller
+
+    untouched: Any = object()
+    for assertion, limits in (
+        (assert_kl_below, {"mean": bad}),
+        (assert_kl_below, {"top1": bad}),
+        (assert_kl_below, {"mean": 1e-3, "models": {"gemma3-270m": {"p99": bad}}}),
+        (assert_faster, {"decode": bad}),
+        (assert_smaller, {"kv": bad}),
+        (assert_capability_at_least, {"max_drop": bad}),
+    ):
+        args = (untouched, "gsm8k") if assertion is assert_capability_at_least else (untouched,)
+        with pytest.raises(ValueError) as raised:
+            assertion(*args, **limits)
+        said = str(raised.value)
+        assert "=" in said and ("not a finite number" in said or "[0, 1]" in said), said
