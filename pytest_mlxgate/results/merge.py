@@ -17,12 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import RunFacts, Shard, nodeid_of, parse_record, report_contents, run_facts
+from .model import CheckResult, Record, RunFacts, Shard, nodeid_of, parse_record, report_contents, run_facts
 from .records import GateRecord, RunInfo, error_record
 from .score import SCORE_NODEID
-from .verdicts import RECORD_VERDICTS, verdict_rank
+from .verdicts import RECORD_VERDICTS, bounds_verdict, verdict_rank
 
-__all__ = ["MergeError", "Merged", "Report", "merge_reports", "read_report", "verdict_rank", "worst"]
+__all__ = [
+    "MergeError",
+    "Merged",
+    "Report",
+    "merge_reports",
+    "pass_contradicted",
+    "read_report",
+    "verdict_rank",
+    "worst",
+]
 
 
 class MergeError(Exception):
@@ -104,6 +113,7 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
             f"the reports ran different code ({which}): one merged verdict cannot speak for two "
             "commits. Re-run the shards on one commit, or compare the runs: mlxgate compare A B"
         )
+    _check_same_run(reports)
     _check_shards(reports)
     notes: list[str] = []
     problems = _problems(reports)
@@ -178,7 +188,98 @@ def _problems(reports: Sequence[Report]) -> list[str]:
                     f"{where}: {record.nodeid} has verdict {record.verdict!r}, not one mlxgate writes "
                     f"({', '.join(RECORD_VERDICTS)}): no pass"
                 )
+            contradiction = pass_contradicted(record)
+            if contradiction is not None:
+                out.append(f"{where}: {record.nodeid} reads pass, but {contradiction}: no pass")
     return out
+
+
+#: The record modes whose pass rests on checks: a pass of theirs with none showed nothing.
+_CHECKED_MODES = frozenset({"gate", "capability", "speed"})
+
+
+def pass_contradicted(record: Record) -> str | None:
+    """Why a record's pass is not what its own checks show, derived again from their numbers; None when they
+    show it (or the record is no pass). A shard's verdict is its word; its checks are the evidence."""
+    if record.verdict != "pass":
+        return None
+    if record.mode in _CHECKED_MODES and not record.checks:
+        return "it has no checks"
+    for check in record.checks:
+        why = _check_contradicted(check)
+        if why is not None:
+            return f"its check {check.label} {why}"
+    return None
+
+
+def _check_contradicted(check: CheckResult) -> str | None:
+    """Why a check's pass is not what its value, interval and limit show (None: they show it)."""
+    if check.verdict != "pass":
+        return f"says {check.verdict or 'nothing'}"
+    if check.limit is None or check.direction not in ("max", "min"):
+        return "has no limit to clear"
+    shown = bounds_verdict(check.lower, check.upper, check.limit, check.direction)  # type: ignore[arg-type]
+    if shown != "pass":
+        return f"shows {shown} (95% interval [{check.lower}, {check.upper}], limit {check.limit:g})"
+    inside = check.value is None or (
+        (check.lower is None or check.lower <= check.value) and (check.upper is None or check.value <= check.upper)
+    )
+    return None if inside else f"has its value {check.value} outside its own interval [{check.lower}, {check.upper}]"
+
+
+#: The settings that decide what a gate measured and how it is judged: every shard of one run has the same.
+_SAME_SETTINGS = ("candidate", "reference")
+_SAME_GATE_SETTINGS = (
+    "lever",
+    "ref_value",
+    "cand_value",
+    "kl_prompts",
+    "kl_tokens",
+    "kl_decode",
+    "kl_prompts_ini",
+    "kl_tokens_ini",
+    "kl_decode_ini",
+    "tier",
+    "max_new_tokens",
+    "speed",
+    "speed_contexts",
+    "speed_decode",
+    "speed_reps",
+    "aa",
+    "calibrate",
+    "allow_untrained",
+    "prove",
+    "require_proof",
+)
+
+
+def _check_same_run(reports: Sequence[Report]) -> None:
+    """MergeError when the reports ran another model, lever values or sizes: gates judged on different arms
+    are no one run, whatever each verdict says."""
+    for name in (*_SAME_SETTINGS, *(f"gate.{k}" for k in _SAME_GATE_SETTINGS)):
+        seen = {r.path: _setting(r.run.config, name) for r in reports}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in seen.values()}) > 1:
+            which = "; ".join(f"{path}: {value!r}" for path, value in seen.items())
+            raise MergeError(
+                f"the reports ran with different {name} ({which}): their gates measured other arms, so one merged "
+                "verdict cannot speak for them. Re-run the shards with the same options"
+            )
+    models = {
+        model.label: r.path
+        for r in reports
+        for model in (parse_record(g).candidate for g in r.gates)
+        if model is not None and model.label
+    }
+    if len(models) > 1:
+        which = "; ".join(f"{label} in {path}" for label, path in models.items())
+        raise MergeError(f"the reports judged different models ({which}): re-run the shards on one model")
+
+
+def _setting(config: Any, name: str) -> Any:
+    value = config
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _check_shards(reports: Sequence[Report]) -> None:

@@ -51,6 +51,31 @@ def run_info(
     )
 
 
+#: A mean KL check of each verdict, its interval [5e-5, 2e-4] against a limit that interval shows it.
+CHECKS = {
+    "pass": 1e-3,  # the interval inside the limit
+    "fail": 1e-5,  # the interval wholly beyond it
+    "inconclusive": 1e-4,  # the limit inside the interval
+}
+
+
+def mean_check(verdict: str, **more: Any) -> dict[str, Any]:
+    return {
+        "metric": "mean KL",
+        "key": "mean",
+        "value": 1e-4,
+        "lower": 5e-5,
+        "upper": 2e-4,
+        "limit": CHECKS.get(verdict, 1e-3),
+        "direction": "max",
+        "verdict": verdict,
+        "n": 16,
+        "n_needed": None,
+        "method": "95% interval over prompts",
+        **more,
+    }
+
+
 def record(nodeid: str, verdict: str = "pass", **more: Any) -> dict[str, Any]:
     return {
         "nodeid": nodeid,
@@ -59,7 +84,7 @@ def record(nodeid: str, verdict: str = "pass", **more: Any) -> dict[str, Any]:
         "verdict": verdict,
         "time": "2026-12-01T10:01:00Z",
         "stats": {"mean": 1e-4, "mean_ci": [5e-5, 2e-4]},
-        "checks": [],
+        "checks": [mean_check(verdict)] if verdict in CHECKS else [],
         **more,
     }
 
@@ -241,3 +266,64 @@ def test_an_empty_or_interrupted_shard_fails_the_merge(tmp_path: Path, capsys: p
     assert merged.run.config["interrupted"] == {"reason": f"{stopped}: KeyboardInterrupt", "not_run": ["a.py"]}
     assert main(["merge", str(stopped)]) == 1
     assert f"{stopped} (shard 1/1) was interrupted (KeyboardInterrupt); did not run: a.py" in capsys.readouterr().err
+
+
+# -- a pass is what its own checks show ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"checks": [mean_check("fail")]}, "its check mean KL says fail"),  # a shard edited fail -> pass
+        ({"checks": [mean_check("pass", limit=1e-5)]}, "its check mean KL shows fail"),  # the numbers say fail
+        ({"checks": [mean_check("pass", value=5.0, lower=4.0, upper=6.0, limit=2e-3)]}, "shows fail"),
+        ({"checks": [mean_check("pass", limit=1.5e-4)]}, "shows inconclusive"),  # the limit inside the interval
+        ({"checks": [mean_check("pass", value=3e-4)]}, "outside its own interval"),
+        ({"checks": []}, "it has no checks"),  # a pass that checked nothing
+        ({"checks": [mean_check("pass", limit=None)]}, "has no limit to clear"),
+    ],
+)
+def test_a_pass_its_own_checks_contradict_fails_the_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, Any], said: str
+) -> None:
+    good = write(tmp_path / "good.json", run_info("1" * 32), [record("a.py::x")])
+    assert main(["merge", str(good)]) == 0  # the honest record merges green
+    capsys.readouterr()
+    forged = write(tmp_path / "forged.json", run_info("1" * 32), [record("a.py::x", **edit)])
+    assert main(["merge", str(forged)]) == 1
+    err = capsys.readouterr().err
+    assert "a.py::x reads pass, but" in err and said in err, err
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("candidate", "gemma3-270m"),
+        ("gate.kl_prompts", 64),
+        ("gate.kl_tokens", 256),
+        ("gate.cand_value", "mymod:other"),
+        ("gate.lever", "kv_cache"),
+        ("gate.prove", "off"),
+    ],
+)
+def test_shards_run_with_other_models_sizes_or_lever_values_do_not_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, value: Any
+) -> None:
+    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2)), [record("a.py::x")])
+    other = run_info("2" * 32, shard=(2, 2))
+    section, _, key = where.rpartition(".")
+    (other.config[section] if section else other.config)[key] = value
+    b = write(tmp_path / "b.json", other, [record("b.py::x")])
+    assert main(["merge", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"the reports ran with different {where}" in err and repr(value) in err, err
+
+
+def test_shards_that_judged_different_model_commits_do_not_merge(tmp_path: Path) -> None:
+    def model(commit: str) -> dict[str, Any]:
+        return {"name": "e4b", "repo_id": "org/e4b", "commit": commit, "pinned": f"org/e4b@{commit[:7]}"}
+
+    a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2)), [record("a.py::x", candidate=model("1" * 40))])
+    b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [record("b.py::x", candidate=model("2" * 40))])
+    with pytest.raises(MergeError, match="the reports judged different models"):
+        merge_reports([read_report(a), read_report(b)])
