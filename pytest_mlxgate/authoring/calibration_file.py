@@ -48,6 +48,7 @@ __all__ = [
     "module_findings",
     "read_calibration",
     "render",
+    "schema_problems",
     "serving_code",
     "unusable",
     "write_calibration",
@@ -412,7 +413,80 @@ def read_calibration(path: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path}: not JSON ({e}); calibrate again to rewrite it") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("calibration_format"), int):
         raise ValueError(f"{path}: not a calibration file (no calibration_format); calibrate again to rewrite it")
+    wrong = schema_problems(doc)
+    if wrong:
+        raise ValueError(
+            f"{path}: not a calibration this code can trust ({'; '.join(wrong)}); calibrate again to rewrite it"
+        )
     return doc
+
+
+def schema_problems(doc: Mapping[str, Any]) -> list[str]:
+    """What in a calibration document is not what `--mlx-calibrate` writes, each field named: a format newer
+    than this code, figures that are not finite numbers or sit outside their range (KL >= 0, agreement rates
+    in [0, 1], an interval's lower end at or below its upper), parts of the wrong type. Empty: it reads."""
+    out: list[str] = []
+    fmt = doc.get("calibration_format")
+    if isinstance(fmt, int) and fmt > FORMAT:
+        out.append(f"calibration_format {fmt} is newer than this code's {FORMAT}: run the mlxgate that wrote it")
+    for name in ("model", "machine", "aa_floor", "drift", "known_bad", "speed", "suggested"):
+        if name in doc and doc[name] is not None and not isinstance(doc[name], Mapping):
+            out.append(f"{name} is {type(doc[name]).__name__}, not an object")
+    model = doc.get("model")
+    if isinstance(model, Mapping):
+        for key in ("name", "commit"):
+            if model.get(key) is not None and not isinstance(model.get(key), str):
+                out.append(f"model.{key} is not text")
+    floors = doc.get("aa_floor")
+    if isinstance(floors, Mapping):
+        for key, value in floors.items():
+            if key != "chunk" and key in KL_KEYS:
+                out.extend(_figure_problems(f"aa_floor.{key}", key, value))
+    known_bad = doc.get("known_bad")
+    bad_drift = known_bad.get("drift") if isinstance(known_bad, Mapping) else None
+    for where, drift in (("drift", doc.get("drift")), ("known_bad.drift", bad_drift)):
+        if drift is None:
+            continue
+        if not isinstance(drift, Mapping) or not isinstance(drift.get("metrics", {}), Mapping):
+            out.append(f"{where} is not an object of metrics")
+            continue
+        for key, row in (drift.get("metrics") or {}).items():
+            if not isinstance(row, Mapping):
+                out.append(f"{where}.metrics.{key} is {type(row).__name__}, not {{value, lower, upper}}")
+                continue
+            for end in ("value", "lower", "upper"):
+                out.extend(_figure_problems(f"{where}.metrics.{key}.{end}", str(key), row.get(end)))
+            lo, hi = row.get("lower"), row.get("upper")
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+                out.append(f"{where}.metrics.{key}: lower {lo} > upper {hi}")
+    speed = doc.get("speed")
+    contexts = speed.get("contexts") if isinstance(speed, Mapping) else None
+    if isinstance(contexts, Mapping):
+        for ctx, row in contexts.items():
+            if not str(ctx).isdigit():
+                out.append(f"speed.contexts key {ctx!r} is not a context length in tokens")
+            for key, est in row.items() if isinstance(row, Mapping) else ():
+                if isinstance(est, Mapping) and est.get("ratio") is not None and not _is_number(est.get("ratio")):
+                    out.append(f"speed.contexts.{ctx}.{key}.ratio {est.get('ratio')!r} is not a number")
+    return out
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _figure_problems(where: str, key: str, value: object) -> list[str]:
+    """A figure of metric `key` (None: none measured) that is no finite number in its range."""
+    if value is None:
+        return []
+    if not _is_number(value):
+        return [f"{where} {value!r} is not a finite number"]
+    assert isinstance(value, (int, float))
+    if key in AGREEMENT_METRICS and not 0 <= value <= 1:
+        return [f"{where} {value} is an agreement rate outside [0, 1]"]
+    if key not in AGREEMENT_METRICS and key != "ln_ppl" and value < 0:
+        return [f"{where} {value} is a KL below 0"]
+    return []
 
 
 # -- the check --------------------------------------------------------------------------------------
@@ -506,6 +580,17 @@ def module_findings(
     if doc is None:
         findings.missing = True
         return findings
+    held_model = doc.get("model")
+    held: Mapping[str, Any] = held_model if isinstance(held_model, Mapping) else {}
+    if held.get("name") is not None or held.get("repo") is not None:
+        theirs = calibration_model(held.get("name"), held.get("repo"))
+        if theirs != model:
+            findings.problems.append(
+                f"{findings.shown_file} holds a calibration of {held.get('name') or held.get('repo')}, not of "
+                f"{model or DEFAULT_CANDIDATE} whose file this is: move it to "
+                f"{CALIBRATION_DIR}/{theirs + '/' if theirs else ''}{module.stem}.json, or calibrate again"
+            )
+            return findings
     gate = GateSource.read(module)
     findings.stale = _stale(doc, gate)
     limits = gate.limits_of(test, model=model)

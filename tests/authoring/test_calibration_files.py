@@ -32,6 +32,7 @@ from pytest_mlxgate.authoring.calibration_file import (
     FORMAT,
     GateSource,
     Limit,
+    calibration_model,
     calibration_path,
     known_bad_verdict,
     module_findings,
@@ -222,7 +223,8 @@ def test_a_limit_the_lever_does_not_clear_fails(kv_gate: tuple[Path, dict[str, A
 def test_a_limit_too_close_to_the_a_a_floor_fails(kv_gate: tuple[Path, dict[str, Any]]) -> None:
     module, doc = kv_gate
     floor = doc["aa_floor"]["p99"]
-    doc["drift"]["metrics"]["p99"]["upper"] = floor  # a lever as exact as the floor: only the floor rule is left
+    # a lever as exact as the floor: only the floor rule is left (its interval a real one, lower <= value <= upper)
+    doc["drift"]["metrics"]["p99"].update(lower=floor / 2, value=floor * 0.75, upper=floor)
     calibration_path(module).write_text(json.dumps(doc))
     _plant(module, f"assert_kl_below(paired, p99={floor * 5:.3g})")
     problems = module_findings(module).problems
@@ -334,7 +336,8 @@ def test_a_model_s_own_limits_are_checked_against_that_model_s_file_only(kv_gate
     assert "--mlx-candidate gemma3-270m" in missing.refresh
     gemma = calibration_path(module, "gemma3-270m")
     gemma.parent.mkdir()
-    gemma.write_text(json.dumps(doc))  # the same figures: the too-tight gemma3 mean is found, on that file only
+    # the same figures, as gemma3-270m's: the too-tight gemma3 mean is found, on that file only
+    gemma.write_text(json.dumps({**doc, "model": {"name": "gemma3-270m", "commit": "0" * 40}}))
     problems = module_findings(module, model="gemma3-270m").problems
     assert len(problems) == 1 and "only x1.5 of room" in problems[0], problems
 
@@ -645,3 +648,71 @@ def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
     result = pytester.runpytest_subprocess(*common, "--mlx-aa")
     result.assert_outcomes(passed=1)
     assert "StaleCalibrationWarning" not in result.stdout.str()
+
+
+# -- a calibration file is validated, never taken on trust --------------------------------------------
+
+
+def _set(doc: dict[str, Any], where: str, value: Any) -> None:
+    *parents, last = where.split(".")
+    for part in parents:
+        doc = doc[part]
+    doc[last] = value
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "said"),
+    [
+        ("drift.metrics.mean.upper", -1.0, "drift.metrics.mean.upper -1.0 is a KL below 0"),
+        ("aa_floor.mean", float("nan"), "aa_floor.mean nan is not a finite number"),
+        ("aa_floor.mean", -5.0, "aa_floor.mean -5.0 is a KL below 0"),
+        ("drift.metrics.top1.lower", 1.5, "drift.metrics.top1.lower 1.5 is an agreement rate outside [0, 1]"),
+        ("drift.metrics.mean.upper", "abc", "drift.metrics.mean.upper 'abc' is not a finite number"),
+        ("drift.metrics.mean.lower", 1.0, "drift.metrics.mean: lower 1.0 > upper"),
+        ("drift", [1], "drift is list, not an object"),
+        ("drift.metrics.mean", 3, "drift.metrics.mean is int, not {value, lower, upper}"),
+        ("known_bad.drift.metrics.mean.value", "x", "known_bad.drift.metrics.mean.value 'x' is not a finite number"),
+        ("calibration_format", 99, "calibration_format 99 is newer than this code's"),
+        ("model.commit", 7, "model.commit is not text"),
+    ],
+)
+def test_a_calibration_file_that_is_not_what_calibrate_writes_is_a_problem_naming_the_file_and_field(
+    kv_gate: tuple[Path, dict[str, Any]], where: str, value: Any, said: str
+) -> None:
+    module, doc = kv_gate
+    _set(doc, where, value)
+    calibration_path(module).write_text(json.dumps(doc))  # NaN as JSON's NaN literal, which json.loads reads
+    findings = module_findings(module, shown_as="gates/test_kv_cache.py")  # no raw TypeError / AttributeError
+    assert len(findings.problems) == 1, findings.problems
+    assert str(calibration_path(module)) in findings.problems[0] and said in findings.problems[0]
+    assert "calibrate again" in findings.problems[0]
+
+
+def test_speed_figures_of_the_wrong_kind_are_named(kv_gate: tuple[Path, dict[str, Any]]) -> None:
+    module, doc = kv_gate
+    contexts = doc["speed"]["contexts"]
+    first = next(iter(contexts))
+    contexts["abc"] = contexts[first]
+    contexts[first]["decode"]["ratio"] = "big"
+    calibration_path(module).write_text(json.dumps(doc))
+    (problem,) = module_findings(module).problems
+    assert "speed.contexts key 'abc' is not a context length in tokens" in problem
+    assert f"speed.contexts.{first}.decode.ratio 'big' is not a number" in problem
+
+
+def test_a_calibration_of_another_model_at_this_model_s_path_is_a_problem(kv_gate: tuple[Path, dict[str, Any]]) -> None:
+    module, _ = kv_gate
+    gemma = json.loads((GATES / "calibration" / "gemma3-270m" / "test_kv_cache.json").read_text())
+    calibration_path(module).write_text(json.dumps(gemma))
+    (problem,) = module_findings(module, shown_as="gates/test_kv_cache.py").problems
+    assert "holds a calibration of gemma3-270m, not of smollm2-135m" in problem
+    assert "calibration/gemma3-270m/test_kv_cache.json" in problem
+
+
+def test_every_calibration_file_belongs_to_a_gate_module_here() -> None:
+    """A file for a module that does not exist (renamed, deleted) is never read: it would be silently stale."""
+    for path in sorted((GATES / "calibration").rglob("*.json")):
+        assert (GATES / f"{path.stem}.py").is_file(), f"{path.relative_to(GATES)} calibrates no module in gates/"
+        model = None if path.parent.name == "calibration" else path.parent.name
+        doc = read_calibration(path)
+        assert doc is not None and calibration_model(doc["model"].get("name"), doc["model"].get("repo")) == model
