@@ -58,7 +58,7 @@ class _KnownBadPaired(Paired):
         self.verdicts: list[str] = []
         self.checks: list[Check] = []
 
-    def publish(self, conclusion: Conclusion) -> None:
+    def publish(self, conclusion: Conclusion, *, measure: bool = True) -> None:
         self.verdicts.append(conclusion.verdict)
         self.checks.extend(conclusion.checks)
 

@@ -16,7 +16,7 @@ from ..kl.shape import ArmCounters, RunShape
 from ..results.records import CALIBRATION_PROPERTY, RECORD_PROPERTY, gate_record
 from ..verdicts.conclude import Conclusion
 from .phases import PhaseClock
-from .transport import stage
+from .transport import stage, staged_records
 
 if TYPE_CHECKING:
     from ..capability.assertions import CapabilitySubject
@@ -459,7 +459,7 @@ class Paired:
         verdict settled by that; as it was where nothing vouches (A/A, calibration, a known-bad arm)."""
         return self.run.vouch(conclusion) if self.run.vouch is not None else conclusion
 
-    def publish(self, conclusion: Conclusion) -> None:
+    def publish(self, conclusion: Conclusion, *, measure: bool = True) -> None:
         """The one way a gate's numbers leave it: the conclusion of an assertion (`verdicts.conclude`) becomes
         the test's record, with the arms (model, lever, path) and the re-run command where the measurement
         does not give them, and the module's speed when it asks for it."""
@@ -479,7 +479,8 @@ class Paired:
             rerun=self.rerun,
             **{**arms, **conclusion.fields},
         )
-        speed = run.speed_if_asked() if "speed" not in record else None
+        asked = run.speed_shape is not None and "speed" not in record
+        speed = (run.speed() if measure else run._speed) if asked else None
         if speed is not None:
             record["speed"] = speed
         record["phases"] = run.phases.take()  # after the speed above: its trials are this record's work too
@@ -506,15 +507,17 @@ class Paired:
         pytest.skip("--mlx-calibrate: no verdict; this module was measured once, for its first test")
 
     def finish(self) -> None:
-        """At teardown: a gate that measured but asserted nothing still reports what it measured."""
-        if self.published:
+        """At teardown: a gate that measured but asserted nothing still reports what it measured, and only
+        that: teardown starts no measurement (a Ctrl-C in a speed trial would run it again), and a test
+        that raised already has its error record (a second, "measured", would stand beside it)."""
+        if self.published or staged_records(self.item):
             return
         if self.run._result is not None:
-            self.publish(self.run._result.conclusion(bounds={}, checks=[], verdict="measured"))
+            self.publish(self.run._result.conclusion(bounds={}, checks=[], verdict="measured"), measure=False)
         elif self.run._speed is not None:
             from ..speed.assertions import speed_conclusion
 
-            self.publish(speed_conclusion(self.run._speed, {}, [], verdict="measured"))
+            self.publish(speed_conclusion(self.run._speed, {}, [], verdict="measured"), measure=False)
 
     def __repr__(self) -> str:
         return f"<paired {self.run.lever.describe()}>"

@@ -363,3 +363,33 @@ def test_a_locked_db_costs_one_short_wait_and_its_rows_arrive_with_the_next_run(
     runs = [r["run_id"] for r in ResultsDB(db).runs()]
     assert len(runs) == 2 and first_run in runs  # the locked-out run's row arrived
     assert not pending.exists()
+
+
+# --- teardown reports what was measured, once, and measures nothing -----------------------------
+
+RAISES_AFTER_KL = PASSING_GATE.replace(
+    "    assert_kl_below(paired, mean=1.0)",
+    "    paired.kl()\n    raise ValueError('the test broke after its arms ran')",
+)
+MEASURES_ONLY_KL = PASSING_GATE.replace(
+    "    pytest.mark.mlx_kl(", "    pytest.mark.mlx_speed(),\n    pytest.mark.mlx_kl("
+).replace("    assert_kl_below(paired, mean=1.0)", "    paired.kl()")
+
+
+def test_a_test_that_raises_after_its_arms_ran_has_one_record_and_teardown_starts_no_trial(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_raises=RAISES_AFTER_KL, test_kl_only=MEASURES_ONLY_KL)
+    report = tmp_path / "r.json"
+    result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={report}", "--mlx-speed-reps=3")
+    result.assert_outcomes(passed=1, failed=1)
+    records = json.loads(report.read_text())["gates"]
+    by_id: dict[str, list[str]] = {}
+    for record in records:
+        by_id.setdefault(record["nodeid"], []).append(record["verdict"])
+    # one record for the test that raised (before: "error" and "measured" side by side)
+    assert by_id["test_raises.py::test_drift"] == ["error"]
+    # the KL-only test reports what it measured; its module asks for speed, but teardown starts no trial
+    assert by_id["test_kl_only.py::test_drift"] == ["measured"]
+    (kl_only,) = [r for r in records if r["nodeid"] == "test_kl_only.py::test_drift"]
+    assert "speed" not in kl_only and "speed (both arms" not in result.stdout.str()
