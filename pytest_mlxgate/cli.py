@@ -35,7 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "new-gate":
         return _new_gate(args)
     if args.command == "plan":
-        return _plan(args)
+        try:
+            return _plan(args)
+        except KeyboardInterrupt:  # the search or its verification: nothing half-written (see _plan)
+            print(f"\nmlxgate plan kv: interrupted; {args.out} was not written", file=sys.stderr)
+            return 130
     try:
         spec = _spec(args)
     except MlxgateUsageError as e:
@@ -153,6 +157,10 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError:
         print("mlxgate: error: --bits and --group-sizes take comma-separated whole numbers, e.g. 4,8", file=sys.stderr)
         return EXIT_USAGE
+    unwritable = _unwritable(args.out)
+    if unwritable is not None:  # found now, not after a search of many minutes
+        print(f"mlxgate: error: --out {args.out}: {unwritable}; give a file in a folder you can write", file=sys.stderr)
+        return EXIT_USAGE
     from .models.loaded import load_mlx
     from .models.materialize import materialize
 
@@ -183,20 +191,46 @@ def _plan(args: argparse.Namespace) -> int:
             raise
         print(f"mlxgate: {e}", file=sys.stderr)
         return EXIT_FAILED
-    args.out.write_text(json.dumps(result.kv_config(), indent=1) + "\n")
+    from .common.atomic import atomic_write_bytes
+
+    # --out holds a verified plan or none: the plan is verified from a file beside it, moved there once the
+    # gate passes it (an interrupted or failed verification leaves --out as it was)
+    plan = (json.dumps(result.kv_config(), indent=1) + "\n").encode()
+    unverified = args.out.with_name(f"{args.out.stem}.unverified{args.out.suffix or '.json'}")
+    atomic_write_bytes(unverified, plan)
     if not args.no_verify and result.chosen != "none":
-        print(f"plan kv: verifying: {gate.path.name} with {args.out} as its candidate", file=sys.stderr, flush=True)
+        print(f"plan kv: verifying: {gate.path.name} with {unverified} as its candidate", file=sys.stderr, flush=True)
         report = args.out.with_suffix(".gate-report.json")
-        result.verification = verify_plan(gate, args.out.resolve(), candidate=args.model, report=report)
-    record = args.out.with_suffix(".search.json")
-    record.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+        result.verification = verify_plan(gate, unverified.resolve(), candidate=args.model, report=report)
+    atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
     for line in plan_summary(result):
         print(line, file=sys.stderr)
-    print(args.out)
     ok = result.chosen != "none" and (
         result.verification["verified"] if result.verification else result.passed_selection
     )
+    if ok or args.no_verify:
+        unverified.replace(args.out)
+        print(args.out)
+    else:
+        print(f"plan kv: not verified: the plan stays at {unverified}; {args.out} was not written", file=sys.stderr)
     return EXIT_OK if ok else EXIT_FAILED
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (None: it can), tried with a real file beside it."""
+    import tempfile
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        return "it is a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except FileNotFoundError:
+        return f"the folder {folder} does not exist"
+    except OSError as e:
+        return f"the folder {folder} cannot be written ({e.strerror or e})"
+    return None
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:

@@ -102,9 +102,12 @@ def test_a_search_writes_a_plan_its_record_and_is_verified_by_running_the_gate(
         env={**os.environ, "MLXGATE_ALLOW_UNTRAINED": "1"},
     )
     record = json.loads(out.with_suffix(".search.json").read_text())
-    plan = json.loads(out.read_text())
-    assert set(plan["layers"]) == {"0", "1"}
     verification = record["verification"]
+    # --out holds a verified plan or none: an unverified one stays beside it, saying so
+    unverified = tmp_path / "kv_config.unverified.json"
+    assert out.is_file() != unverified.is_file() and out.is_file() == verification["verified"], done.stderr
+    plan = json.loads((out if out.is_file() else unverified).read_text())
+    assert set(plan["layers"]) == {"0", "1"}
     assert list(verification["verdicts"]) == [f"{gate.name}::test_drift"]
     # the exit status is the gate's verdict on its own prompts, never the search's hope
     assert (done.returncode == 0) == verification["verified"], done.stderr
@@ -115,3 +118,24 @@ def test_a_search_writes_a_plan_its_record_and_is_verified_by_running_the_gate(
     if record["chosen"] == "mixed" and passing:
         assert record["bytes_per_token"] < min(passing)  # a mixed plan must cost less than every uniform one
     assert all(r["verdict"] in ("pass", "fail", "inconclusive") for r in record["rounds"])
+
+
+@pytest.mark.parametrize("where", ["missing-folder/kv_config.json", "a-folder", "read-only/kv_config.json"])
+def test_an_out_that_cannot_be_written_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """Before: found after the whole search (524 s here), a raw FileNotFoundError, the result gone."""
+    from pytest_mlxgate.cli import main
+
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "read-only").mkdir(mode=0o500)
+    if where.startswith("read-only") and os.access(tmp_path / "read-only", os.W_OK):
+        pytest.skip("this user writes into read-only folders (root)")
+    gate = tmp_path / "test_kv_gate.py"
+    gate.write_text(GATE)
+    code = main(
+        ["plan", "kv", "--gate", str(gate), "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / where)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and f"--out {tmp_path / where}:" in err and "give a file in a folder you can write" in err, err
+    assert "Traceback" not in err and not list(tmp_path.rglob("*.probe"))
