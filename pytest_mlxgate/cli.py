@@ -165,12 +165,13 @@ def _plan(args: argparse.Namespace) -> int:
     from .models.materialize import materialize
 
     try:
+        from .explain.plan_kv import check_search_options, plan_summary, read_gate, search_kv_plan, verify_plan
+
+        check_search_options(bits, groups, args.selection)  # before the gate and the model load
         cwd = Path.cwd()
         spec = parse_name(
             args.model or "smollm2-135m", aliases=load_aliases(find_pyproject(cwd)), base_dir=cwd, role="model"
         )
-        from .explain.plan_kv import plan_summary, read_gate, search_kv_plan, verify_plan
-
         gate = read_gate(args.gate.resolve(), model=args.model)
         snap = materialize(spec, offline=True)
         model, tokenizer = load_mlx(snap)
@@ -205,15 +206,13 @@ def _plan(args: argparse.Namespace) -> int:
     atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
     for line in plan_summary(result):
         print(line, file=sys.stderr)
-    ok = result.chosen != "none" and (
-        result.verification["verified"] if result.verification else result.passed_selection
-    )
-    if ok or args.no_verify:
+    if result.succeeded:
         unverified.replace(args.out)
         print(args.out)
-    else:
-        print(f"plan kv: not verified: the plan stays at {unverified}; {args.out} was not written", file=sys.stderr)
-    return EXIT_OK if ok else EXIT_FAILED
+        return EXIT_OK
+    why = "no plan passed the gate's limits on the selection" if result.chosen == "none" else "not verified"
+    print(f"plan kv: {why}: the plan stays at {unverified}; {args.out} was not written", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _unwritable(path: Path) -> str | None:

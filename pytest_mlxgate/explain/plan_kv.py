@@ -10,8 +10,8 @@ byte, a measured check that backs off, and a verification run of the gate itself
    that removes the most predicted drift per byte, until the prediction is within `TARGET_SHARE` of the
    gate's mean limit.
 4. *Measured, not assumed additive*: the plan runs on the selection sequences and must pass every limit
-   of the gate there (mean, p99, top-1...); if it does not, the target halves and the greedy goes on from
-   where it stopped (`MAX_ROUNDS`).
+   of the gate there (mean, p99, top-1...); if it does not, the target halves (from the plan's prediction
+   where that is lower) and the greedy goes on from where it stopped (`MAX_ROUNDS`).
 5. *Compared*: a uniform plan that passes on the selection sequences and costs no more bytes wins (a mixed
    plan must earn its complexity); none passing and no mixed plan either: "no plan passes" is the answer.
 6. *Verified*: the gate module runs under pytest with the plan as its candidate (`--mlx-cand-value`), on
@@ -37,12 +37,12 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..common.gate_calls import declared_limits
-from ..errors import MlxgateUsageError
+from ..errors import MlxgateUsageError, PromptsError
 from ..kl.arms import run_candidate, run_reference
 from ..kl.assertions import kl_checks
 from ..kl.prompts import build_sequences, default_prompts
 from ..kl.shape import ArmCounters, RunShape
-from ..levers.kvcache import KV_GROUP_SIZES
+from ..levers.kvcache import KV_BITS, KV_GROUP_SIZES
 from ..levers.lever import Lever
 from ..levers.parsing import lever_from_marker
 from ..serving.caches import quantized_form
@@ -155,6 +155,14 @@ class PlanSearch:
     verification: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def succeeded(self) -> bool:
+        """A plan is the answer: one was chosen and the gate passed it on its own prompts (only with the
+        verification skipped, `--no-verify`, the selection's pass stands in, and the output says so)."""
+        if self.chosen == "none":
+            return False
+        return bool(self.verification["verified"]) if self.verification is not None else self.passed_selection
+
     def kv_config(self) -> dict[str, Any]:
         return {"default": None, "layers": {str(i): o.spec() for i, o in sorted(self.layers.items())}}
 
@@ -208,6 +216,22 @@ def greedy_plan(
     return plan
 
 
+def check_search_options(bits: Sequence[int], groups: Sequence[int], selection: int) -> None:
+    """Refuse, by the option's name, what the search could only fail on later (or silently drop)."""
+    for flag, values, allowed in (("--bits", bits, KV_BITS), ("--group-sizes", groups, KV_GROUP_SIZES)):
+        wrong = [v for v in values if v not in allowed]
+        if wrong or not values:
+            raise MlxgateUsageError(
+                f"{flag} {','.join(map(str, values))}: {', '.join(map(str, wrong)) or 'nothing'} is not a choice "
+                f"mlx quantizes a KV cache with; give some of {','.join(map(str, allowed))}"
+            )
+    if isinstance(selection, bool) or not isinstance(selection, int) or selection < 2:
+        raise MlxgateUsageError(
+            f"--selection {selection}: the search judges each plan by an interval over the selection sequences, "
+            f"and fewer than 2 give none; give 2 or more (default {SELECTION_SEQUENCES})"
+        )
+
+
 def search_kv_plan(
     model: Any,
     tokenizer: Any,
@@ -218,16 +242,18 @@ def search_kv_plan(
     selection: int = SELECTION_SEQUENCES,
     say: Callable[[str], None] = lambda _: None,
 ) -> PlanSearch:
+    """The search on `model`: its layers' sizes, the selection sequences and their reference arm, then
+    `choose_plan` with a measurement of each plan on those sequences."""
+    check_search_options(bits, groups, selection)
     started = time.perf_counter()
     sizes, itemsize, dims = _layer_sizes(model)
-    options = [Option(b, g) for b in bits for g in groups if g in KV_GROUP_SIZES and all(d % g == 0 for d in dims)]
+    options = [Option(b, g) for b in bits for g in groups if all(d % g == 0 for d in dims)]
     if not options:
         raise MlxgateUsageError(
             f"no group size among {list(groups)} divides this model's head dimensions {sorted(dims)}"
         )
-    cheapest = min(options, key=lambda o: o.bytes_per_value(itemsize))
     shape = RunShape("serving", gate.tokens, gate.decode)
-    seqs = _selection_sequences(tokenizer, gate, selection)
+    seqs = selection_sequences(tokenizer, gate, selection)
     say(f"plan kv: reference arm on {len(seqs)} selection sequences (the gate's {gate.prompts} prompts held out)")
     plain = Lever("plan", "kv", None, None, None, path="serving")
     refs = run_reference(model, seqs, shape, plain, counters=ArmCounters())
@@ -240,65 +266,80 @@ def search_kv_plan(
             lever = Lever("plan", "kv", None, None, str(path), path="serving")
             return summarize(run_candidate(model, seqs, shape, lever, refs, counters=ArmCounters()))
 
-        uniform: list[dict[str, Any]] = []
-        uniform_mean: dict[Option, float] = {}
-        for o in options:
-            stats = measure({i: o for i in sizes}, f"uniform {o.label}")
-            verdicts = _verdicts(stats, gate.limits)
-            uniform_mean[o] = max(stats.mean, 1e-12)
-            uniform.append(
-                {
-                    "option": o.label,
-                    "mean": stats.mean,
-                    "mean_ci": list(stats.mean_ci),
-                    "passes": verdicts == "pass",
-                    "bytes_per_token": o.bytes_per_value(itemsize) * sum(sizes.values()),
-                }
-            )
-        sensitivity = {i: measure({i: cheapest}, f"layer {i} alone at {cheapest.label}").mean for i in sizes}
+        result = choose_plan(sizes, options, itemsize, gate.limits, measure)
+    result.selection = len(seqs)
+    result.seconds = time.perf_counter() - started
+    return result
 
-        def drift(i: int, o: Option) -> float:
-            if o.bits is None:
-                return 0.0
-            return sensitivity[i] * uniform_mean[o] / uniform_mean[cheapest]
 
-        target = gate.limits["mean"] * TARGET_SHARE
-        plan: dict[int, Option] | None = None
-        rounds: list[dict[str, Any]] = []
-        passed = False
-        for _ in range(MAX_ROUNDS):
-            plan = greedy_plan(sizes, options, drift, target=target, start=plan, itemsize=itemsize)
-            stats = measure(plan, f"the plan found for a predicted mean KL <= {target:.3g}")
-            verdict = _verdicts(stats, gate.limits)
-            rounds.append(
-                {
-                    "target": target,
-                    "predicted": sum(drift(i, o) for i, o in plan.items()),
-                    "mean": stats.mean,
-                    "mean_ci": list(stats.mean_ci),
-                    "verdict": verdict,
-                    "bytes_per_token": _bytes(plan, sizes, itemsize),
-                }
-            )
-            if verdict == "pass":
-                passed = True
-                break
-            target /= 2
+def choose_plan(
+    sizes: Mapping[int, float],
+    options: Sequence[Option],
+    itemsize: int,
+    limits: Mapping[str, float],
+    measure: Callable[[Mapping[int, Option], str], KLStats],
+) -> PlanSearch:
+    """Steps 2-5: sensitivities, the greedy with its measured back-off, and the comparison with the
+    uniform plans; `measure(plan, what)` is the plan's statistics on the selection sequences."""
+    cheapest = min(options, key=lambda o: o.bytes_per_value(itemsize))
+    uniform: list[dict[str, Any]] = []
+    uniform_mean: dict[Option, float] = {}
+    for o in options:
+        stats = measure({i: o for i in sizes}, f"uniform {o.label}")
+        uniform_mean[o] = max(stats.mean, 1e-12)
+        uniform.append(
+            {
+                "option": o.label,
+                "mean": stats.mean,
+                "mean_ci": list(stats.mean_ci),
+                "passes": _verdicts(stats, limits) == "pass",
+                "bytes_per_token": o.bytes_per_value(itemsize) * sum(sizes.values()),
+            }
+        )
+    sensitivity = {i: measure({i: cheapest}, f"layer {i} alone at {cheapest.label}").mean for i in sizes}
+
+    def drift(i: int, o: Option) -> float:
+        if o.bits is None:
+            return 0.0
+        return sensitivity[i] * uniform_mean[o] / uniform_mean[cheapest]
+
+    target = limits["mean"] * TARGET_SHARE
+    plan: dict[int, Option] | None = None
+    rounds: list[dict[str, Any]] = []
+    passed = False
+    for _ in range(MAX_ROUNDS):
+        plan = greedy_plan(sizes, options, drift, target=target, start=plan, itemsize=itemsize)
+        stats = measure(plan, f"the plan found for a predicted mean KL <= {target:.3g}")
+        verdict = _verdicts(stats, limits)
+        rounds.append(
+            {
+                "target": target,
+                "predicted": sum(drift(i, o) for i, o in plan.items()),
+                "mean": stats.mean,
+                "mean_ci": list(stats.mean_ci),
+                "verdict": verdict,
+                "bytes_per_token": _bytes(plan, sizes, itemsize),
+            }
+        )
+        if verdict == "pass":
+            passed = True
+            break
+        # below what this plan predicted: a target it already meets would measure the same plan again
+        target = min(target, rounds[-1]["predicted"]) / 2
     assert plan is not None
-    plain_bytes = PLAIN_OPTION.bytes_per_value(itemsize) * sum(sizes.values())
     result = PlanSearch(
         layers=plan,
         bytes_per_token=_bytes(plan, sizes, itemsize),
-        plain_bytes_per_token=plain_bytes,
+        plain_bytes_per_token=PLAIN_OPTION.bytes_per_value(itemsize) * sum(sizes.values()),
         uniform=uniform,
         rounds=rounds,
         sensitivity=sensitivity,
         passed_selection=passed,
         chosen="mixed",
         seconds=0.0,
-        selection=len(seqs),
+        selection=0,
     )
-    passing = [u for u, o in zip(uniform, options, strict=True) if u["passes"]]
+    passing = [u for u in uniform if u["passes"]]
     best_uniform = min(passing, key=lambda u: u["bytes_per_token"]) if passing else None
     if best_uniform is not None and (not passed or best_uniform["bytes_per_token"] <= result.bytes_per_token):
         o = next(o for o in options if o.label == best_uniform["option"])
@@ -313,7 +354,6 @@ def search_kv_plan(
             f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
             f"sequences in {MAX_ROUNDS} rounds; keep the plain cache, or widen the options (--bits, --group-sizes)"
         )
-    result.seconds = time.perf_counter() - started
     return result
 
 
@@ -380,14 +420,23 @@ def _layer_sizes(model: Any) -> tuple[dict[int, float], int, set[int]]:
     return sizes, itemsize, dims
 
 
-def _selection_sequences(tokenizer: Any, gate: GateSpec, n: int) -> list[Any]:
-    """`n` sequences from prompts the gate's own sequences never use (else from the prompts after its own)."""
+def selection_sequences(tokenizer: Any, gate: GateSpec, n: int) -> list[Any]:
+    """`n` sequences built only from default prompts the gate's own sequences never use: the gate's
+    prompts stay held out for the verification, so a plan is never judged on what chose it."""
     prompts = default_prompts()
     gate_seqs = build_sequences(prompts, tokenizer, n=gate.prompts, tokens=gate.tokens)
     used = {source for s in gate_seqs for source in s.sources}
     free = [p for p in prompts if p.id not in used]
-    pool = free if len(free) >= 2 else list(prompts[gate.prompts % len(prompts) :]) or list(prompts)
-    return build_sequences(pool, tokenizer, n=n, tokens=gate.tokens)
+    try:
+        if len(free) < 2:
+            raise PromptsError("too few free prompts")
+        return build_sequences(free, tokenizer, n=n, tokens=gate.tokens)
+    except PromptsError:  # its words name the gate's --mlx-kl-prompts, not this option
+        raise MlxgateUsageError(
+            f"--selection {n}: the {len(free)} default prompts the gate's own {gate.prompts} sequences of "
+            f"{gate.tokens + 1} tokens leave free give fewer than {n} distinct sequences of that length (the "
+            f"gate's prompts are held out for its verification); lower --selection (default {SELECTION_SEQUENCES})"
+        ) from None
 
 
 def plan_summary(result: PlanSearch) -> list[str]:
@@ -418,5 +467,7 @@ def plan_summary(result: PlanSearch) -> list[str]:
     if v is not None:
         word = "VERIFIED: passes" if v["verified"] else "NOT verified: does not pass"
         lines.append(f"  {word} the gate on its own (held-out) prompts: {v['verdicts']}")
+    elif result.chosen != "none":
+        lines.append("  not verified (--no-verify): passed on the selection only; run the gate on it before use")
     lines.append(f"  took {result.seconds:.0f} s")
     return lines

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -139,3 +140,258 @@ def test_an_out_that_cannot_be_written_is_refused_before_anything_runs(
     err = capsys.readouterr().err
     assert code == 2 and f"--out {tmp_path / where}:" in err and "give a file in a folder you can write" in err, err
     assert "Traceback" not in err and not list(tmp_path.rglob("*.probe"))
+
+
+# --- the search's decisions, each a test that fails when it is wrong (fast lane) -------------------------
+
+
+def _stats(mean: float, *, sequences: int = 8, tokens: int = 16) -> Any:
+    """Real statistics (`summarize`) of scores whose per-token KL sits within 5% of `mean`."""
+    import numpy as np
+
+    from pytest_mlxgate.kl.divergence import TokenScores
+    from pytest_mlxgate.stats.kl_stats import summarize
+
+    rng = np.random.default_rng(int(mean * 1e9) % 2**32)
+    scores = []
+    for _ in range(sequences):
+        kl = mean * (1 + 0.05 * rng.uniform(-1, 1, tokens))
+        same = np.zeros(tokens, dtype=np.int32)
+        logprob = np.full(tokens, -1.0, dtype=np.float32)
+        scores.append(
+            TokenScores(
+                kl=kl,
+                ref_top1=same,
+                cand_top1=same,
+                near_tie=np.zeros(tokens, dtype=bool),
+                ref_next_logprob=logprob,
+                cand_next_logprob=logprob,
+                next_tokens=same,
+                positions=np.arange(tokens, dtype=np.int32),
+            )
+        )
+    return summarize(scores)
+
+
+FOUR, EIGHT = Option(4, 64), Option(8, 64)
+LIMITS = {"mean": 0.01, "top1": 0.5}
+
+
+def _measured(sens: dict[int, float], *, interaction: float = 0.0, floor: float = 0.0) -> tuple[Any, list[Any]]:
+    """A measurement whose true drift is the layers' sum, raised by `interaction` per extra quantized
+    layer (one layer alone is exact, as the sensitivities are), plus `floor`; it records every plan."""
+    asked: list[dict[int, Option]] = []
+    scale = {FOUR: 1.0, EIGHT: 1 / 256}
+
+    def measure(plan: Any, what: str) -> Any:
+        asked.append(dict(plan))
+        quantized = [i for i, o in plan.items() if o.bits is not None]
+        drift = sum(sens[i] * scale[plan[i]] for i in quantized) * (1 + interaction * max(len(quantized) - 1, 0))
+        return _stats(max(drift + floor, 1e-9))
+
+    return measure, asked
+
+
+def test_a_plan_that_fails_its_measurement_backs_off_by_halving_the_target_until_one_passes() -> None:
+    from pytest_mlxgate.explain.plan_kv import MAX_ROUNDS, TARGET_SHARE, choose_plan
+
+    sizes = {0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0}
+    sens = {0: 5e-4, 1: 6e-4, 2: 0.05, 3: 4e-4}
+    measure, asked = _measured(sens, interaction=2.0)  # layers interact: the additive guess is too low
+    result = choose_plan(sizes, [FOUR, EIGHT], 2, LIMITS, measure)
+    rounds = result.rounds
+    assert 1 < len(rounds) <= MAX_ROUNDS and rounds[0]["target"] == LIMITS["mean"] * TARGET_SHARE
+    assert [r["verdict"] for r in rounds] == ["fail"] * (len(rounds) - 1) + ["pass"]
+    for a, b in zip(rounds, rounds[1:], strict=False):  # each round asks for less than the last one found
+        assert b["target"] == min(a["target"], a["predicted"]) / 2 and b["predicted"] < a["predicted"]
+    # each round's figure is the measurement of that round's plan, and the answer is the plan that passed
+    assert asked[-1] == result.layers and result.passed_selection and rounds[-1]["mean"] <= LIMITS["mean"]
+    assert result.chosen == "mixed" and result.succeeded  # no verification asked for: the selection's pass
+
+
+def test_a_uniform_plan_wins_when_no_mixed_plan_costs_fewer_bytes() -> None:
+    from pytest_mlxgate.explain.plan_kv import choose_plan
+
+    sizes = {0: 100.0, 1: 100.0}
+    measure, _ = _measured({0: 0.5, 1: 0.5})  # both layers need 8 bits: the "mixed" plan is uniform 8-bit
+    result = choose_plan(sizes, [FOUR, EIGHT], 2, LIMITS, measure)
+    assert result.chosen == "uniform 8-bit g64" and set(result.layers.values()) == {EIGHT}
+    assert result.bytes_per_token == EIGHT.bytes_per_value(2) * 200
+
+
+def test_a_mixed_plan_wins_only_when_it_is_cheaper_than_every_uniform_plan_that_passes() -> None:
+    from pytest_mlxgate.explain.plan_kv import choose_plan
+
+    sizes = {0: 100.0, 1: 100.0, 2: 100.0}
+    measure, _ = _measured({0: 0.5, 1: 1e-4, 2: 1e-4})  # one sensitive layer: 8 bits there, 4 elsewhere
+    result = choose_plan(sizes, [FOUR, EIGHT], 2, LIMITS, measure)
+    passing = [u["bytes_per_token"] for u in result.uniform if u["passes"]]
+    assert result.chosen == "mixed" and result.layers == {0: EIGHT, 1: FOUR, 2: FOUR}
+    assert passing and result.bytes_per_token < min(passing)
+
+
+def test_when_nothing_passes_the_answer_is_none_and_never_a_success() -> None:
+    from pytest_mlxgate.explain.plan_kv import MAX_ROUNDS, choose_plan
+
+    measure, _ = _measured({0: 0.5, 1: 0.5}, floor=1.0)  # every plan drifts past the limit
+    result = choose_plan({0: 100.0, 1: 100.0}, [FOUR, EIGHT], 2, LIMITS, measure)
+    assert result.chosen == "none" and not result.passed_selection and not result.succeeded
+    assert len(result.rounds) == MAX_ROUNDS and "keep the plain cache" in result.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("chosen", "selection", "verification", "succeeded"),
+    [
+        ("mixed", True, {"verified": False}, False),  # the gate's verdict overrides the selection's
+        ("uniform 8-bit g64", True, {"verified": False}, False),
+        ("mixed", False, {"verified": True}, True),
+        ("mixed", True, None, True),  # --no-verify: the selection's pass, said to be only that
+        ("none", False, None, False),
+        ("none", True, {"verified": True}, False),
+    ],
+)
+def test_success_is_the_gate_s_verification_when_there_is_one(
+    chosen: str, selection: bool, verification: Any, succeeded: bool
+) -> None:
+    from pytest_mlxgate.explain.plan_kv import PlanSearch
+
+    result = PlanSearch({}, 0.0, 1.0, [], [], {}, selection, chosen, 0.0, 4, verification)
+    assert result.succeeded is succeeded
+
+
+@pytest.mark.parametrize(("prompts", "tokens"), [(16, 128), (6, 24), (3, 400)])
+def test_the_selection_never_uses_a_prompt_the_gate_s_own_sequences_use(
+    tiny_kv_model_dir: Path, prompts: int, tokens: int
+) -> None:
+    import mlx_lm
+
+    from pytest_mlxgate.explain.plan_kv import GateSpec, selection_sequences
+    from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
+    from pytest_mlxgate.levers.lever import Lever
+
+    _, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))
+    gate = GateSpec(
+        Path("g.py"), Lever("kv", "kv", None, None, None, path="serving"), prompts, tokens, 4, {"mean": 0.1}, ("t",)
+    )
+    own = {s for seq in build_sequences(default_prompts(), tokenizer, n=prompts, tokens=tokens) for s in seq.sources}
+    chosen = selection_sequences(tokenizer, gate, 4)
+    assert len(chosen) == 4 and all(len(seq.ids) == tokens + 1 for seq in chosen)
+    assert not own & {s for seq in chosen for s in seq.sources}
+
+
+def test_a_gate_that_uses_every_prompt_leaves_no_selection_and_says_so(tiny_kv_model_dir: Path) -> None:
+    import mlx_lm
+
+    from pytest_mlxgate.errors import MlxgateUsageError
+    from pytest_mlxgate.explain.plan_kv import GateSpec, selection_sequences
+    from pytest_mlxgate.kl.prompts import default_prompts
+    from pytest_mlxgate.levers.lever import Lever
+
+    _, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))
+    everything = len(default_prompts())
+    gate = GateSpec(
+        Path("g.py"), Lever("kv", "kv", None, None, None, path="serving"), everything, 64, 4, {"mean": 0.1}, ("t",)
+    )
+    with pytest.raises(MlxgateUsageError, match=r"^--selection 4: the \d+ default prompts .* lower --selection"):
+        selection_sequences(tokenizer, gate, 4)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("--bits", "0", "--bits 0: 0 is not"),
+        ("--bits", "4,7", "--bits 4,7: 7 is not"),
+        ("--group-sizes", "48", "--group-sizes 48: 48 is not"),
+        ("--selection", "1", "--selection 1: "),
+    ],
+)
+def test_a_bad_search_option_is_refused_by_its_own_name_before_any_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, named: str
+) -> None:
+    """Before: `--bits 0` was reported against an internal temporary file, after the search."""
+    from pytest_mlxgate.cli import main
+
+    gate = tmp_path / "test_kv_gate.py"
+    gate.write_text(GATE)
+    argv = ["plan", "kv", "--gate", str(gate), "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "o.json")]
+    code = main([*argv, option, value])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and "Traceback" not in err and "mlxgate-plan-" not in err, err
+    assert not list(tmp_path.glob("o*.json"))
+
+
+#: A gate whose limits any plan meets on the selection, and whose test then fails on its own prompts:
+#: only the verification can say no.
+FAILS_ON_ITS_OWN_PROMPTS = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64}, path="serving"),
+    pytest.mark.mlx_kl(prompts=%d, tokens=%d, decode=4),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=10.0, top1=0.0)
+    raise AssertionError("the plan fails this gate on its own prompts")
+"""
+
+
+def _plan_command(gate: Path, model: Path, out: Path, *more: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pytest_mlxgate.cli", "plan", "kv", "--gate", str(gate), "--model", str(model),
+        "--out", str(out), "--bits", "8", "--group-sizes", "64", "--selection", "2", *more,
+    ]  # fmt: skip
+
+
+def test_the_exit_status_is_the_verification_s_even_when_the_selection_passed(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    gate = tmp_path / "test_kv_gate.py"
+    gate.write_text(FAILS_ON_ITS_OWN_PROMPTS % (2, 8))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    out = tmp_path / "kv_config.json"
+    done = subprocess.run(
+        _plan_command(gate, tiny_kv_model_dir, out),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MLXGATE_ALLOW_UNTRAINED": "1"},
+    )
+    record = json.loads(out.with_suffix(".search.json").read_text())
+    assert record["passed_selection"] and record["verification"]["verified"] is False, done.stderr
+    assert done.returncode == 1 and "NOT verified" in done.stderr and "was not written" in done.stderr
+    assert not out.exists() and (tmp_path / "kv_config.unverified.json").is_file()
+
+
+def test_ctrl_c_during_the_search_ends_in_one_line_and_writes_nothing(tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    """Before: a raw KeyboardInterrupt traceback. A real SIGINT, sent once the search is measuring."""
+    import signal
+    import time
+
+    gate = tmp_path / "test_kv_gate.py"
+    gate.write_text(FAILS_ON_ITS_OWN_PROMPTS % (4, 512))  # long enough to be caught measuring
+    out = tmp_path / "kv_config.json"
+    command = _plan_command(gate, tiny_kv_model_dir, out, "--bits", "2,3,4,5,6,8", "--group-sizes", "32,64,128")
+    with subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MLXGATE_ALLOW_UNTRAINED": "1", "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stderr is not None
+        seen = ""
+        while "plan kv: uniform" not in seen:
+            line = proc.stderr.readline()
+            assert line, f"the search ended before it was interrupted: {seen}"
+            seen += line
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        code = proc.wait(timeout=60)
+    lines = [line for line in rest.splitlines() if line.strip() and not line.startswith("plan kv: ")]
+    assert code == 130 and lines == [f"mlxgate plan kv: interrupted; {out} was not written"], rest
+    assert not list(tmp_path.glob("kv_config*"))
