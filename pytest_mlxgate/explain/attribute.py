@@ -84,9 +84,9 @@ def plan_scopes(
     if rest:
         scopes.append(Scope("outside the layers", (), "rest"))
     left, n = capacity - len(scopes), len(layers)
-    if n <= left:
+    if n <= max(left, 2):  # two layers are their own smallest blocks
         return scopes + [Scope(f"layer {i}", (i,), "layer") for i in layers], False
-    blocks = min(range(2, max(3, n)), key=lambda k: (k + math.ceil(n / k), -k))
+    blocks = min(range(2, n), key=lambda k: (k + math.ceil(n / k), -k))
     for part in np.array_split(np.asarray(layers), blocks):
         scopes.append(Scope(_block_name(part.tolist()), tuple(int(i) for i in part), "block"))
     return scopes, True

@@ -11,6 +11,8 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from planted import halved_scale, patch_target
 
 from pytest_mlxgate.explain.layers import decoder_layers, layers_from, wrapped_layers
@@ -239,3 +241,79 @@ def test_an_attribution_that_cannot_run_leaves_the_gate_s_verdict_as_it_was(tiny
     found = _explained(deeper, lever, RunShape("prefill", 32, 8), reference=tiny)
     assert found["scopes"] == [] and "attribution could not run (LeverError" in found["notes"][0]
     assert attribution_lines(found)[0] == "where the drift comes from: not measured"
+
+
+# --- the drill-down, in the fast lane: the scopes a budget buys, and the block it follows ----------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 64),
+    capacity=st.integers(1, 80),
+    two_types=st.booleans(),
+    rest=st.booleans(),
+)
+def test_the_first_round_covers_every_layer_once_in_order_as_layers_or_blocks(
+    n: int, capacity: int, two_types: bool, rest: bool
+) -> None:
+    from pytest_mlxgate.explain.attribute import plan_scopes
+
+    layers = list(range(n))
+    types = [("full_attention" if i % 4 == 3 else "sliding_attention") if two_types else None for i in layers]
+    scopes, drill = plan_scopes(layers, types, capacity=capacity, rest=rest)
+    by_kind: dict[str, list[Any]] = {}
+    for s in scopes:
+        by_kind.setdefault(s.kind, []).append(s)
+    if two_types and n >= 4:  # each attention type alone, together every layer once
+        assert sorted(i for s in by_kind["type"] for i in s.layers) == layers
+    assert len(by_kind.get("rest", [])) == int(rest)
+    parts = by_kind.get("layer", []) + by_kind.get("block", [])
+    assert [i for s in parts for i in s.layers] == layers  # once each, in order, nothing left out
+    assert drill == bool(by_kind.get("block")) and not (by_kind.get("layer") and by_kind.get("block"))
+    if drill:  # blocks: contiguous, at least two, fewer runs than layers
+        assert 2 <= len(by_kind["block"]) < n
+        assert all(list(s.layers) == list(range(s.layers[0], s.layers[-1] + 1)) for s in by_kind["block"])
+    else:  # every layer alone, only when they fit beside the type and rest scopes (or are two at most)
+        assert len(scopes) <= capacity or n <= 2
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    from tinymodel import build_tiny_model
+
+    return _loaded(build_tiny_model(tmp_path_factory.mktemp("deep-tiny"), num_hidden_layers=16))
+
+
+@pytest.mark.parametrize("budget", [3.0, 4.5])
+def test_the_drill_down_follows_the_block_with_the_most_drift_to_the_planted_layer(
+    deep: LoadedModel, budget: float
+) -> None:
+    """16 layers on a budget counted in sequence-arms (no clock: the same scopes on every machine): the
+    first round buys blocks, the second the layers of the block that drifts most, where the output error
+    jumps first (3x buys one of them), and names the layer once it has measured them all (4.5x)."""
+    from pytest_mlxgate.explain.attribute import attribute
+    from pytest_mlxgate.kl.arms import run_candidate, run_reference
+    from pytest_mlxgate.kl.shape import ArmCounters
+
+    layer = 11
+    attention = decoder_layers(deep.model)[layer].self_attn
+    lever = Lever("scale", "patch", _target(deep), None, halved_scale(attention))
+    shape = RunShape("prefill", 32, 4)
+    seqs = build_sequences(default_prompts(), deep.tokenizer, n=8, tokens=shape.tokens)
+    refs = run_reference(deep.model, seqs, shape, lever, counters=ArmCounters())
+    whole = run_candidate(deep.model, seqs, shape, lever, refs, counters=ArmCounters())
+    found = attribute(
+        lever=lever, shape=shape, sequences=seqs, whole=whole, reference=deep, candidate=deep, budget=budget
+    ).to_json()
+    a = parse_attribution(found)
+    blocks = [s for s in a.scopes if s.kind == "block"]
+    inner = [s for s in a.scopes if s.kind == "layer"]
+    assert len(blocks) >= 2 and inner, _debug(found)  # the budget bought blocks, then layers of one of them
+    worst = max(blocks, key=lambda s: s.mean or 0.0)
+    assert layer in worst.layers, _debug(found)
+    assert {i for s in inner for i in s.layers} <= set(worst.layers)  # the drill went into that block
+    assert inner[0].layers == (layer,), _debug(found)  # the output error enters there: measured first
+    if len(inner) == len(worst.layers):
+        assert a.top(1)[0].layers == (layer,), _debug(found)
+    else:
+        assert budget == 3.0 and any("the budget measured" in n for n in a.notes)
