@@ -7,7 +7,8 @@ Proportional stratified sampling without replacement has no more variance than a
 so the pooled Wilson bound is conservative; the report gives the population estimate weighted by
 module size beside it.
 
-    python tests/support/mutation_sample.py pick N [SEED]   # the names, one a line (mutmut run's args)
+    python tests/support/mutation_sample.py pick N [SEED] [WITHIN]  # the names, one a line (mutmut run's
+                                                       # args); WITHIN: comma-separated module prefixes
     python tests/support/mutation_sample.py report FILE [DOC]  # kill rate over the names in FILE, exit 1
                                                                # when its lower bound is under the bar
 
@@ -71,10 +72,17 @@ def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
     return alloc
 
 
-def pick(n: int, seed: int) -> list[str]:
+def pick(n: int, seed: int, within: str = "") -> list[str]:
+    """n names, stratified by module; `within` ("explain,speed.measure,...") keeps only the modules under
+    those prefixes of the package (a sample of one part of the mutated set)."""
+    prefixes = tuple(f"pytest_mlxgate.{p.strip()}" for p in within.split(",") if p.strip())
     by_module: dict[str, list[str]] = defaultdict(list)
     for name in mutant_exit_codes():
-        by_module[module_of(name)].append(name)
+        module = module_of(name)
+        if not prefixes or any(module == p or module.startswith(p + ".") for p in prefixes):
+            by_module[module].append(name)
+    if not by_module:
+        raise SystemExit(f"no mutated module under {within!r}: see [tool.mutmut] only_mutate")
     alloc = allocate({m: len(v) for m, v in by_module.items()}, n)
     rng = random.Random(seed)
     return [name for m in sorted(by_module) for name in sorted(rng.sample(sorted(by_module[m]), alloc[m]))]
@@ -127,8 +135,8 @@ def report(names: list[str], equivalent: frozenset[str] | set[str] = frozenset()
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "pick":
-        print("\n".join(pick(int(argv[1]), int(argv[2]) if len(argv) > 2 else 19)))
+    if 2 <= len(argv) <= 4 and argv[0] == "pick":
+        print("\n".join(pick(int(argv[1]), int(argv[2]) if len(argv) > 2 else 19, argv[3] if len(argv) > 3 else "")))
         return 0
     if len(argv) in (2, 3) and argv[0] == "report":
         triage = Path(argv[2]) if len(argv) == 3 else TRIAGE
