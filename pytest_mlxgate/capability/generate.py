@@ -437,13 +437,11 @@ def _per_layer(model: Any, tokenizer: Any, ids: list[int], max_new_tokens: int, 
     eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     x = mx.array(ids)
     if len(ids) > 1:
-        model(x[None, :-1], cache=cache)
-        kv.maybe_quantize(cache)
+        kv.forward(model, x[None, :-1], cache)
     token = ids[-1]
     generated: list[int] = []
     for _ in range(max_new_tokens):
-        logits = model(mx.array([[token]]), cache=cache)[0, -1]
-        kv.maybe_quantize(cache)
+        logits = kv.forward(model, mx.array([[token]]), cache)[0, -1]
         best: Any = mx.argmax(logits).item()
         token = int(best)
         if token in eos:

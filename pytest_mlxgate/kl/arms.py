@@ -109,8 +109,7 @@ def serving_logits(
     cache = kv.make_cache(model)
     calls = 0
     for start in range(0, prefix, step):
-        model(x[:, start : min(start + step, prefix)], cache=cache)
-        kv.maybe_quantize(cache)
+        kv.forward(model, x[:, start : min(start + step, prefix)], cache)
         mx.eval([c.state for c in cache])
         calls += 1
         if tick is not None:
@@ -118,8 +117,7 @@ def serving_logits(
     rows: np.ndarray | None = None
     dtype = "float32"
     for i, pos in enumerate(range(prefix, tokens)):
-        out = model(x[:, pos : pos + 1], cache=cache)
-        kv.maybe_quantize(cache)
+        out = kv.forward(model, x[:, pos : pos + 1], cache)
         step_rows = out[:, -1]
         dtype = _dtype_name(step_rows.dtype)
         values = _to_numpy(step_rows)

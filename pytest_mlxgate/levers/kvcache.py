@@ -175,6 +175,14 @@ class KVPlan:
             cache.extend(SharedKVReader(cache, shared[j]) for j in sorted(shared))
         return cache
 
+    def forward(self, model: Any, tokens: Any, cache: list[Any]) -> Any:
+        """The model over `tokens` through `cache`, then this plan's quantization where mlx_lm's
+        `generate_step` does it: the step of every serving loop (KL arms, speed trials, one-at-a-time
+        generation, plan runs), so none can drop the re-quantize as decode crosses a start."""
+        out = model(tokens, cache=cache)
+        self.maybe_quantize(cache)
+        return out
+
     def maybe_quantize(self, cache: list[Any]) -> None:
         """Quantize, in place, each layer whose spec's start its offset has reached.
 

@@ -191,15 +191,13 @@ def _trial(
         probe.reset()
         t0 = time.perf_counter()
         for start in range(0, context, SERVING_PREFILL_STEP):
-            model(ids[:, start : min(start + SERVING_PREFILL_STEP, context)], cache=cache)
-            kv.maybe_quantize(cache)
+            kv.forward(model, ids[:, start : min(start + SERVING_PREFILL_STEP, context)], cache)
             mx.eval([c.state for c in cache])
             if meter is not None:
                 meter.check()
         t1 = time.perf_counter()
         for pos in range(context, context + decode):
-            out = model(ids[:, pos : pos + 1], cache=cache)
-            kv.maybe_quantize(cache)
+            out = kv.forward(model, ids[:, pos : pos + 1], cache)
             mx.eval(out)
             if meter is not None:
                 meter.check()
