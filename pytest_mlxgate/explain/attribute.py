@@ -29,6 +29,7 @@ import numpy as np
 
 from ..common.keys import canonical_json, key_digest
 from ..kl.arms import run_candidate, run_reference, sequence_logits, serving_logits
+from ..kl.prompts import texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..models.identity import model_identity
 from ..stats.intervals import mean_interval
@@ -175,7 +176,7 @@ def attribute(
                     f"the budget measured {affordable} of the {len(inner)} layers of {worst['name']} "
                     "(--mlx-explain-budget raises it)"
                 )
-        whole_stats = summarize(list(whole[:n_s]))
+        whole_stats = summarize(list(whole[:n_s]), texts=texts_of(seqs))
         if whole_stats.mean > 0:  # a lever that changed nothing has nothing to attribute
             notes.extend(run.notes(rows))
     spent = clock.arms
@@ -273,7 +274,7 @@ class _ScopeRunner:
         )
         scores = run_candidate(arm.model, self.seqs, self.shape, arm.lever, self.refs, counters=ArmCounters())
         self.calls[scope.name] = arm.calls[0]
-        stats = summarize(scores)
+        stats = summarize(scores, texts=texts_of(self.seqs))
         row: dict[str, Any] = {
             **scope.to_json(),
             "level": level,

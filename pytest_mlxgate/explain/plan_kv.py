@@ -40,7 +40,7 @@ from ..common.gate_calls import declared_limits
 from ..errors import MlxgateUsageError, PromptsError
 from ..kl.arms import run_candidate, run_reference
 from ..kl.assertions import kl_checks
-from ..kl.prompts import build_sequences, default_prompts
+from ..kl.prompts import build_sequences, default_prompts, texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..levers.kvcache import KV_BITS, KV_GROUP_SIZES
 from ..levers.lever import Lever
@@ -264,7 +264,9 @@ def search_kv_plan(
             path = Path(tmp) / "plan.json"
             path.write_text(json.dumps({"default": None, "layers": {str(i): o.spec() for i, o in layers.items()}}))
             lever = Lever("plan", "kv", None, None, str(path), path="serving")
-            return summarize(run_candidate(model, seqs, shape, lever, refs, counters=ArmCounters()))
+            return summarize(
+                run_candidate(model, seqs, shape, lever, refs, counters=ArmCounters()), texts=texts_of(seqs)
+            )
 
         result = choose_plan(sizes, options, itemsize, gate.limits, measure)
     result.selection = len(seqs)

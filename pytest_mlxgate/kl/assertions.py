@@ -243,7 +243,9 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
     else:
         head = "failed (a limit shown crossed)" if verdict == "fail" else "inconclusive (an interval straddles a limit)"
         lines = [f"KL gate {head}: {name}"]
-        n = f"over {s['n_prompts']} prompts, {s['n_tokens']} tokens"
+        windows = s.get("n_sequences", s["n_prompts"])
+        also = f" ({windows} windows of them)" if windows != s["n_prompts"] else ""
+        n = f"over {s['n_prompts']} prompts{also}, {s['n_tokens']} tokens"
         for c in checks:
             passed = c["verdict"] == "pass"
             mark = {"pass": "", "fail": "  ✗ fail", "inconclusive": "  ? inconclusive"}[c["verdict"]]

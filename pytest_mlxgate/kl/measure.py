@@ -22,6 +22,7 @@ from ..stats.kl_profile import kl_profile
 from ..stats.kl_stats import KLStats, summarize
 from . import divergence
 from .arms import run_candidate, run_reference
+from .prompts import texts_of
 from .refcache import CACHE_FORMAT, ReferenceCache
 from .result import KLResult, aa_floors
 from .shape import ArmCounters, RunShape
@@ -93,7 +94,7 @@ def measure_kl(
         )
         scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters, watch=arm_watch)
         _finish(arm_watch)
-    stats = summarize(scores)
+    stats = summarize(scores, texts=texts_of(sequences))
     profile = {**kl_profile(scores), "worst_context": _worst_contexts(candidate.tokenizer, sequences, stats)}
     total_s = time.perf_counter() - started
     return KLResult(
@@ -153,7 +154,7 @@ def chunked_floor(
         watch=arm_watch,
     )
     _finish(arm_watch)
-    return chunk, aa_floors([summarize(scores)])
+    return chunk, aa_floors([summarize(scores, texts=texts_of(sequences))])
 
 
 def _computed_reference(
@@ -206,7 +207,7 @@ def _aa(
         watch=arm_watch,
     )
     _finish(arm_watch)
-    repeat_stats, chunked_stats = summarize(repeat), summarize(chunked)
+    repeat_stats, chunked_stats = (summarize(s, texts=texts_of(sequences)) for s in (repeat, chunked))
     floors = aa_floors([repeat_stats, chunked_stats])
     return chunked, {
         "chunk": chunk,

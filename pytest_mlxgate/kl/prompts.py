@@ -34,6 +34,7 @@ __all__ = [
     "prompts_for",
     "render",
     "sequences_digest",
+    "texts_of",
 ]
 
 #: The package data file that holds the default prompt set.
@@ -92,6 +93,16 @@ class TokenSequence:
     ids: tuple[int, ...]
     sources: tuple[str, ...]  # ids of the prompts it was built from, in order
     preview: str  # the start of its text on one line, for failure reports
+
+    @property
+    def text(self) -> str:
+        """The prompt whose window it is (its first source): sequences of one text are not independent."""
+        return self.sources[0] if self.sources else f"#{self.index}"
+
+
+def texts_of(sequences: Sequence[TokenSequence]) -> list[str]:
+    """Each sequence's text, for `summarize(texts=)`: n counts texts, not windows of them."""
+    return [s.text for s in sequences]
 
 
 @functools.cache

@@ -206,7 +206,8 @@ class Stats:
     """A KL gate's statistics (`stats/kl_stats.py`); a capability gate's holds only `n_prompts`."""
 
     present: frozenset[str] = frozenset()  # the keys the record's stats hold (a measured gate's rows)
-    n_prompts: int | None = None
+    n_prompts: int | None = None  # independent texts (KL) or items (capability): the n of every interval
+    n_sequences: int | None = None  # token sequences scored: more than n_prompts where windows share a text
     n_tokens: int | None = None
     confidence: float | None = None
     mean: float | None = None
@@ -728,6 +729,7 @@ def _stats(s: Mapping[str, Any]) -> Stats:
     return Stats(
         present=frozenset(str(k) for k in s),
         n_prompts=integer(s.get("n_prompts")),
+        n_sequences=integer(s.get("n_sequences")),
         n_tokens=integer(s.get("n_tokens")),
         confidence=real(s.get("confidence")),
         mean_ci=_interval(s.get("mean_ci")),

@@ -28,7 +28,7 @@ __all__ = [
 _PERCENT_KEYS = frozenset({"top1", "same_top", "top1_lo", "same_top_lo"})
 _KL_KEYS = frozenset({"mean", "median", "p90", "p95", "p99", "p999", "max"})
 _SIGNED_KEYS = frozenset({"ln_ppl_ratio", "delta_p"})
-_COUNT_KEYS = frozenset({"n_prompts", "n_tokens", "flips", "near_tie_flips", "near_ties"})
+_COUNT_KEYS = frozenset({"n_prompts", "n_sequences", "n_tokens", "flips", "near_tie_flips", "near_ties"})
 
 
 def _is_kl(key: str) -> bool:
@@ -184,6 +184,9 @@ def n_parts(record: Record) -> list[str]:
         parts.append(f"{speed.repetitions} pairs per context, {speed.decode_tokens} decoded")
     if record.n_prompts is not None:
         parts.append(f"{record.n_prompts} {'items' if record.mode == 'capability' else 'prompts'}")
+        windows = record.stats.n_sequences
+        if windows is not None and windows != record.n_prompts:
+            parts[-1] += f" ({windows} windows of them: n = {record.n_prompts})"
     if record.stats.n_tokens is not None:
         parts.append(f"{record.stats.n_tokens} tokens")
     if record.mode == "gate" and record.stats.identical:

@@ -1,9 +1,10 @@
 """Statistics of one gate's per-token scores, with intervals that are honest about dependence.
 
 Per-token KL is autocorrelated within a sequence (one bad position drags its neighbours) and
-heavy-tailed, so intervals treat SEQUENCES as the independent units: Student-t over per-sequence
-means for means, a cluster bootstrap (resampling whole sequences) for quantiles. Token-level
-intervals would be several times too narrow. No scipy: the t quantile is computed here.
+heavy-tailed, so intervals treat TEXTS as the independent units: Student-t over per-text means for
+means, a cluster bootstrap (resampling whole texts) for quantiles. A text is a sequence, or all the
+sequences cut from one prompt (windows of one text share it, so they are not independent samples).
+Token-level intervals would be several times too narrow. No scipy: the t quantile is computed here.
 """
 
 from __future__ import annotations
@@ -105,11 +106,15 @@ class KLStats:
     delta_p: Mapping[str, float]
     worst: tuple[WorstToken, ...] = field(default=())
     worst_prompts: tuple[PromptMean, ...] = field(default=())
+    #: Token sequences scored; `n_prompts` counts the independent texts they come from (windows of one
+    #: text are one unit of every interval), so the two differ only where texts were reused.
+    n_sequences: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types only (int, float, None, lists, dicts), keys in the documented order."""
         return {
             "n_prompts": self.n_prompts,
+            "n_sequences": self.n_prompts if self.n_sequences is None else self.n_sequences,
             "n_tokens": self.n_tokens,
             "confidence": self.confidence,
             "mean": _num(self.mean),
@@ -190,13 +195,20 @@ class KLStats:
                 for w in d["worst"]
             ),
             worst_prompts=tuple(PromptMean(int(p["prompt"]), _float(p["mean_kl"])) for p in d["worst_prompts"]),
+            n_sequences=int(d.get("n_sequences", d["n_prompts"])),
         )
 
 
-def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> KLStats:
-    """The statistics of one gate's scores (one TokenScores per prompt, in prompt order)."""
+def summarize(
+    scores: Sequence[TokenScores], confidence: float = CONFIDENCE, *, texts: Sequence[str] | None = None
+) -> KLStats:
+    """The statistics of one gate's scores (one TokenScores per sequence, in order). `texts[i]` names
+    the text sequence i was cut from: sequences of one text are one unit of every interval and of n
+    (16 windows of one prompt are n = 1, not 16 independent samples); None: each its own text."""
     if not scores:
         raise ValueError("summarize needs at least one prompt's scores")
+    if texts is not None and len(texts) != len(scores):
+        raise ValueError(f"texts names {len(texts)} sequences, the scores hold {len(scores)}")
     sizes = np.array([len(s) for s in scores], dtype=np.int64)
     n_tokens = int(sizes.sum())
     if n_tokens == 0:
@@ -212,16 +224,29 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
     near_tie = np.concatenate([s.near_tie for s in scores]).astype(bool)
     ref_lp = np.concatenate([s.ref_next_logprob for s in scores]).astype(np.float64)
     cand_lp = np.concatenate([s.cand_next_logprob for s in scores]).astype(np.float64)
+    # the independent units: texts in order of first use (each sequence its own where texts is None)
+    names = list(range(len(scores))) if texts is None else list(texts)
+    first: dict[object, int] = {}
+    unit_of_seq = np.array([first.setdefault(t, len(first)) for t in names], dtype=np.int64)
+    n_units = len(first)
+    unit_of = unit_of_seq[prompt_of]
+    unit_sizes = np.bincount(unit_of_seq, weights=sizes, minlength=n_units)
+    unit_live = unit_sizes > 0
 
     def per_seq(a: np.ndarray) -> np.ndarray:
-        """Per-prompt sums of a per-token array (prompts with tokens only)."""
+        """Per-sequence sums of a per-token array (sequences with tokens only)."""
         return np.bincount(prompt_of, weights=a, minlength=len(scores))[live]
 
-    w = sizes[live].astype(np.float64)
-    seq_mean_kl = per_seq(kl) / w
-    mean_lo, mean_hi = mean_interval(seq_mean_kl, confidence, weights=w)
+    def per_unit(a: np.ndarray) -> np.ndarray:
+        """Per-text sums of a per-token array (texts with tokens only): what the intervals resample."""
+        return np.bincount(unit_of, weights=a, minlength=n_units)[unit_live]
+
+    seq_mean_kl = per_seq(kl) / sizes[live].astype(np.float64)
+    w = unit_sizes[unit_live].astype(np.float64)
+    mean_lo, mean_hi = mean_interval(per_unit(kl) / w, confidence, weights=w)
     qvals = np.quantile(kl, list(QUANTILES.values()))
-    qcis = cluster_bootstrap_quantiles([k for k in kl_seqs if k.size], list(QUANTILES.values()), confidence=confidence)
+    units = [np.concatenate([kl_seqs[i] for i in np.flatnonzero(unit_of_seq == u)]) for u in range(n_units)]
+    qcis = cluster_bootstrap_quantiles([k for k in units if k.size], list(QUANTILES.values()), confidence=confidence)
     same = ref_top1 == cand_top1
     agree = same | near_tie
     with np.errstate(invalid="ignore"):
@@ -232,7 +257,8 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
     prompt_order = np.argsort(-seq_mean_kl, kind="stable")[:_WORST_PROMPTS]
     live_ids = np.flatnonzero(live)
     return KLStats(
-        n_prompts=len(scores),
+        n_prompts=n_units,
+        n_sequences=len(scores),
         n_tokens=n_tokens,
         confidence=float(confidence),
         mean=float(kl.mean()),
@@ -242,14 +268,14 @@ def summarize(scores: Sequence[TokenScores], confidence: float = CONFIDENCE) -> 
         max=float(kl[top]),
         max_at=TokenAt(int(prompt_of[top]), int(positions[top]), int(next_tokens[top])),
         same_top=float(same.mean()),
-        same_top_ci=proportion_interval(per_seq(same.astype(np.float64)), w, confidence),
+        same_top_ci=proportion_interval(per_unit(same.astype(np.float64)), w, confidence),
         top1=float(agree.mean()),
-        top1_ci=proportion_interval(per_seq(agree.astype(np.float64)), w, confidence),
+        top1_ci=proportion_interval(per_unit(agree.astype(np.float64)), w, confidence),
         flips=int(np.count_nonzero(~same & ~near_tie)),
         near_tie_flips=int(np.count_nonzero(~same & near_tie)),
         near_ties=int(np.count_nonzero(near_tie)),
         ln_ppl_ratio=float(ln_ratio.mean()),
-        ln_ppl_ratio_ci=mean_interval(per_seq(ln_ratio) / w, confidence, weights=w),
+        ln_ppl_ratio_ci=mean_interval(per_unit(ln_ratio) / w, confidence, weights=w),
         delta_p=_delta_p(dp),
         worst=tuple(
             WorstToken(

@@ -302,6 +302,7 @@ def test_cluster_bootstrap_median_covers_and_token_bootstrap_does_not() -> None:
 
 EXPECTED_KEYS = [
     "n_prompts",
+    "n_sequences",
     "n_tokens",
     "confidence",
     "mean",
@@ -593,3 +594,54 @@ def test_wilson_bounds_hold_the_observed_rate_and_reach_the_ends_at_all_or_none(
     lo, hi = wilson_bounds(k, n, z)
     assert 0.0 <= lo <= k / n <= hi <= 1.0
     assert wilson_bounds(n, n, z)[1] == 1.0 and wilson_bounds(0, n, z)[0] == 0.0
+
+
+# --- n counts independent texts: windows of one text are one unit ---------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 5.0), min_size=1, max_size=6), min_size=1, max_size=8))
+def test_distinct_texts_are_the_sequences_themselves(kls: list[list[float]]) -> None:
+    scores = [make_scores(k, first_position=10 * i) for i, k in enumerate(kls)]
+    alone = summarize(scores).to_json()
+    named = summarize(scores, texts=[f"prompt-{i}" for i in range(len(kls))]).to_json()
+    assert named == alone and alone["n_prompts"] == alone["n_sequences"] == len(kls)
+
+
+def test_sixteen_windows_of_one_text_are_n_1_with_no_interval() -> None:
+    """Before: one prompt, 16 overlapping windows, reported as 16 prompts, and a bound as if they were
+    16 samples passed the gate."""
+    from pytest_mlxgate.kl.assertions import kl_checks
+
+    rng = np.random.default_rng(7)
+    scores = [make_scores(list(rng.uniform(0.0, 0.02, 8)), first_position=8 * i) for i in range(16)]
+    apart = summarize(scores)
+    one = summarize(scores, texts=["the one prompt"] * 16)
+    assert (apart.n_prompts, apart.n_sequences) == (16, 16) and (one.n_prompts, one.n_sequences) == (1, 16)
+    assert one.mean == apart.mean and one.n_tokens == apart.n_tokens  # the figures are the same tokens'
+    assert math.isfinite(apart.mean_ci[1]) and one.to_json()["mean_ci"][1] is None
+    (checked,) = kl_checks(one.to_json(), {"mean": 1.0})
+    assert checked["verdict"] == "inconclusive" and checked["n"] == 1
+    (alone,) = kl_checks(apart.to_json(), {"mean": 1.0})
+    assert alone["verdict"] == "pass"  # the same numbers, wrongly counted, passed
+
+
+def test_windows_are_pooled_per_text_before_the_interval() -> None:
+    """16 sequences from 2 texts: the mean interval is the token-weighted t interval of the 2 texts'
+    means, recomputed here from the per-text sums."""
+    rng = np.random.default_rng(11)
+    kls = [list(rng.uniform(0.0, 0.1 * (1 + i % 2), 6 + i % 3)) for i in range(16)]
+    texts = ["a" if i % 2 == 0 else "b" for i in range(16)]
+    s = summarize([make_scores(k) for k in kls], texts=texts)
+    pooled = {t: [x for k, tt in zip(kls, texts, strict=True) if tt == t for x in k] for t in ("a", "b")}
+    means = np.array([np.mean(pooled["a"]), np.mean(pooled["b"])])
+    weights = np.array([len(pooled["a"]), len(pooled["b"])], dtype=np.float64)
+    lo, hi = mean_interval(means, 0.95, weights=weights)
+    assert s.n_prompts == 2 and s.n_sequences == 16
+    assert s.mean_ci == pytest.approx((max(lo, 0.0), hi), rel=1e-12)
+    assert s.mean_ci[1] - s.mean_ci[0] > np.ptp(summarize([make_scores(k) for k in kls]).mean_ci)
+
+
+def test_texts_must_name_every_sequence() -> None:
+    with pytest.raises(ValueError, match="texts names 1 sequences, the scores hold 2"):
+        summarize([make_scores([0.1]), make_scores([0.2])], texts=["a"])
