@@ -307,6 +307,36 @@ def _check_shards(reports: Sequence[Report]) -> None:
             f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: a merged run without it "
             f"would pass gates that never ran. Given: {named}"
         )
+    _check_plans_cover(shards)
+
+
+def _check_plans_cover(shards: Sequence[tuple[Report, Shard]]) -> None:
+    """Every shard lists the modules it was to run, no module in two, and together as many as the plan
+    holds: a shard whose list was cut short would hide the records it dropped."""
+    unlisted = [f"{r.path} (shard {s.name})" for r, s in shards if s.modules is None]
+    if unlisted:
+        raise MergeError(
+            f"{', '.join(unlisted)} list no modules of the plan, so a module it dropped could not be seen. "
+            "Re-run that shard with this version of mlxgate (its report lists them)"
+        )
+    seen: dict[str, str] = {}
+    for _, s in shards:
+        for module in s.modules or ():
+            if module in seen:
+                raise MergeError(f"{module} is planned in both shard {seen[module]} and shard {s.name}: not one plan")
+            seen[module] = s.name
+    totals = {s.total_modules for _, s in shards}
+    if totals == {None}:
+        return  # no shard says how many the plan holds: each one's list is all there is to check
+    if len(totals) > 1:
+        raise MergeError(f"the shards disagree on how many modules the plan holds ({sorted(map(str, totals))})")
+    (total,) = totals
+    if total != len(seen):
+        raise MergeError(
+            f"the plan holds {total} modules, but the shards list {len(seen)}: "
+            f"{total - len(seen) if isinstance(total, int) else '?'} planned module(s) are in no shard's list, so "
+            "their records could vanish unseen. Re-run every shard on one plan"
+        )
 
 
 def _score(records: Sequence[GateRecord]) -> GateRecord | None:

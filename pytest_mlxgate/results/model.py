@@ -1029,6 +1029,7 @@ class Shard:
     count: int | None = None
     plan: str | None = None
     modules: tuple[str, ...] | None = None  # None: the shard lists no plan of modules
+    total_modules: int | None = None  # the modules of the whole plan, every shard's together
 
     @property
     def name(self) -> str:
@@ -1081,6 +1082,7 @@ def run_facts(run: RunInfo | Mapping[str, Any] | None) -> RunFacts:
             count=integer(shard.get("count")),
             plan=text(shard.get("plan")),
             modules=tuple(str(m) for m in modules) if isinstance(modules, list) else None,
+            total_modules=integer(shard.get("total_modules")),
         )
         if shard
         else None,

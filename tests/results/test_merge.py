@@ -28,6 +28,7 @@ def run_info(
     started: str = "2026-12-01T10:00:00Z",
     inconclusive: str = "fail",
     modules: list[str] | None = None,
+    total_modules: int | None = None,
     **facts: Any,
 ) -> RunInfo:
     config: dict[str, Any] = {
@@ -38,6 +39,8 @@ def run_info(
     argv = ["gates"]
     if shard is not None:
         config["shard"] = {"index": shard[0], "count": shard[1], "plan": plan, "modules": modules or []}
+        if total_modules is not None:
+            config["shard"]["total_modules"] = total_modules
         config["gate"]["shard"] = f"{shard[0]}/{shard[1]}"
         argv += ["--mlx-shard", f"{shard[0]}/{shard[1]}", f"--mlx-shard={shard[0]}/{shard[1]}"]
     return RunInfo(
@@ -327,3 +330,43 @@ def test_shards_that_judged_different_model_commits_do_not_merge(tmp_path: Path)
     b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2)), [record("b.py::x", candidate=model("2" * 40))])
     with pytest.raises(MergeError, match="the reports judged different models"):
         merge_reports([read_report(a), read_report(b)])
+
+
+@pytest.mark.parametrize(
+    ("lists", "totals", "message"),
+    [
+        # a shard's list cut to nothing: its module's record could vanish unseen
+        ((["a.py", "b.py"], []), (3, 3), r"the plan holds 3 modules, but the shards list 2: 1 planned"),
+        ((["a.py", "b.py"], ["b.py"]), (2, 2), r"b.py is planned in both shard 1/2 and shard 2/2"),
+        ((["a.py"], None), (2, 2), r"shard 2/2\) list no modules of the plan"),
+        ((["a.py"], ["b.py"]), (2, 3), r"the shards disagree on how many modules the plan holds"),
+        ((["a.py"], ["b.py"]), (2, None), r"the shards disagree on how many modules the plan holds"),
+    ],
+)
+def test_shards_whose_plans_do_not_cover_the_whole_plan_are_refused(
+    tmp_path: Path, lists: tuple[Any, Any], totals: tuple[Any, Any], message: str
+) -> None:
+    """Before: a shard whose plan listed no modules hid its dropped records, and total_modules was never
+    checked against the shards' lists."""
+    reports = []
+    for i, (modules, total) in enumerate(zip(lists, totals, strict=True), start=1):
+        info = run_info(str(i) * 32, shard=(i, 2), modules=modules, total_modules=total)
+        if modules is None:
+            del info.config["shard"]["modules"]
+        records = [record(f"{m}::x") for m in modules or []]
+        reports.append(read_report(write(tmp_path / f"{i}.json", info, records)))
+    with pytest.raises(MergeError, match=message):
+        merge_reports(reports)
+    # the same shards, their lists whole and one plan: merged
+    whole = [
+        read_report(
+            write(
+                tmp_path / f"w{i}.json",
+                run_info(str(i) * 32, shard=(i, 2), modules=[m], total_modules=2),
+                [record(f"{m}::x")],
+            )
+        )
+        for i, m in ((1, "a.py"), (2, "b.py"))
+    ]
+    merged = merge_reports(whole)
+    assert [r["nodeid"] for r in merged.records] == ["a.py::x", "b.py::x"] and not merged.problems
