@@ -157,7 +157,9 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError:
         print("mlxgate: error: --bits and --group-sizes take comma-separated whole numbers, e.g. 4,8", file=sys.stderr)
         return EXIT_USAGE
-    unwritable = _unwritable(args.out)
+    from .common.atomic import unwritable as unwritable_at
+
+    unwritable = unwritable_at(args.out)
     if unwritable is not None:  # found now, not after a search of many minutes
         print(f"mlxgate: error: --out {args.out}: {unwritable}; give a file in a folder you can write", file=sys.stderr)
         return EXIT_USAGE
@@ -213,23 +215,6 @@ def _plan(args: argparse.Namespace) -> int:
     why = "no plan passed the gate's limits on the selection" if result.chosen == "none" else "not verified"
     print(f"plan kv: {why}: the plan stays at {unverified}; {args.out} was not written", file=sys.stderr)
     return EXIT_FAILED
-
-
-def _unwritable(path: Path) -> str | None:
-    """Why a file cannot be written at `path` (None: it can), tried with a real file beside it."""
-    import tempfile
-
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        return "it is a folder"
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".probe"):
-            pass
-    except FileNotFoundError:
-        return f"the folder {folder} does not exist"
-    except OSError as e:
-        return f"the folder {folder} cannot be written ({e.strerror or e})"
-    return None
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:

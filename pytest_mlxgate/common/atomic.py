@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_bytes", "fsync_dir"]
+__all__ = ["atomic_write", "atomic_write_bytes", "fsync_dir", "unwritable"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -57,3 +57,22 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object], *, new_mode: i
 def atomic_write_bytes(path: Path, data: bytes, *, new_mode: int | None = None) -> None:
     """`atomic_write` of a byte string."""
     atomic_write(path, lambda f: f.write(data), new_mode=new_mode)
+
+
+def unwritable(path: Path, *, parents_made: bool = False) -> str | None:
+    """Why a file could not be written at `path` (None: it could), asked before a long run rather than
+    found after it. `parents_made`: the writer creates missing folders, so the nearest existing one is
+    what must be a writable folder. Nothing is created: the question is asked of the filesystem."""
+    path = Path(path)
+    if path.is_dir():
+        return "it is a folder"
+    folder = path.parent
+    while parents_made and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.exists():
+        return f"the folder {path.parent} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} cannot be written"
+    return None

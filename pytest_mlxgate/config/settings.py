@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from ..common.atomic import unwritable
 from ..common.refstore import DEFAULT_CACHE_MAX_BYTES
 from ..errors import MlxgateUsageError
 from ..session.shards import Shard, parse_shard
@@ -169,6 +170,11 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         if db_raw
         else (default_db(config.rootpath))
     )
+    for name, target in (("mlx_report", path("mlx_report")), ("mlx_html", path("mlx_html")), ("mlx_db", db)):
+        why = unwritable(target, parents_made=True) if target is not None else None
+        if why is not None:  # found now, not after the whole run
+            flag = "--" + name.replace("_", "-")
+            raise MlxgateUsageError(f"{flag} {target}: {why}; give a file in a folder you can write ({name} in ini)")
     ref_cache_raw = cli["mlx_reference_cache"] or config.getini("mlx_reference_cache") or None
     ref_cache_off = str(ref_cache_raw).lower() in ("off", "none", "0", "false") if ref_cache_raw else False
     lever = cli["mlx_lever"] or config.getini("mlx_lever") or None

@@ -186,20 +186,18 @@ def test_ctrl_c_in_the_second_module_leaves_a_report_that_says_interrupted(
 # --- a report that cannot be written -----------------------------------------------------------------
 
 
-def test_a_report_under_a_file_fails_the_run_with_the_fix(
+def test_a_report_under_a_file_is_refused_before_any_gate_runs(
     gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    """Before: found after the whole run (the gates measured, the report then not written)."""
     gates.makepyfile(test_ok=PASSING_GATE)
     (tmp_path / "afile").write_text("not a directory")
     result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={tmp_path / 'afile' / 'r.json'}")
-    result.assert_outcomes(passed=1)  # the gate passed; the run did not deliver its report
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(
-        [
-            f"*mlxgate: ERROR: JSON report {tmp_path / 'afile' / 'r.json'} not written*"
-            "Fix: --mlx-report PATH in a writable directory*"
-        ]
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*--mlx-report {tmp_path / 'afile' / 'r.json'}: {tmp_path / 'afile'} is a file, not a folder; give a file*"]
     )
+    assert "reference arm" not in result.stdout.str() + result.stderr.str()  # nothing was measured
     _no_traceback(result)
 
 

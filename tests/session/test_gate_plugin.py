@@ -266,6 +266,15 @@ def test_option_mistakes_are_usage_errors(pytester: pytest.Pytester, args: list[
     result.stderr.fnmatch_lines([message])
 
 
+@pytest.mark.parametrize("option", ["--mlx-report", "--mlx-html", "--mlx-db"])
+def test_an_output_under_a_file_is_a_usage_error_before_anything_runs(pytester: pytest.Pytester, option: str) -> None:
+    pytester.makefile(".txt", afile="not a folder")
+    target = pytester.path / "afile.txt" / "out"
+    result = pytester.runpytest_subprocess(f"{option}={target}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option} {target}: {pytester.path / 'afile.txt'} is a file, not a folder*"])
+
+
 TWO_MODEL = """
 import pytest
 from pytest_mlxgate import assert_kl_below
