@@ -48,9 +48,10 @@ KNOWN_BAD = {"bits": 4, "group_size": 64, "start": 0}  # a 4-bit cache: loses fa
 
 
 def test_drift(paired: Paired) -> None:
-    # gemma3-270m is more sensitive to an 8-bit cache: its mean KL's bound is ~3x the embedded model's
-    # (gates/calibration/gemma3-270m/test_kv_cache.json), so its mean limit has the rule's room there
-    assert_kl_below(paired, mean=2e-3, p99=3e-2, top1=0.9, models={"gemma3-270m": {"mean": 5e-3}})
+    # gemma3-270m is more sensitive to an 8-bit cache: its mean KL's bound is ~3x the embedded model's and
+    # its p99's bootstrap bound swings between re-measurements (gates/calibration/gemma3-270m/
+    # test_kv_cache.json), so its mean and p99 limits have the rule's room there
+    assert_kl_below(paired, mean=2e-3, p99=3e-2, top1=0.9, models={"gemma3-270m": {"mean": 5e-3, "p99": 5e-2}})
 
 
 def test_memory(paired: Paired) -> None:
