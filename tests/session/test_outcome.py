@@ -87,24 +87,18 @@ def test_a_report_path_that_is_a_directory_stops_the_run(project: pytest.Pyteste
     (tmp_path / "r.json").mkdir()
     result = _run(project, f"--mlx-report={tmp_path / 'r.json'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(
-        [
-            "*--mlx-report */r.json: a report from an earlier run is there and cannot be moved "
-            "aside (it is a directory)*Fix: --mlx-report PATH*"
-        ]
-    )
+    result.stderr.fnmatch_lines(["*--mlx-report */r.json: it is a folder; give a file in a folder you can write*"])
+    assert (tmp_path / "r.json").is_dir()  # left as it was
 
 
-def test_a_report_that_cannot_be_written_fails_the_run(project: pytest.Pytester, tmp_path: Path) -> None:
+def test_a_report_that_cannot_be_written_stops_the_run_before_its_tests(
+    project: pytest.Pytester, tmp_path: Path
+) -> None:
+    """Before: found after the tests had run (the report then not written)."""
     project.makepyfile(test_a=PASSES)
     (tmp_path / "afile").write_text("x")
     target = tmp_path / "afile" / "r.json"
     result = _run(project, f"--mlx-report={target}", "--mlx-shard=1/1")
-    result.assert_outcomes(passed=1)
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(
-        [
-            f"mlxgate: ERROR: JSON report {target} not written: *. CI must not find an earlier "
-            "run's report*Fix: --mlx-report PATH in a writable directory with free space"
-        ]
-    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--mlx-report {target}: {tmp_path / 'afile'} is a file, not a folder*"])
+    assert "passed" not in result.stdout.str()  # no test ran
