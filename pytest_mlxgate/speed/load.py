@@ -2,18 +2,19 @@
 
 Speed ratios assume both arms had the machine to themselves; another xdist worker's arms, a build or
 a browser on the same cores slow whichever trial they overlap. Before and after the trials this
-reads the CPU time every process spent on the cores this one may use (Linux: /proc/stat, per CPU,
-restricted to the process's affinity) and this process's own CPU time: the difference is what
-others used. Elsewhere only the load average is recorded, which counts this process too, so no
-verdict is drawn from it.
+reads the CPU time every process spent on the cores this one may use (psutil's per-CPU times:
+/proc/stat on Linux, the kernel's processor info on macOS; restricted to the process's affinity
+where the system has one) and this process's own CPU time: the difference is what others used.
+Where psutil cannot read them only the load average is recorded, which counts this process too, so
+no verdict is drawn from it.
 
 Under xdist another worker of the run parks at the trial mark only between its forwards
 (session/watch.py), so one in flight when the trials start would run beside them (measured: a
 long-context capability batch kept 1.0 of 2 cores busy through a weights gate's trials: decode
 x0.61 [0.39, 0.94], usually [0.46, 0.55]). `wait_for_siblings` waits, before the first trial, until
 the run's other workers (this process's siblings under the xdist controller) use under a tenth of a
-core for a window. It reads only them, so unrelated load never holds the trials up. Linux reads
-/proc; elsewhere it cannot tell and waits for nothing. Standard library only.
+core for a window. It reads only them (psutil, Linux and macOS alike), so unrelated load never holds
+the trials up; where it cannot tell it waits for nothing.
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+import psutil
 
 __all__ = ["HIGH_SHARE", "CpuSample", "load_seen", "sample", "sibling_cpu_seconds", "wait_for_siblings"]
 
 #: Other processes' load is "high" from a quarter of the cores (and at least half a core) on average.
 HIGH_SHARE = 0.25
 _MIN_CORES = 0.5
-#: /proc/stat's columns that are work: user nice system (idle iowait) irq softirq steal.
-_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+#: The per-CPU times that are work (idle and iowait are not; Linux counts guest time inside user).
+#: macOS has only user, nice, system (and idle).
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 #: The run's other workers are parked when, over one window, they used under a tenth of a core
 #: (a parked worker polls its lock file; an idle one blocks on the controller's next test).
 SIBLING_WINDOW_S = 0.3
@@ -53,35 +56,26 @@ class CpuSample:
 
 
 def _cores() -> set[int] | None:
-    getter = getattr(os, "sched_getaffinity", None)
-    return set(getter(0)) if getter is not None else None
+    """The CPUs this process may run on; None where the system has no affinity (macOS): all of them."""
+    try:
+        return set(psutil.Process().cpu_affinity())
+    except (AttributeError, NotImplementedError, psutil.Error, OSError):
+        return None
+
+
+def busy_of(times: Any) -> float:
+    """The seconds of one CPU's times (psutil's `scputimes`, whatever the system's fields) that were work."""
+    return float(sum(getattr(times, name, 0.0) for name in _BUSY_FIELDS))
 
 
 def _busy_seconds(cores: set[int] | None) -> float | None:
-    """CPU seconds spent working on `cores` since boot (every process), from /proc/stat."""
+    """CPU seconds spent working on `cores` (every process) since boot; None where psutil cannot tell."""
     try:
-        with open("/proc/stat", encoding="ascii") as f:
-            lines = f.read().splitlines()
-    except OSError:
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (AttributeError, NotImplementedError, psutil.Error, OSError):
         return None
-    ticks = 0
-    seen = False
-    for line in lines:
-        name, _, rest = line.partition(" ")
-        if not name.startswith("cpu") or name == "cpu":
-            continue
-        try:
-            index = int(name[3:])
-        except ValueError:
-            continue
-        if cores is not None and index not in cores:
-            continue
-        values = rest.split()
-        ticks += sum(int(values[i]) for i in _BUSY_COLUMNS if i < len(values))
-        seen = True
-    if not seen:
-        return None
-    return ticks / os.sysconf("SC_CLK_TCK")
+    picked = [busy_of(t) for index, t in enumerate(per_cpu) if cores is None or index in cores]
+    return sum(picked) if picked else None
 
 
 def sample() -> CpuSample:
@@ -103,7 +97,7 @@ def load_seen(before: CpuSample, after: CpuSample, *, waited_s: float = 0.0) -> 
     """What other processes did on our cores between the two samples, for the speed record.
 
     `high` is True when they kept at least a quarter of the cores (and half a core) busy on average:
-    the ratios then measure that contention too; None where it cannot be told (no /proc/stat)."""
+    the ratios then measure that contention too; None where it cannot be told (no per-CPU times)."""
     wall = max(after.wall - before.wall, 1e-9)
     out: dict[str, Any] = {
         "cores": after.cores,
@@ -124,7 +118,7 @@ def load_seen(before: CpuSample, after: CpuSample, *, waited_s: float = 0.0) -> 
     share = other_cores / after.cores
     return {
         **out,
-        "method": "/proc/stat on this process's CPUs minus its own CPU time",
+        "method": "per-CPU times (psutil) on this process's CPUs minus its own CPU time",
         "other_cpu_s": round(other, 3),
         "other_cores": round(other_cores, 3),
         "share": round(share, 3),
@@ -132,25 +126,21 @@ def load_seen(before: CpuSample, after: CpuSample, *, waited_s: float = 0.0) -> 
     }
 
 
-def sibling_cpu_seconds(proc: Path = Path("/proc")) -> float | None:
+def sibling_cpu_seconds() -> float | None:
     """CPU seconds (user + system) used so far by this process's siblings: the other processes whose
-    parent is ours (under xdist: the run's other workers). None where /proc cannot tell (not Linux)."""
-    me, parent = os.getpid(), os.getppid()
-    if not (proc / "self" / "stat").exists():
+    parent is ours (under xdist: the run's other workers). None where psutil cannot list them."""
+    try:
+        siblings = [p for p in psutil.Process(os.getppid()).children() if p.pid != os.getpid()]
+    except (psutil.Error, OSError):
         return None
-    ticks = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
+    total = 0.0
+    for process in siblings:
         try:
-            stat = (entry / "stat").read_text(encoding="ascii", errors="replace")
-        except OSError:
+            times = process.cpu_times()
+        except (psutil.Error, OSError):
             continue  # exited while we looked
-        # pid (comm) state ppid ... utime stime: comm may hold spaces and parentheses, so split after it
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 12 and fields[1] == str(parent):
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+        total += times.user + times.system
+    return total
 
 
 def wait_for_siblings(
