@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.atomic import atomic_write_bytes
+from ..common.format import DASH, figure
 from ..common.gate_calls import NOT_LITERAL, DeclaredLimit, call_name, declared_limits, literal
 from ..config.names import BUILT_MODELS, DEFAULT_CANDIDATE, model_keys
 from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal, known_bad_text
@@ -537,7 +538,7 @@ def known_bad_verdict(drift: Mapping[str, Any], limits: Sequence[Limit]) -> tupl
         lower, upper = row.get("lower"), row.get("upper")
         agreement = lim.key in AGREEMENT_METRICS
         near, far = (upper, lower) if not agreement else (lower, upper)
-        text = f"{lim.key} [{_num(lower)}, {_num(upper)}] vs limit {lim.value:g}"
+        text = f"{lim.key} [{figure(lower, other=DASH)}, {figure(upper, other=DASH)}] vs limit {lim.value:g}"
         if far is not None and _beyond(far, lim.value, agreement):
             crossed.append(text)
         elif near is not None and not _beyond(near, lim.value, agreement):
@@ -552,10 +553,6 @@ def known_bad_verdict(drift: Mapping[str, Any], limits: Sequence[Limit]) -> tupl
 def _beyond(x: float, limit: float, agreement: bool) -> bool:
     """On the failing side of a limit: below it for an agreement rate, above it for KL."""
     return x < limit if agreement else x > limit
-
-
-def _num(x: object) -> str:
-    return f"{x:.3g}" if isinstance(x, (int, float)) else "—"
 
 
 def module_findings(

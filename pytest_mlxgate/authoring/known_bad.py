@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..common.format import figure
 from ..errors import MlxgateError, MlxgateUsageError, NonFiniteLogitsError
 from ..levers.parsing import lever_from_marker
 from ..levers.weights import quantized_copy
@@ -214,11 +215,7 @@ def _inconclusive(shown: str, name: str, error: BaseException | None) -> str:
 def _check_text(check: Check) -> str:
     """The bound a pass compared with the limit: the upper end for a "max" limit, the lower for a "min"."""
     bound, rel = (check.get("upper"), "<=") if check.get("direction") == "max" else (check.get("lower"), ">=")
-    return f"{check.get('metric')} 95% bound {_num(bound)} {rel} limit {_num(check.get('limit'))}"
-
-
-def _num(x: object) -> str:
-    return f"{x:.3g}" if isinstance(x, (int, float)) else str(x)
+    return f"{check.get('metric')} 95% bound {figure(bound)} {rel} limit {figure(check.get('limit'))}"
 
 
 def _none_yet(lever: Lever, module: str, name: str) -> str:

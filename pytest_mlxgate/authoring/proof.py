@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..common.format import figure
 from ..common.keys import canonical_json, key_digest
 from ..config.names import BUILT_MODELS
 from ..errors import MlxgateError, NonFiniteLogitsError
@@ -302,13 +303,13 @@ def _at_floor(check: Check, model: str, floors: Mapping[str, float]) -> Check:
     if check["verdict"] == "pass":
         return check
     floor = floors.get(check["key"])
-    method = f"limit inside {model}'s A/A noise floor ({_num(floor)}; the rule asks {FLOOR_FACTOR:g}x it)"
+    method = f"limit inside {model}'s A/A noise floor ({figure(floor)}; the rule asks {FLOOR_FACTOR:g}x it)"
     return Check(**{**check, "verdict": "inconclusive", "n_needed": None, "method": method})
 
 
 def _figure(check: Check) -> str:
     """A known-bad's check as its figure: the bound that decided it (a fail: the end shown beyond the limit)."""
-    lower, upper, limit = _num(check.get("lower")), _num(check.get("upper")), _num(check["limit"])
+    lower, upper, limit = figure(check.get("lower")), figure(check.get("upper")), figure(check["limit"])
     name, verdict, at_most = check["metric"], check["verdict"], check["direction"] == "max"
     if verdict == "inconclusive":
         return f"{name} 95% interval [{lower}, {upper}] straddles limit {limit}"
@@ -323,10 +324,6 @@ def _figure(check: Check) -> str:
         if at_most
         else f"{name} 95% upper bound {upper} < limit {limit}"
     )
-
-
-def _num(x: object) -> str:
-    return f"{x:.3g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
 def _named(paired: Paired, bad: object) -> str:
@@ -438,9 +435,9 @@ def _measure(paired: Paired, known_bad: object | None) -> Proof:
 
 def _proof_line(proof: Proof) -> str:
     mean = proof.floors.get("mean")
-    text = f"A/A mean KL floor {_num(mean)}"
+    text = f"A/A mean KL floor {figure(mean)}"
     if proof.known_bad_stats is not None:
-        text += f"; known-bad mean KL {_num(proof.known_bad_stats.get('mean'))}"
+        text += f"; known-bad mean KL {figure(proof.known_bad_stats.get('mean'))}"
     elif proof.non_finite is not None:
         text += "; known-bad gives non-finite logits"
     return text

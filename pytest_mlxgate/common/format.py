@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-__all__ = ["DASH", "format_bytes", "format_clock", "format_duration", "percent", "percent_distinct", "points"]
+__all__ = ["DASH", "figure", "format_bytes", "format_clock", "format_duration", "percent", "percent_distinct", "points"]
 
 #: What a missing value prints as in tables.
 DASH = "—"
+
+
+def figure(x: object, *, other: str | None = None) -> str:
+    """A measured number to three significant figures (`0.0118`, `3e-07`); anything else as itself,
+    or as `other` where the caller has a word for "no number" (DASH in tables)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return f"{x:.3g}"
+    return str(x) if other is None else other
 
 
 def format_bytes(n: float) -> str:
