@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
-from ..common.format import percent, points
+from ..common.format import clip, percent, points
 from ..results.records import Check
 from ..results.verdicts import SKIPPED
 from ..stats import paired_tests as S
@@ -242,8 +242,9 @@ def capability_checks(
     return checks, per_task
 
 
-#: The flipped items a record shows with their prompt (the HTML report's), and how much of each text.
-_FLIPPED_SHOWN, _PROMPT_CHARS, _OUTPUT_CHARS = 20, 600, 400
+#: The flipped items a record shows with their prompt (the HTML report's), and how much of each text
+#: (a prompt's last 600 characters, an output's first 400, and an ellipsis where clipped).
+_FLIPPED_SHOWN, _PROMPT_CHARS, _OUTPUT_CHARS = 20, 601, 401
 
 
 def flipped_items(run: CapabilityRun) -> dict[str, Any]:
@@ -252,24 +253,18 @@ def flipped_items(run: CapabilityRun) -> dict[str, Any]:
     flipped = run.flipped()
     items = []
     for item, ref, cand in flipped[:_FLIPPED_SHOWN]:
-        prompt = run.rendered.get(item.id) or item.text or ""
-        if len(prompt) > _PROMPT_CHARS:
-            prompt = "…" + prompt[-_PROMPT_CHARS:]
+        prompt = clip(run.rendered.get(item.id) or item.text or "", _PROMPT_CHARS, keep="end")
         items.append(
             {
                 "id": item.id,
                 "prompt": prompt,
                 **{
-                    arm: {"output": _clip(r.output, _OUTPUT_CHARS), "score": r.score, "verdict": r.verdict}
+                    arm: {"output": clip(r.output, _OUTPUT_CHARS), "score": r.score, "verdict": r.verdict}
                     for arm, r in (("reference", ref), ("candidate", cand))
                 },
             }
         )
     return {"total": len(flipped), "items": items}
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[:n] + "…"
 
 
 def _fixed_drop(

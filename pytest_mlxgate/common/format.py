@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-__all__ = ["DASH", "figure", "format_bytes", "format_clock", "format_duration", "percent", "percent_distinct", "points"]
+__all__ = [
+    "DASH",
+    "clip",
+    "figure",
+    "format_bytes",
+    "format_clock",
+    "format_duration",
+    "percent",
+    "percent_distinct",
+    "points",
+]
 
 #: What a missing value prints as in tables.
 DASH = "—"
+
+
+def clip(text: str, width: int, *, keep: str = "start") -> str:
+    """`text` in at most `width` characters, an ellipsis where it was cut: its start kept (an output, a
+    table cell), or its end (`keep="end"`: the context just before a token)."""
+    if len(text) <= width:
+        return text
+    room = max(0, width - 1)
+    return text[:room] + "…" if keep == "start" else "…" + (text[-room:] if room else "")
 
 
 def figure(x: object, *, other: str | None = None) -> str:

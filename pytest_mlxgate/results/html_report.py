@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
-from ..common.format import DASH, format_bytes, format_duration, percent
+from ..common.format import DASH, clip, format_bytes, format_duration, percent
 from .attribution_text import attribution_lines
 from .model import (
     Attribution,
@@ -66,7 +66,7 @@ HISTORY_RUNS = 30
 MAX_POINTS = 256
 #: Flipped capability items shown per task.
 MAX_FLIPPED_SHOWN = 20
-_TEXT_CHARS = 1200  # a prompt or an output shown: clipped beyond this
+_TEXT_CHARS = 1201  # a prompt or an output shown: 1200 characters and an ellipsis where clipped
 
 #: The plots (`data-plot` of each `<figure>`) a gate's section holds, by what the record carries.
 PLOTS = {
@@ -694,8 +694,8 @@ def _worst_tokens(record: Record, contexts: Sequence[WorstContext]) -> str:
         ctx = by_place.get((w.prompt, w.position))
         if ctx is not None:
             context = (
-                f'<span class="ctx">{esc(_clip_left(ctx.before or ""))}<mark>'
-                f"{esc(ctx.token or '')}</mark>{esc(_clip(ctx.after or ''))}</span>"
+                f'<span class="ctx">{esc(clip(ctx.before or "", _TEXT_CHARS, keep="end"))}<mark>'
+                f"{esc(ctx.token or '')}</mark>{esc(clip(ctx.after or '', _TEXT_CHARS))}</span>"
             )
         else:
             context = f'<span class="note">context {esc(_NOT_RECORDED)}</span>'
@@ -715,14 +715,6 @@ def _worst_tokens(record: Record, contexts: Sequence[WorstContext]) -> str:
 
 def _prob(v: float | None) -> str:
     return DASH if v is None else f"{v:.3g}"
-
-
-def _clip(text: str, n: int = _TEXT_CHARS) -> str:
-    return text if len(text) <= n else text[:n] + "…"
-
-
-def _clip_left(text: str, n: int = _TEXT_CHARS) -> str:
-    return text if len(text) <= n else "…" + text[-n:]
 
 
 # -- capability ----------------------------------------------------------------------------------
@@ -857,15 +849,15 @@ def _flipped(task: Task) -> str:
     for i in items:
         ref, cand = i.reference, i.candidate
         prompt_html = (
-            f'<pre class="prompt">{esc(_clip_left(i.prompt))}</pre>'
+            f'<pre class="prompt">{esc(clip(i.prompt, _TEXT_CHARS, keep="end"))}</pre>'
             if i.prompt is not None
             else f'<p class="note">prompt {esc(_NOT_RECORDED)}</p>'
         )
         entries.append(
             f'<div class="item"><p><code>{esc(i.id)}</code>: reference {esc(ref.verdict)} '
             f"({esc(ref.score)}) → candidate {esc(cand.verdict)} ({esc(cand.score)})</p>"
-            f'{prompt_html}<div class="outs"><div><h4>reference</h4><pre>{esc(_clip(ref.output or ""))}'
-            f"</pre></div><div><h4>candidate</h4><pre>{esc(_clip(cand.output or ''))}</pre></div></div>"
+            f'{prompt_html}<div class="outs"><div><h4>reference</h4><pre>{esc(clip(ref.output or "", _TEXT_CHARS))}'
+            f"</pre></div><div><h4>candidate</h4><pre>{esc(clip(cand.output or '', _TEXT_CHARS))}</pre></div></div>"
             "</div>"
         )
     return (

@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..common.format import DASH, format_duration, percent, percent_distinct
+from ..common.format import DASH, clip, format_duration, percent, percent_distinct
 from .attribution_text import top_line
 from .fields import number
 from .model import CapabilityScore, CheckResult, Interrupted, Record, Stats, interrupted_of, parse_record
@@ -257,7 +257,7 @@ def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
         if lines and len(lines[-1]) + len(sep) + len(part) <= width:
             lines[-1] += sep + part
         else:
-            lines.append(_clip(part, width))
+            lines.append(clip(part, width))
     return lines
 
 
@@ -270,10 +270,6 @@ def _name_lines(name: str, width: int) -> list[str]:
     if len(name) <= step:
         return [name]
     return [part[i : i + step] for part in re.split(r"(?<=::)", name) if part for i in range(0, len(part), step)]
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
 _GAP = "  "
@@ -340,7 +336,7 @@ def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[st
         for text in speed:  # under the block at full width: a speed line has too much for the n column
             head, sep, body = text.partition(": ")
             if not sep:
-                lines.append(_SPEED_INDENT + _clip(text, width - len(_SPEED_INDENT)))
+                lines.append(_SPEED_INDENT + clip(text, width - len(_SPEED_INDENT)))
                 continue
             indent = " " * (len(_SPEED_INDENT) + len(head) + 2)
             for i, part in enumerate(_pack(body.split(" · "), max(len(DASH), width - len(indent)))):
