@@ -370,3 +370,19 @@ def test_shards_whose_plans_do_not_cover_the_whole_plan_are_refused(
     ]
     merged = merge_reports(whole)
     assert [r["nodeid"] for r in merged.records] == ["a.py::x", "b.py::x"] and not merged.problems
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["gates", "--mlx-shard=1/2", "-x", "--mlx-candidate", "e4b"],
+        ["gates", "--mlx-shard", "1/2", "-k", "drift", "--mlx-shard=1/2", "-q"],
+        ["--mlx-shard", "2/2", "gates/test_kv.py"],
+    ],
+)
+def test_the_merged_command_is_each_shard_s_without_its_shard_option_and_nothing_else(argv: list[str]) -> None:
+    """What a reader re-runs: every other option kept, in order, wherever the shard option sat."""
+    from pytest_mlxgate.results.merge import _without_shard
+
+    kept = [a for i, a in enumerate(argv) if not a.startswith("--mlx-shard") and argv[i - 1] != "--mlx-shard"]
+    assert _without_shard(argv) == kept and all("shard" not in a for a in kept)
