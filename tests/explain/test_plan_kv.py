@@ -395,3 +395,151 @@ def test_ctrl_c_during_the_search_ends_in_one_line_and_writes_nothing(tiny_kv_mo
     lines = [line for line in rest.splitlines() if line.strip() and not line.startswith("plan kv: ")]
     assert code == 130 and lines == [f"mlxgate plan kv: interrupted; {out} was not written"], rest
     assert not list(tmp_path.glob("kv_config*"))
+
+
+# --- in process, so mutation testing sees them: reading the gate, the search on a real model, its words --
+
+
+MODEL_LIMITS_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64}, path="serving"),
+    pytest.mark.mlx_kl(prompts=5, tokens=20, decode=6),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=0.02, top1=0.5, models={"tiny": {"mean": 0.05, "p99": 0.4}})
+
+
+def test_other(paired):
+    assert_kl_below(paired, mean=0.03)
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "limits"), [(None, {"mean": 0.02, "top1": 0.5}), ("tiny", {"mean": 0.05, "top1": 0.5, "p99": 0.4})]
+)
+def test_read_gate_takes_the_marks_sizes_and_the_limits_for_the_model(
+    tmp_path: Path, model: str | None, limits: dict[str, float]
+) -> None:
+    from pytest_mlxgate.explain.plan_kv import read_gate
+
+    path = tmp_path / "test_kv_gate.py"
+    path.write_text(MODEL_LIMITS_GATE)
+    gate = read_gate(path, model=model)
+    assert (gate.path, gate.prompts, gate.tokens, gate.decode) == (path, 5, 20, 6)
+    assert gate.limits == limits  # the first test's own, then the model's entry over them
+    assert gate.kl_tests == ("test_drift", "test_other") and gate.lever.kind == "kv"
+    assert gate.lever.kv_plan("reference").is_plain and not gate.lever.kv_plan("candidate").is_plain
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "no such file"),
+        ("import pytest\n", "declares no mlx_lever"),
+        (GATE.replace('kv=True, ref="plain"', 'kv=True, ref={"bits": 8}'), "reference arm is not the plain cache"),
+        (GATE.replace("mean=0.02, top1=0.5", "top1=0.5"), "asserts no mean KL limit"),
+    ],
+)
+def test_read_gate_refuses_what_the_search_cannot_use(tmp_path: Path, text: str | None, message: str) -> None:
+    from pytest_mlxgate.errors import MlxgateUsageError
+    from pytest_mlxgate.explain.plan_kv import read_gate
+
+    path = tmp_path / "test_kv_gate.py"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(MlxgateUsageError, match=message):
+        read_gate(path)
+
+
+def test_a_search_on_a_real_model_measures_each_option_and_layer_and_says_what_it_found(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    import mlx_lm
+
+    from pytest_mlxgate.explain.plan_kv import plan_summary, read_gate, search_kv_plan
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    path = tmp_path / "test_kv_gate.py"
+    path.write_text(GATE)
+    said: list[str] = []
+    result = search_kv_plan(model, tokenizer, read_gate(path), bits=(2, 8), groups=(64,), selection=2, say=said.append)
+    assert result.selection == 2 and result.seconds > 0 and set(result.sensitivity) == {0, 1}
+    assert [u["option"] for u in result.uniform] == ["2-bit g64", "8-bit g64"]
+    assert said[0].startswith("plan kv: reference arm on 2 selection sequences (the gate's 6 prompts held out)")
+    assert sum("alone at 2-bit g64" in s for s in said) == 2  # each layer alone, at the cheapest option
+    record = result.to_json()
+    assert record["selection_sequences"] == 2 and record["chosen"] == result.chosen
+    assert record["kv_config"] == result.kv_config() and set(record["sensitivity"]) == {"0", "1"}
+    assert record["bytes_per_token"] == result.bytes_per_token and record["verification"] is None
+    lines = plan_summary(result)
+    assert lines[0].startswith(f"plan ({result.chosen}): ") and "KV bytes per token" in lines[0]
+    assert [line.split(":")[0].strip() for line in lines[1:3]] == ["uniform 2-bit g64", "uniform 8-bit g64"]
+    assert any(line.strip().startswith("round 1: predicted") for line in lines)
+    if result.chosen != "none":  # no verification ran: the summary says the plan is unverified
+        assert any("not verified (--no-verify)" in line for line in lines)
+
+
+def test_verify_plan_runs_the_gate_s_kl_tests_on_the_plan_and_reads_their_verdicts(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_mlxgate.explain.plan_kv import read_gate, verify_plan
+
+    path = tmp_path / "test_kv_gate.py"
+    path.write_text(FAILS_ON_ITS_OWN_PROMPTS % (2, 8))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    got = verify_plan(read_gate(path), plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json")
+    assert got["verdicts"] == {f"{path.name}::test_drift": "error"}  # it raised after its KL assertion
+    assert got["verified"] is False and got["exit"] == 1 and got["output_tail"]
+    assert f"--mlx-cand-value={plan}" in got["command"] and "-k test_drift" in got["command"]
+    assert f"--mlx-candidate={tiny_kv_model_dir}" in got["command"] and got["checks"]
+
+
+def test_group_sizes_that_divide_no_head_dimension_are_refused_naming_both(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    import mlx_lm
+
+    from pytest_mlxgate.errors import MlxgateUsageError
+    from pytest_mlxgate.explain.plan_kv import read_gate, search_kv_plan
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    path = tmp_path / "test_kv_gate.py"
+    path.write_text(GATE)
+    with pytest.raises(
+        MlxgateUsageError, match=r"no group size among \[128\] divides this model's head dimensions \[64\]"
+    ):
+        search_kv_plan(model, tokenizer, read_gate(path), bits=(8,), groups=(128,), selection=2)
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_the_summary_ends_with_the_gate_s_own_verdict_on_its_prompts(verified: bool) -> None:
+    from pytest_mlxgate.explain.plan_kv import PlanSearch, plan_summary
+
+    verdicts = {"g.py::test_drift": "pass" if verified else "fail"}
+    result = PlanSearch(
+        {0: Option(8, 64)},
+        100.0,
+        200.0,
+        [],
+        [],
+        {0: 1e-3},
+        True,
+        "mixed",
+        3.0,
+        4,
+        {"verified": verified, "verdicts": verdicts},
+    )
+    lines = plan_summary(result)
+    word = "VERIFIED: passes" if verified else "NOT verified: does not pass"
+    assert f"  {word} the gate on its own (held-out) prompts: {verdicts}" in lines
+    assert lines[0] == "plan (mixed): 1 layers 8-bit g64 · 100 KV bytes per token (50.0% of plain)"
+    assert not any("--no-verify" in line for line in lines) and lines[-1] == "  took 3 s"
