@@ -356,3 +356,60 @@ def test_prove_comes_from_the_command_line_then_the_ini_then_the_environment(
         settings("--mlx-require-proof", env="off")
     with pytest.raises(pytest.UsageError):
         pytester.parseconfig("--mlx-prove=maybe")
+
+
+# -- in process: the same sessions as above, where mutation testing can see the proof's code run ----------
+
+
+def _inprocess(p: pytest.Pytester, model: Path, tmp: Path, report: Path) -> pytest.RunResult:
+    return p.runpytest_inprocess(
+        f"--mlx-candidate={model}",
+        "--mlx-db=off",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-allow-untrained",
+        "--mlx-prove=auto",
+        f"--mlx-report={report}",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+    )
+
+
+def test_in_process_a_refuted_and_a_proven_gate_and_the_proof_read_back_from_the_cache(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A gate whose limit its known-bad passes is an error naming it, on this model and backend; one whose
+    limit sits between the lever and the known-bad is proven; the proof is measured once, stored beside
+    the reference, and read back."""
+    report = tmp_path / "r.json"
+    gates.makepyfile(test_loose=GATE.format(limits="mean=1e9"))
+    first = _inprocess(gates, tiny_model_dir, tmp_path, report)
+    first.assert_outcomes(failed=1)
+    (loose,) = json.loads(report.read_text())["gates"]
+    refuted = loose["limits_from"]
+    assert loose["verdict"] == "error" and loose["error"]["type"] == "LimitsNotShown"
+    assert refuted["status"] == "refuted" and refuted["model"] == str(tiny_model_dir) and refuted["backend"] == "cpu"
+    assert refuted["file"] == "calibration/test_loose.json" and refuted["floors"]["mean"] >= 0
+    assert refuted["known_bad"]["verdict"] == "pass" and refuted["known_bad"]["value"] == '"kernels:broken_rms_norm"'
+    assert refuted["why"].startswith('known-bad "kernels:broken_rms_norm" passes them (mean KL 95% upper bound ')
+    stored = list((tmp_path / "refcache" / "proof").glob("*.json"))
+    assert len(stored) == 1  # measured once, kept beside the reference
+    bad_bound = float(refuted["known_bad"]["figures"][0].split("bound ")[1].split()[0])
+    lever_upper = loose["stats"]["mean_ci"][1]
+    assert bad_bound > 4 * lever_upper
+
+    gates.makepyfile(test_loose=GATE.format(limits=f"mean={(lever_upper * bad_bound) ** 0.5:.3g}"))
+    again = _inprocess(gates, tiny_model_dir, tmp_path, report)
+    again.assert_outcomes(passed=1)
+    (tight,) = json.loads(report.read_text())["gates"]
+    proven = tight["limits_from"]
+    assert tight["verdict"] == "pass" and proven["status"] == "proven" and proven["model"] == str(tiny_model_dir)
+    assert proven["known_bad"]["verdict"] == "fail" and proven["floors"] == refuted["floors"]
+    assert "limits proof: from the reference cache" in again.stdout.str()  # the same key: not measured again
+    assert list((tmp_path / "refcache" / "proof").glob("*.json")) == stored
+    # another known-bad is another proof, kept beside the first (its own key, its own file)
+    gates.makepyfile(test_loose=GATE.format(limits="mean=1e9").replace("broken_rms_norm", "scaled_rms_norm"))
+    third = _inprocess(gates, tiny_model_dir, tmp_path, report)
+    assert "limits proof: from the reference cache" not in third.stdout.str()
+    assert len(list((tmp_path / "refcache" / "proof").glob("*.json"))) == 2
