@@ -563,6 +563,38 @@ def test_drift(paired):
 """
 
 
+def test_in_process_calibrate_writes_the_document_with_every_part(
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path
+) -> None:
+    """The slow test's first session, in process (mutation testing sees the calibration run): the file
+    holds the module, the model and machine, the lever's drift and A/A floor, the known-bad's drift, the
+    speed figures and the suggested limits, measured under this serving code."""
+    pytester.makeini("[pytest]\n")
+    (pytester.path / "test_kv.py").write_text(TINY_GATE.format(known_bad="2", drift="pytest.fail('no limits yet')"))
+    result = pytester.runpytest_inprocess(
+        f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "-p", "no:xdist", "--mlx-allow-untrained",
+        "--mlx-db=off", "--mlx-calibrate",
+    )  # fmt: skip
+    result.assert_outcomes(skipped=1)
+    doc = json.loads((pytester.path / "calibration" / "test_kv.json").read_text())
+    assert doc["calibration_format"] == 1 and doc["module"] == "test_kv.py"
+    assert doc["command"] == "pytest test_kv.py --mlx-calibrate"
+    assert doc["model"]["commit"] and doc["model"]["name"] == str(tiny_kv_model_dir)
+    assert doc["machine"]["device"] == "cpu" and doc["serving_code"] == serving_code()
+    assert doc["lever"]["kind"] == "kv" and doc["shape"]["tokens"] == 24 and doc["shape"]["decode"] == 6
+    drift = doc["drift"]
+    assert drift["n_prompts"] == 4 and drift["n_tokens"] == 4 * 6  # the decoded positions of each prompt
+    assert drift["metrics"]["mean"]["lower"] <= drift["metrics"]["mean"]["value"] <= drift["metrics"]["mean"]["upper"]
+    assert doc["aa_floor"]["chunk"] and doc["aa_floor"]["mean"] >= 0
+    bad = doc["known_bad"]
+    assert bad["value"] == 2 and bad["drift"]["metrics"]["mean"]["lower"] > drift["metrics"]["mean"]["upper"]
+    speed = doc["speed"]["contexts"]["16"]
+    assert 0 < speed["kv"]["ratio"] < 1 and set(speed) >= {"kv", "decode", "prefill"}
+    assert doc["suggested"]["kl_limits"]["mean"] > drift["metrics"]["mean"]["upper"]
+    assert any(line.startswith("assert_kl_below(paired, mean=") for line in doc["suggested"]["code"])
+    assert {"accepted", "breaks", "kl_limits", "code"} <= set(doc["suggested"])
+
+
 @pytest.mark.slow  # pytester sessions on the tiny model
 def test_calibrate_writes_the_file_and_aa_checks_the_limits_against_it(
     pytester: pytest.Pytester, tiny_kv_model_dir: Path
