@@ -179,3 +179,38 @@ def test_each_speed_assertion_publishes_one_conclusion_before_it_raises() -> Non
     subject = _Subject(speed, inconclusive="warn")
     assert_faster(subject, decode=1.05)
     assert [(c.mode, c.verdict) for c in subject.published] == [("aa", "pass")]
+
+
+def test_a_speed_conclusion_carries_the_measurement_its_duration_and_its_mode() -> None:
+    from pytest_mlxgate.speed.assertions import speed_conclusion
+
+    speed = {"contexts": {}, "duration_s": 12.5, "arms": {"reference": "reference", "candidate": "candidate"}}
+    made = speed_conclusion(speed, {"decode": 1.05}, [], "pass")
+    assert made.mode == "speed" and made.fields["durations"] == {"total_s": 12.5}
+    assert made.fields["speed"] == speed and made.fields["path"] == "serving" and made.bounds == {"decode": 1.05}
+    aa = speed_conclusion({**speed, "arms": {"candidate": "reference"}}, {}, [])
+    assert aa.mode == "aa" and aa.fields["durations"] == {"total_s": 12.5}
+
+
+def test_a_context_s_line_says_both_ratios_tokens_per_second_bytes_and_pairs() -> None:
+    from pytest_mlxgate.speed.text import context_text
+
+    ctx = {
+        "prefill": {"ratio": 1.2, "ratio_ci": [1.1, 1.3]},
+        "decode": {"ratio": 0.9, "ratio_ci": [0.8, 1.0], "n": 7},
+        "reference": {"prefill_tps": 250.0, "decode_tps": 12.34, "kv_bytes": 2 * 2**20},
+        "candidate": {"prefill_tps": 300.0, "decode_tps": 11.0, "kv_bytes": 2**20},
+        "stopped": "decided",
+    }
+    line = context_text(ctx)
+    assert line.startswith(
+        "prefill ×1.20 [1.10, 1.30] (tok/s 250 → 300) · decode ×0.90 [0.80, 1.00] (tok/s 12.3 → 11.0)"
+    )
+    assert line.endswith("· 7 pairs (decided)") and "KV " in line
+
+
+def test_the_shape_s_goals_are_recorded_by_key_limit_and_context() -> None:
+    from pytest_mlxgate.speed.shape import SpeedGoal
+
+    assert SpeedGoal("decode", 1.05).to_json() == {"key": "decode", "limit": 1.05, "at": None}
+    assert SpeedGoal("kv", 0.3, at="all").to_json() == {"key": "kv", "limit": 0.3, "at": "all"}
