@@ -748,3 +748,18 @@ def test_every_calibration_file_belongs_to_a_gate_module_here() -> None:
         model = None if path.parent.name == "calibration" else path.parent.name
         doc = read_calibration(path)
         assert doc is not None and calibration_model(doc["model"].get("name"), doc["model"].get("repo")) == model
+
+
+def test_a_speed_goal_without_a_context_is_checked_at_the_longest_one_by_number_not_by_text() -> None:
+    """ "1024" sorts before "768" as text: the goal with no `at` belongs to 1024 tokens."""
+    from pytest_mlxgate.authoring.calibration_file import _speed_problems
+
+    speed = {
+        "contexts": {
+            "768": {"decode": {"ratio": 1.5, "lower": 1.4, "upper": 1.6}},
+            "1024": {"decode": {"ratio": 1.0, "lower": 0.9, "upper": 1.1}},
+        }
+    }
+    (problem,) = _speed_problems(Limit("t", "assert_faster", "decode", 1.2), speed)
+    assert problem.startswith("decode=1.2 @1024 tokens: the lever's interval lower end is x0.9")
+    assert _speed_problems(Limit("t", "assert_faster", "decode", 1.2, at=768), speed) == []
