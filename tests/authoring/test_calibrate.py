@@ -409,3 +409,20 @@ def test_calibration_measures_suggests_and_its_suggestions_pass_the_gate(
     result = pytester.runpytest_subprocess(*common, "--mlx-calibrate", "--mlx-aa")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mlx-aa and --mlx-calibrate: choose one*"])
+
+
+@pytest.mark.parametrize(
+    ("lever_lower", "floor", "limit", "note"),
+    [
+        (1.0, 1.0, None, "top-1: the arms agree on every token here, so the rule has nothing to scale"),
+        (0.5, None, None, "top-1: the lever disagrees too often for a top-1 limit to mean anything"),
+    ],
+)
+def test_a_top1_limit_the_rule_cannot_size_is_none_with_its_reason(
+    lever_lower: float, floor: float | None, limit: float | None, note: str
+) -> None:
+    from pytest_mlxgate.authoring.calibrate import _kl_limit
+
+    notes: list[str] = []
+    assert _kl_limit("top1", "top-1", lever_lower, floor, capped=False, notes=notes) == limit
+    assert notes == [note]
