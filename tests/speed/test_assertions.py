@@ -214,3 +214,13 @@ def test_the_shape_s_goals_are_recorded_by_key_limit_and_context() -> None:
 
     assert SpeedGoal("decode", 1.05).to_json() == {"key": "decode", "limit": 1.05, "at": None}
     assert SpeedGoal("kv", 0.3, at="all").to_json() == {"key": "kv", "limit": 0.3, "at": "all"}
+
+
+def test_byte_goals_are_exact_figures_with_their_method() -> None:
+    """Counted bytes have no interval: lower == upper == value, and the check says they were counted."""
+    speed = {"contexts": {"16": {"kv": {"ratio": 0.28}}}, "weights_bytes": {"reference": 400, "candidate": 100}}
+    weights, kv = speed_checks(speed, {"weights": 0.3, "kv": 0.3}, None)
+    assert (weights["key"], weights["value"], weights["lower"], weights["upper"]) == ("speed.weights", 0.25, 0.25, 0.25)
+    assert weights["method"] == "bytes counted over the parameters (exact)" and weights["verdict"] == "pass"
+    assert (kv["key"], kv["value"], kv["lower"], kv["upper"]) == ("speed.kv", 0.28, 0.28, 0.28)
+    assert kv["method"] == "bytes counted over the cache arrays (exact)" and kv["n"] == 1
