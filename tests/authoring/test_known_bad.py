@@ -296,3 +296,9 @@ def test_a_whole_lever_is_named_by_what_it_switches_and_a_value_by_its_repr() ->
     assert known_bad_shown(mark) == "pytest.mark.mlx_lever('rope', ...)"  # before it is parsed
     assert known_bad_shown("m:broken") == known_bad_text("m:broken") == "'m:broken'"
     assert known_bad_text({"bits": 4, "group_size": 64}) == "{'bits': 4, 'group_size': 64}"
+
+
+def test_a_two_model_lever_has_no_known_bad_value_and_says_how_to_check_it(tmp_path: Path) -> None:
+    lever = Lever("model", "model", None, None, None)
+    with pytest.raises(MlxgateUsageError, match=r"lever 'model' compares two models: .*--mlx-candidate BROKEN_MODEL"):
+        _bad_lever(lever, "anything", base_dir=tmp_path)
