@@ -317,3 +317,18 @@ def test_the_drill_down_follows_the_block_with_the_most_drift_to_the_planted_lay
         assert a.top(1)[0].layers == (layer,), _debug(found)
     else:
         assert budget == 3.0 and any("the budget measured" in n for n in a.notes)
+
+
+def test_a_kv_lever_s_scope_is_a_serving_kv_lever_whose_plan_file_is_the_scoped_plan(
+    gemma4: LoadedModel, tmp_path: Path
+) -> None:
+    from pytest_mlxgate.explain.scoped import scoped
+
+    lever = Lever("kv", "kv", None, {"bits": 8, "group_size": 32}, {"bits": 4, "group_size": 32}, path="serving")
+    scope = Scope("layer 3", (3,), "layer")
+    arm = scoped(lever, scope, reference=gemma4.model, candidate=gemma4.model, workdir=tmp_path)
+    assert arm.model is gemma4.model and arm.lever.name == "kv@layer 3"
+    assert (arm.lever.kind, arm.lever.path, arm.lever.ref) == ("kv", "serving", lever.ref)
+    written = Path(str(arm.lever.cand))
+    assert written == tmp_path / "scope-3.json"
+    assert json.loads(written.read_text()) == kv_scoped_plan(lever, gemma4.model, scope.layers)
