@@ -332,8 +332,11 @@ def _layer_outputs(lever: Lever, arm: Arm, shape: RunShape, seqs: list[TokenSequ
         return result
 
     rows: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
+    kv = lever.kv_plan(arm)
+    # before the layers are wrapped: the plan's check reads the head dimensions from a one-token forward
+    # (once per model), whose outputs are no sequence's
+    kv.check_against(model)
     with lever.applied(arm), wrapped_layers(model, keep, range(n_layers)):
-        kv = lever.kv_plan(arm)
         batches = [seqs] if shape.path == "serving" and shape.batched else [[s] for s in seqs]
         for batch in batches:
             if shape.path == "serving":

@@ -332,3 +332,19 @@ def test_a_kv_lever_s_scope_is_a_serving_kv_lever_whose_plan_file_is_the_scoped_
     written = Path(str(arm.lever.cand))
     assert written == tmp_path / "scope-3.json"
     assert json.loads(written.read_text()) == kv_scoped_plan(lever, gemma4.model, scope.layers)
+
+
+def test_a_kv_lever_s_output_error_enters_where_the_cache_is_first_read_back(tiny_kv_model_dir: Path) -> None:
+    """The residual curve on the serving path: with a 2-bit cache everywhere, the prefill's first layer
+    already differs (its queries read quantized keys) and every layer's error is measured per sequence."""
+    from pytest_mlxgate.explain.attribute import residual_error
+
+    tiny_kv = _loaded(tiny_kv_model_dir)
+    lever = Lever("kv", "kv", None, "plain", "bits=2,group_size=64,start=0", path="serving")
+    shape = RunShape("serving", 24, 6)
+    seqs = build_sequences(default_prompts(), tiny_kv.tokenizer, n=3, tokens=shape.tokens)
+    found = residual_error(lever, shape, seqs, tiny_kv, tiny_kv)
+    assert found["sequences"] == 3 and [e["layer"] for e in found["layers"]] == [0, 1]
+    assert all(e["rel_error"] > 0 and e["ci"][0] is not None for e in found["layers"])
+    plain = Lever("kv", "kv", None, "plain", "plain", path="serving")
+    assert all(e["rel_error"] == 0 for e in residual_error(plain, shape, seqs, tiny_kv, tiny_kv)["layers"])
