@@ -302,3 +302,37 @@ def test_a_two_model_lever_has_no_known_bad_value_and_says_how_to_check_it(tmp_p
     lever = Lever("model", "model", None, None, None)
     with pytest.raises(MlxgateUsageError, match=r"lever 'model' compares two models: .*--mlx-candidate BROKEN_MODEL"):
         _bad_lever(lever, "anything", base_dir=tmp_path)
+
+
+def test_in_process_the_known_bad_test_passes_only_when_its_drift_test_catches_the_variant(
+    pytester: pytest.Pytester, tiny_kv_model_dir: Path
+) -> None:
+    """Five of the slow test's modules, in process (mutation testing sees assert_known_bad_fails run): caught,
+    passed by loose limits, no limits yet, a plain assert with no gate verdict, and no KNOWN_BAD."""
+    pytester.makeini("[pytest]\n")
+    (pytester.path / "kb_kernels.py").write_text(BROKEN_KERNELS)
+    pytester.syspathinsert()
+    for name in ("caught", "loose", "nolimits", "plainassert", "undeclared"):
+        lever, prompts, known_bad, drift = CASES[name]
+        pytester.makepyfile(
+            **{f"test_{name}": GATE.format(lever=lever, prompts=prompts, known_bad=known_bad, drift=drift)}
+        )
+    result = pytester.runpytest_inprocess(
+        f"--mlx-candidate={tiny_kv_model_dir}", "-p", "no:randomly", "-p", "no:xdist", "--mlx-db=off", "-rA",
+        "-k", "test_known_bad",
+    )  # fmt: skip
+    outcomes = {
+        line.split(" ")[1].split("::")[0][5:-3]: line.split(" ")[0]
+        for line in result.outlines
+        if line.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
+    assert outcomes == {
+        "caught": "PASSED",
+        **dict.fromkeys(("loose", "nolimits", "plainassert", "undeclared"), "FAILED"),
+    }
+    result.stdout.fnmatch_lines(
+        [f"*the known-bad variant '{BAD}' passes test_drift's limits (mean KL 95% bound * <= limit 50; p99 KL*"]
+    )
+    result.stdout.fnmatch_lines([f"*test_drift has no limits yet, so the known-bad variant '{BAD}' cannot be shown*"])
+    result.stdout.fnmatch_lines([f"*test_drift raised AssertionError on the known-bad variant '{BAD}' without a gate*"])
+    result.stdout.fnmatch_lines(["*no known-bad variant shown to fail yet: set KNOWN_BAD in test_undeclared.py to a*"])
