@@ -581,6 +581,11 @@ def test_in_process_calibrate_writes_the_document_with_every_part(
     assert doc["command"] == "pytest test_kv.py --mlx-calibrate"
     assert doc["model"]["commit"] and doc["model"]["name"] == str(tiny_kv_model_dir)
     assert doc["machine"]["device"] == "cpu" and doc["serving_code"] == serving_code()
+    import mlx.core as mx
+    import mlx_lm
+
+    assert (doc["versions"]["mlx"], doc["versions"]["mlx_lm"]) == (mx.__version__, mlx_lm.__version__)
+    assert doc["machine"]["mlx"] == mx.__version__  # the machine facts hold the versions too
     assert doc["lever"]["kind"] == "kv" and doc["shape"]["tokens"] == 24 and doc["shape"]["decode"] == 6
     drift = doc["drift"]
     assert drift["n_prompts"] == 4 and drift["n_tokens"] == 4 * 6  # the decoded positions of each prompt

@@ -202,7 +202,6 @@ def _debug(found: dict[str, Any]) -> str:
     )
 
 
-@pytest.mark.slow  # a gate and its attribution on a real model
 def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_forward(
     tiny: LoadedModel, tmp_path: Path
 ) -> None:
@@ -216,6 +215,7 @@ def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_f
         return _explained(tiny, lever, shape, cache=ReferenceCache(tmp_path / "cache"))
 
     first = explained()
+    assert len(list((tmp_path / "cache" / "attribution").glob("*.json"))) == 1  # beside the reference, one entry
     calls: list[int] = []
     second = wrapped_and_counted(tiny, calls, explained)
     assert first["source"] == "computed" and second["source"] == "cache"
