@@ -768,3 +768,12 @@ def test_a_speed_goal_without_a_context_is_checked_at_the_longest_one_by_number_
     (problem,) = _speed_problems(Limit("t", "assert_faster", "decode", 1.2), speed)
     assert problem.startswith("decode=1.2 @1024 tokens: the lever's interval lower end is x0.9")
     assert _speed_problems(Limit("t", "assert_faster", "decode", 1.2, at=768), speed) == []
+
+
+def test_a_gate_s_imports_are_named_by_their_top_level_package() -> None:
+    import ast
+
+    from pytest_mlxgate.authoring.calibration_file import _imported
+
+    tree = ast.parse("import os.path\nfrom gates.known.bad_ops import x\nfrom . import y\nimport numpy as np\n")
+    assert _imported(tree) == ["gates", "numpy", "os"]  # relative imports are the gate's own folder

@@ -413,3 +413,22 @@ def test_in_process_a_refuted_and_a_proven_gate_and_the_proof_read_back_from_the
     third = _inprocess(gates, tiny_model_dir, tmp_path, report)
     assert "limits proof: from the reference cache" not in third.stdout.str()
     assert len(list((tmp_path / "refcache" / "proof").glob("*.json"))) == 2
+
+
+def test_in_process_a_known_bad_with_non_finite_logits_proves_the_limits_and_keeps_the_model(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """NaN logits turn any gate red: a known-bad that gives them is caught, whatever the limits."""
+    (gates.path / "nan_kernels.py").write_text(
+        "import mlx.core as mx\n\n\ndef nan_rms_norm(x, weight, eps):\n    return x * mx.array(float('nan'))\n"
+    )
+    gates.makepyfile(
+        test_nan=GATE.format(limits="mean=1e9").replace("kernels:broken_rms_norm", "nan_kernels:nan_rms_norm")
+    )
+    report = tmp_path / "r.json"
+    _inprocess(gates, tiny_model_dir, tmp_path, report).assert_outcomes(passed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    proven = record["limits_from"]
+    assert record["verdict"] == "pass" and proven["status"] == "proven"
+    assert proven["known_bad"] == {"value": '"nan_kernels:nan_rms_norm"', "verdict": "fail", "figures": ["non-finite"]}
+    assert proven["model"] == str(tiny_model_dir) and proven["backend"] == "cpu"
