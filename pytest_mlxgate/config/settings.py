@@ -170,7 +170,12 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         if db_raw
         else (default_db(config.rootpath))
     )
-    for name, target in (("mlx_report", path("mlx_report")), ("mlx_html", path("mlx_html")), ("mlx_db", db)):
+    # the outputs asked for (the default results DB is a by-product: it only warns when it cannot be written)
+    for name, target in (
+        ("mlx_report", path("mlx_report")),
+        ("mlx_html", path("mlx_html")),
+        ("mlx_db", db if db_raw else None),
+    ):
         why = unwritable(target, parents_made=True) if target is not None else None
         if why is not None:  # found now, not after the whole run
             flag = "--" + name.replace("_", "-")

@@ -381,6 +381,8 @@ def test_ctrl_c_during_the_search_ends_in_one_line_and_writes_nothing(tiny_kv_mo
         text=True,
         cwd=tmp_path,
         env={**os.environ, "MLXGATE_ALLOW_UNTRAINED": "1", "PYTHONUNBUFFERED": "1"},
+        # as a terminal's Ctrl-C finds it: an xdist worker ignores SIGINT, and a child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     ) as proc:
         assert proc.stderr is not None
         seen = ""

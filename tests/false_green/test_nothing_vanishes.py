@@ -255,12 +255,10 @@ def test_an_earlier_report_that_cannot_be_moved_aside_stops_the_run_before_it_st
     result = _run(gates, tiny_model_dir, tmp_path, f"--mlx-report={report}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        [
-            f"*--mlx-report {report}: a report from an earlier run is there and cannot be moved "
-            "aside (Read-only file system)*Fix: --mlx-report PATH in a writable directory*"
-        ]
+        [f"*--mlx-report {report}: the folder {read_only_dir} cannot be written; give a file in a folder*"]
     )
     assert "passed" not in result.stdout.str()  # no gate ran for a report that could not be delivered
+    assert report.exists()  # the earlier run's report is left as it was
 
 
 # --- merge: nothing planned may vanish ------------------------------------------------------------
