@@ -224,3 +224,17 @@ def test_byte_goals_are_exact_figures_with_their_method() -> None:
     assert weights["method"] == "bytes counted over the parameters (exact)" and weights["verdict"] == "pass"
     assert (kv["key"], kv["value"], kv["lower"], kv["upper"]) == ("speed.kv", 0.28, 0.28, 0.28)
     assert kv["method"] == "bytes counted over the cache arrays (exact)" and kv["n"] == 1
+
+
+def test_a_peak_ratio_needs_a_measured_growth_in_both_arms_of_every_pair() -> None:
+    """No growth (0) or no reading (None) in an arm makes the peak ratio unknown, never 0 or infinite."""
+    from pytest_mlxgate.speed.result import ContextSpeed, Trial
+
+    ref = [Trial(0.1, 0.2, 1000, 64) for _ in range(3)]
+
+    def peak(cand: list[int | None]) -> Any:
+        trials = [Trial(0.1, 0.2, p, 64) for p in cand]
+        return ContextSpeed.from_trials(16, 4, ref, trials).peak
+
+    assert peak([500, 500, 500]) is not None
+    assert peak([0, 500, 500]) is None and peak([None, 500, 500]) is None
