@@ -331,6 +331,12 @@ def calibration_model(name: str | None, repo_id: str | None) -> str | None:
     return repo_id.replace("/", "--") if repo_id else None
 
 
+def calibration_candidate(model: str) -> str:
+    """The `--mlx-candidate` that measures `model`'s calibration (`calibration_model`'s inverse): a
+    built-in's alias, else the repo id its folder name stands for (the hub allows no "--" in a repo id)."""
+    return model if model in BUILT_MODELS else model.replace("--", "/", 1)
+
+
 def compact_drift(stats: Mapping[str, Any]) -> dict[str, Any]:
     """A KL statistics record (`KLStats.to_json()`) as the file's table: each metric's value and the two
     ends of its 95% interval (None where there is none; `max` is observed, so both ends are it)."""
@@ -566,7 +572,8 @@ def module_findings(
     findings = Findings(
         module=name,
         file=path,
-        refresh=f"pytest {shlex.quote(name)} --mlx-calibrate" + (f" --mlx-candidate {model}" if model else ""),
+        refresh=f"pytest {shlex.quote(name)} --mlx-calibrate"
+        + (f" --mlx-candidate {calibration_candidate(model)}" if model else ""),
         shown_file=str(Path(name).parent / path.relative_to(module.parent)),
     )
     try:

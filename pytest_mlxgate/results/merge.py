@@ -298,7 +298,7 @@ def _check_shards(reports: Sequence[Report]) -> None:
         )
     indices = [s.index for _, s in shards]
     (count,) = counts
-    repeated = sorted({i for i in indices if indices.count(i) > 1}, key=str)
+    repeated = sorted({i for i in indices if indices.count(i) > 1}, key=lambda i: (i is None, i or 0))
     if repeated:
         raise MergeError(f"shard {', '.join(f'{i}/{count}' for i in repeated)} given twice: {named}")
     missing = [i for i in range(1, int(count) + 1) if i not in indices] if isinstance(count, int) else []

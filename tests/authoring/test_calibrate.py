@@ -208,6 +208,27 @@ def test_the_anchors_the_quality_bounds_were_chosen_from() -> None:
         assert s["code"] == [] and "this lever breaks the model" in s["breaks"]["message"], mean
 
 
+def test_a_broken_lever_s_worst_tokens_are_named_as_text_and_the_table_keeps_its_columns() -> None:
+    """The breaks' worst positions name their tokens through the tokenizer's text (an id it has no text
+    for stays an id); the table's header names each column its rows fill."""
+    broken = {
+        "mean": 8.4,
+        "mean_ci": [7.0, 9.8],
+        "p99": 25.0,
+        "quantile_ci": {"p99": [20.0, 30.0]},
+        "top1": 0.0,
+        "top1_ci": [0.0, 0.05],
+        "worst": [{"prompt": 3, "position": 17, "token_id": 42, "kl": 31.5, "ref_top1": 42, "cand_top1": 7}],
+    }
+    s = suggest_limits(broken, {"mean": 0.0, "p99": 0.0, "top1": 1.0}, None, tokens={"42": " Paris"})
+    assert "prompt 3 position 17, next token ' Paris': KL 32, top-1 ' Paris' -> '<7>'" in s["breaks"]["message"]
+    lines = _render(s).splitlines()
+    header = lines[1]
+    assert re.split(r"\s{2,}", header.strip()) == ["measured", "lever", "95% bound", "A/A floor", "quality bound"]
+    rows = [line for line in lines[2:5] if line.strip().startswith(("mean KL", "p99 KL", "top-1"))]
+    assert len(rows) == 3 and all(len(row) == len(header) for row in rows)  # right-aligned under their headers
+
+
 def _gate_limits() -> dict[str, dict[str, float]]:
     """Every `assert_kl_below(...)` in this project's gates/, as {file: limits}."""
     found: dict[str, dict[str, float]] = {}

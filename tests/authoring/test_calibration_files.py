@@ -242,6 +242,26 @@ def test_limits_that_pass_the_known_bad_variant_fail(kv_gate: tuple[Path, dict[s
     ), problems
 
 
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (
+            {"declared": False},
+            ["KNOWN_BAD: the calibration was measured before the gate declared it and holds no measurement of it"],
+        ),
+        ({"declared": True, "value": 2}, ["KNOWN_BAD = 2: the calibration holds no measurement of it"]),
+        ({"declared": True, "value": 2, "non_finite": True, "message": "NaN logits"}, []),  # the gate goes red on them
+    ],
+)
+def test_a_known_bad_the_file_holds_no_drift_of_is_named_as_such(
+    kv_gate: tuple[Path, dict[str, Any]], entry: dict[str, Any], expected: list[str]
+) -> None:
+    module, doc = kv_gate
+    doc["known_bad"] = entry
+    calibration_path(module).write_text(json.dumps(doc))
+    assert module_findings(module).problems == expected
+
+
 @pytest.fixture
 def rope_gate(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     """A copy of gates/test_fused_norms_rope.py (its KNOWN_BAD a whole lever), known_bad_ops.py and its
@@ -353,6 +373,28 @@ def test_a_calibration_belongs_to_the_model_it_measured() -> None:
         "mlx-community--gemma-4-e4b-it-4bit"
     )
     assert calibration_model("/some/dir", None) is None
+
+
+#: A part of a repo id as the hub takes it: word characters at both ends, no "--" or ".." inside.
+_HUB_PART = st.from_regex(r"\w([\w.-]{0,18}\w)?", fullmatch=True).filter(
+    lambda part: part.isascii() and "--" not in part and ".." not in part
+)
+
+
+@given(org=_HUB_PART, name=_HUB_PART)
+def test_a_calibration_s_folder_names_the_candidate_that_measures_it(org: str, name: str) -> None:
+    """The command that refreshes a model's calibration names the model as --mlx-candidate takes it:
+    the repo id its folder stands for, or the built-in's alias (never the folder name itself)."""
+    from pytest_mlxgate.authoring.calibration_file import calibration_candidate, calibration_model
+    from pytest_mlxgate.config.names import BUILT_MODELS
+
+    repo = f"{org}/{name}"
+    folder = calibration_model(repo, repo)
+    assert folder is not None and "/" not in folder
+    if repo in BUILT_MODELS.values():
+        return
+    assert calibration_candidate(folder) == repo
+    assert calibration_candidate("gemma3-270m") == "gemma3-270m"
 
 
 # -- stale ----------------------------------------------------------------------------------------------
@@ -595,9 +637,76 @@ def test_in_process_calibrate_writes_the_document_with_every_part(
     assert bad["value"] == 2 and bad["drift"]["metrics"]["mean"]["lower"] > drift["metrics"]["mean"]["upper"]
     speed = doc["speed"]["contexts"]["16"]
     assert 0 < speed["kv"]["ratio"] < 1 and set(speed) >= {"kv", "decode", "prefill"}
+    assert set(speed["decode"]) == {"ratio", "lower", "upper", "reference_tps", "candidate_tps"}
+    assert set(speed["peak"]) == {"ratio", "lower", "upper"}  # a ratio of memory: no tokens/s beside it
     assert doc["suggested"]["kl_limits"]["mean"] > drift["metrics"]["mean"]["upper"]
     assert any(line.startswith("assert_kl_below(paired, mean=") for line in doc["suggested"]["code"])
     assert {"accepted", "breaks", "kl_limits", "code"} <= set(doc["suggested"])
+
+
+NAN_GATE = """
+import mlx.core as mx
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+_rms = mx.fast.rms_norm
+
+
+def scaled(x, weight, eps):
+    return _rms(x, weight * 1.01, eps)
+
+
+def nan_norm(x, weight, eps):
+    return x * mx.array(float("nan"))
+
+
+pytestmark = [
+    pytest.mark.mlx_lever("norm", patch="mlx.core.fast.rms_norm", ref=None, cand="test_norm:scaled"),
+    pytest.mark.mlx_kl(prompts=3, tokens=24),
+]
+
+KNOWN_BAD = "test_norm:nan_norm"
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean={mean})
+"""
+
+
+def test_in_process_a_hub_model_s_calibration_is_its_own_and_aa_reads_it(
+    pytester: pytest.Pytester, tiny_model_dir: Path, hub: Any, hf_env: Any
+) -> None:
+    """A model from the hub is calibrated into its own folder (its repo id, so no other model's file is
+    replaced); a known-bad whose logits are NaN is kept as such with its message; --mlx-aa then reads
+    that model's file and fails a limit the file shows wrong; the verdict names the model as pinned."""
+    repo = "mlxgate-test/tiny-llama"
+    hub.add_repo(repo, {p.name: p.read_bytes() for p in tiny_model_dir.iterdir() if p.is_file()})
+    hf_env.on_hub(hub)
+    pytester.makeini("[pytest]\n")
+    pytester.syspathinsert()
+    gate = pytester.path / "test_norm.py"
+    gate.write_text(NAN_GATE.format(mean="1e-3"))
+    common = ("--mlx-allow-untrained", "--mlx-db=off", "-p", "no:randomly", "-p", "no:xdist")
+    pytester.runpytest_inprocess(f"--mlx-candidate={repo}", *common, "--mlx-calibrate").assert_outcomes(skipped=1)
+    assert not (pytester.path / "calibration" / "test_norm.json").exists()  # the embedded model's file: not this one
+    doc = json.loads((pytester.path / "calibration" / "mlxgate-test--tiny-llama" / "test_norm.json").read_text())
+    assert doc["model"]["repo"] == repo and doc["model"]["commit"]
+    bad = doc["known_bad"]
+    assert bad["non_finite"] is True and "drift" not in bad
+    assert bad["value"] == "test_norm:nan_norm" and "produced NaN logits" in bad["message"]
+
+    gate.write_text(NAN_GATE.format(mean="1e9"))  # beyond the quality bound: the file shows it wrong
+    report = pytester.path / "r.json"
+    aa = pytester.runpytest_inprocess(f"--mlx-candidate={repo}", *common, "--mlx-aa", f"--mlx-report={report}")
+    aa.assert_outcomes(errors=1)
+    aa.stdout.fnmatch_lines(["*mean=1e+09 is beyond the quality bound*"])
+    assert f"pytest test_norm.py --mlx-calibrate --mlx-candidate {repo}" in aa.stdout.str()  # the repo, not its folder
+    gate.write_text(NAN_GATE.format(mean="1e-3"))
+    pytester.runpytest_inprocess(f"--mlx-candidate={repo}", *common, f"--mlx-report={report}")
+    (record,) = json.loads(report.read_text())["gates"]
+    pinned = record["limits_from"]["model"]  # repo@commit, the commit as pinned (short)
+    assert pinned.startswith(f"{repo}@") and doc["model"]["commit"].startswith(pinned.split("@")[1])
+    assert record["limits_from"]["file"] == "calibration/mlxgate-test--tiny-llama/test_norm.json"
 
 
 @pytest.mark.slow  # pytester sessions on the tiny model

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from report_records import junit_gate_properties
 
 from pytest_mlxgate.authoring.calibrate import FLOOR_FACTOR
-from pytest_mlxgate.authoring.proof import LimitsProof, Proof, covering_file, inside_floor
+from pytest_mlxgate.authoring.proof import LimitsProof, Proof, covering_file, inside_floor, model_label
 from pytest_mlxgate.cli import main
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.results.model import parse_record
@@ -361,8 +361,9 @@ def test_prove_comes_from_the_command_line_then_the_ini_then_the_environment(
 # -- in process: the same sessions as above, where mutation testing can see the proof's code run ----------
 
 
-def _inprocess(p: pytest.Pytester, model: Path, tmp: Path, report: Path) -> pytest.RunResult:
+def _inprocess(p: pytest.Pytester, model: Path, tmp: Path, report: Path, *more: str) -> pytest.RunResult:
     return p.runpytest_inprocess(
+        *more,
         f"--mlx-candidate={model}",
         "--mlx-db=off",
         f"--mlx-reference-cache={tmp / 'refcache'}",
@@ -432,3 +433,50 @@ def test_in_process_a_known_bad_with_non_finite_logits_proves_the_limits_and_kee
     assert record["verdict"] == "pass" and proven["status"] == "proven"
     assert proven["known_bad"] == {"value": '"nan_kernels:nan_rms_norm"', "verdict": "fail", "figures": ["non-finite"]}
     assert proven["model"] == str(tiny_model_dir) and proven["backend"] == "cpu"
+
+
+def test_a_model_is_named_by_its_alias_or_as_pinned() -> None:
+    """A verdict names a built-in by its alias and a hub model as pinned (repo@commit): the repo alone
+    would not say which weights the limits were shown on."""
+    hub = {"name": "org/model", "repo_id": "org/model", "commit": "ab12", "pinned": "org/model@ab12"}
+    assert model_label(hub) == "org/model@ab12"
+    assert model_label({**EMBEDDED, "pinned": "mlxgate/SmolLM2-135M-Instruct-f32@c0ffee"}) == "smollm2-135m"
+    assert model_label({"name": "x", "repo_id": "org/x"}) == "org/x" and model_label({}) == "the model"
+
+
+TWO_MODEL_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [pytest.mark.mlx_lever("model"), pytest.mark.mlx_kl(prompts=2, tokens=16)]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=1e-6)
+"""
+
+
+def test_in_process_a_two_model_gate_is_unprovable_until_calibrated_against_its_reference(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A two-model lever has no known-bad value: without a file its limits read unproven and say why;
+    calibrated against the same reference, the file covers it."""
+    import shutil
+
+    same = tmp_path / "same-weights"
+    shutil.copytree(tiny_model_dir, same)  # another snapshot, the same weights: KL exactly 0
+    gates.makepyfile(test_two=TWO_MODEL_GATE)
+    report = tmp_path / "r.json"
+    _inprocess(gates, tiny_model_dir, tmp_path, report, f"--mlx-reference={same}").assert_outcomes(passed=1)
+    (first,) = json.loads(report.read_text())["gates"]
+    assert first["lever"]["kind"] == "model" and first["verdict"] == "pass"
+    assert first["limits_from"]["why"] == "a two-model lever has no known-bad value"
+    assert first["limits_from"]["status"] != "calibrated"
+    calibrate = _inprocess(gates, tiny_model_dir, tmp_path, report, f"--mlx-reference={same}", "--mlx-calibrate")
+    calibrate.assert_outcomes(skipped=1)
+    doc = json.loads((gates.path / "calibration" / "test_two.json").read_text())
+    assert doc["model"]["reference"]["name"] == str(same) and doc["model"]["reference"]["commit"]
+    _inprocess(gates, tiny_model_dir, tmp_path, report, f"--mlx-reference={same}").assert_outcomes(passed=1)
+    (covered,) = json.loads(report.read_text())["gates"]
+    assert covered["limits_from"]["status"] == "calibrated"
+    assert covered["limits_from"]["file"] == "calibration/test_two.json"

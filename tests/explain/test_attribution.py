@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +220,28 @@ def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_f
     calls: list[int] = []
     second = wrapped_and_counted(tiny, calls, explained)
     assert first["source"] == "computed" and second["source"] == "cache"
-    assert second["scopes"] == first["scopes"]
+    assert second["scopes"] == first["scopes"] and second["cost"] == first["cost"]
+    seconds = first["cost"]["seconds"]
+    assert isinstance(seconds, float) and seconds == round(seconds, 2) and first["cost"]["sequence_arms"] > 0
     # the second run's forwards are its own gate's (a cached reference: the candidate arm only), none for attribution
     assert len(calls) == 8 * len(decoder_layers(tiny.model))
+
+
+@pytest.mark.parametrize("kind", ["env", "context"])
+def test_a_setting_lever_no_scope_sees_is_said_to_be_read_outside_the_layers(kind: str) -> None:
+    """An env or context lever whose every scope measured no drift (while the gate measured some) is
+    read at load time or around the layers: said, never shown as a table of zeros. One scope that
+    drifts, or a patch lever, gets no such note."""
+    from pytest_mlxgate.explain.attribute import _ScopeRunner
+
+    lever = Lever("s", kind, "X" if kind == "env" else "x:y", "0", "1", factory=None if kind == "env" else nullcontext)
+    runner = _ScopeRunner(lever, RunShape("prefill", 8, 2), [], [], None, None, Path("."), lambda _: None)  # type: ignore[arg-type]
+    zeros = [{"mean": 0.0}, {"mean": None}]
+    (note,) = runner.notes(zeros)
+    assert note.startswith("no scope shows any drift: the setting is read outside the layers' forwards")
+    assert runner.notes([*zeros, {"mean": 1e-4}]) == [] and runner.notes([]) == []
+    patch = Lever("p", "patch", "mlx.core.fast.rms_norm", None, "m:f")
+    assert _ScopeRunner(patch, RunShape("prefill", 8, 2), [], [], None, None, Path("."), print).notes(zeros) == []  # type: ignore[arg-type]
 
 
 def wrapped_and_counted(model: LoadedModel, calls: list[int], fn: Callable[[], Any]) -> Any:

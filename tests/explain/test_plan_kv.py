@@ -478,6 +478,7 @@ def test_a_search_on_a_real_model_measures_each_option_and_layer_and_says_what_i
     assert record["selection_sequences"] == 2 and record["chosen"] == result.chosen
     assert record["kv_config"] == result.kv_config() and set(record["sensitivity"]) == {"0", "1"}
     assert record["bytes_per_token"] == result.bytes_per_token and record["verification"] is None
+    assert isinstance(record["seconds"], float) and record["seconds"] == round(result.seconds, 1)
     lines = plan_summary(result)
     assert lines[0].startswith(f"plan ({result.chosen}): ") and "KV bytes per token" in lines[0]
     assert [line.split(":")[0].strip() for line in lines[1:3]] == ["uniform 2-bit g64", "uniform 8-bit g64"]

@@ -149,6 +149,11 @@ def test_shards_must_all_be_there_once_and_planned_alike(tmp_path: Path) -> None
         merge_reports([s1, s2, s2, s3])
     with pytest.raises(MergeError, match=r"planned from different histories.*same --mlx-db file"):
         merge_reports([s1, s2, other])
+    twelve = {
+        i: read_report(write(tmp_path / f"{i}-12.json", run_info(f"{i:032d}", shard=(i, 12)), [])) for i in (2, 10)
+    }
+    with pytest.raises(MergeError, match=r"shard 2/12, 10/12 given twice"):  # named in number order
+        merge_reports([twelve[10], twelve[2], twelve[10], twelve[2]])
     with pytest.raises(MergeError, match=r"cut in different numbers of pieces"):
         merge_reports([s1, s2, s3, two])
 
