@@ -39,7 +39,7 @@ def throughput(n: int, tokens: int, kv_value: str = "plain") -> None:
     from pytest_mlxgate.capability.base import chat_render
     from pytest_mlxgate.capability.generate import generate_greedy, generate_sequential
     from pytest_mlxgate.kl.prompts import default_prompts
-    from pytest_mlxgate.levers.kvcache import parse_kv_value
+    from pytest_mlxgate.serving.kv_plan import parse_kv_value
 
     header(f"capability generation: {n} prompts x {tokens} new tokens, KV {kv_value}, batched vs sequential (greedy)")
     model, tokenizer = _load()

@@ -210,10 +210,10 @@ def compaction_error(n: int, tokens: int) -> None:
     import numpy as np
 
     from pytest_mlxgate.kl.arms import sequence_logits
-    from pytest_mlxgate.kl.divergence import compact_reference, compare, exact_kl
     from pytest_mlxgate.kl.refcache import ReferenceCache
     from pytest_mlxgate.kl.shape import RunShape
     from pytest_mlxgate.levers.lever import Lever
+    from pytest_mlxgate.stats.divergence import compact_reference, compare, exact_kl
 
     header(f"kl_gate compaction error: exact vs compact-reference KL, {n} prompts x {tokens} tokens")
     loaded = _load()

@@ -50,9 +50,9 @@ def run(n: int, tokens: int, repeats: int, only: str = "") -> None:
     from mlx_lm import batch_generate
 
     from pytest_mlxgate.capability.generate import _per_layer
-    from pytest_mlxgate.levers.kvcache import KVPlan, KVSpec, parse_kv_value
     from pytest_mlxgate.models.embedded import ensure_gemma3_snapshot
     from pytest_mlxgate.serving.batch import batchable, greedy_batch
+    from pytest_mlxgate.serving.kv_plan import KVPlan, KVSpec, parse_kv_value
 
     model, tokenizer = mlx_lm.load(str(ensure_gemma3_snapshot()))
     ids = _prompts(tokenizer, n)

@@ -2,7 +2,7 @@
 re-hashes one. NAME is anything `--mlx-candidate` accepts. `mlxgate new-gate NAME --patch mod.attr`
 (or `--env VAR --ref V --cand V`) writes `gates/test_NAME.py`, a gate that fails until its limits are
 measured and pasted in (`pytest_mlxgate.authoring`). `mlxgate history|compare|report|merge` read the
-results history and JSON reports (`pytest_mlxgate.results.history_cli`, which documents their exit codes).
+results history and JSON reports (`pytest_mlxgate.history_cli`, which documents their exit codes).
 
 stdout carries only the result (so `$(mlxgate get e4b)` works); progress and errors go to stderr.
 Exit status: 0 ok, 1 the hub failed, verification found problems or a file could not be written,
@@ -29,7 +29,7 @@ _HISTORY_COMMANDS = ("history", "compare", "report", "merge")
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in _HISTORY_COMMANDS:
-        from .results.history_cli import main as history_main
+        from .history_cli import main as history_main
 
         return history_main(args)
     if args.command == "new-gate":
@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
             )
     _add_new_gate(sub)
     _add_plan(sub)
-    from .results.history_cli import add_parsers
+    from .history_cli import add_parsers
 
     add_parsers(sub)
     return parser

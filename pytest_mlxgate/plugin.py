@@ -144,7 +144,7 @@ def mlx_trained_model(request: pytest.FixtureRequest, mlx_model: tuple[Any, Any]
     models), unless --mlx-allow-untrained."""
     gate = _state(request).settings.gate
     if gate is None or not gate.allow_untrained:
-        from .models.untrained import untrained_reason_for_prompts
+        from .kl.untrained import untrained_reason_for_prompts
 
         reason = untrained_reason_for_prompts(*mlx_model)
         if reason is not None:

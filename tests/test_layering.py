@@ -5,6 +5,7 @@ is also run on a small planted package, so a rule that can no longer fail is see
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,37 +17,27 @@ from import_graph import function_level, internal_cycle, layer_of, modules, thir
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_mlxgate"
 HEAVY = ("mlx", "mlx_lm", "numpy", "httpx")
 
-#: The layers, bottom first: a module may import its own layer and those below it, never one above
-#: (every import counts, in functions and under TYPE_CHECKING too). A module sits in the longest
-#: entry naming it or a package above it; the few single modules listed sit lower (or higher) than
-#: their folder, each for the reason beside it. Move an entry only when the design moves, saying why.
+#: The layers, bottom first, one folder each: a module may import its own folder and those below it,
+#: never one above (every import counts, in functions and under TYPE_CHECKING too). A module that
+#: belongs lower than its folder moves to the folder of its floor. Reorder only when the design moves.
 LAYERS = (
     "pytest_mlxgate.errors",  # the exception hierarchy (pytest only)
-    "pytest_mlxgate.common",  # atomic writes, formatting, keys, redaction, the sealed cache store
-    "pytest_mlxgate.authoring.calibrate",  # the calibration rule (numbers in, limits out): the session reads it
-    "pytest_mlxgate.speed.text",  # speed figures in words, standard library only: the reports print them
-    "pytest_mlxgate.capability.base",  # task names and item types: the reports and merge read them
-    "pytest_mlxgate.results",  # records and reports, standard library only: the xdist controller's side
-    "pytest_mlxgate.verdicts",  # the assertions' one pipeline (conclude): checks, verdict, message
-    "pytest_mlxgate.session.shards",  # --mlx-shard's plan: the options parse it
-    "pytest_mlxgate.config",  # options and settings
-    "pytest_mlxgate.results.history_cli",  # `mlxgate history/...`: finds the default DB through the settings
-    "pytest_mlxgate.kl.divergence",  # per-token KL: the statistics summarise it
-    "pytest_mlxgate.stats",
+    "pytest_mlxgate.common",  # atomic writes, formatting, keys, redaction, the sealed cache store, the arms' watch
+    "pytest_mlxgate.results",  # records and reports, their words, standard library only: the xdist controller's side
+    "pytest_mlxgate.verdicts",  # the assertions' one pipeline (conclude) and the calibration rule of their limits
+    "pytest_mlxgate.config",  # options, settings, the shard plan they parse
+    "pytest_mlxgate.stats",  # the per-token KL and every interval the verdicts read
     "pytest_mlxgate.hub",
-    "pytest_mlxgate.kl.prompts",  # the built-in prompts: the untrained-model check reads them
     "pytest_mlxgate.models",
-    "pytest_mlxgate.serving.caches",  # the quantized caches a KV plan builds
+    "pytest_mlxgate.serving",  # the KV plans, their caches and the batched loop over them
     "pytest_mlxgate.levers",
-    "pytest_mlxgate.serving",  # the batched loop over a KV plan
-    "pytest_mlxgate.session.watch",  # arms' progress and time limit: the measurements report to it
     "pytest_mlxgate.kl",
     "pytest_mlxgate.speed",
     "pytest_mlxgate.capability",
     "pytest_mlxgate.explain",  # drift attribution and the plan search: run the arms the way kl does, scoped
     "pytest_mlxgate.session",
     "pytest_mlxgate.authoring",
-    "pytest_mlxgate",  # the public face: __init__, plugin.py, cli.py, compatibility paths
+    "pytest_mlxgate",  # the public face: __init__, plugin.py, cli.py and history_cli.py, compatibility paths
 )
 
 #: Where imports are lazy by design: pytest loads the plugin in every run (the xdist controller too),
@@ -62,12 +53,20 @@ LAZY: dict[str, tuple[tuple[str, ...], str]] = {
         "the `mlxgate` console script: each subcommand imports its implementation "
         "when it runs, so `mlxgate history` loads neither mlx nor httpx",
     ),
+    "pytest_mlxgate.history_cli": (
+        ("*",),
+        "`mlxgate history/trend/merge/report`: each loads the readers it uses (the HTML report, merge) when it runs",
+    ),
+    "pytest_mlxgate.common.watch": (
+        ("filelock",),
+        "common/ is imported by everything, the controller too: the trial lock loads when an arm first times alone",
+    ),
     "pytest_mlxgate.capability.distributed": (
         ("mlx", "numpy", "pytest_mlxgate.capability.runner"),
         "session/state.py asks launch_rank at configure time, on the controller too: mlx, numpy and the runner "
         "(which imports mlx) load when a distributed run starts",
     ),
-    "pytest_mlxgate.levers.kvcache": (
+    "pytest_mlxgate.serving.kv_plan": (
         ("mlx_lm", "pytest_mlxgate.serving.caches"),
         "session/ and authoring/ import levers.lever, and it this, at module level (the controller among them): "
         "a KV plan parses without mlx; its caches (mlx_lm) load when the plan meets a model",
@@ -194,6 +193,15 @@ def test_every_layer_names_a_module_or_folder_that_exists() -> None:
     assert len(set(LAYERS)) == len(LAYERS)
 
 
+def test_the_readme_gives_each_folder_its_floor_in_the_layers_order() -> None:
+    """The Layout table's floors are LAYERS, bottom first, so what it says a folder may import is what
+    this test allows (the exception hierarchy, errors.py, sits under the floors)."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    floors = re.findall(r"^\| (\d+) \| `(pytest_mlxgate/(?:\w+/)?)` \|", readme, flags=re.MULTILINE)
+    shown = [(int(n), folder.rstrip("/").replace("/", ".")) for n, folder in floors]
+    assert shown == list(enumerate([e for e in LAYERS if e != "pytest_mlxgate.errors"], start=1))
+
+
 def test_every_folder_of_the_package_has_its_place_in_the_layers() -> None:
     """A new folder is placed on purpose, not left to fall into the top layer with plugin.py."""
     folders = {f"pytest_mlxgate.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py")}
@@ -278,6 +286,6 @@ def test_the_real_check_fails_on_a_planted_lazy_import() -> None:
     """The allowlist is not a blanket: a function-level import in a module of no boundary is reported."""
     assert _lazy_reason("pytest_mlxgate.kl.arms", "mlx.core") is None
     assert not _boundary("pytest_mlxgate.kl.arms")
-    assert _lazy_reason("pytest_mlxgate.levers.kvcache", "mlx_lm.models.cache") is not None
-    assert _lazy_reason("pytest_mlxgate.levers.kvcache", "numpy") is None
+    assert _lazy_reason("pytest_mlxgate.serving.kv_plan", "mlx_lm.models.cache") is not None
+    assert _lazy_reason("pytest_mlxgate.serving.kv_plan", "numpy") is None
     assert _boundary("pytest_mlxgate.results.summary") and _boundary("pytest_mlxgate.hub")

@@ -19,7 +19,7 @@ def layout_rows(readme: str) -> dict[str, str]:
     section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
-        match = re.match(r"\|\s*`([^`]+)`\s*\|(.*)\|\s*$", line)
+        match = re.match(r"\|(?:\s*\d+\s*\|)?\s*`([^`]+)`\s*\|(.*)\|\s*$", line)  # an optional floor first
         if match:
             rows[match.group(1)] = match.group(2)
     return rows

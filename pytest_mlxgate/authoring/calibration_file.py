@@ -32,7 +32,7 @@ from ..common.atomic import atomic_write_bytes
 from ..common.format import DASH, figure
 from ..common.gate_calls import NOT_LITERAL, DeclaredLimit, call_name, declared_limits, literal
 from ..config.names import BUILT_MODELS, DEFAULT_CANDIDATE, model_keys
-from .calibrate import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal, known_bad_text
+from ..verdicts.calibration import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal, known_bad_text
 
 __all__ = [
     "CALIBRATION_DIR",
@@ -63,13 +63,13 @@ PACKAGE = Path(__file__).resolve().parents[1]
 #: is one top-level definition of a file whose rest does not): the arms' logits and the serving loop
 #: (kl/arms.py, serving/), how each lever changes an arm (levers/: patching, KV plans, weights
 #: quantization, the plain-ops kernels), which token ids are scored (kl/prompts.py and its default
-#: set, kl/shape.py's step sizes), the per-token KL (kl/divergence.py), the arms and the A/A variant
+#: set, kl/shape.py's step sizes), the per-token KL (stats/divergence.py), the arms and the A/A variant
 #: (kl/measure.py's measure_kl, _aa, aa_chunk) and its floors (kl/result.py's aa_floors), the
 #: intervals the limits compare (stats/intervals.py, stats/kl_stats.py) and the speed and memory
 #: trials (speed/). Not the assertions, reports or records: they read the numbers, they do not make them.
 SERVING_CODE = (
     "kl/arms.py",
-    "kl/divergence.py",
+    "stats/divergence.py",
     "kl/measure.py::measure_kl",
     "kl/measure.py::_aa",
     "kl/measure.py::aa_chunk",
@@ -79,7 +79,7 @@ SERVING_CODE = (
     "kl/shape.py",
     "serving/batch.py",
     "serving/caches.py",
-    "levers/kvcache.py",
+    "serving/kv_plan.py",
     "levers/lever.py",
     "levers/patching.py",
     "levers/reference_ops.py",

@@ -24,7 +24,7 @@ from ..config.names import looks_like_path, split_revision
 from ..errors import CalibrationError, MlxgateError, NonFiniteLogitsError, StaleCalibrationWarning
 from ..results.git import git_state
 from ..session.paired import Paired
-from .calibrate import CHECK_RULE
+from ..verdicts.calibration import CHECK_RULE
 from .calibration_file import (
     FORMAT,
     GateSource,

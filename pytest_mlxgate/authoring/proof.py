@@ -39,8 +39,8 @@ from ..results.records import Check, LimitsFrom
 from ..results.verdicts import ERROR, overall_verdict
 from ..session.paired import Paired
 from ..session.phases import PhaseClock
+from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR
 from ..verdicts.conclude import Conclusion
-from .calibrate import AGREEMENT_METRICS, FLOOR_FACTOR
 from .calibration_file import calibration_model, calibration_path, read_calibration, serving_code
 from .known_bad import is_whole_lever, known_bad_lever, known_bad_paired, known_bad_shown
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from ..errors import MlxgateError
+from ..results.tasks import TASK_NAMES
 
 __all__ = [
     "EXTRA_TASK_NAMES",
@@ -30,8 +31,6 @@ __all__ = [
     "prompt_hash",
 ]
 
-#: The six tasks of the Capability Score, in report order (one module each in `tasks/`).
-TASK_NAMES = ("mmlu", "gsm8k", "ifeval", "bfcl", "humaneval", "hashhop")
 #: Built-in tasks outside the Capability Score (one module each in `tasks/`): cloze-scored choice
 #: tasks on which a small model is well above chance (see `cloze.py`), so a lever's drop can show.
 EXTRA_TASK_NAMES = ("arc_easy", "piqa", "sciq")

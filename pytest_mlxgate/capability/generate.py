@@ -21,11 +21,11 @@ import mlx.core as mx
 from mlx_lm import batch_generate, stream_generate
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from ..levers.kvcache import shared_kv_sources
 from ..serving.batch import batchable, greedy_batch
+from ..serving.kv_plan import shared_kv_sources
 
 if TYPE_CHECKING:
-    from ..levers.kvcache import KVPlan
+    from ..serving.kv_plan import KVPlan
 
 #: `progress(done, total)`: items finished so far, called as work completes.
 Progress = Callable[[int, int], None]

@@ -22,8 +22,8 @@ from typing import Any
 
 from ..common.keys import canonical_json, key_digest
 from ..common.refstore import CacheFolder
-from ..levers import kvcache
 from ..serving import batch, caches
+from ..serving import kv_plan as kvcache
 from . import generate
 from .base import ItemResult
 

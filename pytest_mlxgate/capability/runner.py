@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Required, TypedDict, Unpack
 
 from ..common.refstore import store_or_warn
 from ..errors import MlxgateUsageError, VacuousLeverError
-from ..levers.kvcache import require_kv_difference
+from ..serving.kv_plan import require_kv_difference
 from ..stats.sequential import run_sequential
 from . import refcache
 from .base import (

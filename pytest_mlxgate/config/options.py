@@ -109,7 +109,7 @@ def contexts_arg(value: str) -> tuple[int, ...]:
 
 def shard_arg(value: str) -> str:
     """`I/N`: checked now, kept as text (settings parse it, the ini twin too)."""
-    from ..session.shards import parse_shard
+    from .shards import parse_shard
 
     try:
         return str(parse_shard(value))

@@ -18,9 +18,9 @@ import pytest
 from ..common.atomic import unwritable
 from ..common.refstore import DEFAULT_CACHE_MAX_BYTES
 from ..errors import MlxgateUsageError
-from ..session.shards import Shard, parse_shard
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
 from .options import OPTIONS, check_endpoint, contexts_arg, count_arg, seconds_arg, timeout_arg, times_arg
+from .shards import Shard, parse_shard
 
 __all__ = [
     "DEFAULT_ARM_TIMEOUT",

@@ -39,11 +39,11 @@ from .layers import attention_types, decoder_layers, output_of, wrapped_layers
 from .scoped import Scope, kv_scoped_plan, scoped
 
 if TYPE_CHECKING:
-    from ..kl.divergence import RefDistributions, TokenScores
     from ..kl.prompts import TokenSequence
     from ..kl.refcache import ReferenceCache
     from ..levers.lever import Arm, Lever
     from ..models.loaded import LoadedModel
+    from ..stats.divergence import RefDistributions, TokenScores
 
 __all__ = ["ATTRIBUTION_VERSION", "DEFAULT_BUDGET", "Attribution", "attribute", "plan_scopes"]
 

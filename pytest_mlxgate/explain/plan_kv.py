@@ -42,10 +42,10 @@ from ..kl.arms import run_candidate, run_reference
 from ..kl.assertions import kl_checks
 from ..kl.prompts import build_sequences, default_prompts, texts_of
 from ..kl.shape import ArmCounters, RunShape
-from ..levers.kvcache import KV_BITS, KV_GROUP_SIZES
 from ..levers.lever import Lever
 from ..levers.parsing import lever_from_marker
 from ..serving.caches import quantized_form
+from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
 from ..stats.kl_stats import KLStats, summarize
 
 __all__ = ["GateSpec", "Option", "PlanSearch", "greedy_plan", "read_gate", "search_kv_plan", "verify_plan"]

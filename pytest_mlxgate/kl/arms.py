@@ -21,13 +21,13 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..errors import NonFiniteLogitsError
-from .divergence import RefDistributions, TokenScores, compact_reference, compare, first_nonfinite_row
+from ..stats.divergence import RefDistributions, TokenScores, compact_reference, compare, first_nonfinite_row
 from .shape import SERVING_PREFILL_STEP, ArmCounters, RunShape
 
 if TYPE_CHECKING:
-    from ..levers.kvcache import KVPlan
+    from ..common.watch import ArmWatch
     from ..levers.lever import Arm, Lever
-    from ..session.watch import ArmWatch
+    from ..serving.kv_plan import KVPlan
     from .prompts import TokenSequence
 
 __all__ = [

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.refstore import store_or_warn
 from ..errors import VocabularyMismatchError
-from ..levers.kvcache import require_kv_difference
 from ..levers.naming import source_digest
 from ..models.identity import model_identity
+from ..serving.kv_plan import require_kv_difference
+from ..stats import divergence
 from ..stats.kl_profile import kl_profile
 from ..stats.kl_stats import KLStats, summarize
-from . import divergence
 from .arms import run_candidate, run_reference
 from .prompts import texts_of
 from .refcache import CACHE_FORMAT, ReferenceCache
@@ -28,10 +28,10 @@ from .result import KLResult, aa_floors
 from .shape import ArmCounters, RunShape
 
 if TYPE_CHECKING:
+    from ..common.watch import ArmWatch, Watcher
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
-    from ..session.watch import ArmWatch, Watcher
-    from .divergence import RefDistributions, TokenScores
+    from ..stats.divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
 __all__ = ["aa_chunk", "chunked_floor", "check_same_vocabulary", "measure_kl", "reference_key"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..common.keys import canonical_json, key_digest
 from ..common.refstore import CacheFolder
-from .divergence import RefDistributions
+from ..stats.divergence import RefDistributions
 
 __all__ = ["CACHE_FORMAT", "ReferenceCache"]
 

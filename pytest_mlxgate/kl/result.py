@@ -11,8 +11,8 @@ from ..verdicts.conclude import Conclusion
 
 if TYPE_CHECKING:
     from ..levers.lever import Lever
+    from ..stats.divergence import TokenScores
     from ..stats.kl_stats import KLStats
-    from .divergence import TokenScores
     from .shape import ArmCounters, RunShape
 
 __all__ = ["KLResult", "aa_floors"]

@@ -12,7 +12,7 @@ differ only by the lever, so their KL divergence is the lever's drift::
     pytestmark = pytest.mark.mlx_lever("flag", context=factory, ref=0, cand=1)  # factory(value) -> CM
 
 Kinds: `env` sets (None: unsets) an environment variable; `patch` replaces an attribute (None:
-leaves the original); `kv` chooses a KV cache plan (`pytest_mlxgate.levers.kvcache`), serving path only;
+leaves the original); `kv` chooses a KV cache plan (`pytest_mlxgate.serving.kv_plan`), serving path only;
 `context` enters `factory(value)`; `model` compares two models. `--mlx-lever NAME --mlx-ref-value V
 --mlx-cand-value V` overrides the values or defines a lever from the command line
 (`lever_from_options`).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from ..errors import LeverError, VacuousLeverError
-from .kvcache import PLAIN, KVPlan, parse_kv_value
+from ..serving.kv_plan import PLAIN, KVPlan, parse_kv_value
 from .naming import canonical, object_name, source_digest
 from .patching import counted, env_set, patched, resolve_object
 from .weights import WeightsSpec, parse_weights_value

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from ..errors import LeverError
-from .kvcache import parse_kv_value
+from ..serving.kv_plan import parse_kv_value
 from .lever import LEVER_PATHS, Lever, LeverKind, LeverPath
 from .naming import IDENT, object_name
 from .patching import OBJECT_NAME

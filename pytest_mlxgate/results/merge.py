@@ -20,6 +20,7 @@ from typing import Any
 from .model import CheckResult, Record, RunFacts, Shard, nodeid_of, parse_record, report_contents, run_facts
 from .records import GateRecord, RunInfo, error_record
 from .score import SCORE_NODEID
+from .tasks import TASK_NAMES
 from .verdicts import RECORD_VERDICTS, bounds_verdict, verdict_rank
 
 __all__ = [
@@ -340,7 +341,6 @@ def _check_plans_cover(shards: Sequence[tuple[Report, Shard]]) -> None:
 
 
 def _score(records: Sequence[GateRecord]) -> GateRecord | None:
-    from ..capability.base import TASK_NAMES  # standard library only: the controller imports it too
     from .score import score_record
 
     read = [(r, parse_record(r)) for r in records]

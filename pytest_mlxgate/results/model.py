@@ -496,7 +496,7 @@ class Speed:
     @property
     def as_json(self) -> dict[str, Any]:
         """The measurement in its JSON shape, from what was read (well-formed whatever the record held): for
-        `speed.text`, the one wording of speed figures, which the assertion messages share."""
+        `results.speed_text`, the one wording of speed figures, which the assertion messages share."""
 
         def arm(a: SpeedArm) -> dict[str, Any]:
             return {

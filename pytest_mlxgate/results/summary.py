@@ -203,7 +203,7 @@ def n_parts(record: Record) -> list[str]:
 def speed_parts(record: Record, shown: set[str]) -> list[str]:
     """A module's speed lines, under the first of its records that carries them (its gates share one
     measurement, `shown` holds the ids already said)."""
-    from ..speed.text import speed_lines
+    from .speed_text import speed_lines
 
     speed = record.speed
     if speed is None:

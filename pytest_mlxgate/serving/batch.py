@@ -27,11 +27,11 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from ..levers.kvcache import shared_kv_sources
 from .caches import Parts, SharedKVReader, grown_parts
+from .kv_plan import shared_kv_sources
 
 if TYPE_CHECKING:
-    from ..levers.kvcache import KVPlan
+    from .kv_plan import KVPlan
 
 __all__ = [
     "BatchQuantizedKVCache",

@@ -179,7 +179,7 @@ def with_snapshot_plan(lever: Lever, candidate: LoadedModel, progress: Callable[
     shipped = candidate.snapshot.dir / name
     if not shipped.is_file():
         return lever
-    from ..levers.kvcache import parse_kv_value
+    from ..serving.kv_plan import parse_kv_value
 
     try:
         plan = parse_kv_value(shipped)
@@ -238,13 +238,13 @@ class RunContext:
 
 def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
     """The module's run, made once: gates of one module share their arms' results."""
+    from ..common.watch import Watcher, progress_interval
     from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
     from ..serving.caches import sliding_window
     from ..speed.load import wait_for_siblings
     from .paired import PairedRun
     from .phases import PhaseClock
-    from .watch import Watcher, progress_interval
 
     gate = ctx.gate
     lever = gate_lever(item, gate)

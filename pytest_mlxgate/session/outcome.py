@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .shards import module_of
+from ..config.shards import module_of
 
 __all__ = ["STALE_SUFFIX", "RunOutcome", "move_aside"]
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..capability.base import Budget
     from ..capability.result import CapabilityRun
     from ..capability.runner import ArmProgress
+    from ..common.watch import Watcher
     from ..kl.assertions import KLSubject
     from ..kl.prompts import TokenSequence
     from ..kl.refcache import ReferenceCache
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from ..models.loaded import LoadedModel
     from ..speed.assertions import SpeedSubject
     from ..speed.shape import SpeedShape
-    from .watch import Watcher
 
 __all__ = ["Paired", "PairedRun"]
 
@@ -78,13 +78,13 @@ class PairedRun:
 
     def skip_if_untrained(self) -> None:
         """Skip the gate (once checked, every gate of the module) when the reference model predicts
-        the gate's prompts no better than chance, unless allowed (see `models.untrained`)."""
+        the gate's prompts no better than chance, unless allowed (see `kl.untrained`)."""
         import pytest
 
         if self.allow_untrained:
             return
         if not self._untrained_checked:
-            from ..models.untrained import untrained_reason
+            from ..kl.untrained import untrained_reason
 
             ref = self._reference_model()
             with self.phases.timing("check"):
@@ -245,11 +245,11 @@ class PairedRun:
         comes from the cache the first one filled, when there is one). Speed is measured even when the
         module does not ask for it: sizing its goals is what calibration is for. `accept_broken` is the
         module's reason (`mlx_calibrate(accept_broken=...)`) to size limits for a lever beyond the
-        quality bounds; without it such a lever gets none (`authoring.calibrate`)."""
+        quality bounds; without it such a lever gets none (`verdicts.calibration`)."""
         if self._calibration is None:
             from dataclasses import replace
 
-            from ..authoring.calibrate import suggest_limits
+            from ..verdicts.calibration import suggest_limits
 
             lever_kl = self.kl()
             self._say("calibration: the A/A floor (reference against itself, and with another prefill chunk)")
@@ -387,7 +387,7 @@ class PairedRun:
         if watch is None:
             if self.progress is None:
                 return None
-            from .watch import Watcher, progress_interval
+            from ..common.watch import Watcher, progress_interval
 
             watch = Watcher(say=self.progress, interval=progress_interval(None, self.live), limit_s=None)
 
@@ -492,7 +492,7 @@ class Paired:
         `keep` (the calibration file's writer, `authoring.calibration_run`) sees the measurement once, first."""
         import pytest
 
-        from ..authoring.calibrate import accept_broken_from
+        from ..verdicts.calibration import accept_broken_from
 
         run = self.run
         first = run._calibration is None

@@ -126,10 +126,10 @@ class ReportWriter:
             return
         if self.process.is_quiet_rank:  # rank 0 of the mlx.launch job holds the same records and writes them
             return
-        from ..capability.base import TASK_NAMES
         from ..results.history import ResultsDB, ResultsDBError, ResultsDBLocked
         from ..results.json_report import write_json_report
         from ..results.score import score_record
+        from ..results.tasks import TASK_NAMES
 
         score = score_record(self.records, TASK_NAMES)
         if score is not None:

@@ -39,7 +39,7 @@ class ShardPlanner:
         gate = self.gate
         if gate is None or gate.shard is None:
             return
-        from .shards import module_of, plan_shards
+        from ..config.shards import module_of, plan_shards
 
         plan = plan_shards({module_of(item.nodeid) for item in items}, self.durations(), gate.shard.count)
         keep = set(plan.modules(gate.shard))
@@ -84,8 +84,8 @@ class ShardPlanner:
         gate = self.gate
         if gate is None or gate.db is None or not gate.db.is_file():
             return {}  # never create a DB just to find it empty
+        from ..config.shards import module_durations
         from ..results.history import ResultsDB, ResultsDBError
-        from .shards import module_durations
 
         try:
             rows = ResultsDB(gate.db).rows(columns=("run_id", "started", "nodeid", "total_s", "config_json"))

@@ -1,7 +1,7 @@
 """xdist glue beyond snapshots and progress: a folder per run, and one worker per gate module.
 
 The run folder (made by the controller, shipped down in `workerinput`) holds the lock that keeps
-speed trials alone (`session.watch`) and each worker's list of gate modules.
+speed trials alone (`common.watch`) and each worker's list of gate modules.
 
 Scheduling. Plain `-n N` (`--dist load`) hands tests to workers one by one, so two tests of one
 gate module can run on two workers: each then builds the module's run (loads the model, runs both

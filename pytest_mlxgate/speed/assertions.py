@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..results.records import Check
+from ..results.speed_text import context_text
 from ..results.verdicts import Direction
 from ..stats.ratios import RatioEstimate, ratio_pairs_needed
 from ..verdicts.conclude import Conclusion, Target, check, conclude, given_limits
-from .text import context_text
 
 __all__ = ["SpeedSubject", "assert_faster", "assert_smaller", "speed_checks", "speed_conclusion"]
 

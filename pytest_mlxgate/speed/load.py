@@ -9,7 +9,7 @@ Where psutil cannot read them only the load average is recorded, which counts th
 no verdict is drawn from it.
 
 Under xdist another worker of the run parks at the trial mark only between its forwards
-(session/watch.py), so one in flight when the trials start would run beside them (measured: a
+(common/watch.py), so one in flight when the trials start would run beside them (measured: a
 long-context capability batch kept 1.0 of 2 cores busy through a weights gate's trials: decode
 x0.61 [0.39, 0.94], usually [0.46, 0.55]). `wait_for_siblings` waits, before the first trial, until
 the run's other workers (this process's siblings under the xdist controller) use under a tenth of a

@@ -13,7 +13,7 @@ added until the context is decided (`stop_reason`: the module's goals there show
 with none, the estimates as precise as the shape asks), at most `repetitions`; the intervals are
 the sequential looks' (`stats.ratios.look_confidence`), valid whenever the trials stop.
 
-The trials time alone: under xdist they hold the run's trial lock (`session.watch`), so no other
+The trials time alone: under xdist they hold the run's trial lock (`common.watch`), so no other
 worker's trials overlap them and other workers' KL arms pause between forwards; what other
 processes still did on the cores meanwhile is sampled around the trials (`speed.load`) and recorded.
 """
@@ -37,8 +37,8 @@ from .result import ContextSpeed, SpeedResult, Trial
 from .shape import SAMPLED_GOALS, SpeedShape
 
 if TYPE_CHECKING:
+    from ..common.watch import ArmWatch, Watcher
     from ..levers.lever import Arm, Lever
-    from ..session.watch import ArmWatch, Watcher
 
 __all__ = [
     "ArmModel",

@@ -1,7 +1,7 @@
 """What a speed measurement found: every trial, and per context the paired ratios.
 
 `to_json` is what records carry (every repetition is kept, as llama-bench's JSON does); the text
-of a result is `speed.text`'s, which reads that JSON, so the controller's summary and a failure
+of a result is `results.speed_text`'s, which reads that JSON, so the controller's summary and a failure
 message word it the same way.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..results.speed_text import context_text, speed_lines
 from ..stats.ratios import RatioEstimate, look_confidence, paired_ratio
 from .shape import SpeedShape
-from .text import context_text, speed_lines
 
 __all__ = ["ContextSpeed", "SpeedResult", "Trial"]
 

@@ -17,7 +17,7 @@ import numpy as np
 from .intervals import CONFIDENCE, mean_interval
 
 if TYPE_CHECKING:
-    from ..kl.divergence import TokenScores
+    from .divergence import TokenScores
 
 __all__ = ["HISTOGRAM_DECADES", "HISTOGRAM_PER_DECADE", "MAX_POSITIONS", "MAX_PROMPTS", "PROFILE_VERSION", "kl_profile"]
 

@@ -19,7 +19,7 @@ import numpy as np
 from .intervals import CONFIDENCE, Interval, cluster_bootstrap_quantiles, mean_interval, proportion_interval
 
 if TYPE_CHECKING:
-    from ..kl.divergence import TokenScores
+    from .divergence import TokenScores
 
 __all__ = [
     "QUANTILES",

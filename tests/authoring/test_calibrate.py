@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_mlxgate.authoring.calibrate import (
+from pytest_mlxgate.verdicts.calibration import (
     FLOOR_FACTOR,
     LEVER_FACTOR,
     QUALITY_BOUNDS,
@@ -442,7 +442,7 @@ def test_calibration_measures_suggests_and_its_suggestions_pass_the_gate(
 def test_a_top1_limit_the_rule_cannot_size_is_none_with_its_reason(
     lever_lower: float, floor: float | None, limit: float | None, note: str
 ) -> None:
-    from pytest_mlxgate.authoring.calibrate import _kl_limit
+    from pytest_mlxgate.verdicts.calibration import _kl_limit
 
     notes: list[str] = []
     assert _kl_limit("top1", "top-1", lever_lower, floor, capped=False, notes=notes) == limit

@@ -20,14 +20,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_mlxgate.authoring.calibrate import (
-    CHECK_ROOM,
-    FLOOR_FACTOR,
-    QUALITY_BOUNDS,
-    check_kl_limit,
-    least_kl_limit,
-    suggest_limits,
-)
 from pytest_mlxgate.authoring.calibration_file import (
     FORMAT,
     GateSource,
@@ -43,6 +35,14 @@ from pytest_mlxgate.authoring.calibration_file import (
     write_calibration,
 )
 from pytest_mlxgate.errors import StaleCalibrationWarning
+from pytest_mlxgate.verdicts.calibration import (
+    CHECK_ROOM,
+    FLOOR_FACTOR,
+    QUALITY_BOUNDS,
+    check_kl_limit,
+    least_kl_limit,
+    suggest_limits,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GATES = REPO / "gates"

@@ -20,11 +20,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from report_records import junit_gate_properties
 
-from pytest_mlxgate.authoring.calibrate import FLOOR_FACTOR
 from pytest_mlxgate.authoring.proof import LimitsProof, Proof, covering_file, inside_floor, model_label
 from pytest_mlxgate.cli import main
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.results.model import parse_record
+from pytest_mlxgate.verdicts.calibration import FLOOR_FACTOR
 from pytest_mlxgate.verdicts.conclude import Conclusion
 
 # -- which limits sit inside the floor --------------------------------------------------------------

@@ -96,7 +96,7 @@ def probe(monkeypatch: pytest.MonkeyPatch) -> Probe:
 
 def test_choices_are_scored_without_output_and_generations_with_theirs(arm: tuple[Any, Any], probe: Probe) -> None:
     from pytest_mlxgate.capability.generate import generate_greedy
-    from pytest_mlxgate.levers.kvcache import PLAIN
+    from pytest_mlxgate.serving.kv_plan import PLAIN
 
     model, tok = arm
     items = probe.load("full", n=4)
@@ -269,7 +269,7 @@ def test_a_tier_with_no_items_skips_saying_which_task_and_tier(arm: tuple[Any, A
 def test_max_new_tokens_lowers_every_generation_of_both_arms(arm: tuple[Any, Any], probe: Probe) -> None:
     """--mlx-max-new-tokens reaches the arms: each generated answer is cut to it (the task allows 3)."""
     from pytest_mlxgate.capability.generate import generate_greedy
-    from pytest_mlxgate.levers.kvcache import PLAIN
+    from pytest_mlxgate.serving.kv_plan import PLAIN
 
     model, tok = arm
     run = runner.run_capability("probe", "full", n=4, reference=arm, candidate=arm, lever=LEVER, max_new_tokens=1)

@@ -149,7 +149,7 @@ def _stats(mean: float, *, sequences: int = 8, tokens: int = 16) -> Any:
     """Real statistics (`summarize`) of scores whose per-token KL sits within 5% of `mean`."""
     import numpy as np
 
-    from pytest_mlxgate.kl.divergence import TokenScores
+    from pytest_mlxgate.stats.divergence import TokenScores
     from pytest_mlxgate.stats.kl_stats import summarize
 
     rng = np.random.default_rng(int(mean * 1e9) % 2**32)

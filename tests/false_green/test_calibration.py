@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate.authoring.calibrate import QUALITY_BOUNDS
+from pytest_mlxgate.verdicts.calibration import QUALITY_BOUNDS
 
 pytestmark = pytest.mark.slow  # pytester gate sessions in subprocesses
 

@@ -14,8 +14,8 @@ from pytest_mlxgate.errors import VacuousLeverError
 from pytest_mlxgate.kl import arms
 from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
 from pytest_mlxgate.kl.shape import ArmCounters, RunShape
-from pytest_mlxgate.levers.kvcache import PLAIN
 from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.serving.kv_plan import PLAIN
 
 TOKENS = 24
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.kl.divergence import compact_reference, compare, exact_kl
+from pytest_mlxgate.stats.divergence import compact_reference, compare, exact_kl
 
 EXTREMES = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

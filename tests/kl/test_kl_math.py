@@ -1,4 +1,4 @@
-"""Per-token vocabulary math (`pytest_mlxgate.kl.divergence`) against independent float64 numpy computations."""
+"""Per-token vocabulary math (`pytest_mlxgate.stats.divergence`) against independent float64 numpy computations."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.kl import divergence as kl
-from pytest_mlxgate.kl.divergence import (
+from pytest_mlxgate.stats import divergence as kl
+from pytest_mlxgate.stats.divergence import (
     INITIAL_TAU,
     LOG_FLOOR,
     MAX_KEEP,

@@ -20,8 +20,8 @@ from pytest_mlxgate.common.refstore import (
     seal,
     unseal,
 )
-from pytest_mlxgate.kl.divergence import RefDistributions
 from pytest_mlxgate.kl.refcache import ReferenceCache
+from pytest_mlxgate.stats.divergence import RefDistributions
 
 KEY = {"model": "org/tiny@" + "0" * 40, "lever": "ref", "tokens": 4}
 

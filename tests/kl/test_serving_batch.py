@@ -13,8 +13,8 @@ import pytest
 from pytest_mlxgate.kl import arms
 from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
 from pytest_mlxgate.kl.shape import ArmCounters, RunShape
-from pytest_mlxgate.levers.kvcache import parse_kv_value
 from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.serving.kv_plan import parse_kv_value
 
 
 def _model(path: Path) -> tuple[Any, Any]:

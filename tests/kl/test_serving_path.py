@@ -22,8 +22,8 @@ import pytest
 from pytest_mlxgate.kl import arms
 from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
 from pytest_mlxgate.kl.shape import SERVING_PREFILL_STEP, ArmCounters, RunShape
-from pytest_mlxgate.levers.kvcache import KVPlan, parse_kv_value
 from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.serving.kv_plan import KVPlan, parse_kv_value
 
 TOKENS, DECODE = 40, 8
 PREFIX = TOKENS - DECODE  # 32: positions 32..39 are decoded one at a time

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError, VacuousLeverError
-from pytest_mlxgate.levers.kvcache import PLAIN, KVPlan, KVSpec, parse_kv_value, require_kv_difference
+from pytest_mlxgate.serving.kv_plan import PLAIN, KVPlan, KVSpec, parse_kv_value, require_kv_difference
 
 # --- parsing inline values ----------------------------------------------------------------------
 
@@ -385,8 +385,8 @@ def test_check_caches_lists_every_problem_of_the_plan(model: Any) -> None:
         plan.check_caches(make_prompt_cache(model), {1: 0}, n_layers=3, head_dims={})
     head, _, rest = str(info.value).partition(": ")
     assert head == "KV plan two.json cannot run on this model"
-    assert rest.endswith(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)")
-    problems = rest.removesuffix(" (kv_config.json format: see pytest_mlxgate.levers.kvcache)").split("; ")
+    assert rest.endswith(" (kv_config.json format: see pytest_mlxgate.serving.kv_plan)")
+    problems = rest.removesuffix(" (kv_config.json format: see pytest_mlxgate.serving.kv_plan)").split("; ")
     assert problems == [
         (
             "layers [1] are KV-shared and keep no cache (1 reads layer 0): quantize their source layers instead, "
@@ -510,7 +510,7 @@ def test_a_quantized_layer_on_a_cache_with_no_quantized_form_is_refused_naming_t
     assert str(info.value) == (
         "KV plan stuck.json cannot run on this model: layers [1] keep caches with no quantized form "
         "(1: ArraysCache): set them to null (only KVCache and RotatingKVCache layers can be quantized) "
-        "(kv_config.json format: see pytest_mlxgate.levers.kvcache)"
+        "(kv_config.json format: see pytest_mlxgate.serving.kv_plan)"
     )
 
 
@@ -543,7 +543,7 @@ def test_kv_shared_layers_need_the_models_layers_and_are_none_without_them() -> 
     names. A model with that list but no `layers` of its own has no shared layers to name (not an error)."""
     from types import SimpleNamespace
 
-    from pytest_mlxgate.levers.kvcache import shared_kv_sources
+    from pytest_mlxgate.serving.kv_plan import shared_kv_sources
 
     text = SimpleNamespace(previous_kvs=[0, 1, 0, 1])
     assert shared_kv_sources(SimpleNamespace(model=text, layers=[None] * 4), 2) == {2: 0, 3: 1}

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.errors import LeverError, MlxgateUsageError
-from pytest_mlxgate.levers.kvcache import PLAIN, KVSpec
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.levers.parsing import lever_from_marker, lever_from_options
 from pytest_mlxgate.levers.patching import resolve_object
+from pytest_mlxgate.serving.kv_plan import PLAIN, KVSpec
 
 SDPA = "mlx.core.fast.scaled_dot_product_attention"
 REF_SDPA = "pytest_mlxgate.reference_ops:scaled_dot_product_attention"
@@ -538,7 +538,7 @@ def test_to_json_is_json_serializable(tmp_path: Path) -> None:
 def test_importing_levers_imports_no_mlx() -> None:
     """levers.py is imported while pytest collects: it (and kvcache, reference_ops) must stay light."""
     code = (
-        "import sys, pytest_mlxgate.levers.lever, pytest_mlxgate.levers.kvcache, pytest_mlxgate.levers.reference_ops\n"
+        "import sys, pytest_mlxgate.levers.lever, pytest_mlxgate.serving.kv_plan, pytest_mlxgate.levers.reference_ops\n"
         "print(sorted(m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.errors import LeverError, VacuousLeverError
-from pytest_mlxgate.levers.kvcache import PLAIN, parse_kv_value, require_kv_difference
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.levers.naming import source_digest
 from pytest_mlxgate.levers.parsing import check_override_targets, override_applies
+from pytest_mlxgate.serving.kv_plan import PLAIN, parse_kv_value, require_kv_difference
 
 
 @pytest.fixture(scope="module")

@@ -179,8 +179,8 @@ def test_module_imports_only_the_standard_library() -> None:
         import pytest_mlxgate.results.fields, pytest_mlxgate.results.git, pytest_mlxgate.results.history
         import pytest_mlxgate.results.json_report, pytest_mlxgate.results.records, pytest_mlxgate.results.score
         import pytest_mlxgate.results.summary, pytest_mlxgate.common.atomic, pytest_mlxgate.common.format
-        import pytest_mlxgate.results.junit, pytest_mlxgate.results.github, pytest_mlxgate.speed.text
-        import pytest_mlxgate.results.history_cli, pytest_mlxgate.results.merge, pytest_mlxgate.session.shards
+        import pytest_mlxgate.results.junit, pytest_mlxgate.results.github, pytest_mlxgate.results.speed_text
+        import pytest_mlxgate.history_cli, pytest_mlxgate.results.merge, pytest_mlxgate.config.shards
         new = {m.partition(".")[0] for m in set(sys.modules) - before}
         print(sorted(m for m in new if m not in sys.stdlib_module_names and m != "pytest_mlxgate"))
     """)

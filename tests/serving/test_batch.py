@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_mlxgate.levers.kvcache import KVPlan, KVSpec, parse_kv_value
+from pytest_mlxgate.serving.kv_plan import KVPlan, KVSpec, parse_kv_value
 
 PROMPTS = [
     "The capital of France is",

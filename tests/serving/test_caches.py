@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError
-from pytest_mlxgate.levers.kvcache import parse_kv_value
+from pytest_mlxgate.serving.kv_plan import parse_kv_value
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. " * 5,  # longer than the 16-token window

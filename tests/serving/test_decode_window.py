@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_mlxgate.levers.kvcache import KVPlan, parse_kv_value
 from pytest_mlxgate.levers.lever import Lever
+from pytest_mlxgate.serving.kv_plan import KVPlan, parse_kv_value
 
 PROMPT, DECODE = 24, 8
 START = PROMPT + 3  # crossed by the third decode step

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_mlxgate.results.speed_text import load_warning, speed_lines
 from pytest_mlxgate.speed.load import SIBLING_WINDOW_S, CpuSample, load_seen, sample, wait_for_siblings
-from pytest_mlxgate.speed.text import load_warning, speed_lines
 
 
 def test_a_busy_child_process_is_other_load_and_our_own_work_is_not() -> None:
@@ -117,7 +117,7 @@ _SIBLINGS = textwrap.dedent("""
     holder = (
         "import sys\\n"
         "from pathlib import Path\\n"
-        "from pytest_mlxgate.session.watch import Watcher\\n"
+        "from pytest_mlxgate.common.watch import Watcher\\n"
         "from pytest_mlxgate.speed.load import wait_for_siblings\\n"
         "folder = Path(sys.argv[1])\\n"
         "w = Watcher(say=None, interval=5.0, limit_s=None, run_dir=folder, settle=wait_for_siblings)\\n"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from pytest_mlxgate.common.watch import TIMING_LOCK, TIMING_MARK, Watcher
 from pytest_mlxgate.errors import ArmTimeoutError
 from pytest_mlxgate.levers.parsing import lever_from_marker
-from pytest_mlxgate.session.watch import TIMING_LOCK, TIMING_MARK, Watcher
 from pytest_mlxgate.speed.measure import ArmModel, measure_speed
 from pytest_mlxgate.speed.shape import SpeedShape
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from report_records import synthetic_scores
 
-from pytest_mlxgate.kl.divergence import TokenScores
+from pytest_mlxgate.stats.divergence import TokenScores
 from pytest_mlxgate.stats.kl_profile import (
     HISTOGRAM_DECADES,
     HISTOGRAM_PER_DECADE,

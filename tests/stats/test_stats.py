@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.kl.divergence import TokenScores
+from pytest_mlxgate.stats.divergence import TokenScores
 from pytest_mlxgate.stats.intervals import (
     _betainc,
     _resampled_quantiles,

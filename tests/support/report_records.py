@@ -15,13 +15,13 @@ from pytest_mlxgate.capability.assertions import capability_checks
 from pytest_mlxgate.capability.base import Item, ItemResult
 from pytest_mlxgate.capability.result import CapabilityRun
 from pytest_mlxgate.kl.assertions import kl_checks
-from pytest_mlxgate.kl.divergence import TokenScores
 from pytest_mlxgate.results.junit import split_suite_name
 from pytest_mlxgate.results.records import GateRecord, RunInfo, gate_record
 from pytest_mlxgate.results.verdicts import overall_verdict
 from pytest_mlxgate.speed.assertions import speed_checks
 from pytest_mlxgate.speed.result import ContextSpeed, SpeedResult, Trial
 from pytest_mlxgate.speed.shape import SpeedShape
+from pytest_mlxgate.stats.divergence import TokenScores
 from pytest_mlxgate.stats.kl_profile import kl_profile
 from pytest_mlxgate.stats.kl_stats import summarize
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_mlxgate.session.shards import (
+from pytest_mlxgate.config.shards import (
     Shard,
     module_durations,
     module_of,
@@ -85,7 +85,7 @@ def test_balancing_spreads_recorded_durations_where_the_node_id_split_would_not(
 
 _PLAN_IN_A_SUBPROCESS = """
 import json, sys
-from pytest_mlxgate.session.shards import plan_shards
+from pytest_mlxgate.config.shards import plan_shards
 case = json.loads(sys.stdin.read())
 plan = plan_shards(set(case["modules"]), case["durations"], case["count"])
 print(json.dumps({"assignment": sorted(plan.assignment.items()), "digest": plan.digest}))

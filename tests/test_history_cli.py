@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.cli import main
+from pytest_mlxgate.history_cli import CliError, match_gates, resolve_run
 from pytest_mlxgate.results.history import ResultsDB
-from pytest_mlxgate.results.history_cli import CliError, match_gates, resolve_run
 from pytest_mlxgate.results.json_report import REPORT_VERSION
 from pytest_mlxgate.results.records import RunInfo
 from pytest_mlxgate.results.summary import summary_lines

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_mlxgate.common.watch import TIMING_MARK, Watcher, progress_interval
 from pytest_mlxgate.errors import ArmTimeoutError, GateRunError
-from pytest_mlxgate.session.watch import TIMING_MARK, Watcher, progress_interval
 
 
 class Clock:
@@ -124,7 +124,7 @@ def test_a_stale_trial_mark_is_cleared_at_the_next_look(tmp_path: Path) -> None:
 _PROCESS = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from pytest_mlxgate.session.watch import Watcher
+    from pytest_mlxgate.common.watch import Watcher
 
     role, folder = sys.argv[1], Path(sys.argv[2])
     log = folder / "log.txt"

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..kl.prompts import default_prompts
+from .prompts import default_prompts
 
 __all__ = [
     "SAMPLE_SEQUENCES",

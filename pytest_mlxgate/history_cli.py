@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..common.format import DASH, percent_distinct
-from .model import Ratio, Record, StoredRow, nodeid_of, parse_record, parse_row, run_facts
-from .records import GateRecord, RunInfo
+from .common.format import DASH, percent_distinct
+from .results.model import Ratio, Record, StoredRow, nodeid_of, parse_record, parse_row, run_facts
+from .results.records import GateRecord, RunInfo
 
 __all__ = [
     "COMMANDS",
@@ -68,13 +68,13 @@ class Source:
 def _db_path(given: Path | None) -> Path:
     if given is not None:
         return given
-    from ..config.settings import default_db, find_rootdir
+    from .config.settings import default_db, find_rootdir
 
     return default_db(find_rootdir(Path.cwd()))
 
 
 def _open_db(given: Path | None) -> Any:
-    from .history import ResultsDB, ResultsDBError
+    from .results.history import ResultsDB, ResultsDBError
 
     path = _db_path(given)
     if not path.is_file():
@@ -126,14 +126,14 @@ def _looks_like_report(spec: str) -> bool:
 def load_source(spec: str, db: Path | None) -> Source:
     """A run from the DB (id, prefix, latest, latest~N) or from a JSON report's path."""
     if _looks_like_report(spec):
-        from .merge import MergeError, read_report
+        from .results.merge import MergeError, read_report
 
         try:
             report = read_report(Path(spec))
         except MergeError as e:
             raise CliError(str(e)) from None
         return Source(spec, report.run, report.gates, report.calibrations)
-    from .history import record_of, run_of
+    from .results.history import record_of, run_of
 
     results = _open_db(db)
     entry = resolve_run(results.runs(), spec)
@@ -429,7 +429,7 @@ def _width() -> int:
 
 
 def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord]) -> list[str]:
-    from .summary import summary_lines
+    from .results.summary import summary_lines
 
     facts = run_facts(run)
     head = (
@@ -440,7 +440,7 @@ def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord])
         + (f" · from {source.label}" if source is not None else "")
     )
     if facts.interrupted is not None:
-        from .summary import interrupted_line
+        from .results.summary import interrupted_line
 
         head += " · " + interrupted_line(facts.interrupted)
     return [head, *summary_lines(records, width=_width())] if records else [head, "(no gate records)"]
@@ -455,7 +455,7 @@ def _write_outputs(
 ) -> list[str]:
     """--json, --html: written atomically; returns the lines saying where. `history` gives the HTML
     report's sparklines (called only for it)."""
-    from .json_report import write_json_report
+    from .results.json_report import write_json_report
 
     said = []
     if args.json is not None:
@@ -466,7 +466,7 @@ def _write_outputs(
         said.append(f"mlxgate: JSON report → {args.json}")
     if args.html is not None:
         try:
-            from .html_report import write_html_report
+            from .results.html_report import write_html_report
         except ImportError:  # pragma: no cover - a build without the renderer
             raise CliError(
                 "this pytest-mlxgate has no HTML report renderer: leave out --html; --json writes the JSON report"
@@ -489,8 +489,8 @@ def _history_until(
     """Each gate's rows in the DB (--db, else the default) for the HTML report's sparklines: up to run
     `until` and including it where the DB has it (a report rendered again shows the history as it stood
     then), else the latest rows; None without a DB."""
-    from .history import ResultsDB, ResultsDBError
-    from .html_report import HISTORY_RUNS
+    from .results.history import ResultsDB, ResultsDBError
+    from .results.html_report import HISTORY_RUNS
 
     path = _db_path(db)
     if not path.is_file():
@@ -523,7 +523,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .merge import MergeError, merge_reports, read_report
+    from .results.merge import MergeError, merge_reports, read_report
 
     try:
         merged = merge_reports([read_report(p) for p in args.reports])
@@ -541,7 +541,7 @@ def _merge(args: argparse.Namespace) -> int:
 
     for line in _write_outputs(args, merged.run, merged.records, merged.calibrations, history):
         print(line)
-    from .verdicts import is_failing
+    from .results.verdicts import is_failing
 
     policy = run_facts(merged.run).inconclusive_policy
     failed = [
@@ -557,7 +557,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _append(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> str:
-    from .history import ResultsDB, ResultsDBError
+    from .results.history import ResultsDB, ResultsDBError
 
     try:
         results = ResultsDB(path)

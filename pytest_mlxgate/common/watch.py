@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..common.format import format_clock, format_duration
 from ..errors import ArmTimeoutError
+from .format import format_clock, format_duration
 
 __all__ = ["TIMING_LOCK", "TIMING_MARK", "ArmWatch", "Watcher", "progress_interval"]
 

@@ -154,7 +154,7 @@ class KVPlan:
         Every loop that serves a plan calls it: the project's own, and mlx_lm's `stream_generate`."""
         from mlx_lm.models.cache import make_prompt_cache
 
-        from ..serving.caches import kv_head_dims
+        from .caches import kv_head_dims
 
         cache = make_prompt_cache(model)
         shared = shared_kv_sources(model, len(cache))
@@ -166,7 +166,7 @@ class KVPlan:
         a `SharedKVReader` in each of their slots, so they read a quantized source correctly."""
         from mlx_lm.models.cache import make_prompt_cache
 
-        from ..serving.caches import SharedKVReader
+        from .caches import SharedKVReader
 
         self.check_against(model)
         cache: list[Any] = make_prompt_cache(model)
@@ -191,7 +191,7 @@ class KVPlan:
         """
         if self.is_plain:
             return
-        from ..serving.caches import attention_type, fake_quantize_cache, quantize_cache, quantized_form
+        from .caches import attention_type, fake_quantize_cache, quantize_cache, quantized_form
 
         convert = fake_quantize_cache if self.fake else quantize_cache
         for i, c in enumerate(cache):
@@ -243,7 +243,7 @@ class KVPlan:
         an attention type the model has none of, a group size a layer's head dimension (`head_dims`,
         `serving.caches.kv_head_dims`) is no multiple of (mx.quantize would refuse it from inside
         mlx_lm, mid-run). The message names the layers and their caches."""
-        from ..serving.caches import attention_type, quantized_form
+        from .caches import attention_type, quantized_form
 
         self.check_model(n_layers)
         problems: list[str] = []
@@ -275,12 +275,12 @@ class KVPlan:
             raise LeverError(
                 f"KV plan {self.source} cannot run on this model: "
                 + "; ".join(problems)
-                + " (kv_config.json format: see pytest_mlxgate.levers.kvcache)"
+                + " (kv_config.json format: see pytest_mlxgate.serving.kv_plan)"
             )
 
     def _group_misfits(self, cache: list[Any], head_dims: Mapping[int, tuple[int, ...]]) -> list[str]:
         """One problem per (head dimensions, group size) that does not divide, naming its layers."""
-        from ..serving.caches import attention_type
+        from .caches import attention_type
 
         misfit: dict[tuple[tuple[int, ...], int], list[int]] = {}
         for i, dims in sorted(head_dims.items()):
@@ -308,7 +308,7 @@ class KVPlan:
         position p reads quantized K/V when start <= p): what the plan changes on sequences that long."""
         from mlx_lm.models.cache import make_prompt_cache
 
-        from ..serving.caches import attention_type, quantized_form
+        from .caches import attention_type, quantized_form
 
         out: dict[int, str] = {}
         for i, c in enumerate(make_prompt_cache(model)):
@@ -469,7 +469,7 @@ def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
         config = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise LeverError(
-            f"{where} is not valid JSON ({e}); fix the file (format: see pytest_mlxgate.levers.kvcache)"
+            f"{where} is not valid JSON ({e}); fix the file (format: see pytest_mlxgate.serving.kv_plan)"
         ) from None
     if not isinstance(config, dict):
         raise LeverError(f"{where} must hold a JSON object with 'default', 'quantized_kv_start', 'layers'")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate.models.untrained import mean_nll, untrained_reason, untrained_reason_for_prompts
+from pytest_mlxgate.kl.untrained import mean_nll, untrained_reason, untrained_reason_for_prompts
 
 
 def test_a_trained_model_is_far_below_a_uniform_guess() -> None:
@@ -45,7 +45,7 @@ def test_the_check_runs_once_per_model_and_sample_in_a_process(
     of them; another sample, or another model object (a quantized copy), is asked afresh."""
     import mlx_lm
 
-    from pytest_mlxgate.models import untrained
+    from pytest_mlxgate.kl import untrained
 
     calls = []
     real = untrained.mean_nll
