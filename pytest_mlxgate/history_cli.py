@@ -18,12 +18,18 @@ import argparse
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common.format import DASH, percent_distinct
-from .results.model import Ratio, Record, StoredRow, nodeid_of, parse_record, parse_row, run_facts
+from .results.history_text import (
+    Source,
+    commit_text,
+    compare_lines,
+    history_lines,
+    short_run_id,
+    when_text,
+)
+from .results.model import nodeid_of, parse_record, run_facts
 from .results.records import GateRecord, RunInfo
 
 __all__ = [
@@ -32,12 +38,7 @@ __all__ = [
     "EXIT_FOUND",
     "EXIT_OK",
     "EXIT_USAGE",
-    "Source",
     "add_parsers",
-    "compare_lines",
-    "history_lines",
-    "KeyFigures",
-    "key_figures",
     "main",
     "match_gates",
     "resolve_run",
@@ -53,16 +54,6 @@ class CliError(Exception):
 
 
 # --- where results come from -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Source:
-    """One run's results: from the DB or from a JSON report."""
-
-    label: str  # the report's path, or "results DB"
-    run: RunInfo
-    records: list[GateRecord]
-    calibrations: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _db_path(given: Path | None) -> Path:
@@ -89,10 +80,6 @@ def _open_db(given: Path | None) -> Any:
         raise CliError(str(e)) from None
 
 
-def _short(run_id: str) -> str:
-    return run_id[:8]
-
-
 def resolve_run(runs: Sequence[Mapping[str, Any]], spec: str) -> Mapping[str, Any]:
     """The run `spec` names among `runs` (oldest first): `latest`, `latest~N`, or a run id prefix."""
     if not runs:
@@ -109,12 +96,12 @@ def resolve_run(runs: Sequence[Mapping[str, Any]], spec: str) -> Mapping[str, An
     found = [r for r in runs if str(r["run_id"]).lower().startswith(text)] if text else []
     if len(found) == 1:
         return found[0]
-    recent = ", ".join(f"{_short(str(r['run_id']))} ({r['started']})" for r in list(runs)[-5:][::-1])
+    recent = ", ".join(f"{short_run_id(str(r['run_id']))} ({r['started']})" for r in list(runs)[-5:][::-1])
     if not found:
         raise CliError(f"no run '{spec}' in the results history; the latest: {recent} (mlxgate history lists them)")
     raise CliError(
         f"'{spec}' starts {len(found)} run ids: "
-        + ", ".join(_short(str(r["run_id"])) for r in found)
+        + ", ".join(short_run_id(str(r["run_id"])) for r in found)
         + "; give more of it"
     )
 
@@ -145,95 +132,6 @@ def load_source(spec: str, db: Path | None) -> Source:
 # --- the figures a line shows ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class KeyFigures:
-    """What history and compare show of a record."""
-
-    verdict: str
-    kl: tuple[float | None, float | None, float | None]  # mean KL, its interval's ends
-    top1: tuple[float | None, float | None]  # top-1 agreement, its lower end
-    tasks: dict[str, tuple[float | None, float | None]]  # capability per task (and "score"): reference, candidate
-    decode: tuple[float | None, float | None, float | None]  # ratios at the longest context, with their intervals
-    prefill: tuple[float | None, float | None, float | None]
-    kv: float | None
-    context: int | None  # the longest context (tokens)
-
-
-def key_figures(record: Record) -> KeyFigures:
-    """What history and compare show of a record: verdict, mean KL with its interval, top-1 with its lower
-    bound, capability per task (reference and candidate), decode/prefill/KV ratios at the longest context."""
-    stats = record.stats
-    ctx = record.speed.longest if record.speed is not None else None
-    tasks = {name: (record.tasks[name].ref_score, record.tasks[name].cand_score) for name in sorted(record.tasks)}
-    if record.capability_score is not None:
-        tasks["score"] = (record.capability_score.reference, record.capability_score.candidate)
-    return KeyFigures(
-        verdict=record.verdict or DASH,
-        kl=(stats.mean, stats.mean_ci.lower, stats.mean_ci.upper),
-        top1=stats.agreement,
-        tasks=tasks,
-        decode=_ratio(ctx.decode if ctx else None),
-        prefill=_ratio(ctx.prefill if ctx else None),
-        kv=ctx.kv_ratio if ctx else None,
-        context=ctx.length if ctx else None,
-    )
-
-
-def _ratio(estimate: Ratio | None) -> tuple[float | None, float | None, float | None]:
-    e = estimate or Ratio()
-    return e.ratio, e.ci.lower, e.ci.upper
-
-
-def _kl(x: float | None) -> str:
-    return DASH if x is None else "0" if x == 0 else f"{x:.1e}"
-
-
-def _pct(x: float | None) -> str:
-    return DASH if x is None else percent_distinct(x)
-
-
-def _times(x: float | None, digits: int = 2) -> str:
-    return DASH if x is None else f"×{x:.{digits}f}"
-
-
-def _kl_interval(kl: tuple[float | None, float | None, float | None]) -> str:
-    mean, lo, hi = kl
-    if mean is None:
-        return DASH
-    return f"{_kl(mean)} [{_kl(lo)}, {_kl(hi)}]" if lo is not None or hi is not None else _kl(mean)
-
-
-def _ratio_interval(r: tuple[float | None, float | None, float | None]) -> str:
-    value, lo, hi = r
-    if value is None:
-        return DASH
-    return f"×{value:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else f"×{value:.2f}"
-
-
-def _task_pair(pair: tuple[float | None, float | None]) -> str:
-    return f"{_pct(pair[0])} → {_pct(pair[1])}"
-
-
-def _commit(run: StoredRow | RunInfo) -> str:
-    commit, dirty = run.code_commit, run.code_dirty
-    return (str(commit)[:7] if commit else "no git") + ("+" if dirty else "")
-
-
-def _when(iso: Any) -> str:
-    text = str(iso or "")
-    return text.replace("T", " ").removesuffix("Z")[:16] if text else DASH
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Aligned columns; a column no row fills is left out."""
-    keep = [i for i in range(len(header)) if i < 4 or any(row[i] != DASH for row in rows)]
-    widths = [max(len(header[i]), *(len(row[i]) for row in rows)) for i in keep]
-    return [
-        (indent + "  ".join(cells[i].ljust(w) for i, w in zip(keep, widths, strict=True))).rstrip()
-        for cells in [header, *rows]
-    ]
-
-
 # --- history ---------------------------------------------------------------------------------------
 
 
@@ -252,52 +150,6 @@ def match_gates(nodeids: Sequence[str], pattern: str, names: Mapping[str, str] |
         ):
             out.append(nodeid)
     return out
-
-
-def history_lines(rows: Sequence[Mapping[str, Any]], *, last: int | None) -> list[str]:
-    """Per gate (node id order), its last `last` runs oldest first: when, run, commit and its key figures."""
-    by_gate: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        by_gate.setdefault(str(row["nodeid"]), []).append(row)
-    lines: list[str] = []
-    header = (
-        "when (UTC)",
-        "run",
-        "commit",
-        "verdict",
-        "mean KL [95% interval]",
-        "top-1 (lower)",
-        "capability ref → cand",
-        "decode",
-        "KV",
-    )
-    for nodeid in sorted(by_gate):
-        entries = by_gate[nodeid][-last:] if last else by_gate[nodeid]
-        table = []
-        for stored in (parse_row(row) for row in entries):
-            f = key_figures(stored.record or parse_record({}))
-            top1, top1_lo = f.top1
-            table.append(
-                (
-                    _when(stored.time),
-                    _short(str(stored.run_id)),
-                    _commit(stored),
-                    f.verdict,
-                    _kl_interval(f.kl),
-                    DASH if top1 is None else f"{_pct(top1)} ({_pct(top1_lo)})",
-                    ", ".join(f"{t} {_task_pair(p)}" for t, p in f.tasks.items()) or DASH,
-                    _ratio_interval(f.decode),
-                    _times(f.kv, 3),
-                )
-            )
-        shown = (
-            f"last {len(entries)} of {len(by_gate[nodeid])} runs"
-            if len(entries) < len(by_gate[nodeid])
-            else (f"{len(entries)} run{'s' if len(entries) != 1 else ''}")
-        )
-        lines.append(f"{nodeid}  ({shown})")
-        lines.extend(_table(header, table))
-    return lines
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -327,92 +179,6 @@ def _history(args: argparse.Namespace) -> int:
 # --- compare ---------------------------------------------------------------------------------------
 
 
-def _delta(a: float | None, b: float | None, fmt: Callable[[float], str]) -> str:
-    return "" if a is None or b is None else f"   Δ {fmt(b - a)}"
-
-
-def _gate_change(a: Record, b: Record) -> list[str]:
-    fa, fb = key_figures(a), key_figures(b)
-    out: list[tuple[str, str]] = []
-    ka, kb = fa.kl[0], fb.kl[0]
-    if ka is not None or kb is not None:
-        times = f" (×{kb / ka:.3g})" if ka and kb is not None else ""
-        out.append(
-            (
-                "mean KL",
-                f"{_kl_interval(fa.kl)} → {_kl_interval(fb.kl)}"
-                + _delta(ka, kb, lambda d: "0" if d == 0 else f"{d:+.1e}")
-                + times,
-            )
-        )
-    if fa.top1[0] is not None or fb.top1[0] is not None:
-        out.append(
-            (
-                "top-1",
-                f"{_pct(fa.top1[0])} → {_pct(fb.top1[0])}"
-                + _delta(fa.top1[0], fb.top1[0], lambda d: f"{100 * d:+.1f} points"),
-            )
-        )
-    for task in sorted(set(fa.tasks) | set(fb.tasks)):
-        pa, pb = fa.tasks.get(task, (None, None)), fb.tasks.get(task, (None, None))
-        da = pa[1] - pa[0] if pa[0] is not None and pa[1] is not None else None
-        db = pb[1] - pb[0] if pb[0] is not None and pb[1] is not None else None
-        out.append(
-            (
-                task,
-                f"ref → cand {_task_pair(pa)} vs {_task_pair(pb)}"
-                + _delta(da, db, lambda d: f"cand − ref {100 * d:+.1f} points"),
-            )
-        )
-    for name, ra, rb in (("decode", fa.decode, fb.decode), ("prefill", fa.prefill, fb.prefill)):
-        if ra[0] is not None or rb[0] is not None:
-            out.append(
-                (name, f"{_ratio_interval(ra)} → {_ratio_interval(rb)}" + _delta(ra[0], rb[0], "{:+.2f}".format))
-            )
-    if fa.kv is not None or fb.kv is not None:
-        out.append(("KV", f"{_times(fa.kv, 3)} → {_times(fb.kv, 3)}" + _delta(fa.kv, fb.kv, "{:+.3f}".format)))
-    width = max((len(name) for name, _ in out), default=0)
-    return [f"  {name.ljust(width)}  {text}" for name, text in out]
-
-
-def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
-    """The change from run A to run B per gate; and the regressions (gates that went from pass to fail)."""
-    ra = {r.nodeid: r for r in (parse_record(r) for r in a.records)}
-    rb = {r.nodeid: r for r in (parse_record(r) for r in b.records)}
-    lines = [
-        f"{side}: run {_short(s.run.run_id)}  started {_when(s.run.started)}  commit {_commit(s.run)}  "
-        f"{len(s.records)} gates  ({s.label})"
-        for side, s in (("A", a), ("B", b))
-    ]
-    regressions: list[str] = []
-    changed = 0
-    for nodeid in sorted(set(ra) & set(rb)):
-        va, vb = str(ra[nodeid].verdict), str(rb[nodeid].verdict)
-        verdict = va if va == vb else f"{va} → {vb}"
-        if va != vb:
-            changed += 1
-        if va == "pass" and vb in ("fail", "error"):
-            regressions.append(nodeid)
-            verdict += "  REGRESSION"
-        lines.append(f"{nodeid}  {verdict}")
-        lines.extend(_gate_change(ra[nodeid], rb[nodeid]))
-    for side, only in (("A", sorted(set(ra) - set(rb))), ("B", sorted(set(rb) - set(ra)))):
-        if only:
-            lines.append(
-                f"only in {side}: " + ", ".join(f"{n} ({(ra if side == 'A' else rb)[n].verdict})" for n in only)
-            )
-    both = len(set(ra) & set(rb))
-    lines.append(
-        f"{both} gate(s) in both runs, {changed} changed verdict; "
-        + (
-            f"{len(regressions)} regression(s) (pass → fail or error): {', '.join(regressions)}"
-            if regressions
-            else "no regression (pass → fail or error)"
-        )
-    )
-    return lines, regressions
-
-
 def _compare(args: argparse.Namespace) -> int:
     a, b = load_source(args.run_a, args.db), load_source(args.run_b, args.db)
     lines, regressions = compare_lines(a, b)
@@ -433,7 +199,7 @@ def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord])
 
     facts = run_facts(run)
     head = (
-        f"mlxgate run {_short(run.run_id)} · started {_when(run.started)} · commit {_commit(run)} · "
+        f"mlxgate run {short_run_id(run.run_id)} · started {when_text(run.started)} · commit {commit_text(run)} · "
         f"{len(records)} gate record(s)"
         + (f" · shard {facts.shard.name}" if facts.shard else "")
         + (f" · merged from {facts.merged_from} reports" if facts.merged_from is not None else "")
@@ -562,11 +328,11 @@ def _append(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> str:
     try:
         results = ResultsDB(path)
         if any(r["run_id"] == run.run_id for r in results.runs()):
-            return f"mlxgate: run {_short(run.run_id)} is already in {path} (these reports were merged before)"
+            return f"mlxgate: run {short_run_id(run.run_id)} is already in {path} (these reports were merged before)"
         rows = results.append(run, records)
     except (OSError, ResultsDBError) as e:
         raise _Failed(f"results DB {path} not written: {e}") from None
-    return f"mlxgate: {rows} row(s) → {path} (quality_runs), run {_short(run.run_id)}"
+    return f"mlxgate: {rows} row(s) → {path} (quality_runs), run {short_run_id(run.run_id)}"
 
 
 # --- the parsers -----------------------------------------------------------------------------------

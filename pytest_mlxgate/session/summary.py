@@ -28,7 +28,7 @@ class TerminalSummary:
             terminalreporter.write_line(f"mlxgate: rank {self.process.rank}: the summary and reports are rank 0's")
             return
         if done.calibrations:
-            from ..verdicts.calibration import calibration_lines
+            from ..verdicts.calibration_text import calibration_lines
 
             terminalreporter.section("mlxgate calibration")
             for calibration in done.calibrations:

@@ -25,11 +25,11 @@ from pytest_mlxgate.verdicts.calibration import (
     QUALITY_BOUNDS,
     accept_broken_reason,
     beyond_quality_bounds,
-    calibration_lines,
     known_bad_step,
     nice_ceil,
     suggest_limits,
 )
+from pytest_mlxgate.verdicts.calibration_text import calibration_lines
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mlxgate.history_cli import Source, compare_lines
 from pytest_mlxgate.results.github import gate_line
 from pytest_mlxgate.results.history import ResultsDB
+from pytest_mlxgate.results.history_text import Source, compare_lines
 from pytest_mlxgate.results.html_report import html_report
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.junit import junit_properties

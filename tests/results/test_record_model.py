@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.cli import main
-from pytest_mlxgate.history_cli import Source, compare_lines
 from pytest_mlxgate.results import history
 from pytest_mlxgate.results.github import gate_line, step_summary
 from pytest_mlxgate.results.history import ResultsDB
+from pytest_mlxgate.results.history_text import Source, compare_lines
 from pytest_mlxgate.results.html_report import html_report
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.junit import junit_properties
