@@ -34,11 +34,11 @@ from .calibration_file import (
     known_bad_verdict,
     machine_versions,
     module_findings,
-    serving_code,
     unusable,
     write_calibration,
 )
 from .known_bad import is_whole_lever, known_bad_paired, known_bad_shown
+from .serving_code import serving_code
 
 __all__ = ["calibration_document", "check_before_aa", "keep_calibration"]
 

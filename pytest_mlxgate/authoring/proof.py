@@ -41,8 +41,9 @@ from ..session.paired import Paired
 from ..session.phases import PhaseClock
 from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR
 from ..verdicts.conclude import Conclusion
-from .calibration_file import calibration_model, calibration_path, read_calibration, serving_code
+from .calibration_file import calibration_model, calibration_path, read_calibration
 from .known_bad import is_whole_lever, known_bad_lever, known_bad_paired, known_bad_shown
+from .serving_code import serving_code
 
 __all__ = ["PROOF_FORMAT", "LimitsProof", "Proof", "covering_file", "inside_floor", "limits_proof"]
 

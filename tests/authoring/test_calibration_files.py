@@ -30,10 +30,9 @@ from pytest_mlxgate.authoring.calibration_file import (
     module_findings,
     read_calibration,
     render,
-    serving_code,
-    source_digest,
     write_calibration,
 )
+from pytest_mlxgate.authoring.serving_code import serving_code, source_digest
 from pytest_mlxgate.errors import StaleCalibrationWarning
 from pytest_mlxgate.verdicts.calibration import (
     CHECK_ROOM,
