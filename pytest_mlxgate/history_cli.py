@@ -256,7 +256,7 @@ def _history_until(
     `until` and including it where the DB has it (a report rendered again shows the history as it stood
     then), else the latest rows; None without a DB."""
     from .results.history import ResultsDB, ResultsDBError
-    from .results.html_report import HISTORY_RUNS
+    from .results.html_parts import HISTORY_RUNS
 
     path = _db_path(db)
     if not path.is_file():
