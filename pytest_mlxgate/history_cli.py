@@ -29,8 +29,9 @@ from .results.history_text import (
     short_run_id,
     when_text,
 )
-from .results.model import nodeid_of, parse_record, run_facts
+from .results.model import nodeid_of, parse_record
 from .results.records import GateRecord, RunInfo
+from .results.runs import run_facts
 
 __all__ = [
     "COMMANDS",

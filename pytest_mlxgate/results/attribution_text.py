@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .model import Attribution, LayerError, parse_attribution
+from .record_kl import Attribution, LayerError, parse_attribution
 
 __all__ = ["attribution_lines", "entry_step", "top_line"]
 

@@ -10,10 +10,24 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
-__all__ = ["dumps", "jsonable", "integer", "nodeid_of", "number", "real", "text"]
+__all__ = [
+    "Interval",
+    "dumps",
+    "integer",
+    "interval",
+    "ints",
+    "jsonable",
+    "mapping",
+    "nodeid_of",
+    "number",
+    "real",
+    "reals",
+    "sequence",
+    "text",
+]
 
 
 def real(value: Any) -> float | None:
@@ -68,3 +82,32 @@ def jsonable(value: Any) -> Any:
 
 def dumps(value: Any, *, indent: int | None = None) -> str:
     return json.dumps(jsonable(value), allow_nan=False, ensure_ascii=False, indent=indent)
+
+
+class Interval(NamedTuple):
+    """The two ends of an interval, in the figure's own units; None where there is no such end."""
+
+    lower: float | None = None
+    upper: float | None = None
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def sequence(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, (list, tuple)) else ()
+
+
+def interval(value: Any) -> Interval:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return Interval(real(value[0]), real(value[1]))
+    return Interval()
+
+
+def ints(value: Any) -> tuple[int | None, ...]:
+    return tuple(integer(v) for v in sequence(value))
+
+
+def reals(value: Any) -> tuple[float | None, ...]:
+    return tuple(real(v) for v in sequence(value))

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..common.format import DASH
-from .model import CapabilityScore, CheckResult, Record, parse_record
+from .model import Record, parse_record
+from .record_capability import CapabilityScore
+from .record_checks import CheckResult
 from .records import GateRecord
 from .summary import format_limit, format_value, limits_text, n_parts, speed_parts
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .fields import dumps
 
 if TYPE_CHECKING:
-    from .model import SpeedContext
+    from .record_speed import SpeedContext
     from .records import GateRecord, RunInfo
 
 __all__ = [
@@ -164,7 +164,7 @@ def _speed_values(ctx: SpeedContext | None) -> dict[str, Any]:
     """The speed columns: the longest measured context's figures (None without one)."""
     if ctx is None:
         return {name: None for name, _ in _SPEED_COLUMNS}
-    from .model import Ratio
+    from .record_speed import Ratio
 
     decode = ctx.decode or Ratio()
     return {
@@ -430,20 +430,20 @@ def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[GateRecord]]
 
 
 def _queued_run(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:
-    from .model import pending_entry
+    from .runs import pending_entry
 
     return pending_entry(raw)
 
 
 def run_of(row: Mapping[str, Any]) -> RunInfo:
     """The run a stored row belongs to, whole: every field of RunInfo is kept (columns and config_json)."""
-    from .model import row_run
+    from .runs import row_run
 
     return row_run(row)
 
 
 def record_of(row: Mapping[str, Any]) -> GateRecord | None:
     """The record a row stores whole (record_json), as written; None where it cannot be read."""
-    from .model import stored_record
+    from .runs import stored_record
 
     return stored_record(row)

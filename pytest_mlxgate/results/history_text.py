@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.format import DASH, percent_distinct
-from .model import Ratio, Record, StoredRow, parse_record, parse_row
+from .model import Record, parse_record
+from .record_speed import Ratio
 from .records import GateRecord, RunInfo
+from .runs import StoredRow, parse_row
 
 __all__ = [
     "KeyFigures",

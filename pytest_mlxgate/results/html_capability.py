@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from ..common.format import DASH, clip, percent
 from .html_parts import MAX_FLIPPED_SHOWN, MAX_POINTS, NOT_RECORDED, TEXT_CHARS, figure, verdict_badge
-from .model import Interval, Record, Task
+from .model import Interval, Record
+from .record_capability import Task
 from .svg import Figure, esc, message
 
 

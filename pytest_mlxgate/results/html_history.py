@@ -7,7 +7,8 @@ from typing import Any
 
 from ..common.format import DASH
 from .html_parts import HISTORY_RUNS, figure, limits_of
-from .model import Record, RunFacts, StoredRow, parse_row
+from .model import Record
+from .runs import RunFacts, StoredRow, parse_row
 from .svg import esc, message, sparkline
 
 

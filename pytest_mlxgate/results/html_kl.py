@@ -9,7 +9,8 @@ from collections.abc import Iterable, Sequence
 from ..common.format import DASH, clip
 from .attribution_text import attribution_lines
 from .html_parts import MAX_POINTS, NOT_RECORDED, TEXT_CHARS, figure, limits_of
-from .model import Attribution, Histogram, Interval, PositionProfile, PromptMeans, Record, Stats, WorstContext
+from .model import Interval, Record
+from .record_kl import Attribution, Histogram, PositionProfile, PromptMeans, Stats, WorstContext
 from .summary import format_value
 from .svg import Figure, esc, message
 

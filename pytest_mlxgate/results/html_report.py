@@ -26,7 +26,9 @@ from .html_history import history_section
 from .html_kl import attribution_sections, kl_sections
 from .html_parts import HISTORY_RUNS, verdict_badge
 from .html_speed import speed_sections
-from .model import CapabilityScore, Interval, Record, RunFacts, parse_record, run_facts
+from .model import Interval, Record, parse_record
+from .record_capability import CapabilityScore
+from .runs import RunFacts, run_facts
 from .summary import LIMITS_NOT_SHOWN, format_limit, format_value, n_parts
 from .svg import esc
 

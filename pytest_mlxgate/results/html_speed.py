@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from ..common.format import DASH, format_bytes, format_duration
 from .html_parts import MAX_POINTS, figure
-from .model import Ratio, Record, Speed, SpeedArm, SpeedContext
+from .model import Record
+from .record_speed import Ratio, Speed, SpeedArm, SpeedContext
 from .svg import Figure, esc, message
 
 

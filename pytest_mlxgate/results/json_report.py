@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
 from .fields import dumps
-from .model import calibration_module, parse_record, run_facts
+from .model import parse_record
+from .runs import calibration_module, run_facts
 
 if TYPE_CHECKING:
     from .records import GateRecord, RunInfo

@@ -24,7 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from .fields import dumps, jsonable
-from .model import CapabilityScore, CheckResult, Interval, LimitsFrom, Record, Speed, parse_record
+from .model import Interval, LimitsFrom, Record, parse_record
+from .record_capability import CapabilityScore
+from .record_checks import CheckResult
+from .record_speed import Speed
 from .records import RECORD_PROPERTY, GateRecord
 
 __all__ = ["PREFIX", "junit_properties", "property_text", "record_json", "split_suite_name", "suite_properties"]

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import CheckResult, Record, RunFacts, Shard, nodeid_of, parse_record, report_contents, run_facts
+from .model import Record, nodeid_of, parse_record
+from .record_checks import CheckResult
 from .records import GateRecord, RunInfo, error_record
+from .runs import RunFacts, Shard, report_contents, run_facts
 from .score import SCORE_NODEID
 from .tasks import TASK_NAMES
 from .verdicts import RECORD_VERDICTS, bounds_verdict, verdict_rank

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .model import Task, parse_record
+from .model import parse_record
+from .record_capability import Task
 from .records import GateRecord, gate_record
 
 __all__ = ["SCORE_NODEID", "capability_score", "score_record"]

@@ -11,8 +11,12 @@ from typing import Any
 from ..common.format import DASH, clip, format_duration, percent, percent_distinct
 from .attribution_text import top_line
 from .fields import number
-from .model import CapabilityScore, CheckResult, Interrupted, Record, Stats, interrupted_of, parse_record
+from .model import Record, parse_record
+from .record_capability import CapabilityScore
+from .record_checks import CheckResult
+from .record_kl import Stats
 from .records import GateRecord
+from .runs import Interrupted, interrupted_of
 
 __all__ = [
     "LIMITS_NOT_SHOWN",

@@ -19,8 +19,9 @@ from pytest_mlxgate.results.history import ResultsDB
 from pytest_mlxgate.results.html_report import html_report
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.junit import junit_properties
-from pytest_mlxgate.results.model import parse_record, parse_row
+from pytest_mlxgate.results.model import parse_record
 from pytest_mlxgate.results.records import gate_record
+from pytest_mlxgate.results.runs import parse_row
 from pytest_mlxgate.results.summary import summary_lines
 from pytest_mlxgate.results.verdicts import overall_verdict
 
