@@ -16,12 +16,13 @@ __all__ = ["PACKAGE", "SERVING_CODE", "assigned_name", "code_digests", "serving_
 PACKAGE = Path(__file__).resolve().parents[1]
 #: The package code that changes what a calibration measured (paths under pytest_mlxgate/; `FILE::NAME`
 #: is one top-level definition of a file whose rest does not): the arms' logits and the serving loop
-#: (kl/arms.py, serving/), how each lever changes an arm (levers/: patching, KV plans, weights
-#: quantization, the plain-ops kernels), which token ids are scored (kl/prompts.py and its default
-#: set, kl/shape.py's step sizes), the per-token KL (stats/divergence.py), the arms and the A/A variant
-#: (kl/measure.py's measure_kl, _aa, aa_chunk) and its floors (kl/result.py's aa_floors), the
-#: intervals the limits compare (stats/intervals.py, stats/kl_stats.py) and the speed and memory
-#: trials (speed/). Not the assertions, reports or records: they read the numbers, they do not make them.
+#: (kl/arms.py, serving/), how each lever changes an arm (levers/: patching, weights quantization, the
+#: plain-ops kernels; serving/kv_plan.py: KV plans), which token ids are scored (kl/prompts.py and its
+#: default set, kl/shape.py's step sizes), the per-token KL (stats/divergence.py, its blocks and threads
+#: in stats/row_blocks.py), the arms and the A/A variant (kl/measure.py's measure_kl, _aa, aa_chunk) and
+#: its floors (kl/result.py's aa_floors), the intervals the limits compare (stats/intervals.py,
+#: stats/kl_stats.py) and the speed and memory trials (speed/). Not the assertions, reports or records:
+#: they read the numbers, they do not make them.
 SERVING_CODE = (
     "kl/arms.py",
     "stats/divergence.py",
@@ -41,6 +42,7 @@ SERVING_CODE = (
     "levers/weights.py",
     "stats/intervals.py",
     "stats/kl_stats.py",
+    "stats/row_blocks.py",
     "speed/measure.py",
     "speed/shape.py",
 )

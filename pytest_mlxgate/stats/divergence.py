@@ -13,15 +13,12 @@ when the tail is empty. Both arms go through the same float32 code, so identical
 from __future__ import annotations
 
 import math
-import os
-import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import TypeVar
 
 import numpy as np
+
+from .row_blocks import block_buffers, blocks_of, map_rows
 
 __all__ = [
     "INITIAL_TAU",
@@ -63,11 +60,6 @@ _WIDER_THRS = tuple(np.float32(math.exp(-tau)) for tau in _WIDER_TAUS)
 # _SUBSAMPLE-th entry, _SIGMAS standard deviations on the safe side (it sorts ~20% extra).
 _SUBSAMPLE = 16
 _SIGMAS = 3.5
-# Rows per block: 4 MiB of float32 exp values. Smaller blocks measured slower (per-block numpy calls
-# dominate); the buffers are kept per thread, so no call page-faults them in again.
-_BLOCK_ELEMENTS = 1 << 20
-# Below this many logits, threads cost more than they save.
-_PARALLEL_ELEMENTS = 1 << 21
 
 _EPSILON = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52}
 
@@ -220,7 +212,7 @@ def compact_reference(
     t, v = x.shape
     nxt = _as_tokens(next_tokens, t, v, "next_tokens")
     _, m = _row_max(x)
-    ids, counts, logprobs, tail_log, next_lp = _joined(_map_rows(lambda r0, r1: _compact_rows(x, m, nxt, r0, r1), t, v))
+    ids, counts, logprobs, tail_log, next_lp = _joined(map_rows(lambda r0, r1: _compact_rows(x, m, nxt, r0, r1), t, v))
     offsets = np.zeros(t + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return RefDistributions(
@@ -249,7 +241,7 @@ def compare(ref: RefDistributions, logits: np.ndarray, next_tokens: np.ndarray, 
     top, m = _row_max(x)
     kl = np.empty(t, dtype=np.float64)
     next_lp = np.empty(t, dtype=np.float32)
-    _map_rows(lambda r0, r1: _compare_rows(ref, x, m, nxt, r0, r1, kl, next_lp), t, v)
+    map_rows(lambda r0, r1: _compare_rows(ref, x, m, nxt, r0, r1, kl, next_lp), t, v)
     return TokenScores(
         kl=kl,
         ref_top1=ref.top1.astype(np.int32, copy=False),
@@ -343,8 +335,8 @@ def _compare_rows(
     flat = np.repeat(np.arange(r0, r1, dtype=np.int64) * v, counts) + ids
     sel_e = np.empty(hi - lo, dtype=np.float32)
     tail = np.empty(r1 - r0, dtype=np.float32)
-    buf = _buffers(v)[0]
-    for b0, b1 in _blocks(r0, r1, v):
+    buf = block_buffers(v)[0]
+    for b0, b1 in blocks_of(r0, r1, v):
         e = _exp_block(x[b0:b1], m[b0:b1], buf)
         s0, s1 = int(ref.offsets[b0]) - lo, int(ref.offsets[b1]) - lo
         _project_block(e, flat[s0:s1] - b0 * v, sel_e[s0:s1], tail[b0 - r0 : b1 - r0])
@@ -390,9 +382,9 @@ _Parts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def _compact_rows(x: np.ndarray, m: np.ndarray, nxt: np.ndarray, r0: int, r1: int) -> _Parts:
     """Rows r0..r1 of the reference: (ids, counts, logprobs, tail_logmass, next_logprob)."""
     v = x.shape[1]
-    buf, mask, scratch = _buffers(v)
+    buf, mask, scratch = block_buffers(v)
     parts: list[_Parts] = []
-    for b0, b1 in _blocks(r0, r1, v):
+    for b0, b1 in blocks_of(r0, r1, v):
         n = b1 - b0
         e = _exp_block(x[b0:b1], m[b0:b1], buf)
         ids, z_sel, counts = _select_block(e, x[b0:b1], m[b0:b1], mask[:n], scratch)
@@ -554,67 +546,6 @@ def _near_tie(x: np.ndarray, ids: np.ndarray, offsets: np.ndarray, dtype_name: s
 
 
 # --- blocks and threads -------------------------------------------------------------------------------
-
-
-_R = TypeVar("_R")
-_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool): a forked child makes its own
-_POOL_LOCK = threading.Lock()
-
-
-def _workers() -> int:
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        n = os.cpu_count() or 1
-    return max(1, min(4, n))
-
-
-_WORKERS = _workers()
-
-
-_LOCAL = threading.local()
-
-
-def _buffers(v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's block buffers (exp values, mask, one scratch row), kept between calls: fresh
-    megabytes would be page-faulted in on every call, and page faults serialise threads."""
-    shape = (_block_rows(v), v)
-    cached: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(_LOCAL, "buffers", None)
-    if cached is None or cached[0].shape != shape:
-        cached = (np.empty(shape, np.float32), np.empty(shape, np.bool_), np.empty(v, np.float32))
-        _LOCAL.buffers = cached
-    return cached
-
-
-def _block_rows(v: int) -> int:
-    return max(1, _BLOCK_ELEMENTS // v)
-
-
-def _blocks(r0: int, r1: int, v: int) -> list[tuple[int, int]]:
-    step = _block_rows(v)
-    return [(b, min(r1, b + step)) for b in range(r0, r1, step)]
-
-
-def _map_rows(fn: Callable[[int, int], _R], t: int, v: int) -> list[_R]:
-    """fn over row chunks, on threads when the array is big enough to pay for them; results in order.
-
-    Two chunks per worker: rows cost unequal amounts (capped rows sort thousands of tokens).
-    """
-    workers = _WORKERS if t * v >= _PARALLEL_ELEMENTS else 1
-    n_chunks = max(1, min(t, 2 * workers)) if workers > 1 else 1
-    bounds = [round(i * t / n_chunks) for i in range(n_chunks + 1)]
-    chunks = list(pairwise(bounds))
-    if len(chunks) == 1:
-        return [fn(*chunks[0])]
-    return list(_pool().map(lambda c: fn(*c), chunks))
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():  # a fork's copy has no threads behind it
-            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="mlxgate-kl"))
-        return _POOL[1]
 
 
 # --- input checks and float64 helpers ---------------------------------------------------------------

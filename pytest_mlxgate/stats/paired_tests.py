@@ -78,10 +78,7 @@ __all__ = [
     "mcnemar_exact_p",
     "mcnemar_exact_p_two_sided",
     "mean_interval_bootstrap",
-    "n_for_power",
     "paired_binary",
-    "power_binary",
-    "power_binary_exact",
     "score_array",
     "score_z",
     "tango_interval",
@@ -98,7 +95,7 @@ _HYPOTHESIS = {
 }
 
 
-def _check_alpha(alpha: float) -> None:
+def check_alpha(alpha: float) -> None:
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
 
@@ -112,7 +109,7 @@ def _log_comb(m: int) -> np.ndarray:
     return np.asarray(lg[m] - lg - lg[::-1], dtype=np.float64)
 
 
-def _binom_pmf(m: int, p: float) -> np.ndarray:
+def binom_pmf(m: int, p: float) -> np.ndarray:
     """Bin(m, p) probabilities for k = 0..m, in log space so large m neither overflows nor underflows."""
     k = np.arange(m + 1, dtype=np.float64)
     if p <= 0.0 or p >= 1.0:
@@ -122,9 +119,9 @@ def _binom_pmf(m: int, p: float) -> np.ndarray:
     return np.asarray(np.exp(_log_comb(m) + k * math.log(p) + (m - k) * math.log1p(-p)))
 
 
-def _upper_tail_half(m: int) -> np.ndarray:
+def upper_tail_half(m: int) -> np.ndarray:
     """P(X >= k | X ~ Bin(m, 1/2)) for k = 0..m (summed from the small end: small tails stay exact)."""
-    pmf = _binom_pmf(m, 0.5)
+    pmf = binom_pmf(m, 0.5)
     return np.asarray(np.minimum(np.cumsum(pmf[::-1])[::-1], 1.0), dtype=np.float64)
 
 
@@ -138,7 +135,7 @@ def mcnemar_exact_p(b: int, c: int) -> float:
         raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
     if b == 0:
         return 1.0
-    return float(_upper_tail_half(b + c)[b])
+    return float(upper_tail_half(b + c)[b])
 
 
 def mcnemar_exact_p_two_sided(b: int, c: int) -> float:
@@ -259,7 +256,7 @@ def tango_interval(b: int, c: int, n: int, confidence: float = 0.95) -> tuple[fl
     return (max(-1.0, lower), min(1.0, upper))
 
 
-def _binary_p(b: int, c: int, n: int, max_drop: float, alternative: Alternative) -> tuple[str, float]:
+def binary_drop_p(b: int, c: int, n: int, max_drop: float, alternative: Alternative) -> tuple[str, float]:
     if max_drop == 0.0:
         p = mcnemar_exact_p(b, c) if alternative == "exceeds" else mcnemar_exact_p(c, b)
         return "exact-mcnemar", p
@@ -314,7 +311,7 @@ def _num(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _check_margin(max_drop: float) -> None:
+def check_margin(max_drop: float) -> None:
     if not -1.0 < max_drop < 1.0:
         raise ValueError(f"max_drop must be in (-1, 1) (a difference of proportions), got {max_drop}")
 
@@ -332,10 +329,10 @@ def drop_test_binary(
     ci_confidence: float = 0.95,
 ) -> DropTest:
     """Paired test on 0/1 outcomes: exact McNemar at max_drop = 0, Tango's score test otherwise."""
-    _check_alpha(alpha)
-    _check_margin(max_drop)
+    check_alpha(alpha)
+    check_margin(max_drop)
     t = paired_binary(ref, cand)
-    method, p = _binary_p(t.b, t.c, t.n, max_drop, alternative)
+    method, p = binary_drop_p(t.b, t.c, t.n, max_drop, alternative)
     return DropTest(
         method=method,
         n=t.n,
@@ -389,8 +386,8 @@ def drop_test_graded(
     p = max(p1, p2) (the module docs say why). Both are valid Monte Carlo p-values, never 0. The
     interval is the hull of the basic and percentile-t intervals, clipped to the observed range of d.
     """
-    _check_alpha(alpha)
-    _check_margin(max_drop)
+    check_alpha(alpha)
+    check_margin(max_drop)
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     if not 0.0 < ci_confidence < 1.0:
@@ -486,86 +483,6 @@ def drop_within(ref: Scores, cand: Scores, *, max_drop: float, **options: Unpack
 # --- power -----------------------------------------------------------------------------------------------
 
 
-def _cells(p_discordant: float, true_drop: float) -> tuple[float, float]:
-    if not 0.0 <= p_discordant <= 1.0 or abs(true_drop) > p_discordant:
-        raise ValueError(f"need |true_drop| <= p_discordant <= 1, got {true_drop}, {p_discordant}")
-    return (p_discordant + true_drop) / 2.0, (p_discordant - true_drop) / 2.0
-
-
-def power_binary(
-    n: int,
-    p_discordant: float,
-    true_drop: float,
-    *,
-    max_drop: float,
-    alpha: float = 0.05,
-    sims: int = 2000,
-    seed: int = 0,
-) -> float:
-    """Simulated rejection rate of `drop_exceeds` on binary data: power, or size when true_drop <= max_drop.
-
-    Each simulated evaluation draws n paired items with P(loss) = (p_discordant + true_drop)/2 and
-    P(win) = (p_discordant - true_drop)/2; the rest are concordant.
-    """
-    _check_alpha(alpha)
-    _check_margin(max_drop)
-    p_loss, p_win = _cells(p_discordant, true_drop)
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(n, [p_loss, p_win, max(0.0, 1.0 - p_loss - p_win)], size=sims)
-    rejected = sum(_binary_p(int(b), int(c), n, max_drop, "exceeds")[1] < alpha for b, c, _ in counts)
-    return rejected / sims
-
-
-def power_binary_exact(n: int, p_discordant: float, true_drop: float, *, max_drop: float, alpha: float = 0.05) -> float:
-    """The same rejection rate as `power_binary`, summed exactly over every possible paired table.
-
-    P(reject) = sum_m P(M = m) sum_b P(B = b | m) [test rejects at (b, m - b)], with M ~ Bin(n, pd)
-    discordant pairs and B | m ~ Bin(m, P(loss)/pd). No Monte Carlo error: this is how the sample
-    size in the module docs was found, and how the tests pin the score test's size.
-    """
-    _check_alpha(alpha)
-    _check_margin(max_drop)
-    p_loss, _ = _cells(p_discordant, true_drop)
-    if p_discordant == 0.0:
-        return float(_binary_p(0, 0, n, max_drop, "exceeds")[1] < alpha)
-    pm = _binom_pmf(n, p_discordant)
-    theta = p_loss / p_discordant
-    total = 0.0
-    for m in range(n + 1):
-        if pm[m] < 1e-16:
-            continue
-        if max_drop == 0.0:
-            reject = _upper_tail_half(m) < alpha
-            reject[0] = False  # b = 0: p = 1
-        else:
-            reject = np.array([_binary_p(b, m - b, n, max_drop, "exceeds")[1] < alpha for b in range(m + 1)])
-        total += pm[m] * float(np.sum(_binom_pmf(m, theta)[reject]))
-    return min(1.0, total)
-
-
-def n_for_power(
-    p_discordant: float,
-    true_drop: float,
-    *,
-    max_drop: float,
-    alpha: float = 0.05,
-    power: float = 0.8,
-    n_max: int = 20000,
-) -> int:
-    """Smallest n from which the exact power stays >= `power` for the next 20 n (discreteness saw-tooth)."""
-    n = 1
-    while n <= n_max:
-        if power_binary_exact(n, p_discordant, true_drop, max_drop=max_drop, alpha=alpha) >= power:
-            ahead = [
-                power_binary_exact(k, p_discordant, true_drop, max_drop=max_drop, alpha=alpha)
-                for k in range(n + 1, n + 21)
-            ]
-            if min(ahead) >= power:
-                return n
-        n += 1
-    raise ValueError(f"power {power} not reached by n = {n_max}")
-
-
 # --- intervals of graded means, and multiplicity ---------------------------------------------------------------
 
 
@@ -590,7 +507,7 @@ def holm(p_values: Mapping[str, float], alpha: float = 0.05) -> dict[str, bool]:
     Sorted ascending, the k-th p (k = 0..m-1) is rejected while p < alpha/(m - k); the first that is
     not stops the procedure. Strict `<`, as in DropTest.rejected.
     """
-    _check_alpha(alpha)
+    check_alpha(alpha)
     for name, p in p_values.items():
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"p-value of {name!r} must be in [0, 1], got {p}")

@@ -32,13 +32,11 @@ from pytest_mlxgate.stats.paired_tests import (
     mcnemar_exact_p,
     mcnemar_exact_p_two_sided,
     mean_interval_bootstrap,
-    n_for_power,
     paired_binary,
-    power_binary,
-    power_binary_exact,
     score_z,
     tango_interval,
 )
+from pytest_mlxgate.stats.power import n_for_power, power_binary, power_binary_exact
 
 ALPHA = 0.05
 

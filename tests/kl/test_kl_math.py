@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.stats import divergence as kl
+from pytest_mlxgate.stats import row_blocks
 from pytest_mlxgate.stats.divergence import (
     INITIAL_TAU,
     LOG_FLOOR,
@@ -315,9 +316,9 @@ def test_blocks_and_threads_change_nothing(monkeypatch: pytest.MonkeyPatch) -> N
     nxt = np.random.default_rng(6).integers(0, 3000, 23)
     ref = compact_reference(x, nxt)
     scores = compare(ref, y, nxt, np.arange(23))
-    monkeypatch.setattr(kl, "_BLOCK_ELEMENTS", 3 * 3000)
-    monkeypatch.setattr(kl, "_PARALLEL_ELEMENTS", 0)
-    monkeypatch.setattr(kl, "_WORKERS", 3)
+    monkeypatch.setattr(row_blocks, "BLOCK_ELEMENTS", 3 * 3000)
+    monkeypatch.setattr(row_blocks, "PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(row_blocks, "WORKERS", 3)
     ref2 = compact_reference(x, nxt)
     for name, value in ref.to_arrays().items():
         np.testing.assert_array_equal(ref2.to_arrays()[name], value, err_msg=name)
@@ -328,8 +329,8 @@ def test_blocks_and_threads_change_nothing(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_gets_its_own_thread_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fork copies the pool object but not its threads: the child must not wait on them forever."""
-    monkeypatch.setattr(kl, "_PARALLEL_ELEMENTS", 0)
-    monkeypatch.setattr(kl, "_WORKERS", 2)
+    monkeypatch.setattr(row_blocks, "PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(row_blocks, "WORKERS", 2)
     x = random_logits(12, 8, 300, 3.0)
     expected = compact_reference(x, np.zeros(8, dtype=np.int64)).ids  # the parent's pool now exists
     pid = os.fork()

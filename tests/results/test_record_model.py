@@ -675,10 +675,10 @@ def test_a_record_of_the_wrong_types_reads_as_dashes_and_never_raises(tmp_path: 
 
 # -- the one parse: readers hold no dict lookups of record fields ------------------------------------
 
-#: Where a dict's keys may be read in results/: the read model's parse (model.py and its parts), and the wire form's migration and
-#: one accessor; `verdicts.check_verdict` reads a check as the assertions build it (before any record), and
-#: `speed_text` words a speed measurement's JSON (`SpeedResult.to_json()`) as the assertions and the
-#: summary both show it (the speed part of a record is that JSON, kept whole).
+#: Where a dict's keys may be read in results/: the read model's parse (model.py and its parts), the wire
+#: form's migration and one accessor; `verdicts.check_verdict` reads a check as the assertions build it
+#: (before any record), and `speed_text` words a speed measurement's JSON (`SpeedResult.to_json()`) as
+#: the assertions and the summary both show it (the speed part of a record is that JSON, kept whole).
 _READERS_ALLOWED = {
     "speed_text.py": {"ratio_text", "context_text", "speed_lines", "load_warning", "_num", "_tps", "mib"},
     "model.py": None,
