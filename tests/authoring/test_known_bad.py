@@ -12,6 +12,7 @@ is an RMSNorm that divides by the mean square instead of its root (top-1 0%, mea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -332,6 +333,10 @@ def test_in_process_the_known_bad_test_passes_only_when_its_drift_test_catches_t
     }
     result.stdout.fnmatch_lines(
         [f"*the known-bad variant '{BAD}' passes test_drift's limits (mean KL 95% bound * <= limit 50; p99 KL*"]
+    )
+    # each bound it names is the upper end a "max" limit compared, a number
+    assert re.search(
+        r"\(mean KL 95% bound [0-9.e+-]+ <= limit 50; p99 KL 95% bound [0-9.e+-]+ <= limit 50\)", result.stdout.str()
     )
     result.stdout.fnmatch_lines([f"*test_drift has no limits yet, so the known-bad variant '{BAD}' cannot be shown*"])
     result.stdout.fnmatch_lines([f"*test_drift raised AssertionError on the known-bad variant '{BAD}' without a gate*"])

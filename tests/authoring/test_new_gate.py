@@ -275,6 +275,10 @@ USAGE_ERRORS = {
         ["x", "--patch", "mlx.core.fast.rms_norm", "--ref", "original"],
         ["both run the original", "measure nothing"],
     ),
+    "env arms both unset": (  # "unset" in any case is the one value that unsets the variable
+        ["x", "--env", "MLX_PERF_KERNEL", "--ref", "UNSET", "--cand", "unset"],
+        ["--ref and --cand both set MLX_PERF_KERNEL to 'UNSET'", "measure nothing"],
+    ),
 }
 
 
@@ -363,3 +367,17 @@ def test_the_new_gate_fails_for_real_until_it_has_limits_and_a_known_bad_variant
     calibrate.stdout.fnmatch_lines(
         ["*suggested limits*", "*assert_kl_below(paired, mean=*", "*known-bad step*", '*KNOWN_BAD = "mymod:broken"*']
     )
+
+
+def test_an_env_gate_names_unset_in_any_case_and_a_patch_gate_plants_against_the_original(
+    tmp_path: Path, new_gate: Run
+) -> None:
+    code, _, _ = new_gate(tmp_path, "kern", "--env", "MLX_PERF_KERNEL", "--ref", "Unset", "--cand", "1")
+    assert code == 0
+    doc = ast.get_docstring(ast.parse((tmp_path / "gates" / "test_kern.py").read_text())) or ""
+    assert doc.splitlines()[0] == "Gate: `kern` (env `MLX_PERF_KERNEL`): '1' vs unset."
+    code, _, _ = new_gate(tmp_path, "own", "--patch", "mlx.core.fast.rms_norm", "--ref", "original", "--cand",
+                          "pytest_mlxgate.reference_ops:rms_norm")  # fmt: skip
+    assert code == 0
+    doc = ast.get_docstring(ast.parse((tmp_path / "gates" / "test_own.py").read_text())) or ""
+    assert "--mlx-ref-value original --mlx-cand-value mymod:broken" in " ".join(doc.split())

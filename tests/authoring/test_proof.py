@@ -433,6 +433,11 @@ def test_in_process_a_known_bad_with_non_finite_logits_proves_the_limits_and_kee
     assert record["verdict"] == "pass" and proven["status"] == "proven"
     assert proven["known_bad"] == {"value": '"nan_kernels:nan_rms_norm"', "verdict": "fail", "figures": ["non-finite"]}
     assert proven["model"] == str(tiny_model_dir) and proven["backend"] == "cpu"
+    again = _inprocess(gates, tiny_model_dir, tmp_path, report)  # the proof read back keeps the NaN it saw
+    again.assert_outcomes(passed=1)
+    assert "limits proof: from the reference cache" in again.stdout.str()
+    (cached,) = json.loads(report.read_text())["gates"]
+    assert cached["limits_from"] == proven
 
 
 def test_a_model_is_named_by_its_alias_or_as_pinned() -> None:
@@ -480,3 +485,19 @@ def test_in_process_a_two_model_gate_is_unprovable_until_calibrated_against_its_
     (covered,) = json.loads(report.read_text())["gates"]
     assert covered["limits_from"]["status"] == "calibrated"
     assert covered["limits_from"]["file"] == "calibration/test_two.json"
+
+
+def test_a_known_bad_is_named_as_json_or_as_the_whole_lever_it_is() -> None:
+    """A verdict's `limits_from.known_bad.value`: a value as JSON (the form the calibration file keeps), a
+    whole lever by what it switches, once built; before, by its name."""
+    from pytest_mlxgate.authoring.proof import _shown
+    from pytest_mlxgate.levers.lever import Lever
+
+    assert _shown({"bits": 4, "group_size": 64}) == '{"bits": 4, "group_size": 64}'
+    assert _shown("mymod:broken") == '"mymod:broken"' and _shown(object).startswith("<class")
+    whole = pytest.mark.mlx_lever("rope_off", patch="mlx.core.fast.rope", cand="known_bad_ops:rope_off")
+    lever = Lever("rope_off", "patch", "mlx.core.fast.rope", None, "known_bad_ops:rope_off", path="serving")
+    assert _shown(whole) == "pytest.mark.mlx_lever('rope_off', ...)"
+    assert _shown(whole, lever) == (
+        "mlx_lever 'rope_off' (patch mlx.core.fast.rope: original → known_bad_ops:rope_off, path=serving)"
+    )

@@ -289,6 +289,11 @@ def test_the_first_round_covers_every_layer_once_in_order_as_layers_or_blocks(
     assert len(by_kind.get("rest", [])) == int(rest)
     parts = by_kind.get("layer", []) + by_kind.get("block", [])
     assert [i for s in parts for i in s.layers] == layers  # once each, in order, nothing left out
+    for s in parts:  # a scope's name says its layers, as the report's table shows them
+        first, last = s.layers[0], s.layers[-1]
+        assert s.name == (f"layer {first}" if len(s.layers) == 1 else f"layers {first}-{last}")
+    for s in by_kind.get("type", []):
+        assert s.name in ("full layers", "sliding layers")
     assert drill == bool(by_kind.get("block")) and not (by_kind.get("layer") and by_kind.get("block"))
     if drill:  # blocks: contiguous, at least two, fewer runs than layers
         assert 2 <= len(by_kind["block"]) < n

@@ -217,6 +217,7 @@ def test_a_uniform_plan_wins_when_no_mixed_plan_costs_fewer_bytes() -> None:
     result = choose_plan(sizes, [FOUR, EIGHT], 2, LIMITS, measure)
     assert result.chosen == "uniform 8-bit g64" and set(result.layers.values()) == {EIGHT}
     assert result.bytes_per_token == EIGHT.bytes_per_value(2) * 200
+    assert result.passed_selection and result.succeeded  # the uniform plan passed its own measurement
 
 
 def test_a_mixed_plan_wins_only_when_it_is_cheaper_than_every_uniform_plan_that_passes() -> None:
@@ -546,3 +547,25 @@ def test_the_summary_ends_with_the_gate_s_own_verdict_on_its_prompts(verified: b
     assert f"  {word} the gate on its own (held-out) prompts: {verdicts}" in lines
     assert lines[0] == "plan (mixed): 1 layers 8-bit g64 · 100 KV bytes per token (50.0% of plain)"
     assert not any("--no-verify" in line for line in lines) and lines[-1] == "  took 3 s"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected", "dims"),
+    [
+        ("tiny_kv_model_dir", {0: 256.0, 1: 256.0}, {64}),  # 2 KV heads x head_dim 64, K and V
+        # sliding layers: 1 KV head x 64; full layer 3: x global_head_dim 128; KV-shared layers 5-7 keep none
+        ("tiny_gemma4_dir", {0: 128.0, 1: 128.0, 2: 128.0, 3: 256.0, 4: 128.0}, {64, 128}),
+    ],
+)
+def test_each_cached_layer_is_sized_by_its_k_and_v_values_per_token(
+    fixture: str, expected: dict[int, float], dims: set[int], request: pytest.FixtureRequest
+) -> None:
+    """The bytes a plan saves are counted from these sizes: per cached layer, the K and V values one token
+    adds (heads x head dimension each), the cache's item size, and the head dimensions the group sizes
+    must divide."""
+    import mlx_lm
+
+    from pytest_mlxgate.explain.plan_kv import _layer_sizes
+
+    model = mlx_lm.load(str(request.getfixturevalue(fixture)))[0]
+    assert _layer_sizes(model) == (expected, 4, dims)  # float32 weights: a 4-byte cache

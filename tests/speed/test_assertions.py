@@ -83,6 +83,9 @@ def test_the_failure_message_says_goal_interval_figures_and_what_would_tell() ->
     text = str(info.value)
     assert "inconclusive" in text and "×1.080 (95% interval ×1.000–×1.160 over 9 pairs), asked ≥ ×1.05" in text
     assert "pairs at the observed spread would tell" in text and "@512 tokens: prefill ×1.00" in text
+    assert "measured: 9 interleaved pairs per context after 1 warm-up, 16 decoded tokens per trial" in text
+    with pytest.raises(AssertionError, match=r"^speed gate failed \(shown short of a goal\)"):
+        assert_faster(_speed((0.95, 0.90, 1.00)), decode=1.05)
     with pytest.raises(TypeError, match="needs a goal"):
         assert_faster(_speed((1, 1, 1)))
     with pytest.raises(ValueError, match="not a usable ratio"):
@@ -186,6 +189,7 @@ def test_a_speed_conclusion_carries_the_measurement_its_duration_and_its_mode() 
 
     speed = {"contexts": {}, "duration_s": 12.5, "arms": {"reference": "reference", "candidate": "candidate"}}
     made = speed_conclusion(speed, {"decode": 1.05}, [], "pass")
+    assert made.verdict == "pass" and speed_conclusion(speed, {"decode": 1.05}, [], "fail").verdict == "fail"
     assert made.mode == "speed" and made.fields["durations"] == {"total_s": 12.5}
     assert made.fields["speed"] == speed and made.fields["path"] == "serving" and made.bounds == {"decode": 1.05}
     aa = speed_conclusion({**speed, "arms": {"candidate": "reference"}}, {}, [])
