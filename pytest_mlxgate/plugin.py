@@ -28,33 +28,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)  # every --mlx-… option and its ini twin: config/options.py's table
 
 
+#: The markers a gate module declares, as `pytest --markers` lists them.
+MARKERS = (
+    "mlx_lever(name, *, env=VAR | patch='mod.attr' | kv=True | context=factory, ref=..., cand=..., "
+    "path='prefill'|'serving'): the lever a gate module's `paired` fixture switches between its arms",
+    "mlx_tier(name): the capability tier of a gate module, 'smoke' or 'full' (--mlx-tier overrides)",
+    "mlx_kl(prompts=N, tokens=T, decode=D, chunk=C, batched=True): a KL gate's sizes (the command line "
+    "overrides them); batched=False runs the serving path one sequence at a time",
+    "mlx_speed(contexts=(600, 8192), decode=D, repetitions=N): measure the module's prefill and decode speed "
+    "and memory, both arms interleaved (--mlx-speed on|off overrides)",
+    "mlx_calibrate(accept_broken='why'): --mlx-calibrate sizes limits for this module's lever even beyond the "
+    "quality bounds (a lever that breaks the model), saying so in the suggestion and the record",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from .config.settings import read_settings
     from .session.state import MlxgateSession
 
-    config.addinivalue_line(
-        "markers",
-        "mlx_lever(name, *, env=VAR | patch='mod.attr' | kv=True | context=factory, ref=..., cand=..., "
-        "path='prefill'|'serving'): the lever a gate module's `paired` fixture switches between its arms",
-    )
-    config.addinivalue_line(
-        "markers", "mlx_tier(name): the capability tier of a gate module, 'smoke' or 'full' (--mlx-tier overrides)"
-    )
-    config.addinivalue_line(
-        "markers",
-        "mlx_kl(prompts=N, tokens=T, decode=D, chunk=C, batched=True): a KL gate's sizes (the command line "
-        "overrides them); batched=False runs the serving path one sequence at a time",
-    )
-    config.addinivalue_line(
-        "markers",
-        "mlx_speed(contexts=(600, 8192), decode=D, repetitions=N): measure the module's prefill and decode speed "
-        "and memory, both arms interleaved (--mlx-speed on|off overrides)",
-    )
-    config.addinivalue_line(
-        "markers",
-        "mlx_calibrate(accept_broken='why'): --mlx-calibrate sizes limits for this module's lever even beyond the "
-        "quality bounds (a lever that breaks the model), saying so in the suggestion and the record",
-    )
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
     state = MlxgateSession(config, read_settings(config))
     config.stash[SESSION_KEY] = state
     for name, plugin in state.plugins().items():  # the session and each concern with hooks (session/state.py)
