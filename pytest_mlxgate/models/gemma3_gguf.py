@@ -26,6 +26,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 
 from .gguf import EmbeddedModelMissing, GGUFConversionError, _clean_float
+from .gguf_names import parameter_name
 
 __all__ = [
     "GEMMA3_PACKAGE",
@@ -193,14 +194,10 @@ def _special_ids(meta: Mapping[str, Any]) -> dict[str, int]:
 
 def _parameter_name(gguf_name: str) -> str:
     base, _, suffix = gguf_name.rpartition(".")
-    if suffix == "weight":
-        if base.startswith("blk."):
-            _, layer, kind = base.split(".", 2)
-            if kind in _LAYER_TENSORS:
-                return f"model.layers.{int(layer)}.{_LAYER_TENSORS[kind]}.weight"
-        elif base in _GLOBAL_TENSORS:
-            return f"{_GLOBAL_TENSORS[base]}.weight"
-    raise GGUFConversionError(f"unexpected tensor {gguf_name!r} in a gemma3 GGUF")
+    name = parameter_name(base, _LAYER_TENSORS, _GLOBAL_TENSORS) if suffix == "weight" else None
+    if name is None:
+        raise GGUFConversionError(f"unexpected tensor {gguf_name!r} in a gemma3 GGUF")
+    return name
 
 
 def _weights(reader: Any) -> dict[str, np.ndarray]:

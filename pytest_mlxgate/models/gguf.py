@@ -21,6 +21,7 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from ..errors import MlxgateError
+from .gguf_names import parameter_name
 
 __all__ = [
     "EMBEDDED_GGUF_NAME",
@@ -184,13 +185,10 @@ def _gguf_bases(weights: Mapping[str, mx.array]) -> list[str]:
 
 def _hf_name(base: str) -> str:
     """Hugging Face llama parameter name for a GGUF tensor base name."""
-    if base.startswith("blk."):
-        _, layer, kind = base.split(".", 2)
-        if kind in _LAYER_TENSORS:
-            return f"model.layers.{int(layer)}.{_LAYER_TENSORS[kind]}.weight"
-    elif base in _GLOBAL_TENSORS:
-        return f"{_GLOBAL_TENSORS[base]}.weight"
-    raise GGUFConversionError(f"unexpected GGUF tensor {base!r}")
+    name = parameter_name(base, _LAYER_TENSORS, _GLOBAL_TENSORS)
+    if name is None:
+        raise GGUFConversionError(f"unexpected GGUF tensor {base!r}")
+    return name
 
 
 def _convert_weights(weights: Mapping[str, mx.array], hp: Mapping[str, Any], dtype: str) -> dict[str, mx.array]:
