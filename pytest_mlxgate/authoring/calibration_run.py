@@ -168,7 +168,8 @@ def _measure_known_bad(paired: Paired, gate: GateSource, module: Path, model: st
         raise _unmeasured(paired, known_bad_shown(bad, lever), shown, e) from None
     entry["lever"] = result.lever.to_json()
     entry["drift"] = compact_drift(result.stats.to_json())
-    verdict, why = known_bad_verdict(entry["drift"], gate.limits_of(kl=True, model=model))
+    limits = gate.limits_of(kl=True, model=model)
+    verdict, why = known_bad_verdict(entry["drift"], limits) if limits else ("no limits", [])
     entry["verdict_when_measured"] = {"verdict": verdict, "limits": why}
     return entry
 

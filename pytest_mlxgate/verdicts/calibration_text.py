@@ -42,6 +42,7 @@ def _kept_lines(calibration: Mapping[str, Any]) -> list[str]:
                 "fail": "fails the gate's limits (caught)",
                 "pass": "PASSES the gate's limits",
                 "inconclusive": "is NOT shown to fail the gate's limits",
+                "no limits": "the gate has no KL limits yet (the suggested ones must fail it: test_known_bad checks)",
             }.get(str(then.get("verdict")), "measured")
             lines.append(f"  known-bad KNOWN_BAD = {known_bad_text(bad.get('value'))}: {figures}: {caught}")
     file = calibration.get("file")

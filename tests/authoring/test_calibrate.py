@@ -447,3 +447,141 @@ def test_a_top1_limit_the_rule_cannot_size_is_none_with_its_reason(
     notes: list[str] = []
     assert _kl_limit("top1", "top-1", lever_lower, floor, capped=False, notes=notes) == limit
     assert notes == [note]
+
+
+# -- the calibration block, line for line: what a gate's author reads and pastes ----------------------
+
+RULE_LINE = (
+    "  rule: each KL limit >= 4x the lever's 95% upper bound and >= 10x the A/A floor, rounded up to "
+    "1/1.5/2/3/5/7 x 10^k; top-1 by the same rule on 1 - top-1; all capped by the quality bounds (mean KL <= 2, "
+    "p99 KL <= 10, top-1 >= 30%); speed goals half the speed-up the interval's lower end shows; bytes (KV, "
+    "weights) their exact ratio + 10%"
+)
+WRITTEN = (
+    "  calibration file: gates/calibration/{}.json written (commit it; --mlx-aa and the calibration files' test "
+    "check the limits against it)"
+)
+
+
+def test_a_kv_lever_s_calibration_block_reads_line_for_line() -> None:
+    """Every figure in its column, the limits the rule gives (mean 4 x 1.5e-3 -> 7e-3, p99 4 x 0.014 -> 0.07,
+    top-1 1 - 4 x 0.025 -> 0.9, prefill half of the lower end's 20% -> 1.1, KV 0.53 x 1.1 -> 0.59), the
+    known-bad caught, the file written; then a NaN known-bad and a file left as it was."""
+    kl = {
+        "mean": 1.2e-3,
+        "mean_ci": [9e-4, 1.5e-3],
+        "p99": 1.1e-2,
+        "quantile_ci": {"p99": [8e-3, 1.4e-2]},
+        "top1": 0.985,
+        "top1_ci": [0.975, 0.995],
+    }
+    speed = {
+        "contexts": {
+            "128": {
+                "prefill": {"ratio": 1.3, "ratio_ci": [1.2, 1.4]},
+                "decode": {"ratio": 1.02, "ratio_ci": [0.95, 1.1]},
+                "kv": {"ratio": 0.53},
+            }
+        },
+        "weights_bytes": {"reference": 100, "candidate": 100},
+    }
+    lever = {"name": "kv", "kind": "kv", "cand": {"bits": 8, "group_size": 64}}
+    s = suggest_limits(kl, {"mean": 2e-8, "p99": 1e-7, "top1": 0.9999}, speed, module="gates/test_kv.py", lever=lever)
+    bad_drift = {
+        "metrics": {
+            "mean": {"value": 0.9, "lower": 0.8, "upper": 1.0},
+            "p99": {"value": 6.0, "lower": 5.0, "upper": 7.0},
+            "top1": {"value": 0.4, "lower": 0.35, "upper": 0.45},
+        }
+    }
+    calibration = {
+        "module": "gates/test_kv.py",
+        "lever": "kv: plain → 8-bit g64 · path=serving",
+        "shape": {"prompts": 16, "tokens": 128},
+        "suggested": s,
+        "known_bad_result": {
+            "declared": True,
+            "value": {"bits": 2},
+            "drift": bad_drift,
+            "verdict_when_measured": {"verdict": "fail"},
+        },
+        "file": {"path": "gates/calibration/test_kv.json", "written": True},
+    }
+    table = [
+        "gates/test_kv.py — calibration, no verdict (kv: plain → 8-bit g64 · path=serving; 16 prompts x 128 tokens)",
+        "  measured                   lever           95% bound   A/A floor  quality bound",
+        "  mean KL                   1.2e-3              1.5e-3      2.0e-8           <= 2",
+        "  p99 KL                     0.011               0.014      1.0e-7          <= 10",
+        "  top-1                      98.5%               97.5%      100.0%       >= 30.0%",
+        "  prefill tok/s @128          ×1.3        [×1.2, ×1.4]                           ",
+        "  decode tok/s @128          ×1.02       [×0.95, ×1.1]                           ",
+        "  KV bytes @128              ×0.53               exact                           ",
+        RULE_LINE,
+        "  note: decode @128: not shown faster here (x1.02, lower bound 0.95): no goal",
+        "  suggested limits (paste into the gate):",
+        "    assert_kl_below(paired, mean=7e-3, p99=0.07, top1=0.9)",
+        "    assert_faster(paired, prefill=1.1)",
+        "    assert_smaller(paired, kv=0.59)",
+    ]
+    assert calibration_lines(calibration) == [
+        *table,
+        "  known-bad KNOWN_BAD = {'bits': 2}: mean KL 0.9 [0.8, 1], p99 KL 6 [5, 7], top-1 40.0% [35.0%, 45.0%]: "
+        "fails the gate's limits (caught)",
+        WRITTEN.format("test_kv"),
+    ]
+    nan = {"declared": True, "value": "mymod:nan", "non_finite": True}
+    kept = {"path": "gates/calibration/test_kv.json", "written": False, "why": "not written: --mlx-kl-prompts ..."}
+    assert calibration_lines({**calibration, "known_bad_result": nan, "file": kept}) == [
+        *table,
+        "  known-bad KNOWN_BAD = 'mymod:nan': NaN or inf logits (the gate goes red on them)",
+        "  calibration file: gates/calibration/test_kv.json not written: --mlx-kl-prompts ...",
+    ]
+
+
+def test_a_broken_lever_s_calibration_block_reads_line_for_line() -> None:
+    """No limits: the figures beyond the quality bounds, the worst token by its text, the way to accept it,
+    and a known-bad that passes the gate's limits said in capitals."""
+    broken = {
+        "mean": 8.4,
+        "mean_ci": [7.0, 9.8],
+        "p99": 25.0,
+        "quantile_ci": {"p99": [20.0, 30.0]},
+        "top1": 0.0,
+        "top1_ci": [0.0, 0.05],
+        "worst": [{"prompt": 3, "position": 17, "token_id": 42, "kl": 31.5, "ref_top1": 42, "cand_top1": 7}],
+    }
+    lever = {"name": "norm", "kind": "patch", "target": "mlx.core.fast.rms_norm"}
+    floors = {"mean": 0.0, "p99": 0.0, "top1": 1.0}
+    s = suggest_limits(broken, floors, None, module="gates/test_norm.py", lever=lever, tokens={"42": " Paris"})
+    calibration = {
+        "module": "gates/test_norm.py",
+        "lever": "norm: original → f16_rms_norm · path=prefill",
+        "shape": {"prompts": 8, "tokens": 64},
+        "suggested": s,
+        "known_bad_result": {
+            "declared": True,
+            "value": "mymod:broken",
+            "drift": {"metrics": {"mean": {"value": 9.0, "lower": 8.0, "upper": 10.0}}},
+            "verdict_when_measured": {"verdict": "pass"},
+        },
+        "file": {"path": "gates/calibration/test_norm.json", "written": True},
+    }
+    assert calibration_lines(calibration) == [
+        "gates/test_norm.py — calibration, no verdict (norm: original → f16_rms_norm · path=prefill; 8 prompts x 64 "
+        "tokens)",
+        "  measured                   lever           95% bound   A/A floor  quality bound",
+        "  mean KL                      8.4                 9.8           0           <= 2",
+        "  p99 KL                        25                  30           0          <= 10",
+        "  top-1                       0.0%                0.0%      100.0%       >= 30.0%",
+        RULE_LINE,
+        "  this lever breaks the model: mean KL 8.4 [7, 9.8] (BEYOND the quality bound <= 2), p99 KL 25 [20, 30] "
+        "(BEYOND the quality bound <= 10), top-1 0.0% [0.0%, 5.0%] (BEYOND the quality bound >= 30.0%); worst "
+        "tokens: prompt 3 position 17, next token ' Paris': KL 32, top-1 ' Paris' -> '<7>'; a gate limit that "
+        "passes it would pass a broken model, so none is suggested",
+        "  fix the lever and calibrate again; or, if this much change is what you mean to ship, accept it "
+        'explicitly: add pytest.mark.mlx_calibrate(accept_broken="why this much change is what you mean to ship") '
+        "to the module's pytestmark and calibrate again (the suggestion and the record then carry the reason)",
+        "  known-bad KNOWN_BAD = 'mymod:broken': mean KL 9 [8, 10], p99 KL — [—, —], top-1 — [—, —]: PASSES the "
+        "gate's limits",
+        WRITTEN.format("test_norm"),
+    ]

@@ -617,6 +617,10 @@ def test_in_process_calibrate_writes_the_document_with_every_part(
         "--mlx-db=off", "--mlx-calibrate",
     )  # fmt: skip
     result.assert_outcomes(skipped=1)
+    # the terminal's block ends with the known-bad's measurement (the record carries it) and the file written
+    result.stdout.fnmatch_lines(
+        ["*known-bad KNOWN_BAD = 2: mean KL *: the gate has no KL limits yet (the suggested ones must fail it*"]
+    )
     doc = json.loads((pytester.path / "calibration" / "test_kv.json").read_text())
     assert doc["calibration_format"] == 1 and doc["module"] == "test_kv.py"
     assert doc["command"] == "pytest test_kv.py --mlx-calibrate"
@@ -634,6 +638,7 @@ def test_in_process_calibrate_writes_the_document_with_every_part(
     assert doc["aa_floor"]["chunk"] and doc["aa_floor"]["mean"] >= 0
     bad = doc["known_bad"]
     assert bad["value"] == 2 and bad["drift"]["metrics"]["mean"]["lower"] > drift["metrics"]["mean"]["upper"]
+    assert bad["verdict_when_measured"] == {"verdict": "no limits", "limits": []}  # the gate asserted none yet
     speed = doc["speed"]["contexts"]["16"]
     assert 0 < speed["kv"]["ratio"] < 1 and set(speed) >= {"kv", "decode", "prefill"}
     assert set(speed["decode"]) == {"ratio", "lower", "upper", "reference_tps", "candidate_tps"}
