@@ -1,0 +1,58 @@
+"""A speed measurement in words, as the assertions' messages and the closing summary both print it: per
+context both ratios with their intervals and tokens/s, the KV bytes (and what the cache holds), peak
+growth and the pairs timed; the weights when the arms differ; a warning when the machine was loaded."""
+
+from __future__ import annotations
+
+from pytest_mlxgate.results.speed_text import speed_lines
+
+MIB = 2**20
+
+
+def test_a_speed_record_reads_line_for_line() -> None:
+    arm_ref = {
+        "prefill_tps": 1234.5,
+        "decode_tps": 45.25,
+        "kv_bytes": 3 * MIB,
+        "kv_held_bytes": 4 * MIB,
+        "peak_bytes": 8 * MIB,
+    }
+    arm_cand = {
+        "prefill_tps": 1500.0,
+        "decode_tps": 50.0,
+        "kv_bytes": 1.5 * MIB,
+        "kv_held_bytes": 2 * MIB,
+        "peak_bytes": 6 * MIB,
+    }
+    speed = {
+        "contexts": {
+            "600": {
+                "reference": arm_ref,
+                "candidate": arm_cand,
+                "prefill": {"ratio": 1.215, "ratio_ci": [1.1, 1.33], "n": 6},
+                "decode": {"ratio": 1.105, "ratio_ci": [1.02, 1.2], "n": 6},
+                "stopped": "decided",
+            },
+            "8192": {  # one pair, a decode that never finished, no KV figure: said, never invented
+                "reference": {"prefill_tps": 90.0, "decode_tps": 9.5, "kv_bytes": None},
+                "candidate": {"prefill_tps": 95.0, "decode_tps": None},
+                "prefill": {"ratio": 1.05, "ratio_ci": [None, None], "n": 1},
+                "decode": None,
+            },
+        },
+        "weights_bytes": {"reference": 200 * MIB, "candidate": 100 * MIB},
+        "load_seen": {"high": True, "other_cores": 1.5, "cores": 2, "share": 0.75},
+    }
+    assert speed_lines(speed) == [
+        "speed @600: prefill ×1.22 [1.10, 1.33] (tok/s 1234 → 1500) · decode ×1.10 [1.02, 1.20] (tok/s 45.2 → 50.0)"
+        " · KV 3.0 MiB → 1.5 MiB (holds 4.0 MiB → 2.0 MiB) · peak +8.0 MiB → +6.0 MiB · 6 pairs (decided)",
+        "speed @8192: prefill ×1.05 [no interval] (tok/s 90.0 → 95.0) · decode ×? (tok/s 9.5 → ?) · KV ? → ?",
+        "weights 200.0 MiB → 100.0 MiB",
+        "⚠ speed timed under load: other processes kept 1.5 of 2 cores busy (75%) during the trials, so these "
+        "ratios measure that contention too; re-time with the machine otherwise idle",
+    ]
+    # the same weights on both arms, an idle machine: nothing more to say
+    assert (
+        speed_lines({"contexts": {}, "weights_bytes": {"reference": 5, "candidate": 5}, "load_seen": {"high": False}})
+        == []
+    )
