@@ -341,3 +341,23 @@ def test_in_process_the_known_bad_test_passes_only_when_its_drift_test_catches_t
     result.stdout.fnmatch_lines([f"*test_drift has no limits yet, so the known-bad variant '{BAD}' cannot be shown*"])
     result.stdout.fnmatch_lines([f"*test_drift raised AssertionError on the known-bad variant '{BAD}' without a gate*"])
     result.stdout.fnmatch_lines(["*no known-bad variant shown to fail yet: set KNOWN_BAD in test_undeclared.py to a*"])
+
+
+def test_a_known_bad_kv_plan_file_is_found_beside_its_gate_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KNOWN_BAD = "bad_plan.json" names a file in the gate's folder, as the module's own lever values do."""
+    from types import SimpleNamespace
+
+    from pytest_mlxgate.authoring.known_bad import known_bad_lever
+
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (gates / "bad_plan.json").write_text(json.dumps({"default": {"bits": 2, "group_size": 32}}))
+    monkeypatch.chdir(tmp_path)  # the run's working directory is not the gate's folder
+    lever = Lever("kv", "kv", None, "plain", {"bits": 8, "group_size": 64}, "serving")
+    paired = SimpleNamespace(item=SimpleNamespace(path=gates / "test_kv.py"), run=SimpleNamespace(lever=lever))
+    bad = known_bad_lever(paired, "bad_plan.json")  # type: ignore[arg-type]
+    assert (bad.kind, bad.name) == ("kv", "kv") and bad.value("candidate") == str(gates / "bad_plan.json")
+    plan = bad.kv_plan("candidate")
+    assert plan.default is not None and (plan.default.bits, plan.default.group_size) == (2, 32)

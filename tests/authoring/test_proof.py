@@ -476,7 +476,9 @@ def test_in_process_a_two_model_gate_is_unprovable_until_calibrated_against_its_
     (first,) = json.loads(report.read_text())["gates"]
     assert first["lever"]["kind"] == "model" and first["verdict"] == "pass"
     assert first["limits_from"]["why"] == "a two-model lever has no known-bad value"
-    assert first["limits_from"]["status"] != "calibrated"
+    assert first["limits_from"]["status"] == "unproven"  # and still says on what, and which file would cover it
+    assert (first["limits_from"]["model"], first["limits_from"]["backend"]) == (str(tiny_model_dir), "cpu")
+    assert first["limits_from"]["file"] == "calibration/test_two.json"
     calibrate = _inprocess(gates, tiny_model_dir, tmp_path, report, f"--mlx-reference={same}", "--mlx-calibrate")
     calibrate.assert_outcomes(skipped=1)
     doc = json.loads((gates.path / "calibration" / "test_two.json").read_text())
@@ -501,3 +503,42 @@ def test_a_known_bad_is_named_as_json_or_as_the_whole_lever_it_is() -> None:
     assert _shown(whole, lever) == (
         "mlx_lever 'rope_off' (patch mlx.core.fast.rope: original → known_bad_ops:rope_off, path=serving)"
     )
+
+
+KV_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv8", kv=True, ref="plain", cand={"bits": 8, "group_size": 64}, path="serving"),
+    pytest.mark.mlx_kl(prompts=3, tokens=24, decode=6),
+]
+
+KNOWN_BAD = {"bits": 2, "group_size": 64, "start": 100000}  # quantizes nothing the gate scores: vacuous
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=1.0)
+"""
+
+
+def test_in_process_a_known_bad_that_cannot_be_measured_is_an_error_saying_so(
+    gates: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    """A KNOWN_BAD whose arm cannot be measured (here: vacuous) proves nothing: the gate reads error, never
+    pass, saying why and how to calibrate instead; a KNOWN_BAD naming nothing is an error naming it."""
+    gates.makepyfile(test_vacuous=KV_GATE)
+    report = tmp_path / "r.json"
+    _inprocess(gates, tiny_kv_model_dir, tmp_path, report).assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert record["verdict"] == "error" and record["error"]["type"] == "LimitsNotShown"
+    assert record["limits_from"]["status"] == "unproven"
+    assert record["limits_from"]["why"].startswith("the known-bad could not be measured: ")
+    assert "the lever changes nothing the gate measures" in record["limits_from"]["why"]
+    assert "--mlx-calibrate" in record["error"]["message"]
+    gates.makepyfile(
+        test_vacuous=KV_GATE.replace('{"bits": 2, "group_size": 64, "start": 100000}', '"kernels:no_such"')
+    )
+    _inprocess(gates, tiny_kv_model_dir, tmp_path, report).assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert record["verdict"] == "error" and "no_such" in record["error"]["message"]
