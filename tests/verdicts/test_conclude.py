@@ -181,10 +181,24 @@ def test_an_inconclusive_verdict_warns_at_the_gates_line_or_xfails_and_never_pas
     with pytest.warns(InconclusiveGateWarning, match="inconclusive at") as warned:
         assert_something(Target("warn"), "inconclusive")
     assert warned[0].filename == __file__
-    with pytest.raises(pytest.xfail.Exception, match="inconclusive at"):
-        assert_something(Target("xfail"), "inconclusive")
-    with pytest.raises(AssertionError, match="^fail at"):  # a fail is never softened by the policy
-        assert_something(Target("warn"), "fail")
+
+
+@pytest.mark.parametrize("policy", ["warn", "xfail"])
+def test_the_inconclusive_policy_softens_only_an_inconclusive_verdict(policy: str) -> None:
+    """--mlx-inconclusive warn|xfail lets exploratory runs go on past an inconclusive gate; a fail and an
+    error still raise (the policy never turns a shown failure green). Where the warning points is the
+    test above's (a separate test: mutation testing deselects it, its trampoline moves the frame)."""
+    if policy == "warn":
+        with pytest.warns(InconclusiveGateWarning, match="inconclusive at"):
+            assert_something(Target(policy), "inconclusive")
+    else:
+        with pytest.raises(pytest.xfail.Exception, match="inconclusive at"):
+            assert_something(Target(policy), "inconclusive")
+    with pytest.raises(AssertionError, match="^fail at"):
+        assert_something(Target(policy), "fail")
+    error = Conclusion(mode="gate", checks=[], bounds={}, verdict="error", fields={"error": {"message": "no proof"}})
+    with pytest.raises(AssertionError, match="^no proof$"):  # an error raises its own message, whatever the policy
+        conclude(Target(policy), error, lambda **_: "unused")
 
 
 ASSERTIONS = {
