@@ -187,12 +187,19 @@ def test_graded_scores_use_the_paired_bootstrap_bounds() -> None:
         )
 
 
+def test_the_capability_inconclusive_warning_names_the_gate_s_own_line() -> None:
+    """Apart from the test below: mutation testing deselects this one (its trampoline adds a frame)."""
+    ref, cand = agree(8)
+    with pytest.warns(InconclusiveGateWarning) as warned:
+        assert_capability_at_least(FakePaired({"gsm8k": run_of(ref, cand)}, inconclusive="warn"), "gsm8k", max_drop=0.1)
+    assert warned[0].filename == __file__  # the warning names the gate's line, not the package's
+
+
 def test_inconclusive_warns_or_xfails_on_request_and_never_passes_silently() -> None:
     ref, cand = agree(8)
     paired = FakePaired({"gsm8k": run_of(ref, cand)}, inconclusive="warn")
-    with pytest.warns(InconclusiveGateWarning, match="inconclusive: n=8 bounds the drop at 25.3 points") as warned:
+    with pytest.warns(InconclusiveGateWarning, match="inconclusive: n=8 bounds the drop at 25.3 points"):
         assert_capability_at_least(paired, "gsm8k", max_drop=0.10)
-    assert warned[0].filename == __file__  # the warning names the gate's line, not the package's
     assert paired.records[-1]["verdict"] == "inconclusive"  # the record still says so
     paired = FakePaired({"gsm8k": run_of(ref, cand)}, inconclusive="xfail")
     with pytest.raises(pytest.xfail.Exception, match="inconclusive"):

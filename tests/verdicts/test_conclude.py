@@ -177,7 +177,7 @@ def test_the_gate_verdict_is_the_worst_check_and_is_published_before_it_raises()
         assert_something(None, "inconclusive")
 
 
-def test_an_inconclusive_verdict_warns_at_the_gates_line_or_xfails_and_never_passes_silently() -> None:
+def test_the_inconclusive_warning_names_the_gate_s_own_line() -> None:
     with pytest.warns(InconclusiveGateWarning, match="inconclusive at") as warned:
         assert_something(Target("warn"), "inconclusive")
     assert warned[0].filename == __file__
