@@ -527,7 +527,7 @@ def test_in_process_a_known_bad_that_cannot_be_measured_is_an_error_saying_so(
 ) -> None:
     """A KNOWN_BAD whose arm cannot be measured (here: vacuous) proves nothing: the gate reads error, never
     pass, saying why and how to calibrate instead; a KNOWN_BAD naming nothing is an error naming it."""
-    gates.makepyfile(test_vacuous=KV_GATE)
+    gates.makepyfile(test_proof_vacuous_known_bad=KV_GATE)  # a name no test module of this suite has
     report = tmp_path / "r.json"
     _inprocess(gates, tiny_kv_model_dir, tmp_path, report).assert_outcomes(failed=1)
     (record,) = json.loads(report.read_text())["gates"]
@@ -537,7 +537,9 @@ def test_in_process_a_known_bad_that_cannot_be_measured_is_an_error_saying_so(
     assert "the lever changes nothing the gate measures" in record["limits_from"]["why"]
     assert "--mlx-calibrate" in record["error"]["message"]
     gates.makepyfile(
-        test_vacuous=KV_GATE.replace('{"bits": 2, "group_size": 64, "start": 100000}', '"kernels:no_such"')
+        test_proof_vacuous_known_bad=KV_GATE.replace(
+            '{"bits": 2, "group_size": 64, "start": 100000}', '"kernels:no_such"'
+        )
     )
     _inprocess(gates, tiny_kv_model_dir, tmp_path, report).assert_outcomes(failed=1)
     (record,) = json.loads(report.read_text())["gates"]
