@@ -208,18 +208,22 @@ def test_the_anchors_the_quality_bounds_were_chosen_from() -> None:
         assert s["code"] == [] and "this lever breaks the model" in s["breaks"]["message"], mean
 
 
+#: A lever beyond every quality bound (the issue's float16-accumulating RMSNorm's figures), with its worst token.
+BROKEN = {
+    "mean": 8.4,
+    "mean_ci": [7.0, 9.8],
+    "p99": 25.0,
+    "quantile_ci": {"p99": [20.0, 30.0]},
+    "top1": 0.0,
+    "top1_ci": [0.0, 0.05],
+    "worst": [{"prompt": 3, "position": 17, "token_id": 42, "kl": 31.5, "ref_top1": 42, "cand_top1": 7}],
+}
+
+
 def test_a_broken_lever_s_worst_tokens_are_named_as_text_and_the_table_keeps_its_columns() -> None:
     """The breaks' worst positions name their tokens through the tokenizer's text (an id it has no text
     for stays an id); the table's header names each column its rows fill."""
-    broken = {
-        "mean": 8.4,
-        "mean_ci": [7.0, 9.8],
-        "p99": 25.0,
-        "quantile_ci": {"p99": [20.0, 30.0]},
-        "top1": 0.0,
-        "top1_ci": [0.0, 0.05],
-        "worst": [{"prompt": 3, "position": 17, "token_id": 42, "kl": 31.5, "ref_top1": 42, "cand_top1": 7}],
-    }
+    broken = BROKEN
     s = suggest_limits(broken, {"mean": 0.0, "p99": 0.0, "top1": 1.0}, None, tokens={"42": " Paris"})
     assert "prompt 3 position 17, next token ' Paris': KL 32, top-1 ' Paris' -> '<7>'" in s["breaks"]["message"]
     lines = _render(s).splitlines()
@@ -541,15 +545,7 @@ def test_a_kv_lever_s_calibration_block_reads_line_for_line() -> None:
 def test_a_broken_lever_s_calibration_block_reads_line_for_line() -> None:
     """No limits: the figures beyond the quality bounds, the worst token by its text, the way to accept it,
     and a known-bad that passes the gate's limits said in capitals."""
-    broken = {
-        "mean": 8.4,
-        "mean_ci": [7.0, 9.8],
-        "p99": 25.0,
-        "quantile_ci": {"p99": [20.0, 30.0]},
-        "top1": 0.0,
-        "top1_ci": [0.0, 0.05],
-        "worst": [{"prompt": 3, "position": 17, "token_id": 42, "kl": 31.5, "ref_top1": 42, "cand_top1": 7}],
-    }
+    broken = BROKEN
     lever = {"name": "norm", "kind": "patch", "target": "mlx.core.fast.rms_norm"}
     floors = {"mean": 0.0, "p99": 0.0, "top1": 1.0}
     s = suggest_limits(broken, floors, None, module="gates/test_norm.py", lever=lever, tokens={"42": " Paris"})
