@@ -52,7 +52,7 @@ def _case(name: str, loaded: Any, lever: Any, shape: Any, planted: int, cache_di
     from pytest_mlxgate.kl.refcache import ReferenceCache
     from pytest_mlxgate.results.attribution_text import attribution_lines
     from pytest_mlxgate.results.record_kl import parse_attribution
-    from pytest_mlxgate.session.paired import PairedRun
+    from pytest_mlxgate.session.paired_run import PairedRun
 
     header(f"explain {name}: planted break at layer {planted}")
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=16, tokens=shape.tokens)

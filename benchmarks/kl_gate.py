@@ -59,7 +59,7 @@ def _run(loaded: Any, lever: Any, shape: Any, n: int, cache_dir: Path | None) ->
     from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, sequences_digest
     from pytest_mlxgate.kl.refcache import ReferenceCache
     from pytest_mlxgate.models.device import blas_in_use
-    from pytest_mlxgate.session.paired import PairedRun
+    from pytest_mlxgate.session.paired_run import PairedRun
 
     seqs = build_sequences(default_prompts(), loaded.tokenizer, n=n, tokens=shape.tokens)
     return PairedRun(

@@ -159,7 +159,7 @@ def _measure_known_bad(paired: Paired, gate: GateSource, module: Path, model: st
     lever = bad_paired.lever
     value = lever.to_json() if is_whole_lever(bad) else bad if isinstance(bad, (str, int, float, dict)) else repr(bad)
     entry: dict[str, Any] = {"declared": True, "value": value}
-    paired.run._say(f"calibration: the known-bad variant KNOWN_BAD = {known_bad_shown(bad, lever)}")
+    paired.run.say(f"calibration: the known-bad variant KNOWN_BAD = {known_bad_shown(bad, lever)}")
     try:
         result = bad_paired.kl()
     except NonFiniteLogitsError as e:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..kl.result import KLResult
     from ..levers.lever import Lever
     from ..results.records import Check
-    from ..session.paired import PairedRun
+    from ..session.paired_run import PairedRun
     from ..verdicts.conclude import Conclusion
 
 __all__ = ["assert_known_bad_fails", "is_whole_lever", "known_bad_lever", "known_bad_paired", "known_bad_shown"]
@@ -109,11 +109,6 @@ def known_bad_paired(paired: Paired, bad: object) -> _KnownBadPaired:
         reference=reference,
         speed_shape=None,
         counters=type(run.counters)(),
-        _capability={},
-        _result=None,
-        _error=None,
-        _speed=None,
-        _calibration=None,
     )
     return _KnownBadPaired(bad_run, paired.item, paired.rerun)
 

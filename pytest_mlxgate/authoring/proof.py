@@ -356,7 +356,7 @@ def _key(paired: Paired, known_bad: object | None) -> dict[str, Any]:
     return {
         "proof": PROOF_FORMAT,
         "reference": reference_key(
-            model=run._reference_model(),
+            model=run.reference_model(),
             lever=run.lever,
             shape=run.shape,
             sequences_digest=run.sequences_digest,
@@ -397,19 +397,19 @@ def _cached_or_measured(paired: Paired, known_bad: object | None) -> Proof:
                     if found.error is None:
                         _store(run.cache, key, found)
         if hit is not None:
-            run._say(f"limits proof: from the reference cache ({_proof_line(hit)})")
+            run.say(f"limits proof: from the reference cache ({_proof_line(hit)})")
             return replace(hit, known_bad=known_bad, source="cache")
-    run._say(f"limits proof: {_proof_line(found)}")
+    run.say(f"limits proof: {_proof_line(found)}")
     return found
 
 
 def _measure(paired: Paired, known_bad: object | None) -> Proof:
     """The A/A arm (the reference against itself, another prefill chunk) and the known-bad arm."""
     run = paired.run
-    run._say("limits proof: no calibration covers this model here; the A/A floor first")
+    run.say("limits proof: no calibration covers this model here; the A/A floor first")
     with run.phases.timing("proof"):
         _, floors = chunked_floor(
-            reference=run._reference_model(),
+            reference=run.reference_model(),
             lever=run.lever,
             shape=run.shape,
             sequences=run.sequences,
@@ -417,12 +417,12 @@ def _measure(paired: Paired, known_bad: object | None) -> Proof:
             machine=run.machine,
             cache=run.cache,
             counters=type(run.counters)(),
-            say=run._say,
+            say=run.say,
             watch=run.watch,
         )
         if known_bad is None:
             return Proof(floors=floors)
-        run._say(f"limits proof: the known-bad variant KNOWN_BAD = {_named(paired, known_bad)}")
+        run.say(f"limits proof: the known-bad variant KNOWN_BAD = {_named(paired, known_bad)}")
         try:
             bad = known_bad_paired(paired, known_bad)
             bad.run.phases = PhaseClock()  # its arms are this proof's time, charged once, here

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..models.loaded import LoadedModel
     from ..models.materialize import ResolvedSnapshot
     from .builder import RunContext
-    from .paired import Paired, PairedRun
+    from .paired import Paired
+    from .paired_run import PairedRun
 
 __all__ = ["MlxgateSession", "Role", "SHARD_DURATIONS_KEY", "SHARD_PLAN_KEY", "WORKERINPUT_KEYS"]
 
@@ -103,7 +104,7 @@ class MlxgateSession:
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         """A `--mlx-lever` override is checked against every collected module, then --mlx-shard keeps its own."""
-        from .builder import check_lever_override
+        from .gate_request import check_lever_override
 
         check_lever_override(self.settings.gate, items)
         self.shards.select(config, items)

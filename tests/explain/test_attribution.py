@@ -25,7 +25,7 @@ from pytest_mlxgate.models.loaded import LoadedModel
 from pytest_mlxgate.models.materialize import ResolvedSnapshot
 from pytest_mlxgate.results.attribution_text import attribution_lines, entry_step
 from pytest_mlxgate.results.record_kl import parse_attribution
-from pytest_mlxgate.session.paired import PairedRun
+from pytest_mlxgate.session.paired_run import PairedRun
 
 
 def _loaded(path: Path) -> LoadedModel:

@@ -15,7 +15,7 @@ from pytest_mlxgate.kl.shape import RunShape
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.models.loaded import LoadedModel
 from pytest_mlxgate.models.materialize import ResolvedSnapshot
-from pytest_mlxgate.session.paired import PairedRun
+from pytest_mlxgate.session.paired_run import PairedRun
 
 
 def _measured(model_dir: Path, prompts_file: Path, n: int) -> dict[str, Any]:

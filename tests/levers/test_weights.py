@@ -88,7 +88,7 @@ def test_a_weights_gate_measures_drift_between_float_and_4_bit(tiny_kv_model_dir
     from pytest_mlxgate.kl.shape import RunShape
     from pytest_mlxgate.levers.lever import Lever
     from pytest_mlxgate.levers.weights import quantized_copy
-    from pytest_mlxgate.session.paired import PairedRun
+    from pytest_mlxgate.session.paired_run import PairedRun
 
     loaded = _loaded(tiny_kv_model_dir)
     lever = Lever(name="weights", kind="weights", target=None, ref=None, cand={"bits": 4, "group_size": 64})

@@ -1,0 +1,117 @@
+"""A gate module's KL measurement: both arms over its prompts once, remembered for all its KL tests;
+the A/A floor beside it for calibration; and where a gate's drift comes from (attribution)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..kl.result import KLResult
+    from .arms import ModuleArms
+
+__all__ = ["KLArms"]
+
+
+class KLArms:
+    """Runs `measure_kl` on first use and remembers its result, or the error it raised."""
+
+    def __init__(self, arms: ModuleArms, *, aa: bool = False) -> None:
+        self.arms = arms
+        self.aa = aa
+        self.result: KLResult | None = None
+        self._error: BaseException | None = None
+        self._attribution: dict[str, Any] | None = None
+
+    def kl(self) -> KLResult:
+        if self._error is not None:
+            raise self._error
+        if self.result is None:
+            try:
+                self.result = self._timed_run()
+            except BaseException as e:
+                self._error = e
+                raise
+        return self.result
+
+    def _timed_run(self) -> KLResult:
+        """`measure`, its time charged to the reference and candidate phases (all to the candidate if it raised)."""
+        import time
+
+        phases = self.arms.phases
+        started = time.perf_counter()
+        try:
+            found = self.measure(aa=self.aa)
+        except BaseException:
+            phases.add("candidate", time.perf_counter() - started)
+            raise
+        reference_s = float(found.durations.get("reference_s", 0.0))
+        phases.add("reference", reference_s)
+        phases.add("candidate", time.perf_counter() - started - reference_s)
+        return found
+
+    def measure(self, *, aa: bool) -> KLResult:
+        """One measurement, not remembered: the lever's arms, or (`aa`) the reference against itself."""
+        from ..kl.measure import measure_kl
+
+        arms = self.arms
+        return measure_kl(
+            lever=arms.lever,
+            shape=arms.shape,
+            sequences=arms.sequences,
+            sequences_digest=arms.sequences_digest,
+            reference=arms.reference_model(),
+            candidate=arms.candidate,
+            two_models=arms.lever.two_models and arms.reference is not None,
+            machine=arms.machine,
+            cache=arms.cache,
+            refresh_reference=arms.refresh_reference,
+            aa=aa,
+            counters=arms.counters,
+            say=arms.say,
+            watch=arms.watch,
+        )
+
+    def explanation(self, kl: KLResult, budget: float) -> dict[str, Any]:
+        """Where `kl`'s drift comes from (`explain.attribute`), once per module, within `budget` seconds.
+        Attribution is a by-product: an error in it becomes a note, never the gate's verdict."""
+        if self._attribution is not None:  # the module's arms, explained once for all its KL tests
+            return self._attribution
+        from ..explain.attribute import attribute
+        from ..kl.measure import reference_key
+
+        arms = self.arms
+        reference = arms.reference_model()
+        key = reference_key(
+            model=reference,
+            lever=arms.lever,
+            shape=arms.shape,
+            sequences_digest=arms.sequences_digest,
+            machine=arms.machine,
+        )
+        refs = arms.cache.load(key, len(arms.sequences)) if arms.cache is not None else None
+        try:
+            with arms.phases.timing("explain"):
+                found = attribute(
+                    lever=arms.lever,
+                    shape=arms.shape,
+                    sequences=arms.sequences,
+                    whole=kl.scores,
+                    reference=reference,
+                    candidate=arms.candidate,
+                    budget=budget,
+                    refs=refs,
+                    cache=arms.cache,
+                    cache_key=key,
+                    say=arms.say,
+                    # the gate's own cost, both arms computed (a cached reference arm costs what the candidate's does)
+                    gate_seconds=2 * float(kl.durations.get("candidate_s", 0.0)) or None,
+                ).to_json()
+        except Exception as e:
+            found = {
+                "version": 0,
+                "scopes": [],
+                "residual": {"layers": []},
+                "notes": [f"attribution could not run ({type(e).__name__}: {e}); the gate's verdict stands"],
+            }
+        self._attribution = found
+        return found
