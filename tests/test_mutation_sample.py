@@ -47,3 +47,38 @@ def test_equivalents_are_the_triage_lines_that_say_e_with_a_reason() -> None:
         "pytest_mlxgate.serving.batch.x_greedy_batch__mutmut_35",  # the package prefix may be left out
         "pytest_mlxgate.stats.verdicts.x_floor_n_needed__mutmut_14",
     }
+
+
+# -- ./dev mutate --function: one function's mutants, read from mutmut's mutated source ----------------
+
+_MUTATED = """\
+def x_f__mutmut_orig(a, b):
+    if a > b:
+        return "big"
+    return "small"
+def x_f__mutmut_1(a, b):
+    if a >= b:
+        return "big"
+    return "small"
+def x_f__mutmut_12(a, b):
+    if a > b:
+        return "XXbigXX"
+    return "small"
+class C:
+    def xǁCǁg__mutmut_orig(self):
+        return 1
+    def xǁCǁg__mutmut_2(self):
+        return 2
+x_f__mutmut_mutants = {}
+"""
+
+
+def test_a_function_s_mutants_are_its_numbered_definitions_and_each_diff_is_the_changed_line() -> None:
+    from mutation_kill import mutant_diff, mutant_numbers
+
+    assert mutant_numbers(_MUTATED, "x_f") == [1, 12]
+    assert mutant_numbers(_MUTATED, "xǁCǁg") == [2]
+    assert mutant_diff(_MUTATED, "x_f", 1) == ["-    if a > b:", "+    if a >= b:"]
+    assert mutant_diff(_MUTATED, "x_f", 12) == ['-        return "big"', '+        return "XXbigXX"']
+    # a method's body ends at its class's next definition, not at the module's next line
+    assert mutant_diff(_MUTATED, "xǁCǁg", 2) == ["-        return 1", "+        return 2"]
