@@ -111,7 +111,7 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
         raise MergeError("no reports to merge")
     commits = {r.run.code_commit for r in reports}
     if len(commits) > 1:
-        which = "; ".join(f"{r.path} at {(r.run.code_commit or 'no git commit')[:12]}" for r in reports)
+        which = "; ".join(f"{r.path} at {(r.run.code_commit or '')[:12] or 'no git commit'}" for r in reports)
         raise MergeError(
             f"the reports ran different code ({which}): one merged verdict cannot speak for two "
             "commits. Re-run the shards on one commit, or compare the runs: mlxgate compare A B"
