@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..common.format import percent
@@ -290,7 +290,7 @@ def _kl_limit(
         if rule <= 0:
             notes.append(f"{label}: the lever disagrees too often for a top-1 limit to mean anything")
             return None
-        return round(rule, 6)
+        return math.floor(round(rule * 1e6, 3)) / 1e6  # down: a rule of 0.99999985 is no limit of 1
     size = max(LEVER_FACTOR * lever_bound, FLOOR_FACTOR * floor if floor is not None else 0.0)
     if size <= 0:
         notes.append(
@@ -544,21 +544,27 @@ def _speed_goals(speed: Mapping[str, Any] | None, notes: list[str]) -> tuple[dic
         if lo is None or not math.isfinite(float(lo)):
             continue
         if lo > 1.02:
-            goals[key] = math.floor((1 + (float(lo) - 1) / 2) * 100) / 100
+            goals[key] = _hundredths(1 + (float(lo) - 1) / 2, math.floor)
         else:
             notes.append(f"{key} @{longest}: not shown faster here (x{ratio:.2f}, lower bound {lo:.2f}): no goal")
     kv = (ctx.get("kv") or {}).get("ratio")
     if kv is not None:
         rows.append({"metric": f"KV bytes @{longest}", "key": "kv", "value": kv, "interval": [kv, kv]})
         if kv < 1:
-            goals["kv"] = math.ceil(kv * 1.1 * 100) / 100
+            goals["kv"] = _hundredths(kv * 1.1, math.ceil)
     w = speed.get("weights_bytes") or {}
     if w.get("reference") and w.get("candidate") and w["candidate"] != w["reference"]:
         ratio = w["candidate"] / w["reference"]
         rows.append({"metric": "weight bytes", "key": "weights", "value": ratio, "interval": [ratio, ratio]})
         if ratio < 1:
-            goals["weights"] = math.ceil(ratio * 1.1 * 100) / 100
+            goals["weights"] = _hundredths(ratio * 1.1, math.ceil)
     return goals, rows
+
+
+def _hundredths(x: float, direction: Callable[[float], int]) -> float:
+    """x to hundredths by `direction` (floor: a speed goal; ceil: a bytes goal), the float's own error
+    first rounded away: 1.3's goal is 1.15, not the 1.14 that floor(114.99999999999999) gives."""
+    return direction(round(x * 100, 9)) / 100
 
 
 def _code_number(x: float) -> str:
@@ -582,7 +588,7 @@ def metric_text(key: str, x: Any) -> str:
 
 def _sci(x: float) -> str:
     """4.2e-4 rather than 0.00042 or 4.2e-04: KL figures span ten decades."""
-    if x == 0 or 1e-2 <= abs(x) < 1e3:
+    if x == 0 or 1e-2 <= abs(x) < 1e2:
         return f"{x:.2g}"
     mantissa, exponent = f"{x:.1e}".split("e")
     return f"{mantissa}e{int(exponent)}"
