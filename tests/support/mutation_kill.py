@@ -56,6 +56,10 @@ def mutant_diff(source: str, function: str, which: int) -> list[str]:
 
 def _run(name: str, tests: list[str]) -> int:
     env = dict(os.environ, MUTANT_UNDER_TEST=name, PY_IGNORE_IMPORTMISMATCH="1")
+    # Each run imports the mutated modules (megabytes each): compiled once into a cache of their own,
+    # ~2 s a run rather than ~20 s where PYTHONDONTWRITEBYTECODE is set.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str((MUTANTS / ".pycache").resolve())
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
     command += ["-n", "0", "--no-header", "-o", "addopts=", *tests]
     return subprocess.run(command, cwd=MUTANTS, env=env, capture_output=True, timeout=900).returncode
