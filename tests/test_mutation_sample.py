@@ -69,6 +69,14 @@ class C:
         return 1
     def xǁCǁg__mutmut_2(self):
         return 2
+def x_h__mutmut_orig(
+    a,
+) -> int:
+    return a
+def x_h__mutmut_1(
+    a,
+) -> int:
+    return None
 x_f__mutmut_mutants = {}
 """
 
@@ -82,3 +90,5 @@ def test_a_function_s_mutants_are_its_numbered_definitions_and_each_diff_is_the_
     assert mutant_diff(_MUTATED, "x_f", 12) == ['-        return "big"', '+        return "XXbigXX"']
     # a method's body ends at its class's next definition, not at the module's next line
     assert mutant_diff(_MUTATED, "xǁCǁg", 2) == ["-        return 1", "+        return 2"]
+    # a signature over several lines: its closing parenthesis in column 0 is not the end of the body
+    assert mutant_diff(_MUTATED, "x_h", 1) == ["-    return a", "+    return None"]

@@ -15,8 +15,10 @@ selects one); prints the survivors with their diffs against the original functio
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
 import difflib
+import functools
 import os
 import re
 import shutil
@@ -33,14 +35,20 @@ def mutant_numbers(source: str, function: str) -> list[int]:
 
 
 def mutant_body(source: str, function: str, which: int | str) -> str:
-    """The text of one mutant's definition (`which`: its number, or "orig" for the original), to the next
-    definition at its indentation or less; "" when absent."""
-    found = re.search(
-        rf"^([ \t]*)def {re.escape(function)}__mutmut_{which}\(.*?(?=^\1def |^\1\S|^\S|\Z)",
-        source,
-        re.S | re.M,
-    )
-    return found.group(0).rstrip() + "\n" if found else ""
+    """The text of one mutant's definition (`which`: its number, or "orig" for the original); "" when
+    absent. Found by the syntax tree, so a signature over several lines or a method in its class ends
+    where its definition does."""
+    wanted = f"{function}__mutmut_{which}"
+    for node in ast.walk(_tree(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == wanted:
+            lines = source.splitlines(keepends=True)
+            return "".join(lines[node.lineno - 1 : node.end_lineno])
+    return ""
+
+
+@functools.lru_cache(maxsize=4)
+def _tree(source: str) -> ast.Module:
+    return ast.parse(source)
 
 
 def mutant_diff(source: str, function: str, which: int) -> list[str]:
