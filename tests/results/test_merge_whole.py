@@ -310,6 +310,9 @@ def test_a_shard_s_score_is_made_again_over_every_shard() -> None:
     assert score["time"] == "2026-12-01T10:03:00Z"  # the latest capability record's
     assert list(score["capability_score"]["tasks"]) == ["ifeval", "gsm8k", "mmlu"]  # in time order, none first
     assert merge_reports([report("c.json", run("3" * 32), gate("a.py::x"), old_score)]).records == [gate("a.py::x")]
+    # capability gates of a gate author's own task only: no score among the six to make again, and no error
+    own = capability("d.py::t", "my_task", "2026-12-01T10:04:00Z")
+    assert merge_reports([report("d.json", run("4" * 32), own, old_score)]).records == [own]
 
 
 # -- refusals --------------------------------------------------------------------------------------------
