@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         else:
             shutil.copy(test, target)
     source = path.read_text(encoding="utf-8")
-    function = qualified.split("ǁ")[-1]  # a method's mutants are defined in its class under the bare name
+    function = qualified  # a method's mutants too are defined under mutmut's whole name (xǁClassǁmethod)
     numbers = [int(n) for n in args.only.split(",")] if args.only else mutant_numbers(source, function)
     if not numbers:
         raise SystemExit(f"no mutants of {function} in {path}")
