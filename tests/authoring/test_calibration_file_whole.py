@@ -1162,3 +1162,8 @@ def test_the_per_model_calibration_a_candidate_belongs_to(
     name: str | None, repo: str | None, model: str | None
 ) -> None:
     assert cf.calibration_model(name, repo) == model
+
+
+def test_a_gate_source_read_keeps_the_file_it_was_read_from(gate: Path) -> None:
+    """seed 44's survivor (`GateSource.read` with its path dropped): the path travels with what was read."""
+    assert GateSource.read(gate).path == gate

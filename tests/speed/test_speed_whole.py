@@ -506,3 +506,18 @@ def test_a_failing_assertion_hides_its_own_frame(call: Any) -> None:
         call(record())
     shown = [entry.name for entry in info.traceback.filter(info)]
     assert not [name for name in shown if "assert_faster" in name or "assert_smaller" in name], shown
+
+
+# -- a speed shape's refusals, whole (seed 44's survivors: SpeedShape.__post_init__'s messages) -------------
+
+
+def test_a_speed_shape_that_repeats_a_context_or_decodes_nothing_is_refused_saying_which() -> None:
+    from pytest_mlxgate.errors import LeverError
+    from pytest_mlxgate.speed.shape import SpeedShape
+
+    with pytest.raises(LeverError) as e:
+        SpeedShape(contexts=(64, 128, 64), decode=8)
+    assert str(e.value) == "speed contexts repeat a length: (64, 128, 64)"
+    with pytest.raises(LeverError) as e:
+        SpeedShape(contexts=(64,), decode=0)
+    assert str(e.value) == "speed decode must time at least 1 token, got 0"

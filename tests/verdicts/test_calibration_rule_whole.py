@@ -1022,3 +1022,32 @@ def test_a_top1_limit_is_never_rounded_past_the_rule_that_the_check_then_refuses
     limit = _kl_limit("top1", "top-1", 0.9999999, None, capped=True, notes=notes)
     assert limit is not None and limit <= 0.9999999
     assert check_kl_limit("top1", limit, lever_bound=0.9999999, floor=None) == []
+
+
+# -- the marker as an item carries it (seed 44's survivor: accept_broken_from's args) -----------------------
+
+
+class _Item:
+    nodeid = "gates/test_g.py::test_drift"
+
+    def __init__(self, mark: pytest.Mark | None) -> None:
+        self.mark = mark
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return self.mark if self.mark is not None and self.mark.name == name else None
+
+
+def test_the_reason_an_item_s_marker_gives_and_a_marker_with_arguments_refused_in_full() -> None:
+    from pytest_mlxgate.errors import MlxgateUsageError
+    from pytest_mlxgate.verdicts.calibration import accept_broken_from
+
+    assert accept_broken_from(_Item(None)) is None
+    assert accept_broken_from(_Item(pytest.mark.mlx_calibrate(accept_broken="4-bit is the plan").mark)) == (
+        "4-bit is the plan"
+    )
+    with pytest.raises(MlxgateUsageError) as e:
+        accept_broken_from(_Item(pytest.mark.mlx_calibrate("why", accept_broken="r").mark))
+    assert str(e.value) == (
+        'marker mlx_calibrate on gates/test_g.py::test_drift: takes only accept_broken="why" (the reason a lever '
+        "beyond the quality bounds is acceptable); got 'why'"
+    )
