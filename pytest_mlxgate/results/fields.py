@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
+    "Flat",
     "Interval",
+    "absent",
     "dumps",
     "integer",
     "interval",
@@ -25,8 +27,10 @@ __all__ = [
     "number",
     "real",
     "reals",
+    "rest",
     "sequence",
     "text",
+    "written",
 ]
 
 
@@ -91,6 +95,13 @@ class Interval(NamedTuple):
     upper: float | None = None
 
 
+def rest(wire: Mapping[str, Any], typed: Collection[str]) -> dict[str, Any]:
+    """The keys of a record's part that the read model does not type (a speed trial's seconds, an A/A run's
+    whole statistics, a capability item's answers), as written: kept, so that a record read and written
+    again (merge, the results DB) loses nothing, and a newer record's fields survive an older reader."""
+    return {str(k): v for k, v in wire.items() if k not in typed}
+
+
 def mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -111,3 +122,35 @@ def ints(value: Any) -> tuple[int | None, ...]:
 
 def reals(value: Any) -> tuple[float | None, ...]:
     return tuple(real(v) for v in sequence(value))
+
+
+def absent(wire: Mapping[str, Any], typed: Collection[str]) -> frozenset[str]:
+    """The typed keys a record's part did not hold: its `to_json` leaves them out again (absent and null
+    read the same, but a record read and written again keeps its shape)."""
+    return frozenset(k for k in typed if k not in wire)
+
+
+def written(typed: Mapping[str, Any], left_out: Collection[str], kept: Mapping[str, Any]) -> dict[str, Any]:
+    """A part's wire form: the keys kept as written (`rest`), then its typed keys but those it did not hold."""
+    out = dict(kept)
+    out.update((k, v) for k, v in typed.items() if k not in left_out)
+    return out
+
+
+class Flat:
+    """A part of the read model whose fields are its wire keys (values: numbers, text, intervals, tuples),
+    then `left_out` and `more`: its `to_json` is its fields as JSON, but those it did not hold, then its
+    untyped keys. A dataclass mixin: the subclass declares the fields."""
+
+    left_out: frozenset[str]
+    more: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        import dataclasses
+
+        typed = {
+            f.name: jsonable(getattr(self, f.name))
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]  # always a dataclass
+            if f.name not in ("left_out", "more")
+        }
+        return written(typed, self.left_out, self.more)

@@ -17,10 +17,10 @@ record (a results-DB row, the run facts, a JSON report) in `runs`. Standard libr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
-from .fields import Interval, integer, mapping, nodeid_of, real, sequence, text
+from .fields import Flat, Interval, absent, integer, mapping, nodeid_of, real, rest, sequence, text, written
 from .record_capability import CapabilityScore, Task, parse_score, parse_task
 from .record_checks import CheckResult, parse_check
 from .record_kl import (
@@ -28,6 +28,7 @@ from .record_kl import (
     Attribution,
     KLProfile,
     Stats,
+    parse_aa,
     parse_attribution,
     parse_profile,
     parse_stats,
@@ -50,11 +51,20 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """Which model an arm ran."""
+class ModelInfo(Flat):
+    """Which model an arm ran (`records.ModelRef`): its name as given and where that resolved to."""
 
-    label: str | None  # its pinned id (repo@commit), else whatever names it
+    name: str | None = None
+    repo_id: str | None = None
     commit: str | None = None
+    pinned: str | None = None  # repo@commit
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    @property
+    def label(self) -> str | None:
+        """Its pinned id (repo@commit), else whatever names it."""
+        return self.pinned or self.repo_id or self.name
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,26 @@ class LimitsFrom:
     floors: Mapping[str, float] = field(default_factory=dict)
     inside_floor: tuple[str, ...] = ()
     note: str | None = None
+    known_bad_more: Mapping[str, Any] = field(default_factory=dict)  # the known-bad's verdict..., as written
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (`records.LimitsFrom`, `authoring.proof` writes it)."""
+        bad = {**self.known_bad_more, "value": self.known_bad, "figures": list(self.known_bad_figures)}
+        typed = {
+            "status": self.status,
+            "model": self.model,
+            "backend": self.backend,
+            "file": self.file,
+            "models_entry": self.models_entry,
+            "why": self.why,
+            "known_bad": bad,
+            "floors": dict(self.floors),
+            "inside_floor": list(self.inside_floor),
+            "note": self.note,
+        }
+        return written(typed, self.left_out, self.more)
 
     @property
     def shown(self) -> bool:
@@ -100,31 +130,38 @@ class LimitsFrom:
 
 
 @dataclass(frozen=True)
-class Lever:
+class Lever(Flat):
     """The lever of both arms, its values as text (a value that is not a string: its JSON)."""
 
     name: str | None = None
     kind: str | None = None
+    target: str | None = None
     ref: str | None = None
     cand: str | None = None
     path: str | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Sizes(Flat):
     prompts: int | None = None
     tokens: int | None = None
     decode: int | None = None
     chunk: int | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
-class ErrorInfo:
+class ErrorInfo(Flat):
     """A gate that raised instead of deciding: the error's type, its message's first lines, the phase."""
 
     type: str | None = None
     message: str | None = None
     phase: str | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
@@ -146,14 +183,14 @@ class Record:
     stats: Stats = Stats()
     limits_for: str | None = None  # the model whose own limits (`models=`) replaced the gate's
     limits_from: LimitsFrom | None = None  # where the limits were shown to work on this model and backend
-    bounds_floor: float | None = None  # a capability gate's floor= and max_drop=
-    bounds_max_drop: float | None = None
+    bounds: Mapping[str, Any] = field(default_factory=dict)  # the limits asked, by metric (a Budget: its JSON)
     checks: tuple[CheckResult, ...] = ()
-    total_s: float | None = None
+    durations: Mapping[str, float] = field(default_factory=dict)  # seconds: total_s, and per arm where kept
     phases: Mapping[str, float] = field(default_factory=dict)  # this record's share of its module's work, s
     rerun: str | None = None
     reference_source: str | None = None
-    lever_calls: int | None = None  # a patch lever: calls of its site seen in the candidate arm
+    forwards: Mapping[str, int | None] = field(default_factory=dict)  # forward passes per arm (KL gates)
+    lever_calls_by_arm: Mapping[str, int | None] = field(default_factory=dict)  # a patch lever: its site's calls
     aa: AA | None = None
     tokens: Mapping[str, str] = field(default_factory=dict)
     kl_profile: KLProfile = KLProfile()
@@ -163,6 +200,70 @@ class Record:
     capability_score: CapabilityScore | None = None
     speed: Speed | None = None
     error: ErrorInfo | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (`records.GateRecord`), in the current shape: `parse_record` reads it back to an
+        equal record, and a record parsed from the wire writes that wire again (tests/results: stored
+        records of every writer)."""
+
+        def part(value: Any) -> Any:
+            return value.to_json() if value is not None else None
+
+        typed = {
+            "nodeid": self.nodeid,
+            "gate": self.gate,
+            "mode": self.mode,
+            "verdict": self.verdict,
+            "time": self.time,
+            "record_version": RECORD_VERSION,
+            "candidate": part(self.candidate),
+            "reference_model": part(self.reference_model),
+            "lever": self.lever.to_json(),
+            "path": self.path,
+            "sizes": self.sizes.to_json(),
+            "stats": self.stats.to_json(),
+            "bounds": dict(self.bounds),
+            "limits_for": self.limits_for,
+            "limits_from": part(self.limits_from),
+            "checks": [c.to_json() for c in self.checks],
+            "durations": dict(self.durations),
+            "phases": dict(self.phases),
+            "rerun": self.rerun,
+            "reference_source": self.reference_source,
+            "forwards": dict(self.forwards),
+            "lever_calls": dict(self.lever_calls_by_arm),
+            "aa": part(self.aa),
+            "tokens": dict(self.tokens),
+            "kl_profile": self.kl_profile.to_json(),
+            "attribution": part(self.attribution),
+            "tasks": {name: t.to_json() for name, t in self.tasks.items()},
+            "skipped": dict(self.skipped),
+            "capability_score": part(self.capability_score),
+            "speed": part(self.speed),
+            "error": part(self.error),
+        }
+        return written(typed, self.left_out, self.more)
+
+    @property
+    def bounds_floor(self) -> float | None:
+        """A capability gate's floor=."""
+        return real(self.bounds.get("floor"))
+
+    @property
+    def bounds_max_drop(self) -> float | None:
+        """A capability gate's max_drop=."""
+        return real(self.bounds.get("max_drop"))
+
+    @property
+    def total_s(self) -> float | None:
+        return self.durations.get("total_s")
+
+    @property
+    def lever_calls(self) -> int | None:
+        """A patch lever: calls of its site seen in the candidate arm."""
+        return self.lever_calls_by_arm.get("candidate")
 
     @property
     def name(self) -> str:
@@ -209,26 +310,27 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         lever=Lever(
             name=text(lever.get("name")),
             kind=text(lever.get("kind")),
+            target=text(lever.get("target")),
             ref=text(lever.get("ref")),
             cand=text(lever.get("cand")),
             path=text(lever.get("path")),
+            left_out=absent(lever, LEVER_KEYS),
+            more=rest(lever, LEVER_KEYS),
         ),
         path=text(r.get("path")),
         sizes=_sizes(mapping(r.get("sizes"))),
         stats=parse_stats(stats),
         limits_for=text(r.get("limits_for")) or None,
         limits_from=_limits_from(mapping(r.get("limits_from"))),
-        bounds_floor=real(bounds.get("floor")),
-        bounds_max_drop=real(bounds.get("max_drop")),
+        bounds={str(k): v for k, v in bounds.items()},
         checks=tuple(parse_check(c) for c in sequence(r.get("checks")) if isinstance(c, Mapping)),
-        total_s=real(mapping(r.get("durations")).get("total_s")),
-        phases={str(k): v for k, v in ((k, real(v)) for k, v in mapping(r.get("phases")).items()) if v is not None},
+        durations=_reals(r.get("durations")),
+        phases=_reals(r.get("phases")),
         rerun=text(r.get("rerun")),
         reference_source=text(r.get("reference_source")),
-        lever_calls=integer(mapping(r.get("lever_calls")).get("candidate")),
-        aa=AA(floors={str(k): real(v) for k, v in mapping(mapping(aa).get("floors")).items()})
-        if isinstance(aa, Mapping)
-        else None,
+        forwards={str(k): integer(v) for k, v in mapping(r.get("forwards")).items()},
+        lever_calls_by_arm={str(k): integer(v) for k, v in mapping(r.get("lever_calls")).items()},
+        aa=parse_aa(aa) if isinstance(aa, Mapping) else None,
         tokens={str(k): v for k, v in mapping(r.get("tokens")).items() if isinstance(v, str)},
         kl_profile=parse_profile(mapping(r.get("kl_profile"))),
         attribution=parse_attribution(mapping(r.get("attribution"))) if r.get("attribution") else None,
@@ -237,11 +339,44 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         capability_score=parse_score(score) if score else None,
         speed=parse_speed(speed) if speed else None,
         error=ErrorInfo(
-            type=text(error.get("type")), message=text(error.get("message")), phase=text(error.get("phase"))
+            type=text(error.get("type")),
+            message=text(error.get("message")),
+            phase=text(error.get("phase")),
+            left_out=absent(error, ERROR_KEYS),
+            more=rest(error, ERROR_KEYS),
         )
         if error
         else None,
+        left_out=absent(r, RECORD_KEYS),
+        more=rest(r, RECORD_KEYS),
     )
+
+
+#: The keys of a record the read model types; any other is kept as written (`Record.more`).
+RECORD_KEYS = tuple(f.name for f in fields(Record) if f.name not in ("left_out", "more", "lever_calls_by_arm")) + (
+    "lever_calls",
+)
+LEVER_KEYS = ("name", "kind", "target", "ref", "cand", "path")
+ERROR_KEYS = ("type", "message", "phase")
+MODEL_KEYS = ("name", "repo_id", "commit", "pinned")
+SIZES_KEYS = ("prompts", "tokens", "decode", "chunk")
+LIMITS_KEYS = (
+    "status",
+    "model",
+    "backend",
+    "file",
+    "models_entry",
+    "why",
+    "known_bad",
+    "floors",
+    "inside_floor",
+    "note",
+)
+
+
+def _reals(value: Any) -> dict[str, float]:
+    """A name -> seconds mapping, its finite numbers."""
+    return {str(k): v for k, v in ((k, real(v)) for k, v in mapping(value).items()) if v is not None}
 
 
 def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
@@ -262,6 +397,9 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
         floors={str(k): v for k, v in ((k, real(v)) for k, v in mapping(value.get("floors")).items()) if v is not None},
         inside_floor=tuple(str(k) for k in sequence(value.get("inside_floor"))),
         note=text(value.get("note")) or None,
+        known_bad_more=rest(bad, ("value", "figures")),
+        left_out=absent(value, LIMITS_KEYS),
+        more=rest(value, LIMITS_KEYS),
     )
 
 
@@ -275,9 +413,15 @@ def _model(value: Any) -> ModelInfo | None:
     if value is None:
         return None
     if isinstance(value, Mapping):
-        label = next((str(value[k]) for k in ("pinned", "repo_id", "name") if value.get(k)), None)
-        return ModelInfo(label=label, commit=text(value.get("commit")))
-    return ModelInfo(label=text(value))
+        return ModelInfo(
+            name=text(value.get("name")),
+            repo_id=text(value.get("repo_id")),
+            commit=text(value.get("commit")),
+            pinned=text(value.get("pinned")),
+            left_out=absent(value, MODEL_KEYS),
+            more=rest(value, MODEL_KEYS),
+        )
+    return ModelInfo(name=text(value))  # older records: the name alone
 
 
 def _sizes(s: Mapping[str, Any]) -> Sizes:
@@ -286,6 +430,8 @@ def _sizes(s: Mapping[str, Any]) -> Sizes:
         tokens=integer(s.get("tokens")),
         decode=integer(s.get("decode")),
         chunk=integer(s.get("chunk")),
+        left_out=absent(s, SIZES_KEYS),
+        more=rest(s, SIZES_KEYS),
     )
 
 

@@ -7,19 +7,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import Interval, integer, interval, mapping, real, sequence, text
+from .fields import Flat, Interval, absent, integer, interval, mapping, real, rest, sequence, text, written
 from .record_checks import CheckResult, parse_check
 
 __all__ = ["Answer", "CapabilityScore", "Flipped", "FlippedItem", "ScoreTask", "Task", "parse_score", "parse_task"]
 
 
 @dataclass(frozen=True)
-class Answer:
+class Answer(Flat):
     """One arm's answer to a capability item."""
 
     output: str | None = None
     score: float | None = None
     verdict: str | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,28 @@ class FlippedItem:
     prompt: str | None = None
     reference: Answer = Answer()
     candidate: Answer = Answer()
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        typed = {
+            "id": self.id,
+            "prompt": self.prompt,
+            "reference": self.reference.to_json(),
+            "candidate": self.candidate.to_json(),
+        }
+        return written(typed, self.left_out, self.more)
 
 
 @dataclass(frozen=True)
 class Flipped:
     total: int | None = None
     items: tuple[FlippedItem, ...] = ()
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        return written({"total": self.total, "items": [i.to_json() for i in self.items]}, self.left_out, self.more)
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,22 @@ class Task:
     drop_check: CheckResult | None = None  # max_drop=: the paired drop (reference − candidate) and its bounds
     floor_check: CheckResult | None = None  # floor=: the candidate's score and its bounds
     flipped: Flipped | None = None  # None: not recorded
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (`capability/assertions.py` writes it; the paired items, tests and timings as written)."""
+        typed = {
+            "n": self.n,
+            "ref_score": self.ref_score,
+            "cand_score": self.cand_score,
+            "ref_ci": list(self.ref_ci),
+            "cand_ci": list(self.cand_ci),
+            "drop_verdict": self.drop_check.to_json() if self.drop_check is not None else None,
+            "floor_verdict": self.floor_check.to_json() if self.floor_check is not None else None,
+            "flipped": self.flipped.to_json() if self.flipped is not None else None,
+        }
+        return written(typed, self.left_out, self.more)
 
     @property
     def drop(self) -> float | None:
@@ -67,10 +101,12 @@ class Task:
 
 
 @dataclass(frozen=True)
-class ScoreTask:
+class ScoreTask(Flat):
     reference: float | None = None
     candidate: float | None = None
     n: int | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
@@ -82,10 +118,46 @@ class CapabilityScore:
     partial: bool | None = None
     tasks: Mapping[str, ScoreTask] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        typed = {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "partial": self.partial,
+            "tasks": {name: t.to_json() for name, t in self.tasks.items()},
+            "missing": list(self.missing),
+        }
+        return written(typed, self.left_out, self.more)
+
+
+ANSWER_KEYS = ("output", "score", "verdict")
+ITEM_KEYS = ("id", "prompt", "reference", "candidate")
+TASK_KEYS = ("n", "ref_score", "cand_score", "ref_ci", "cand_ci", "drop_verdict", "floor_verdict", "flipped")
+SCORE_TASK_KEYS = ("reference", "candidate", "n")
+SCORE_KEYS = ("reference", "candidate", "partial", "tasks", "missing")
 
 
 def _answer(a: Mapping[str, Any]) -> Answer:
-    return Answer(output=text(a.get("output")), score=real(a.get("score")), verdict=text(a.get("verdict")))
+    return Answer(
+        output=text(a.get("output")),
+        score=real(a.get("score")),
+        verdict=text(a.get("verdict")),
+        left_out=absent(a, ANSWER_KEYS),
+        more=rest(a, ANSWER_KEYS),
+    )
+
+
+def _item(i: Mapping[str, Any]) -> FlippedItem:
+    return FlippedItem(
+        id=text(i.get("id")),
+        prompt=i.get("prompt") if isinstance(i.get("prompt"), str) else None,
+        reference=_answer(mapping(i.get("reference"))),
+        candidate=_answer(mapping(i.get("candidate"))),
+        left_out=absent(i, ITEM_KEYS),
+        more=rest(i, ITEM_KEYS),
+    )
 
 
 def parse_task(name: str, t: Mapping[str, Any]) -> Task:
@@ -101,18 +173,14 @@ def parse_task(name: str, t: Mapping[str, Any]) -> Task:
         floor_check=parse_check(floor, direction="min") if floor else None,
         flipped=Flipped(
             total=integer(flipped.get("total")),
-            items=tuple(
-                FlippedItem(
-                    id=text(i.get("id")),
-                    prompt=i.get("prompt") if isinstance(i.get("prompt"), str) else None,
-                    reference=_answer(mapping(i.get("reference"))),
-                    candidate=_answer(mapping(i.get("candidate"))),
-                )
-                for i in (mapping(i) for i in sequence(flipped.get("items")))
-            ),
+            items=tuple(_item(mapping(i)) for i in sequence(flipped.get("items"))),
+            left_out=absent(flipped, ("total", "items")),
+            more=rest(flipped, ("total", "items")),
         )
         if flipped
         else None,
+        left_out=absent(t, TASK_KEYS),
+        more=rest(t, TASK_KEYS),
     )
 
 
@@ -127,8 +195,12 @@ def parse_score(s: Mapping[str, Any]) -> CapabilityScore:
                 reference=real(mapping(v).get("reference")),
                 candidate=real(mapping(v).get("candidate")),
                 n=integer(mapping(v).get("n")),
+                left_out=absent(mapping(v), SCORE_TASK_KEYS),
+                more=rest(mapping(v), SCORE_TASK_KEYS),
             )
             for t, v in mapping(s.get("tasks")).items()
         },
         missing=tuple(str(m) for m in sequence(s.get("missing"))),
+        left_out=absent(s, SCORE_KEYS),
+        more=rest(s, SCORE_KEYS),
     )

@@ -4,18 +4,19 @@ floor (the read model's part every verdict table shows). Standard library only."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import integer, real, text
+from .fields import Flat, absent, integer, real, rest, text
 
-__all__ = ["CheckResult", "parse_check"]
+__all__ = ["CHECK_KEYS", "CheckResult", "parse_check"]
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class CheckResult(Flat):
     """One limit of an assertion (a record's check, or a capability task's drop or floor): the value, its
-    interval [lower, upper] (the same meaning whatever the direction), the limit and the verdict."""
+    interval [lower, upper] (the same meaning whatever the direction), the limit and the verdict. Its wire
+    form (`to_json`, `records.Check`) has the fields' names."""
 
     metric: str | None = None
     key: str | None = None
@@ -30,6 +31,8 @@ class CheckResult:
     method: str | None = None
     p_value: float | None = None
     context: int | None = None  # a speed check: the context (tokens) it holds at
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
     @property
     def passed(self) -> bool:
@@ -45,7 +48,26 @@ class CheckResult:
         return self.metric or self.key or "—"
 
 
+#: The keys of a check's wire form the read model types.
+CHECK_KEYS = (
+    "metric",
+    "key",
+    "value",
+    "lower",
+    "upper",
+    "limit",
+    "direction",
+    "verdict",
+    "n",
+    "n_needed",
+    "method",
+    "p_value",
+    "context",
+)
+
+
 def parse_check(c: Mapping[str, Any], *, direction: str | None = None) -> CheckResult:
+    """A check, tolerant; `direction`: the one its kind implies where the wire leaves it out (a task's)."""
     context = c.get("context")
     return CheckResult(
         metric=text(c.get("metric")),
@@ -61,4 +83,6 @@ def parse_check(c: Mapping[str, Any], *, direction: str | None = None) -> CheckR
         method=text(c.get("method")),
         p_value=real(c.get("p_value")),
         context=int(str(context)) if context is not None and str(context).strip().lstrip("-").isdigit() else None,
+        left_out=absent(c, CHECK_KEYS),
+        more=rest(c, CHECK_KEYS),
     )

@@ -8,7 +8,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .fields import Interval, integer, interval, ints, mapping, real, reals, sequence, text
+from .fields import (
+    Flat,
+    Interval,
+    absent,
+    integer,
+    interval,
+    ints,
+    jsonable,
+    mapping,
+    real,
+    reals,
+    rest,
+    sequence,
+    text,
+    written,
+)
 
 __all__ = [
     "AA",
@@ -23,6 +38,7 @@ __all__ = [
     "Stats",
     "WorstContext",
     "WorstToken",
+    "parse_aa",
     "parse_attribution",
     "parse_profile",
     "parse_stats",
@@ -30,7 +46,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class WorstToken:
+class WorstToken(Flat):
     """One of a KL gate's worst tokens (`stats.worst`)."""
 
     prompt: int | None = None
@@ -41,10 +57,30 @@ class WorstToken:
     cand_top1: int | None = None
     p_ref: float | None = None
     p_cand: float | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 #: The KL statistics a reader may ask for by key (`Stats.figure`).
 STATS_FIGURES = ("mean", "median", "p90", "p95", "p99", "p999", "max", "same_top", "top1", "ln_ppl_ratio")
+#: The keys of a record's `stats` the read model types.
+STATS_KEYS = frozenset(
+    {
+        *STATS_FIGURES,
+        "n_prompts",
+        "n_sequences",
+        "n_tokens",
+        "confidence",
+        "mean_ci",
+        "quantile_ci",
+        "same_top_ci",
+        "top1_ci",
+        "flips",
+        "near_tie_flips",
+        "near_ties",
+        "worst",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +110,14 @@ class Stats:
     near_ties: int | None = None
     ln_ppl_ratio: float | None = None
     worst: tuple[WorstToken, ...] = ()
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys (delta_p, max_at...), as written
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (`stats/kl_stats.py` writes it): the keys it held, typed or kept as written."""
+        typed = {k: jsonable(getattr(self, k)) for k in STATS_KEYS if k != "worst"} | {
+            "worst": [w.to_json() for w in self.worst]
+        }
+        return written(typed, STATS_KEYS - self.present, self.more)
 
     def has(self, key: str) -> bool:
         return key in self.present
@@ -99,7 +143,7 @@ class Stats:
 
 
 @dataclass(frozen=True)
-class Histogram:
+class Histogram(Flat):
     """Per-token KL in bins of 1/per_decade decade from 10**decades[0]; zero, under and over counted aside."""
 
     counts: tuple[int, ...] = ()
@@ -108,10 +152,12 @@ class Histogram:
     zero: int = 0
     under: int = 0
     over: int = 0
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
-class PositionProfile:
+class PositionProfile(Flat):
     """Per bucket of neighbouring positions: first, last, tokens, median and p90 of KL over prompts, flips."""
 
     first: tuple[int | None, ...] = ()
@@ -121,10 +167,12 @@ class PositionProfile:
     p90: tuple[float | None, ...] = ()
     flips: tuple[int | None, ...] = ()
     near_tie_flips: tuple[int | None, ...] = ()
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
-class PromptMeans:
+class PromptMeans(Flat):
     """Per prompt (at most 128 recorded): its index, mean KL with its interval, its tokens."""
 
     index: tuple[int | None, ...] = ()
@@ -133,10 +181,12 @@ class PromptMeans:
     n_tokens: tuple[int | None, ...] = ()
     total: int | None = None
     method: str | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
-class WorstContext:
+class WorstContext(Flat):
     """A worst token in its text: before it, the token, after it."""
 
     prompt: int | None = None
@@ -144,6 +194,8 @@ class WorstContext:
     before: str | None = None
     token: str | None = None
     after: str | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
@@ -154,6 +206,17 @@ class KLProfile:
     by_position: PositionProfile = PositionProfile()
     prompts: PromptMeans = PromptMeans()
     worst_context: tuple[WorstContext, ...] = ()
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        typed = {
+            "histogram": self.histogram.to_json(),
+            "by_position": self.by_position.to_json(),
+            "prompts": self.prompts.to_json(),
+            "worst_context": [c.to_json() for c in self.worst_context],
+        }
+        return written(typed, self.left_out, self.more)
 
 
 @dataclass(frozen=True)
@@ -171,16 +234,36 @@ class ScopeDrift:
     p99: float | None = None
     top1: float | None = None
     by_position: PositionProfile | None = None  # attention-type scopes: KL by position
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        typed = {
+            "name": self.name,
+            "kind": self.kind,
+            "layers": list(self.layers),
+            "level": self.level,
+            "ranked": self.ranked,
+            "n": self.n,
+            "mean": self.mean,
+            "mean_ci": list(self.mean_ci),
+            "p99": self.p99,
+            "top1": self.top1,
+            "by_position": self.by_position.to_json() if self.by_position is not None else None,
+        }
+        return written(typed, self.left_out, self.more)
 
 
 @dataclass(frozen=True)
-class LayerError:
+class LayerError(Flat):
     """With the lever everywhere: one layer's output error relative to the reference arm's."""
 
     layer: int | None = None
     type: str | None = None
     rel_error: float | None = None
     ci: Interval = Interval()
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
@@ -191,6 +274,7 @@ class Attribution:
     budget: float | None = None
     whole_mean: float | None = None  # the lever everywhere, on the same sequences
     whole_ci: Interval = Interval()
+    whole_n: int | None = None
     scopes: tuple[ScopeDrift, ...] = ()
     residual: tuple[LayerError, ...] = ()
     residual_sequences: int | None = None
@@ -200,6 +284,27 @@ class Attribution:
     seconds: float | None = None
     gate_seconds: float | None = None
     source: str | None = None  # computed | cache
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (`explain/attribute.py` writes it): the whole, the residual and the cost nested."""
+        typed = {
+            "sequences": self.sequences,
+            "budget": self.budget,
+            "whole": {"mean": self.whole_mean, "mean_ci": list(self.whole_ci), "n": self.whole_n},
+            "scopes": [s.to_json() for s in self.scopes],
+            "residual": {"layers": [e.to_json() for e in self.residual], "sequences": self.residual_sequences},
+            "notes": list(self.notes),
+            "cost": {
+                "sequence_arms": self.sequence_arms,
+                "gate_sequence_arms": self.gate_sequence_arms,
+                "seconds": self.seconds,
+                "gate_seconds": self.gate_seconds,
+            },
+            "source": self.source,
+        }
+        return written(typed, self.left_out, self.more)
 
     def top(self, k: int = 3) -> tuple[ScopeDrift, ...]:
         """The ranked layer, block and outside-the-layers scopes with the most drift, worst first."""
@@ -212,6 +317,25 @@ class AA:
     """--mlx-aa: the noise floors a gate's limits must sit above, by metric."""
 
     floors: Mapping[str, float | None] = field(default_factory=dict)
+    more: Mapping[str, Any] = field(default_factory=dict)  # the A/A runs' own statistics, as written
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.more, "floors": dict(self.floors)}
+
+
+WORST_KEYS = ("prompt", "position", "kl", "token_id", "ref_top1", "cand_top1", "p_ref", "p_cand")
+ATTRIBUTION_KEYS = ("sequences", "budget", "whole", "scopes", "residual", "notes", "cost", "source")
+SCOPE_KEYS = ("name", "kind", "layers", "level", "ranked", "n", "mean", "mean_ci", "p99", "top1", "by_position")
+HISTOGRAM_KEYS = ("counts", "decades", "per_decade", "zero", "under", "over")
+POSITION_KEYS = ("first", "last", "n", "median", "p90", "flips", "near_tie_flips")
+PROMPTS_KEYS = ("index", "mean", "ci", "n_tokens", "total", "method")
+CONTEXT_KEYS = ("prompt", "position", "before", "token", "after")
+PROFILE_KEYS = ("histogram", "by_position", "prompts", "worst_context")
+
+
+def parse_aa(a: Mapping[str, Any]) -> AA:
+    """A record's `aa` (--mlx-aa): the floors typed, the A/A runs' statistics kept as written."""
+    return AA(floors={str(k): real(v) for k, v in mapping(a.get("floors")).items()}, more=rest(a, ("floors",)))
 
 
 def parse_stats(s: Mapping[str, Any]) -> Stats:
@@ -239,10 +363,13 @@ def parse_stats(s: Mapping[str, Any]) -> Stats:
                 cand_top1=integer(w.get("cand_top1")),
                 p_ref=real(w.get("p_ref")),
                 p_cand=real(w.get("p_cand")),
+                left_out=absent(w, WORST_KEYS),
+                more=rest(w, WORST_KEYS),
             )
             for w in sequence(s.get("worst"))
             if isinstance(w, Mapping)
         ),
+        more=rest(s, STATS_KEYS),
         **figures,  # the float fields named in STATS_FIGURES
     )
 
@@ -251,10 +378,13 @@ def parse_attribution(a: Mapping[str, Any]) -> Attribution:
     """A record's `attribution` (also the assertion's own, before it is a record) in the read model."""
     whole, cost, residual = mapping(a.get("whole")), mapping(a.get("cost")), mapping(a.get("residual"))
     return Attribution(
+        left_out=absent(a, ATTRIBUTION_KEYS),
+        more=rest(a, ATTRIBUTION_KEYS),
         sequences=integer(a.get("sequences")),
         budget=real(a.get("budget")),
         whole_mean=real(whole.get("mean")),
         whole_ci=interval(whole.get("mean_ci")),
+        whole_n=integer(whole.get("n")),
         scopes=tuple(_scope(mapping(s)) for s in sequence(a.get("scopes")) if isinstance(s, Mapping)),
         residual=tuple(
             LayerError(
@@ -262,6 +392,8 @@ def parse_attribution(a: Mapping[str, Any]) -> Attribution:
                 type=text(e.get("type")),
                 rel_error=real(e.get("rel_error")),
                 ci=interval(e.get("ci")),
+                left_out=absent(e, ("layer", "type", "rel_error", "ci")),
+                more=rest(e, ("layer", "type", "rel_error", "ci")),
             )
             for e in (mapping(x) for x in sequence(residual.get("layers")))
         ),
@@ -289,6 +421,8 @@ def _scope(s: Mapping[str, Any]) -> ScopeDrift:
         p99=real(s.get("p99")),
         top1=real(s.get("top1")),
         by_position=parse_profile({"by_position": bp}).by_position if isinstance(bp, Mapping) else None,
+        left_out=absent(s, SCOPE_KEYS),
+        more=rest(s, SCOPE_KEYS),
     )
 
 
@@ -303,6 +437,8 @@ def parse_profile(p: Mapping[str, Any]) -> KLProfile:
             zero=integer(hist.get("zero")) or 0,
             under=integer(hist.get("under")) or 0,
             over=integer(hist.get("over")) or 0,
+            left_out=absent(hist, HISTOGRAM_KEYS),
+            more=rest(hist, HISTOGRAM_KEYS),
         ),
         by_position=PositionProfile(
             first=ints(bp.get("first")),
@@ -312,6 +448,8 @@ def parse_profile(p: Mapping[str, Any]) -> KLProfile:
             p90=reals(bp.get("p90")),
             flips=ints(bp.get("flips")),
             near_tie_flips=ints(bp.get("near_tie_flips")),
+            left_out=absent(bp, POSITION_KEYS),
+            more=rest(bp, POSITION_KEYS),
         ),
         prompts=PromptMeans(
             index=ints(prompts.get("index")),
@@ -320,6 +458,8 @@ def parse_profile(p: Mapping[str, Any]) -> KLProfile:
             n_tokens=ints(prompts.get("n_tokens")),
             total=integer(prompts.get("total")),
             method=text(prompts.get("method")),
+            left_out=absent(prompts, PROMPTS_KEYS),
+            more=rest(prompts, PROMPTS_KEYS),
         ),
         worst_context=tuple(
             WorstContext(
@@ -328,7 +468,11 @@ def parse_profile(p: Mapping[str, Any]) -> KLProfile:
                 before=text(c.get("before")),
                 token=text(c.get("token")),
                 after=text(c.get("after")),
+                left_out=absent(c, CONTEXT_KEYS),
+                more=rest(c, CONTEXT_KEYS),
             )
             for c in (mapping(c) for c in sequence(p.get("worst_context")))
         ),
+        left_out=absent(p, PROFILE_KEYS),
+        more=rest(p, PROFILE_KEYS),
     )

@@ -5,10 +5,10 @@ Standard library only."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import Interval, integer, interval, mapping, real, text
+from .fields import Flat, Interval, absent, integer, interval, jsonable, mapping, real, rest, text, written
 
 __all__ = ["Ratio", "Speed", "SpeedArm", "SpeedContext", "parse_speed"]
 
@@ -20,15 +20,22 @@ class Ratio:
     ratio: float | None = None
     ci: Interval = Interval()
     n: int | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        return written({"ratio": self.ratio, "ratio_ci": list(self.ci), "n": self.n}, self.left_out, self.more)
 
 
 @dataclass(frozen=True)
-class SpeedArm:
+class SpeedArm(Flat):
     prefill_tps: float | None = None
     decode_tps: float | None = None
     peak_bytes: int | None = None
     kv_bytes: int | None = None  # allocated
     kv_held_bytes: int | None = None  # the positions holding a token (a wrapped window: at most its window)
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,24 @@ class SpeedContext:
     peak: Ratio | None = None
     kv: Ratio | None = None
     stopped: str | None = None  # why the trials stopped here: "decided", "precise", "budget" (None: a fixed count)
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        def ratio(r: Ratio | None) -> dict[str, Any] | None:
+            return r.to_json() if r is not None else None
+
+        typed = {
+            "context": self.length,
+            "reference": self.reference.to_json(),
+            "candidate": self.candidate.to_json(),
+            "prefill": ratio(self.prefill),
+            "decode": ratio(self.decode),
+            "peak": ratio(self.peak),
+            "kv": ratio(self.kv),
+            "stopped": self.stopped,
+        }
+        return written(typed, self.left_out, self.more)
 
     @property
     def kv_ratio(self) -> float | None:
@@ -66,6 +91,22 @@ class Speed:
     memory_method: str | None = None
     duration_s: float | None = None
     load_seen: Mapping[str, Any] | None = None  # other processes' load while the trials were timed
+    shape_more: Mapping[str, Any] = field(default_factory=dict)  # the shape's untyped keys, as written
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (`speed/result.py` writes it): contexts keyed by their length as text."""
+        typed = {
+            "id": self.id,
+            "shape": {**self.shape_more, "repetitions": self.repetitions, "decode": self.decode_tokens},
+            "contexts": {str(c.length): c.to_json() for c in self.contexts},
+            "weights_bytes": {"reference": self.weights_reference, "candidate": self.weights_candidate},
+            "memory_method": self.memory_method,
+            "duration_s": self.duration_s,
+            "load_seen": jsonable(self.load_seen),
+        }
+        return written(typed, self.left_out, self.more)
 
     @property
     def as_json(self) -> dict[str, Any]:
@@ -115,7 +156,18 @@ class Speed:
 
 def _ratio(value: Any) -> Ratio | None:
     e = mapping(value)
-    return Ratio(ratio=real(e.get("ratio")), ci=interval(e.get("ratio_ci")), n=integer(e.get("n"))) if e else None
+    keys = ("ratio", "ratio_ci", "n")
+    return (
+        Ratio(
+            ratio=real(e.get("ratio")),
+            ci=interval(e.get("ratio_ci")),
+            n=integer(e.get("n")),
+            left_out=absent(e, keys),
+            more=rest(e, keys),
+        )
+        if e
+        else None
+    )
 
 
 def _arm(a: Mapping[str, Any]) -> SpeedArm:
@@ -125,6 +177,28 @@ def _arm(a: Mapping[str, Any]) -> SpeedArm:
         peak_bytes=integer(a.get("peak_bytes")),
         kv_bytes=integer(a.get("kv_bytes")),
         kv_held_bytes=integer(a.get("kv_held_bytes")),
+        left_out=absent(a, ARM_KEYS),
+        more=rest(a, ARM_KEYS),
+    )
+
+
+ARM_KEYS = ("prefill_tps", "decode_tps", "peak_bytes", "kv_bytes", "kv_held_bytes")
+CONTEXT_KEYS = ("context", "reference", "candidate", "prefill", "decode", "peak", "kv", "stopped")
+SPEED_KEYS = ("id", "shape", "contexts", "weights_bytes", "memory_method", "duration_s", "load_seen")
+
+
+def _context(length: int, c: Mapping[str, Any]) -> SpeedContext:
+    return SpeedContext(
+        length=length,
+        reference=_arm(mapping(c.get("reference"))),
+        candidate=_arm(mapping(c.get("candidate"))),
+        prefill=_ratio(c.get("prefill")),
+        decode=_ratio(c.get("decode")),
+        peak=_ratio(c.get("peak")),
+        kv=_ratio(c.get("kv")),
+        stopped=text(c.get("stopped")) or None,
+        left_out=absent(c, CONTEXT_KEYS),
+        more=rest(c, CONTEXT_KEYS),
     )
 
 
@@ -136,22 +210,13 @@ def parse_speed(s: Mapping[str, Any]) -> Speed:
         id=text(s.get("id")) or None,
         repetitions=integer(shape.get("repetitions")),
         decode_tokens=integer(shape.get("decode")),
-        contexts=tuple(
-            SpeedContext(
-                length=int(c),
-                reference=_arm(mapping(mapping(contexts[c]).get("reference"))),
-                candidate=_arm(mapping(mapping(contexts[c]).get("candidate"))),
-                prefill=_ratio(mapping(contexts[c]).get("prefill")),
-                decode=_ratio(mapping(contexts[c]).get("decode")),
-                peak=_ratio(mapping(contexts[c]).get("peak")),
-                kv=_ratio(mapping(contexts[c]).get("kv")),
-                stopped=text(mapping(contexts[c]).get("stopped")) or None,
-            )
-            for c in lengths
-        ),
+        contexts=tuple(_context(int(c), mapping(contexts[c])) for c in lengths),
         weights_reference=integer(weights.get("reference")),
         weights_candidate=integer(weights.get("candidate")),
         memory_method=text(s.get("memory_method")) or None,
         duration_s=real(s.get("duration_s")),
         load_seen=s.get("load_seen") if isinstance(s.get("load_seen"), Mapping) else None,
+        shape_more=rest(shape, ("repetitions", "decode")),
+        left_out=absent(s, SPEED_KEYS),
+        more=rest(s, SPEED_KEYS),
     )
