@@ -44,6 +44,8 @@ from ..kl.prompts import build_sequences, default_prompts, texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
 from ..levers.parsing import lever_from_marker
+from ..results.merge import MergeError, read_report
+from ..results.model import Record, parse_record
 from ..serving.caches import quantized_form
 from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
 from ..stats.kl_stats import KLStats, summarize
@@ -383,17 +385,25 @@ def verify_plan(gate: GateSpec, plan_file: Path, *, candidate: str | None, repor
     if candidate:
         command.append(f"--mlx-candidate={candidate}")
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    records = json.loads(report.read_text())["gates"] if report.is_file() else []
-    verdicts = {r["nodeid"]: r["verdict"] for r in records}
+    records = _report_records(report)
+    verdicts = {r.nodeid: r.verdict for r in records}
     verified = bool(verdicts) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
     return {
         "command": " ".join(command[2:]),
         "verdicts": verdicts,
         "verified": verified,
-        "checks": [c for r in records for c in r.get("checks", [])],
+        "checks": [c.to_json() for r in records for c in r.checks],
         "exit": done.returncode,
         "output_tail": done.stdout[-2000:] if not verified else "",
     }
+
+
+def _report_records(report: Path) -> list[Record]:
+    """The gate records of the verifying run's JSON report; none where it wrote no readable report."""
+    try:
+        return [parse_record(g) for g in read_report(report).gates]
+    except MergeError:
+        return []
 
 
 def _verdicts(stats: KLStats, limits: Mapping[str, float]) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "error_record",
     "gate_name",
     "gate_record",
+    "json_object",
     "migrate_check",
     "migrate_record",
     "records_in",
@@ -281,18 +282,21 @@ def carried(name: str, payload: Mapping[str, Any]) -> tuple[str, str]:
     return name, dumps(payload)
 
 
+def json_object(text: object) -> dict[str, Any] | None:
+    """The one parse of a record's JSON text (carried by a report, stored in a DB row): the object it
+    holds, or None where it holds none (not text, not ours, cut short): a reader never crashes on it."""
+    if not isinstance(text, (str, bytes)):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _payloads(entries: Sequence[Sequence[object]], wanted: str) -> list[dict[str, Any]]:
-    out = []
-    for entry in entries:
-        if len(entry) != 2 or entry[0] != wanted or not isinstance(entry[1], str):
-            continue
-        try:
-            value = json.loads(entry[1])
-        except ValueError:
-            continue  # not ours, or cut short: a reader never crashes on it
-        if isinstance(value, dict):
-            out.append(value)
-    return out
+    found = (json_object(entry[1]) for entry in entries if len(entry) == 2 and entry[0] == wanted)
+    return [value for value in found if value is not None]
 
 
 def records_in(entries: Sequence[Sequence[object]]) -> list[GateRecord]:

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from .fields import integer, mapping, real, sequence, text
 from .model import Record, parse_record
-from .records import GateRecord, RunInfo
+from .records import GateRecord, RunInfo, json_object
 
 __all__ = [
     "Interrupted",
@@ -45,13 +45,8 @@ class StoredRow:
 
 def parse_row(row: Mapping[str, Any]) -> StoredRow:
     """A results-DB row (`ResultsDB.rows`; any subset of its columns): its columns, and its record parsed."""
-    record = None
-    try:
-        stored = json.loads(row.get("record_json") or "")
-    except (TypeError, ValueError):
-        stored = None
-    if isinstance(stored, Mapping):
-        record = parse_record(stored)
+    stored = stored_record(row)
+    record = parse_record(stored) if stored is not None else None
     dirty = row.get("code_dirty")
     return StoredRow(
         run_id=text(row.get("run_id")),
@@ -67,11 +62,7 @@ def parse_row(row: Mapping[str, Any]) -> StoredRow:
 
 def stored_record(row: Mapping[str, Any]) -> GateRecord | None:
     """The record a DB row stores whole (record_json), as written; None where it cannot be read."""
-    try:
-        record = json.loads(row.get("record_json") or "")
-    except (TypeError, ValueError):
-        return None
-    return cast("GateRecord", record) if isinstance(record, dict) else None
+    return cast("GateRecord | None", json_object(row.get("record_json")))
 
 
 @dataclass(frozen=True)
