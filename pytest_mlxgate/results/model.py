@@ -1,4 +1,4 @@
-"""The read model of a gate record: typed, immutable, and parsed in one place.
+"""A gate record, typed and immutable: parsed in one place, and written by its own `to_json`.
 
 A record is JSON on the wire (`records.gate_record` writes it; it crosses processes as text and lands in
 the JSON report, a JUnit property and the results DB). Every reader in `results/` takes it through
@@ -7,6 +7,11 @@ through the one `records.migrate_record`, which turns any older shape into the c
 before `record_version`: checks with `bound`, `other_bound` and `passed`; capability tasks without
 `flipped`), so a user's old DB rows and reports still read. The parse is tolerant: a field missing,
 null, of the wrong type or not finite reads as None (a table shows a dash), never an exception.
+
+`Record.to_json()` writes the wire form back: `parse_record(r.to_json()) == r`, and a record parsed from
+the wire writes that wire again. Each part keeps the keys the read model does not type (a speed trial's
+seconds, an A/A run's whole statistics, a capability item's tests) as written in `more`, and leaves out
+again the typed keys it did not hold (`left_out`), so a record read and written again loses nothing.
 
 Derived facts are computed in the read model, once: a speed measurement's longest context, a context's
 KV ratio, a task's drop, a record's prompt count, the bound a check compared. Its parts live beside it
