@@ -29,8 +29,8 @@ from .results.history_text import (
     short_run_id,
     when_text,
 )
-from .results.model import nodeid_of, parse_record
-from .results.records import GateRecord, RunInfo
+from .results.model import Record
+from .results.records import RunInfo
 from .results.runs import run_facts
 
 __all__ = [
@@ -195,7 +195,7 @@ def _width() -> int:
     return shutil.get_terminal_size((120, 24)).columns
 
 
-def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord]) -> list[str]:
+def _summary(source: Source | None, run: RunInfo, records: Sequence[Record]) -> list[str]:
     from .results.summary import summary_lines
 
     facts = run_facts(run)
@@ -216,7 +216,7 @@ def _summary(source: Source | None, run: RunInfo, records: Sequence[GateRecord])
 def _write_outputs(
     args: argparse.Namespace,
     run: RunInfo,
-    records: Sequence[GateRecord],
+    records: Sequence[Record],
     calibrations: Sequence[Mapping[str, Any]],
     history: Callable[[], Mapping[str, Sequence[Mapping[str, Any]]] | None],
 ) -> list[str]:
@@ -251,7 +251,7 @@ class _Failed(Exception):
 
 
 def _history_until(
-    db: Path | None, records: Sequence[GateRecord], until: str | None
+    db: Path | None, records: Sequence[Record], until: str | None
 ) -> dict[str, list[dict[str, Any]]] | None:
     """Each gate's rows in the DB (--db, else the default) for the HTML report's sparklines: up to run
     `until` and including it where the DB has it (a report rendered again shows the history as it stood
@@ -265,7 +265,7 @@ def _history_until(
     try:
         results = ResultsDB(path)
         out = {}
-        for nodeid in sorted({nodeid_of(r) for r in records}):
+        for nodeid in sorted({r.nodeid for r in records}):
             rows = results.rows(nodeid=nodeid)
             if until is not None:
                 ends = [i for i, row in enumerate(rows) if row["run_id"] == until]
@@ -311,11 +311,7 @@ def _merge(args: argparse.Namespace) -> int:
     from .results.verdicts import is_failing
 
     policy = run_facts(merged.run).inconclusive_policy
-    failed = [
-        r.nodeid
-        for r in (parse_record(r) for r in merged.records)
-        if r.mode != "score" and is_failing(r.verdict, policy)
-    ]
+    failed = [r.nodeid for r in merged.records if r.mode != "score" and is_failing(r.verdict, policy)]
     for problem in merged.problems:
         print(f"mlxgate merge: FAIL: {problem}", file=sys.stderr)
     if failed:
@@ -323,7 +319,7 @@ def _merge(args: argparse.Namespace) -> int:
     return EXIT_FOUND if failed or merged.problems else EXIT_OK
 
 
-def _append(path: Path, run: RunInfo, records: Sequence[GateRecord]) -> str:
+def _append(path: Path, run: RunInfo, records: Sequence[Record]) -> str:
     from .results.history import ResultsDB, ResultsDBError
 
     try:

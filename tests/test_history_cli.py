@@ -22,6 +22,7 @@ from pytest_mlxgate.cli import main
 from pytest_mlxgate.history_cli import CliError, match_gates, resolve_run
 from pytest_mlxgate.results.history import ResultsDB
 from pytest_mlxgate.results.json_report import REPORT_VERSION
+from pytest_mlxgate.results.model import parse_record
 from pytest_mlxgate.results.records import RunInfo
 from pytest_mlxgate.results.summary import summary_lines
 
@@ -154,7 +155,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tiny_kv_model_dir: Path) -> R
             stats = record["stats"]
             stats["mean"], stats["mean_ci"] = stats["mean"] * 10, [x * 10 for x in stats["mean_ci"]]
     run = RunInfo(**{**doc["run"], "run_id": "f" * 32, "started": "2099-01-01T00:00:00Z", "code_commit": "c" * 40})
-    ResultsDB(db).append(run, records)
+    ResultsDB(db).append(run, [parse_record(r) for r in records])
     return Runs(root, db, full, shards, run.run_id)
 
 
@@ -180,7 +181,9 @@ def test_report_gives_the_runs_json_report_back_byte_for_byte(
     assert again.read_bytes() == runs.full.read_bytes()  # the history keeps the whole record and the whole run
     lines = out.splitlines()
     assert lines[0].startswith(f"mlxgate run {full['run']['run_id'][:8]} · started ")
-    assert lines[1:-1] == summary_lines(full["gates"], width=120)  # the table pytest printed at the end
+    assert lines[1:-1] == summary_lines(
+        [parse_record(g) for g in full["gates"]], width=120
+    )  # the table pytest printed at the end
     assert lines[-1] == f"mlxgate: JSON report → {again}"
 
 
@@ -379,7 +382,7 @@ def test_history_and_compare_show_capability_per_task(tmp_path: Path, capsys: py
             config={},
             machine={},
         )
-        db.append(run, [_capability_record(cand, verdict)])  # type: ignore[list-item]
+        db.append(run, [parse_record(_capability_record(cand, verdict))])
     code, out, _ = cli(capsys, "history", "test_cap.py::test_mmlu", f"--db={tmp_path / 'h.sqlite'}")
     assert code == 0
     lines = out.splitlines()

@@ -43,7 +43,7 @@ from ..verdicts.calibration import known_bad_step, known_bad_text
 if TYPE_CHECKING:
     from ..kl.result import KLResult
     from ..levers.lever import Lever
-    from ..results.records import Check
+    from ..results.wire import Check
     from ..session.paired_run import PairedRun
     from ..verdicts.conclude import Conclusion
 

@@ -35,8 +35,8 @@ from ..kl.assertions import kl_checks
 from ..kl.measure import chunked_floor, reference_key
 from ..levers.lever import Lever
 from ..models.device import backend_of
-from ..results.records import Check, LimitsFrom
 from ..results.verdicts import ERROR, overall_verdict
+from ..results.wire import Check, LimitsFrom
 from ..session.paired import Paired
 from ..session.phases import PhaseClock
 from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from ..common.format import clip, percent, points
-from ..results.records import Check
 from ..results.verdicts import SKIPPED
+from ..results.wire import Check
 from ..stats import paired_tests as S
 from ..stats import verdicts as V
 from ..stats.intervals import wilson_interval

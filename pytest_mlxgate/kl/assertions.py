@@ -19,9 +19,9 @@ from typing import Any, Protocol
 from ..common.format import percent
 from ..config.names import DEFAULT_CANDIDATE, model_keys
 from ..results.attribution_text import attribution_lines
-from ..results.records import Check
 from ..results.speed_text import speed_lines
 from ..results.verdicts import Direction
+from ..results.wire import Check
 from ..verdicts.conclude import Target, check, conclude, given_limits
 from .result import KLResult
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..results.records import Check, ModelRef
+from ..results.wire import Check, ModelRef
 from ..verdicts.conclude import Conclusion
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from .device import installed_versions
 from .readable import unreadable_file
 
 if TYPE_CHECKING:
-    from ..results.records import ModelRef
+    from ..results.wire import ModelRef
     from .materialize import ResolvedSnapshot
 
 __all__ = ["LoadedModel", "load_mlx"]

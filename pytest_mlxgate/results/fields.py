@@ -23,7 +23,6 @@ __all__ = [
     "ints",
     "jsonable",
     "mapping",
-    "nodeid_of",
     "number",
     "real",
     "reals",
@@ -55,11 +54,6 @@ def text(value: Any) -> str | None:
     if value is None:
         return None
     return value if isinstance(value, str) else dumps(value)
-
-
-def nodeid_of(record: Mapping[str, object]) -> str:
-    """A record's node id ("" for none), without parsing the rest (`model.parse_record` reads the whole)."""
-    return str(record.get("nodeid") or "")
 
 
 def number(value: Any) -> float | None:
@@ -131,9 +125,10 @@ def absent(wire: Mapping[str, Any], typed: Collection[str]) -> frozenset[str]:
 
 
 def written(typed: Mapping[str, Any], left_out: Collection[str], kept: Mapping[str, Any]) -> dict[str, Any]:
-    """A part's wire form: the keys kept as written (`rest`), then its typed keys but those it did not hold."""
-    out = dict(kept)
-    out.update((k, v) for k, v in typed.items() if k not in left_out)
+    """A part's wire form: its typed keys but those it did not hold, then the keys kept as written (`rest`).
+    In a fixed order, so that the same record writes the same bytes in any process."""
+    out = {k: v for k, v in typed.items() if k not in left_out}
+    out.update(kept)
     return out
 
 

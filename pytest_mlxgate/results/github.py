@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from ..common.format import DASH
-from .model import Record, parse_record
+from .model import Record
 from .record_capability import CapabilityScore
-from .record_checks import CheckResult
-from .records import GateRecord
+from .record_checks import CheckResult, parse_check
 from .summary import format_limit, format_value, limits_text, n_parts, speed_parts
+from .wire import migrate_check
 
 __all__ = [
     "ANNOTATIONS_PER_KIND",
@@ -88,8 +88,7 @@ def check_text(check: CheckResult | Mapping[str, Any]) -> str:
 
 
 def _read_check(check: Mapping[str, Any]) -> CheckResult:
-    (read,) = parse_record({"checks": [check]}).checks
-    return read
+    return parse_check(migrate_check(check))
 
 
 def _figures(record: Record) -> list[str]:
@@ -122,9 +121,8 @@ def _pct(x: float | None) -> str:
     return f"{100 * x:.1f}%" if x is not None else DASH
 
 
-def gate_line(record: GateRecord | Record) -> str:
+def gate_line(r: Record) -> str:
     """One line: `FAIL test_kv::test_drift: mean KL … · 16 prompts · 2048 tokens · re-run: pytest …`."""
-    r = record if isinstance(record, Record) else parse_record(record)
     verdict = r.verdict or DASH
     parts = [*_figures(r), *n_parts(r)]
     if r.rerun:
@@ -165,12 +163,12 @@ def gate_location(root: Path, location: Sequence[Any], workspace: Path | None = 
 
 
 def annotation_lines(
-    records: Sequence[GateRecord], locations: Mapping[str, tuple[str, int]], *, per_kind: int = ANNOTATIONS_PER_KIND
+    records: Sequence[Record], locations: Mapping[str, tuple[str, int]], *, per_kind: int = ANNOTATIONS_PER_KIND
 ) -> list[str]:
     """`::error` per failing gate, `::warning` per inconclusive one, at its test function; at most
     `per_kind` of each, then a `::notice` counting the rest. Gates without a location are left out."""
     worst: dict[str, Record] = {}
-    for record in (parse_record(r) for r in records):
+    for record in records:
         if record.nodeid not in locations or str(record.verdict) not in _SEVERITY:
             continue
         if record.nodeid not in worst or _severity(record) < _severity(worst[record.nodeid]):
@@ -237,14 +235,14 @@ def _speed_items(records: Sequence[Record]) -> list[str]:
 
 
 def step_summary(
-    records: Sequence[GateRecord], *, reports: Sequence[tuple[str, str]] = (), limit: int = STEP_SUMMARY_LIMIT
+    records: Sequence[Record], *, reports: Sequence[tuple[str, str]] = (), limit: int = STEP_SUMMARY_LIMIT
 ) -> str:
     """The run's job summary in markdown, at most `limit` UTF-8 bytes ("" when not even its head fits).
 
     Failing gates first, then inconclusive ones, then the rest; what does not fit is counted in a
     closing line. `reports`: (what, path) of the files written, e.g. ("JSON report", "results/gates.json").
     """
-    ordered = sorted((parse_record(r) for r in records), key=lambda r: (r.mode == "score", _severity(r), r.nodeid))
+    ordered = sorted(records, key=lambda r: (r.mode == "score", _severity(r), r.nodeid))
     gates = [r for r in ordered if r.mode != "score"]
     counts: dict[str, int] = {}
     for r in gates:

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from .fields import dumps
 
 if TYPE_CHECKING:
+    from .model import Record
     from .record_speed import SpeedContext
-    from .records import GateRecord, RunInfo
+    from .records import RunInfo
 
 __all__ = [
     "DB_BUSY_TIMEOUT_S",
@@ -118,10 +119,7 @@ _SCHEMA = (
 )
 
 
-def _row(run: RunInfo, record: GateRecord) -> tuple[Any, ...]:
-    from .model import parse_record  # the read model's dataclasses cost ~80 ms: not at plugin load
-
-    r = parse_record(record)
+def _row(run: RunInfo, r: Record) -> tuple[Any, ...]:
     stats, lever = r.stats, r.lever
     values: dict[str, Any] = {
         "run_id": run.run_id,
@@ -154,7 +152,7 @@ def _row(run: RunInfo, record: GateRecord) -> tuple[Any, ...]:
         "code_commit": run.code_commit,
         "code_dirty": None if run.code_dirty is None else int(run.code_dirty),
         "config_json": dumps({"config": run.config, "machine": run.machine, "argv": run.argv}),
-        "record_json": dumps(record),
+        "record_json": dumps(r.to_json()),
         **_speed_values(r.speed.longest if r.speed is not None else None),
     }
     return tuple(values[name] for name in _COLUMN_NAMES)
@@ -273,7 +271,7 @@ class ResultsDB:
                 f"when it was opened: something else rewrote the file. mlxgate left it untouched"
             )
 
-    def append(self, run: RunInfo, records: Sequence[GateRecord]) -> int:
+    def append(self, run: RunInfo, records: Sequence[Record]) -> int:
         """Add one row per record, all in one transaction (with the rows queued beside the DB by runs
         that found it locked, `pending_merged`); returns the number of this run's rows written."""
         rows = [_row(run, record) for record in records]
@@ -372,13 +370,13 @@ def lock_holder(db: Path) -> int | None:
     return None
 
 
-def queue_pending(db: Path, run: RunInfo, records: Sequence[GateRecord]) -> Path:
+def queue_pending(db: Path, run: RunInfo, records: Sequence[Record]) -> Path:
     """Append the run's records to `<db>.pending.jsonl` (one line, under an exclusive file lock); the next
     append to the DB that gets its lock adds them. Returns the file. OSError when it cannot be written."""
     import fcntl
 
     path = pending_path(db)
-    line = (dumps({"run": run.to_dict(), "records": list(records)}) + "\n").encode("utf-8")
+    line = (dumps({"run": run.to_dict(), "records": [r.to_json() for r in records]}) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -397,7 +395,7 @@ def queue_pending(db: Path, run: RunInfo, records: Sequence[GateRecord]) -> Path
 
 
 @contextlib.contextmanager
-def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[GateRecord]]]]:
+def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[Record]]]]:
     """The queued runs, under the queue's exclusive lock; removed when the body (which commits them) ends
     without an error. A line that cannot be read stays in the file, never dropped."""
     import fcntl
@@ -429,7 +427,7 @@ def _pending_taken(path: Path) -> Iterator[list[tuple[RunInfo, list[GateRecord]]
         os.close(fd)
 
 
-def _queued_run(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:
+def _queued_run(raw: bytes) -> tuple[RunInfo, list[Record]] | None:
     from .runs import pending_entry
 
     return pending_entry(raw)
@@ -442,8 +440,8 @@ def run_of(row: Mapping[str, Any]) -> RunInfo:
     return row_run(row)
 
 
-def record_of(row: Mapping[str, Any]) -> GateRecord | None:
-    """The record a row stores whole (record_json), as written; None where it cannot be read."""
+def record_of(row: Mapping[str, Any]) -> Record | None:
+    """The record a row stores whole (record_json); None where it cannot be read."""
     from .runs import stored_record
 
     return stored_record(row)

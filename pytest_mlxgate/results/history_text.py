@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.format import DASH, percent_distinct
-from .model import Record, parse_record
+from .model import Record
 from .record_speed import Ratio
-from .records import GateRecord, RunInfo
+from .records import RunInfo
 from .runs import StoredRow, parse_row
 
 __all__ = [
@@ -31,7 +31,7 @@ class Source:
 
     label: str  # the report's path, or "results DB"
     run: RunInfo
-    records: list[GateRecord]
+    records: list[Record]
     calibrations: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -149,7 +149,7 @@ def history_lines(rows: Sequence[Mapping[str, Any]], *, last: int | None) -> lis
         entries = by_gate[nodeid][-last:] if last else by_gate[nodeid]
         table = []
         for stored in (parse_row(row) for row in entries):
-            f = key_figures(stored.record or parse_record({}))
+            f = key_figures(stored.record or Record(nodeid=nodeid))
             top1, top1_lo = f.top1
             table.append(
                 (
@@ -224,8 +224,8 @@ def _gate_change(a: Record, b: Record) -> list[str]:
 
 def compare_lines(a: Source, b: Source) -> tuple[list[str], list[str]]:
     """The change from run A to run B per gate; and the regressions (gates that went from pass to fail)."""
-    ra = {r.nodeid: r for r in (parse_record(r) for r in a.records)}
-    rb = {r.nodeid: r for r in (parse_record(r) for r in b.records)}
+    ra = {r.nodeid: r for r in a.records}
+    rb = {r.nodeid: r for r in b.records}
     lines = [
         f"{side}: run {short_run_id(s.run.run_id)}  started {when_text(s.run.started)}  commit {commit_text(s.run)}  "
         f"{len(s.records)} gates  ({s.label})"

@@ -26,14 +26,14 @@ from .html_history import history_section
 from .html_kl import attribution_sections, kl_sections
 from .html_parts import HISTORY_RUNS, verdict_badge
 from .html_speed import speed_sections
-from .model import Interval, Record, parse_record
+from .model import Interval, Record
 from .record_capability import CapabilityScore
 from .runs import RunFacts, run_facts
 from .summary import LIMITS_NOT_SHOWN, format_limit, format_value, n_parts
 from .svg import esc
 
 if TYPE_CHECKING:
-    from .records import GateRecord, RunInfo
+    from .records import RunInfo
 
 __all__ = [
     "PLOTS",
@@ -58,7 +58,7 @@ _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
 def html_report(
-    records: Sequence[GateRecord],
+    records: Sequence[Record],
     *,
     history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     run: RunInfo | Mapping[str, Any] | None = None,
@@ -68,7 +68,7 @@ def html_report(
     first (`history_rows`); None when the DB is off. `run`: the run's `RunInfo` (or its dict)."""
     facts = run_facts(run)
     ordered = sorted(
-        (parse_record(r) for r in records),
+        records,
         key=lambda r: (r.mode == "score", _SEVERITY.get(str(r.verdict), 3), r.nodeid),
     )
     gates = [r for r in ordered if r.mode != "score"]
@@ -94,7 +94,7 @@ def html_report(
 
 def write_html_report(
     path: Path,
-    records: Sequence[GateRecord],
+    records: Sequence[Record],
     *,
     history: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     run: RunInfo | Mapping[str, Any] | None = None,

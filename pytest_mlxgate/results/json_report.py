@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.atomic import atomic_write_bytes
 from .fields import dumps
-from .model import parse_record
 from .runs import calibration_module, run_facts
 
 if TYPE_CHECKING:
-    from .records import GateRecord, RunInfo
+    from .model import Record
+    from .records import RunInfo
 
 __all__ = ["REPORT_VERSION", "write_json_report"]
 
@@ -21,7 +21,7 @@ REPORT_VERSION = 1
 
 
 def write_json_report(
-    path: Path, run: RunInfo, records: Sequence[GateRecord], calibrations: Sequence[Mapping[str, Any]] = ()
+    path: Path, run: RunInfo, records: Sequence[Record], calibrations: Sequence[Mapping[str, Any]] = ()
 ) -> None:
     """Write the run's report atomically: readers see the old file or the whole new one, never half.
 
@@ -35,13 +35,13 @@ def write_json_report(
 
     path = Path(path)
     interrupted = run_facts(run).interrupted
-    read = sorted(((parse_record(r), r) for r in records), key=lambda pair: pair[0].nodeid)
+    read = sorted(records, key=lambda r: r.nodeid)
     doc: dict[str, Any] = {
         "mlxgate_report": REPORT_VERSION,
-        "verdict": run_verdict((r.verdict for r, _ in read if r.mode != "score"), interrupted=interrupted is not None),
+        "verdict": run_verdict((r.verdict for r in read if r.mode != "score"), interrupted=interrupted is not None),
         "interrupted": interrupted is not None,
         "run": run.to_dict(),
-        "gates": [record for _, record in read],  # as written
+        "gates": [record.to_json() for record in read],
     }
     if interrupted is not None:
         doc["not_run"] = list(interrupted.not_run)

@@ -24,11 +24,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from .fields import dumps, jsonable
-from .model import Interval, LimitsFrom, Record, parse_record
+from .model import Interval, LimitsFrom, Record
 from .record_capability import CapabilityScore
 from .record_checks import CheckResult
 from .record_speed import Speed
-from .records import RECORD_PROPERTY, GateRecord
+from .records import RECORD_PROPERTY
 
 __all__ = ["PREFIX", "junit_properties", "property_text", "record_json", "split_suite_name", "suite_properties"]
 
@@ -52,10 +52,10 @@ def property_text(value: Any) -> str | None:
     return dumps(value)
 
 
-def junit_properties(record: GateRecord) -> list[tuple[str, str]]:
+def junit_properties(record: Record) -> list[tuple[str, str]]:
     """One gate's flat properties, then `mlxgate.record` (strict JSON). Each name once."""
     seen: dict[str, str] = {}
-    for name, value in _flat(parse_record(record)):
+    for name, value in _flat(record):
         text = property_text(value)
         if text is not None and name not in seen:
             seen[name] = text
@@ -63,15 +63,15 @@ def junit_properties(record: GateRecord) -> list[tuple[str, str]]:
     return [*seen.items(), (RECORD_PROPERTY, record_json(record))]
 
 
-def record_json(record: GateRecord) -> str:
+def record_json(record: Record) -> str:
     """The record as strict JSON in printable ASCII: pytest's junitxml rewrites what XML cannot hold
     (DEL, some code points) as `#x..`, which would change a token's text inside the record."""
-    return json.dumps(jsonable(record), ensure_ascii=True, allow_nan=False).replace("\x7f", "\\u007f")
+    return json.dumps(jsonable(record.to_json()), ensure_ascii=True, allow_nan=False).replace("\x7f", "\\u007f")
 
 
-def suite_properties(record: GateRecord) -> list[tuple[str, str]]:
+def suite_properties(record: Record) -> list[tuple[str, str]]:
     """The same pairs for the `<testsuite>` (xunit2): `mlxgate[NODEID].verdict` … `mlxgate[NODEID].record`."""
-    scope = f"mlxgate[{parse_record(record).nodeid}]."
+    scope = f"mlxgate[{record.nodeid}]."
     return [(scope + name.removeprefix(PREFIX), value) for name, value in junit_properties(record)]
 
 

@@ -10,6 +10,7 @@ record of the merged run. Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -17,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import Record, nodeid_of, parse_record
+from .model import Record
 from .record_checks import CheckResult
-from .records import GateRecord, RunInfo, error_record
+from .records import RunInfo, error_record
 from .runs import RunFacts, Shard, report_contents, run_facts
 from .score import SCORE_NODEID
 from .tasks import TASK_NAMES
@@ -47,7 +48,7 @@ class Report:
 
     path: str
     run: RunInfo
-    gates: list[GateRecord]
+    gates: list[Record]
     calibrations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -85,11 +86,11 @@ def read_report(path: Path) -> Report:
     return Report(str(path), info, gates, calibrations)
 
 
-def worst(records: Sequence[GateRecord]) -> GateRecord:
+def worst(records: Sequence[Record]) -> Record:
     """The record with the worst verdict; the first of equals."""
-    best, best_rank = records[0], verdict_rank(parse_record(records[0]).verdict)
+    best, best_rank = records[0], verdict_rank(records[0].verdict)
     for record in records[1:]:
-        rank = verdict_rank(parse_record(record).verdict)
+        rank = verdict_rank(record.verdict)
         if rank > best_rank:
             best, best_rank = record, rank
     return best
@@ -98,7 +99,7 @@ def worst(records: Sequence[GateRecord]) -> GateRecord:
 @dataclass(frozen=True)
 class Merged:
     run: RunInfo
-    records: list[GateRecord]
+    records: list[Record]
     calibrations: list[dict[str, Any]]
     notes: list[str]  # what the merge decided that a reader should know
     problems: list[str] = field(default_factory=list)  # why the merged run cannot pass, whatever its records say
@@ -120,11 +121,11 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
     _check_shards(reports)
     notes: list[str] = []
     problems = _problems(reports)
-    by_nodeid: dict[str, list[tuple[GateRecord, str]]] = {}
+    by_nodeid: dict[str, list[tuple[Record, str]]] = {}
     for report in reports:
         for record in report.gates:
-            if nodeid_of(record) != SCORE_NODEID:  # a shard's score covers its own tasks only: made again
-                by_nodeid.setdefault(nodeid_of(record), []).append((record, report.path))
+            if record.nodeid != SCORE_NODEID:  # a shard's score covers its own tasks only: made again
+                by_nodeid.setdefault(record.nodeid, []).append((record, report.path))
         for module in _missing_modules(report):
             where = f"shard {_shard_name(report)} ({report.path})"
             by_nodeid.setdefault(module, []).append(
@@ -140,14 +141,14 @@ def merge_reports(reports: Sequence[Report]) -> Merged:
                     report.path,
                 )
             )
-    records: list[GateRecord] = []
+    records: list[Record] = []
     for nodeid in sorted(by_nodeid):
         found = by_nodeid[nodeid]
         kept = worst([record for record, _ in found])
         records.append(kept)
         if len(found) > 1:
-            where = ", ".join(f"{parse_record(record).verdict} in {path}" for record, path in found)
-            notes.append(f"{nodeid} is in {len(found)} reports ({where}): kept the worst, {parse_record(kept).verdict}")
+            where = ", ".join(f"{record.verdict} in {path}" for record, path in found)
+            notes.append(f"{nodeid} is in {len(found)} reports ({where}): kept the worst, {kept.verdict}")
     score = _score(records)
     if score is not None:
         records.append(score)
@@ -164,7 +165,7 @@ def _missing_modules(report: Report) -> list[str]:
     planned = report.shard.modules if report.shard else None
     if planned is None:
         return []  # no plan of modules: nothing to check against
-    recorded = {nodeid_of(r).split("::", 1)[0] for r in report.gates}  # each record's module, as the plan names it
+    recorded = {r.nodeid.split("::", 1)[0] for r in report.gates}  # each record's module, as the plan names it
     without = report.facts.without_records
     return [m for m in planned if m not in recorded and m not in without]
 
@@ -185,7 +186,7 @@ def _problems(reports: Sequence[Report]) -> list[str]:
         if missing:
             empty = " (its report has no gates at all)" if not report.gates else ""
             out.append(f"{where}: planned module(s) without a record{empty}: {', '.join(missing)}")
-        for record in (parse_record(r) for r in report.gates):
+        for record in report.gates:
             if record.verdict not in RECORD_VERDICTS:
                 out.append(
                     f"{where}: {record.nodeid} has verdict {record.verdict!r}, not one mlxgate writes "
@@ -270,7 +271,7 @@ def _check_same_run(reports: Sequence[Report]) -> None:
     models = {
         model.label: r.path
         for r in reports
-        for model in (parse_record(g).candidate for g in r.gates)
+        for model in (g.candidate for g in r.gates)
         if model is not None and model.label
     }
     if len(models) > 1:
@@ -342,16 +343,13 @@ def _check_plans_cover(shards: Sequence[tuple[Report, Shard]]) -> None:
         )
 
 
-def _score(records: Sequence[GateRecord]) -> GateRecord | None:
+def _score(records: Sequence[Record]) -> Record | None:
     from .score import score_record
 
-    read = [(r, parse_record(r)) for r in records]
-    capability = sorted(
-        ((r, m) for r, m in read if m.mode == "capability"), key=lambda rm: (rm[1].time or "", rm[1].nodeid)
-    )
-    score = score_record([r for r, _ in capability], TASK_NAMES)
-    if score is not None and capability:
-        score["time"] = max(m.time or "" for _, m in capability)  # the merge, made again, is the same
+    capability = sorted((r for r in records if r.mode == "capability"), key=lambda r: (r.time or "", r.nodeid))
+    score = score_record(capability, TASK_NAMES)
+    if score is not None and capability:  # the merge, made again, is the same
+        score = dataclasses.replace(score, time=max(r.time or "" for r in capability))
     return score
 
 

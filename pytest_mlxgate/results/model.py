@@ -1,9 +1,9 @@
 """A gate record, typed and immutable: parsed in one place, and written by its own `to_json`.
 
-A record is JSON on the wire (`records.gate_record` writes it; it crosses processes as text and lands in
+A record is JSON on the wire (`records.gate_record` makes it; it crosses processes as text and lands in
 the JSON report, a JUnit property and the results DB). Every reader in `results/` takes it through
 `parse_record` into a `Record` and reads attributes, never dict keys. `parse_record` first passes it
-through the one `records.migrate_record`, which turns any older shape into the current one (records
+through the one `wire.migrate_record`, which turns any older shape into the current one (records
 before `record_version`: checks with `bound`, `other_bound` and `passed`; capability tasks without
 `flipped`), so a user's old DB rows and reports still read. The parse is tolerant: a field missing,
 null, of the wrong type or not finite reads as None (a table shows a dash), never an exception.
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
-from .fields import Flat, Interval, absent, integer, mapping, nodeid_of, real, rest, sequence, text, written
+from .fields import Flat, Interval, absent, integer, mapping, real, rest, sequence, text, written
 from .record_capability import CapabilityScore, Task, parse_score, parse_task
 from .record_checks import CheckResult, parse_check
 from .record_kl import (
@@ -39,7 +39,7 @@ from .record_kl import (
     parse_stats,
 )
 from .record_speed import Speed, parse_speed
-from .records import RECORD_VERSION, migrate_record
+from .wire import RECORD_VERSION, migrate_record
 
 __all__ = [
     "ErrorInfo",
@@ -50,14 +50,13 @@ __all__ = [
     "ModelInfo",
     "Record",
     "Sizes",
-    "nodeid_of",
     "parse_record",
 ]
 
 
 @dataclass(frozen=True)
 class ModelInfo(Flat):
-    """Which model an arm ran (`records.ModelRef`): its name as given and where that resolved to."""
+    """Which model an arm ran (`wire.ModelRef`): its name as given and where that resolved to."""
 
     name: str | None = None
     repo_id: str | None = None
@@ -74,15 +73,15 @@ class ModelInfo(Flat):
 
 @dataclass(frozen=True)
 class LimitsFrom:
-    """Where a gate's limits were shown to work on the model and backend it judged (`records.LimitsFrom`)."""
+    """Where a gate's limits were shown to work on the model and backend it judged (`wire.LimitsFrom`)."""
 
-    status: str  # records.LIMIT_SOURCES: calibrated, proven, unproven, refuted
+    status: str  # wire.LIMIT_SOURCES: calibrated, proven, unproven, refuted
     model: str
     backend: str
     file: str | None = None
     models_entry: str | None = None
     why: str | None = None
-    known_bad: str | None = None  # the known-bad value, as text
+    known_bad_value: Any = None  # the known-bad value, as written (JSON: a string, or a KV config)
     known_bad_figures: tuple[str, ...] = ()
     floors: Mapping[str, float] = field(default_factory=dict)
     inside_floor: tuple[str, ...] = ()
@@ -92,8 +91,8 @@ class LimitsFrom:
     more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
     def to_json(self) -> dict[str, Any]:
-        """The wire form (`records.LimitsFrom`, `authoring.proof` writes it)."""
-        bad = {**self.known_bad_more, "value": self.known_bad, "figures": list(self.known_bad_figures)}
+        """The wire form (`wire.LimitsFrom`, `authoring.proof` writes it)."""
+        bad = {**self.known_bad_more, "value": self.known_bad_value, "figures": list(self.known_bad_figures)}
         typed = {
             "status": self.status,
             "model": self.model,
@@ -107,6 +106,11 @@ class LimitsFrom:
             "note": self.note,
         }
         return written(typed, self.left_out, self.more)
+
+    @property
+    def known_bad(self) -> str | None:
+        """The known-bad value as text (one that is not a string: its JSON)."""
+        return text(self.known_bad_value)
 
     @property
     def shown(self) -> bool:
@@ -209,9 +213,9 @@ class Record:
     more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
     def to_json(self) -> dict[str, Any]:
-        """The wire form (`records.GateRecord`), in the current shape: `parse_record` reads it back to an
-        equal record, and a record parsed from the wire writes that wire again (tests/results: stored
-        records of every writer)."""
+        """The wire form (`wire.GateRecord`), in the current shape (`record_version` RECORD_VERSION):
+        `parse_record` reads it back to an equal record (one read from an older version: equal but for its
+        `record_version`), and a record parsed from the wire writes that wire again, migrated."""
 
         def part(value: Any) -> Any:
             return value.to_json() if value is not None else None
@@ -293,8 +297,8 @@ class Record:
 
 
 def parse_record(record: Mapping[str, Any]) -> Record:
-    """The one parse of a record (from the JSON report, a carried report/JUnit property, a DB row's
-    record_json, or `gate_record` itself) into the read model, through `migrate_record`."""
+    """The one parse of a record's wire form (from the JSON report, a carried report/JUnit property, a DB
+    row's record_json, or `gate_record` itself) into a `Record`, through `migrate_record`."""
     r: Mapping[str, Any] = cast("Mapping[str, Any]", migrate_record(record))
     stats = mapping(r.get("stats"))
     lever = mapping(r.get("lever"))
@@ -304,7 +308,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
     speed = mapping(r.get("speed"))
     error = mapping(r.get("error"))
     return Record(
-        nodeid=nodeid_of(r),
+        nodeid=str(r.get("nodeid") or ""),
         gate=text(r.get("gate")) or None,
         mode=text(r.get("mode")),
         verdict=text(r.get("verdict")),
@@ -389,7 +393,6 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
     if not (status and model and backend):
         return None
     bad = mapping(value.get("known_bad"))
-    known_bad = bad.get("value")
     return LimitsFrom(
         status=status,
         model=model,
@@ -397,7 +400,7 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
         file=text(value.get("file")) or None,
         models_entry=text(value.get("models_entry")) or None,
         why=text(value.get("why")) or None,
-        known_bad=text(known_bad),
+        known_bad_value=bad.get("value"),
         known_bad_figures=tuple(str(f) for f in sequence(bad.get("figures"))),
         floors={str(k): v for k, v in ((k, real(v)) for k, v in mapping(value.get("floors")).items()) if v is not None},
         inside_floor=tuple(str(k) for k in sequence(value.get("inside_floor"))),

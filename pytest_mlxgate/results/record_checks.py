@@ -16,7 +16,7 @@ __all__ = ["CHECK_KEYS", "CheckResult", "parse_check"]
 class CheckResult(Flat):
     """One limit of an assertion (a record's check, or a capability task's drop or floor): the value, its
     interval [lower, upper] (the same meaning whatever the direction), the limit and the verdict. Its wire
-    form (`to_json`, `records.Check`) has the fields' names."""
+    form (`to_json`, `wire.Check`) has the fields' names."""
 
     metric: str | None = None
     key: str | None = None

@@ -63,9 +63,9 @@ class WorstToken(Flat):
 
 #: The KL statistics a reader may ask for by key (`Stats.figure`).
 STATS_FIGURES = ("mean", "median", "p90", "p95", "p99", "p999", "max", "same_top", "top1", "ln_ppl_ratio")
-#: The keys of a record's `stats` the read model types.
-STATS_KEYS = frozenset(
-    {
+#: The keys of a record's `stats` the read model types, in the order `Stats.to_json` writes them.
+STATS_KEYS = tuple(
+    [
         *STATS_FIGURES,
         "n_prompts",
         "n_sequences",
@@ -79,7 +79,7 @@ STATS_KEYS = frozenset(
         "near_tie_flips",
         "near_ties",
         "worst",
-    }
+    ]
 )
 
 
@@ -117,7 +117,7 @@ class Stats:
         typed = {k: jsonable(getattr(self, k)) for k in STATS_KEYS if k != "worst"} | {
             "worst": [w.to_json() for w in self.worst]
         }
-        return written(typed, STATS_KEYS - self.present, self.more)
+        return written(typed, frozenset(STATS_KEYS) - self.present, self.more)
 
     def has(self, key: str) -> bool:
         return key in self.present

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from .fields import integer, mapping, real, sequence, text
 from .model import Record, parse_record
-from .records import GateRecord, RunInfo, json_object
+from .records import RunInfo
+from .wire import json_object
 
 __all__ = [
     "Interrupted",
@@ -45,8 +46,7 @@ class StoredRow:
 
 def parse_row(row: Mapping[str, Any]) -> StoredRow:
     """A results-DB row (`ResultsDB.rows`; any subset of its columns): its columns, and its record parsed."""
-    stored = stored_record(row)
-    record = parse_record(stored) if stored is not None else None
+    record = stored_record(row)
     dirty = row.get("code_dirty")
     return StoredRow(
         run_id=text(row.get("run_id")),
@@ -60,9 +60,10 @@ def parse_row(row: Mapping[str, Any]) -> StoredRow:
     )
 
 
-def stored_record(row: Mapping[str, Any]) -> GateRecord | None:
-    """The record a DB row stores whole (record_json), as written; None where it cannot be read."""
-    return cast("GateRecord | None", json_object(row.get("record_json")))
+def stored_record(row: Mapping[str, Any]) -> Record | None:
+    """The record a DB row stores whole (record_json); None where it cannot be read."""
+    stored = json_object(row.get("record_json"))
+    return parse_record(stored) if stored is not None else None
 
 
 @dataclass(frozen=True)
@@ -177,22 +178,22 @@ def row_run(row: Mapping[str, Any]) -> RunInfo:
     )
 
 
-def pending_entry(raw: bytes) -> tuple[RunInfo, list[GateRecord]] | None:
+def pending_entry(raw: bytes) -> tuple[RunInfo, list[Record]] | None:
     """One line of `<db>.pending.jsonl` (a run a locked DB could not take): its run and records; None
     where the line cannot be read (it stays in the file)."""
     try:
         doc = json.loads(raw)
         info = run_info_of(mapping(doc.get("run")))
-        records = [cast("GateRecord", r) for r in sequence(doc.get("records")) if isinstance(r, dict)]
+        records = [parse_record(r) for r in sequence(doc.get("records")) if isinstance(r, dict)]
     except (ValueError, TypeError, AttributeError, KeyError):
         return None
     return info, records
 
 
-def report_contents(doc: Mapping[str, Any]) -> tuple[RunInfo, list[GateRecord], list[dict[str, Any]]]:
-    """A JSON report's run, records (as written) and calibrations; KeyError when its run is cut short."""
+def report_contents(doc: Mapping[str, Any]) -> tuple[RunInfo, list[Record], list[dict[str, Any]]]:
+    """A JSON report's run, records and calibrations; KeyError when its run is cut short."""
     run = run_info_of(mapping(doc.get("run")))
-    gates = [cast("GateRecord", g) for g in sequence(doc.get("gates")) if isinstance(g, dict)]
+    gates = [parse_record(g) for g in sequence(doc.get("gates")) if isinstance(g, dict)]
     calibrations = [c for c in sequence(doc.get("calibrations")) if isinstance(c, dict)]
     return run, gates, calibrations
 

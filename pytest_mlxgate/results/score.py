@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from .model import parse_record
+from .model import Record
 from .record_capability import Task
-from .records import GateRecord, gate_record
+from .records import gate_record
 
 __all__ = ["SCORE_NODEID", "capability_score", "score_record"]
 
@@ -36,10 +36,10 @@ def capability_score(task_scores: Mapping[str, float | None], tasks: Sequence[st
     return (sum(ran) / len(ran) if ran else None), partial
 
 
-def score_record(records: Sequence[GateRecord], tasks: Sequence[str]) -> GateRecord | None:
+def score_record(records: Sequence[Record], tasks: Sequence[str]) -> Record | None:
     """The run's Capability Score as a record of its own, from the latest result of each task."""
     latest: dict[str, Task] = {}  # only the six: a gate author's own tasks are not in the score
-    for record in (parse_record(r) for r in records):
+    for record in records:
         if record.mode == "capability":
             latest.update({t: v for t, v in record.tasks.items() if t in tasks})
     if not latest:

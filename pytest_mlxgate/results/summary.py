@@ -11,11 +11,10 @@ from typing import Any
 from ..common.format import DASH, clip, format_duration, percent, percent_distinct
 from .attribution_text import top_line
 from .fields import number
-from .model import Record, parse_record
+from .model import Record
 from .record_capability import CapabilityScore
 from .record_checks import CheckResult
 from .record_kl import Stats
-from .records import GateRecord
 from .runs import Interrupted, interrupted_of
 
 __all__ = [
@@ -280,9 +279,9 @@ _GAP = "  "
 _MIN_GATE_WIDTH = 12
 
 
-def summary_lines(records: Sequence[GateRecord], *, width: int = 120) -> list[str]:
+def summary_lines(records: Sequence[Record], *, width: int = 120) -> list[str]:
     """The controller's end-of-run table: a header, then one block per gate, columns aligned."""
-    read = sorted((parse_record(r) for r in records), key=lambda r: r.nodeid)
+    read = sorted(records, key=lambda r: r.nodeid)
     confidences = {r.stats.confidence for r in read} - {None}
     bound_title = "bound"
     if len(confidences) == 1:

@@ -94,6 +94,11 @@ class Paired:
             "lever": self.lever.to_json(),
             "path": self.shape.path,
         }
+        fields = {**arms, **conclusion.fields}
+        asked = run.speed_shape is not None and "speed" not in fields
+        speed = (run.speed() if measure else run.speed_arms.measured) if asked else None
+        if speed is not None:
+            fields["speed"] = speed
         record = gate_record(
             nodeid=self.nodeid,
             mode=conclusion.mode,
@@ -101,13 +106,9 @@ class Paired:
             checks=conclusion.checks,
             bounds=conclusion.bounds,
             rerun=self.rerun,
-            **{**arms, **conclusion.fields},
+            phases=run.phases.take(),  # after the speed above: its trials are this record's work too
+            **fields,
         )
-        asked = run.speed_shape is not None and "speed" not in record
-        speed = (run.speed() if measure else run.speed_arms.measured) if asked else None
-        if speed is not None:
-            record["speed"] = speed
-        record["phases"] = run.phases.take()  # after the speed above: its trials are this record's work too
         stage(self.item, RECORD_PROPERTY, record)
         self.published = True
 

@@ -23,7 +23,8 @@ from .transport import carried_by
 
 if TYPE_CHECKING:
     from ..results.history import ResultsDBLocked
-    from ..results.records import GateRecord, RunInfo
+    from ..results.model import Record
+    from ..results.records import RunInfo
 
 __all__ = ["ReportWriter", "junit_xml"]
 
@@ -49,7 +50,7 @@ class ReportWriter:
         self._machine = machine
         self._shard_plan = shard_plan
         self._started = time.time()
-        self.records: list[GateRecord] = []  # gate records seen by this process's reports
+        self.records: list[Record] = []  # gate records seen by this process's reports
         self.calibrations: list[dict[str, Any]] = []  # --mlx-calibrate measurements, one per gate module
         self.locations: dict[str, tuple[str, int]] = {}  # nodeid -> its test function's (path, line): annotations
         self.written: list[str] = []  # a line per report written, for the terminal summary
@@ -214,7 +215,6 @@ class ReportWriter:
 
     def _write_html(self, session: pytest.Session, path: Path, run: RunInfo, db: Path | None) -> None:
         """The HTML report, with each gate's history from the results DB (this run's rows included)."""
-        from ..results.fields import nodeid_of
         from ..results.history import ResultsDBError
         from ..results.html_report import history_rows, write_html_report
 
@@ -223,7 +223,7 @@ class ReportWriter:
             history = {}  # locked: no second wait for the sparklines
         elif db is not None:
             try:
-                history = history_rows(db, (nodeid_of(r) for r in self.records))
+                history = history_rows(db, (r.nodeid for r in self.records))
             except (OSError, ResultsDBError, ValueError):
                 history = {}  # the DB already warned, or is unreadable: the report shows no sparklines
         try:

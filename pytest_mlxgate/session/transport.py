@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from ..results.records import GateRecord, carried, records_in
+from ..results.model import Record
+from ..results.records import carried, records_in
 
 __all__ = ["REPORT_ATTRIBUTE", "attach", "carried_by", "stage", "stage_error", "staged_records"]
 
@@ -29,12 +30,12 @@ REPORT_ATTRIBUTE = "mlxgate"
 _STAGED = pytest.StashKey[list[tuple[str, str]]]()
 
 
-def stage(item: pytest.Item, name: str, payload: Mapping[str, Any]) -> None:
+def stage(item: pytest.Item, name: str, payload: Mapping[str, Any] | Record) -> None:
     """Stage a record (`RECORD_PROPERTY`) or a calibration (`CALIBRATION_PROPERTY`) for the controller."""
     item.stash.setdefault(_STAGED, []).append(carried(name, payload))
 
 
-def staged_records(item: pytest.Item) -> list[GateRecord]:
+def staged_records(item: pytest.Item) -> list[Record]:
     """The gate records the item has staged so far (parsed back from their JSON text)."""
     staged: list[tuple[str, str]] = item.stash.get(_STAGED, [])
     return records_in(staged)
@@ -53,7 +54,7 @@ def stage_error(item: pytest.Item, report: pytest.TestReport, call: pytest.CallI
     staged = staged_records(item)
     if not report.failed or not ("paired" in getattr(item, "fixturenames", ()) or staged):
         return
-    if any(verdict_rank(r.get("verdict")) >= verdict_rank("inconclusive") for r in staged):
+    if any(verdict_rank(r.verdict) >= verdict_rank("inconclusive") for r in staged):
         return  # its record already says it failed (or could not tell): that is why the test failed
     if call.excinfo is not None:
         error_type, message = call.excinfo.typename, str(call.excinfo.value)

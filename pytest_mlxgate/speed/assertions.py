@@ -14,9 +14,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from ..results.records import Check
 from ..results.speed_text import context_text
 from ..results.verdicts import Direction
+from ..results.wire import Check
 from ..stats.ratios import RatioEstimate, ratio_pairs_needed
 from ..verdicts.conclude import Conclusion, Target, check, conclude, given_limits
 

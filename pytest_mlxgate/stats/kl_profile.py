@@ -1,6 +1,6 @@
 """A KL gate's per-token scores in the compact shapes the HTML report plots, capped so a record stays small.
 
-`kl_profile` is what a KL record carries under `kl_profile` (documented in `results.records.GateRecord`):
+`kl_profile` is what a KL record carries under `kl_profile` (documented in `results.wire.GateRecord`):
 a histogram over fixed log-spaced edges, KL by position (median and p90 over prompts, with top-1 flips),
 and each prompt's mean KL with an interval. Every array has a cap, whatever the gate's size, and
 floats keep 4 significant digits (a plot needs no more): a 1,000-prompt gate's profile is ~12 KB.

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..results.model import limits_from_words
-from ..results.records import Check, Mode
 from ..results.verdicts import ERROR, Direction, Verdict, bounds_verdict, overall_verdict, settle_inconclusive
+from ..results.wire import Check, Mode
 
 __all__ = ["Conclusion", "MessageFn", "Target", "check", "conclude", "given_limits"]
 

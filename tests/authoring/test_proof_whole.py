@@ -21,7 +21,7 @@ from pytest_mlxgate.authoring.proof import NOTES, PROOF_FORMAT, LimitsProof, Pro
 from pytest_mlxgate.common.keys import canonical_json, key_digest
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.levers.lever import Lever
-from pytest_mlxgate.results.records import Check
+from pytest_mlxgate.results.wire import Check
 from pytest_mlxgate.verdicts.conclude import Conclusion
 
 MODEL, BACKEND = "e4b", "metal"

@@ -61,17 +61,15 @@ class FakePaired:
 
     def publish(self, conclusion: Conclusion) -> None:
         self.records.append(
-            dict(
-                gate_record(
-                    nodeid=self.nodeid,
-                    mode=conclusion.mode,
-                    verdict=conclusion.verdict,
-                    checks=conclusion.checks,
-                    bounds=conclusion.bounds,
-                    rerun=self.rerun,
-                    **conclusion.fields,
-                )
-            )
+            gate_record(
+                nodeid=self.nodeid,
+                mode=conclusion.mode,
+                verdict=conclusion.verdict,
+                checks=conclusion.checks,
+                bounds=conclusion.bounds,
+                rerun=self.rerun,
+                **conclusion.fields,
+            ).to_json()
         )
 
 

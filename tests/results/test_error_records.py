@@ -4,6 +4,7 @@ HTML report, the JSON report's run verdict, the DB row and `mlxgate compare`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pytest_mlxgate.results.history_text import Source, compare_lines
 from pytest_mlxgate.results.html_report import html_report
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.junit import junit_properties
+from pytest_mlxgate.results.model import Record, parse_record
 from pytest_mlxgate.results.records import (
     ERROR_LINES,
     RunInfo,
@@ -36,15 +38,13 @@ MESSAGE = (
 )
 
 
-def nan_record() -> dict:
-    return dict(
-        error_record(
-            nodeid="gates/test_nan.py::test_drift",
-            phase="call",
-            error_type="NonFiniteLogitsError",
-            message=MESSAGE,
-            rerun="pytest gates/test_nan.py::test_drift",
-        )
+def nan_record() -> Record:
+    return error_record(
+        nodeid="gates/test_nan.py::test_drift",
+        phase="call",
+        error_type="NonFiniteLogitsError",
+        message=MESSAGE,
+        rerun="pytest gates/test_nan.py::test_drift",
     )
 
 
@@ -83,7 +83,7 @@ def test_the_run_verdict_never_says_pass_for_an_error_an_interruption_or_nothing
 def test_an_error_record_keeps_the_first_lines_of_its_message() -> None:
     record = error_record(
         nodeid="a.py::t", phase="setup", error_type="OSError", message="\n".join(f"line {i}" for i in range(40))
-    )
+    ).to_json()
     assert record["verdict"] == "error" and record["mode"] == "error" and record["gate"] == "a::t"
     lines = record["error"]["message"].splitlines()
     assert lines[:ERROR_LINES] == [f"line {i}" for i in range(ERROR_LINES)] and lines[-1] == "…"
@@ -91,7 +91,7 @@ def test_an_error_record_keeps_the_first_lines_of_its_message() -> None:
 
 
 def test_the_summary_shows_the_error_and_its_words() -> None:
-    lines = summary_lines([nan_record()], width=100)  # type: ignore[list-item]
+    lines = summary_lines([nan_record()], width=100)
     assert lines[1].startswith("test_nan::test_drift") and lines[1].endswith("ERROR") and "error in call" in lines[1]
     assert lines[2].startswith("  NonFiniteLogitsError: the candidate arm (norm=kernels:nan) produced NaN")
     assert any("second line <b>bold</b>" in line for line in lines)
@@ -99,11 +99,11 @@ def test_the_summary_shows_the_error_and_its_words() -> None:
 
 
 def test_junit_and_github_carry_the_error() -> None:
-    props = dict(junit_properties(nan_record()))  # type: ignore[arg-type]
+    props = dict(junit_properties(nan_record()))
     assert props["mlxgate.verdict"] == "error" and props["mlxgate.error.type"] == "NonFiniteLogitsError"
     assert props["mlxgate.error.phase"] == "call" and props["mlxgate.error.message"] == MESSAGE
     assert json.loads(props["mlxgate.record"])["error"]["message"] == MESSAGE
-    line = gate_line(nan_record())  # type: ignore[arg-type]
+    line = gate_line(nan_record())
     assert line.startswith("ERROR test_nan::test_drift: NonFiniteLogitsError in call: the candidate arm")
     assert "second line" not in line and line.endswith("re-run: pytest gates/test_nan.py::test_drift")
 
@@ -113,7 +113,7 @@ def test_the_html_report_shows_the_error_escaped_and_an_interrupted_banner() -> 
         [nan_record()],
         run=run_info(
             interrupted={
-                "reason": "KeyboardInterrupt",  # type: ignore[list-item]
+                "reason": "KeyboardInterrupt",
                 "not_run": ["gates/test_b.py"],
             }
         ),
@@ -122,7 +122,7 @@ def test_the_html_report_shows_the_error_escaped_and_an_interrupted_banner() -> 
     assert "<h3>Error in call</h3>" in page and "second line &lt;b&gt;bold&lt;/b&gt;" in page
     assert "<b>bold</b>" not in page
     assert 'class="banner interrupted"' in page and "1 module(s) did not run: gates/test_b.py" in page
-    assert 'class="banner' not in html_report([nan_record()], run=run_info())  # type: ignore[list-item]
+    assert 'class="banner' not in html_report([nan_record()], run=run_info())
 
 
 def test_the_json_report_says_the_run_verdict_and_the_interruption(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_the_json_report_says_the_run_verdict_and_the_interruption(tmp_path: Pat
     write_json_report(path, run_info(), [ok])
     doc = json.loads(path.read_text())
     assert doc["verdict"] == "pass" and doc["interrupted"] is False and "not_run" not in doc
-    write_json_report(path, run_info(), [ok, nan_record()])  # type: ignore[list-item]
+    write_json_report(path, run_info(), [ok, nan_record()])
     assert json.loads(path.read_text())["verdict"] == "error"
     write_json_report(path, run_info(interrupted={"reason": "KeyboardInterrupt", "not_run": ["b.py"]}), [ok])
     doc = json.loads(path.read_text())
@@ -140,14 +140,15 @@ def test_the_json_report_says_the_run_verdict_and_the_interruption(tmp_path: Pat
 
 def test_the_db_keeps_an_error_row_and_compare_calls_pass_to_error_a_regression(tmp_path: Path) -> None:
     db = ResultsDB(tmp_path / "h.sqlite")
-    db.append(run_info(), [nan_record()])  # type: ignore[list-item]
+    db.append(run_info(), [nan_record()])
     (row,) = db.rows(columns=("verdict", "mode", "record_json"))
     assert row["verdict"] == "error" and row["mode"] == "error"
     assert json.loads(row["record_json"])["error"]["type"] == "NonFiniteLogitsError"
 
-    passed = dict(nan_record(), verdict="pass", mode="gate")
-    passed.pop("error")
-    lines, regressions = compare_lines(Source("a", run_info(), [passed]), Source("b", run_info(), [nan_record()]))  # type: ignore[list-item]
+    wire = dict(nan_record().to_json(), verdict="pass", mode="gate")
+    wire.pop("error")
+    passed = parse_record(wire)
+    lines, regressions = compare_lines(Source("a", run_info(), [passed]), Source("b", run_info(), [nan_record()]))
     assert regressions == ["gates/test_nan.py::test_drift"] and "pass → error  REGRESSION" in "\n".join(lines)
 
 
@@ -157,10 +158,9 @@ def test_merge_fails_on_an_error_or_an_unknown_verdict(
 ) -> None:
     from pytest_mlxgate.cli import main
 
-    record = nan_record() if verdict == "error" else dict(gate_record(nodeid="a.py::t", mode="gate", verdict="pass"))
-    if verdict != "error":
-        record["verdict"] = verdict
+    passing = gate_record(nodeid="a.py::t", mode="gate", verdict="pass")
+    record = nan_record() if verdict == "error" else dataclasses.replace(passing, verdict=verdict)
     path = tmp_path / "r.json"
-    write_json_report(path, run_info(), [record])  # type: ignore[list-item]
+    write_json_report(path, run_info(), [record])
     assert main(["merge", str(path)]) == 1
     assert "gate(s) failing" in capsys.readouterr().err

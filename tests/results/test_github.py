@@ -23,6 +23,7 @@ from pytest_mlxgate.results.github import (
     step_summary,
     workflow_command,
 )
+from pytest_mlxgate.results.model import Record
 from pytest_mlxgate.results.records import gate_record
 from pytest_mlxgate.results.verdicts import overall_verdict
 
@@ -38,19 +39,17 @@ STATS: dict[str, Any] = {
 MODEL = {"name": "e4b", "pinned": "mlx-community/gemma-4-e4b-it-4bit@abcdef0"}
 
 
-def record(nodeid: str, mean: float, **more: Any) -> dict[str, Any]:
+def record(nodeid: str, mean: float, **more: Any) -> Record:
     checks = kl_checks(STATS, {"mean": mean, "top1": 0.95})
-    return dict(
-        gate_record(
-            nodeid=nodeid,
-            mode="gate",
-            verdict=overall_verdict(checks),
-            checks=checks,
-            stats=STATS,
-            candidate=MODEL,
-            rerun=f"pytest {nodeid}",
-            **more,
-        )
+    return gate_record(
+        nodeid=nodeid,
+        mode="gate",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        stats=STATS,
+        candidate=MODEL,
+        rerun=f"pytest {nodeid}",
+        **more,
     )
 
 
@@ -106,7 +105,7 @@ def test_annotations_error_per_failing_gate_warning_per_inconclusive_at_most_ten
     passing = [record("gates/test_p.py::test_ok", PASS)]
     unplaced = record("gates/test_f.py::test_not_a_test_item", FAIL)  # no location: nothing to point at
     everything = [*failing, *unsure, *passing, unplaced]
-    locations = {r["nodeid"]: (r["nodeid"].split("::")[0], 10 + i) for i, r in enumerate(everything[:-1])}
+    locations = {r.nodeid: (r.nodeid.split("::")[0], 10 + i) for i, r in enumerate(everything[:-1])}
     lines = annotation_lines(everything, locations)
     errors = [line for line in lines if line.startswith("::error ")]
     assert len(errors) == 10 and errors[0].startswith(
@@ -126,12 +125,12 @@ def test_annotations_error_per_failing_gate_warning_per_inconclusive_at_most_ten
 
 def test_an_annotation_is_one_line_whatever_the_gate_holds() -> None:
     odd = record("gates/test_x.py::test_y[50%\nsplit, a:b]", FAIL)
-    (line,) = annotation_lines([odd], {odd["nodeid"]: ("gates/test_x.py", 4)})
+    (line,) = annotation_lines([odd], {odd.nodeid: ("gates/test_x.py", 4)})
     assert "\n" not in line and "\r" not in line
     head, message = line.split("::", 2)[1:]
     title = head.split(",title=", 1)[1]
     assert unescape(title) == "mlxgate fail: test_x::test_y[50%\nsplit, a:b]"
-    assert unescape(message) == gate_line(odd)  # type: ignore[arg-type]
+    assert unescape(message) == gate_line(odd)
     assert "%25%0Asplit" in message and "%2C" not in message  # the message keeps its commas and colons
 
 
@@ -151,7 +150,7 @@ def test_the_step_summary_puts_failing_gates_first_with_figures_models_and_repor
         record("gates/test_b.py::test_unsure", UNSURE),
         record("gates/test_c.py::test_fail", FAIL),
     ]
-    text = step_summary(records, reports=[("JSON report", "results/gates.json")])  # type: ignore[arg-type]
+    text = step_summary(records, reports=[("JSON report", "results/gates.json")])
     lines = text.splitlines()
     assert lines[0] == "### mlxgate: 3 gates — 1 fail · 1 inconclusive · 1 pass"
     rows = [line for line in lines if line.startswith("| `")]
@@ -168,7 +167,7 @@ def test_the_step_summary_puts_failing_gates_first_with_figures_models_and_repor
 
 
 def test_a_pipe_in_a_gate_name_does_not_break_the_table() -> None:
-    text = step_summary([record("gates/test_a.py::test_x[a|b]", PASS)])  # type: ignore[list-item]
+    text = step_summary([record("gates/test_a.py::test_x[a|b]", PASS)])
     (row,) = [line for line in text.splitlines() if line.startswith("| `")]
     assert row.startswith("| `test_a::test_x[a\\|b]` |") and row.count(" | ") == 3
 
@@ -177,7 +176,7 @@ def test_a_pipe_in_a_gate_name_does_not_break_the_table() -> None:
 def test_the_step_summary_stays_under_its_limit_and_counts_what_it_left_out(limit: int) -> None:
     n = 2 + limit // 150  # more rows than fit: each is over 150 bytes
     records = [record(f"gates/test_many.py::test_{i:05d}", PASS if i % 3 else FAIL) for i in range(n)]
-    text = step_summary(records, limit=limit)  # type: ignore[arg-type]
+    text = step_summary(records, limit=limit)
     assert len(text.encode("utf-8")) <= limit
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     (cut,) = [line for line in text.splitlines() if "left out" in line]
@@ -187,4 +186,4 @@ def test_the_step_summary_stays_under_its_limit_and_counts_what_it_left_out(limi
 
 
 def test_a_step_summary_with_no_room_is_not_written() -> None:
-    assert step_summary([record("a.py::t", PASS)], limit=100) == ""  # type: ignore[list-item]
+    assert step_summary([record("a.py::t", PASS)], limit=100) == ""

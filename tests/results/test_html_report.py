@@ -24,17 +24,18 @@ from report_records import (
 
 from pytest_mlxgate.results.history import ResultsDB
 from pytest_mlxgate.results.html_report import PLOTS, history_rows, html_report, write_html_report
+from pytest_mlxgate.results.model import Record, parse_record
 from pytest_mlxgate.results.svg import Figure, Scale, esc, log_ticks, message, nice_ticks, sparkline
 
 
 @pytest.fixture(scope="module")
-def records() -> list[dict[str, Any]]:
+def records() -> list[Record]:
     return [kl_record(), capability_record(), speed_record()]
 
 
 @pytest.fixture(scope="module")
-def page(records: list[dict[str, Any]]) -> str:
-    return html_report(records, history=history_for(records), run=run_info())  # type: ignore[arg-type]
+def page(records: list[Record]) -> str:
+    return html_report(records, history=history_for(records), run=run_info())
 
 
 def sections(page: str) -> dict[str, str]:
@@ -169,12 +170,12 @@ def test_a_gate_with_many_prompts_keeps_a_small_record_and_a_bounded_page() -> N
     import json
 
     big = kl_record(n_prompts=600, tokens=128)
-    assert len(json.dumps(big["kl_profile"])) < 25_000  # capped in the record...
-    assert len(big["kl_profile"]["prompts"]["index"]) == 128
+    assert len(json.dumps(big.to_json()["kl_profile"])) < 25_000  # capped in the record...
+    assert len(big.kl_profile.prompts.index) == 128
     one = len(html_report([big]).encode())
     assert one < 150_000, one
     # ...and by the renderer too, whatever a record holds (a hand-made or future one)
-    huge = copy.deepcopy(big)
+    huge = copy.deepcopy(big.to_json())
     n = 20_000
     huge["kl_profile"]["prompts"] = {
         "index": list(range(n)),
@@ -188,16 +189,16 @@ def test_a_gate_with_many_prompts_keeps_a_small_record_and_a_bounded_page() -> N
         "p90": [2e-3] * n,
     }
     huge["stats"]["worst"] = huge["stats"]["worst"] * 2000
-    size = len(html_report([huge]).encode())
+    size = len(html_report([parse_record(huge)]).encode())
     assert size < 400_000, size
 
 
 def test_an_old_record_says_not_recorded_where_a_plot_lacks_its_data() -> None:
     old = kl_record(with_profile=False)
-    cap = capability_record()
+    cap = capability_record().to_json()
     for task in cap["tasks"].values():
         del task["flipped"]  # before flipped items carried their prompts
-    page = html_report([old, cap])
+    page = html_report([old, parse_record(cap)])
     kl, capability = sections(page)["gate"], sections(page)["capability"]
     assert plots(kl) == [*PLOTS["kl"], *PLOTS["history"]]  # every plot still has its <svg>...
     for name in ("kl-histogram", "kl-by-position", "kl-per-prompt"):
@@ -209,8 +210,8 @@ def test_an_old_record_says_not_recorded_where_a_plot_lacks_its_data() -> None:
     assert "The answer is 2." in capability  # both outputs still shown
 
 
-def test_history_draws_a_sparkline_of_the_gate_s_earlier_runs(records: list[dict[str, Any]]) -> None:
-    page = html_report(records, history=history_for(records, runs=5), run=run_info())  # type: ignore[arg-type]
+def test_history_draws_a_sparkline_of_the_gate_s_earlier_runs(records: list[Record]) -> None:
+    page = html_report(records, history=history_for(records, runs=5), run=run_info())
     kl = sections(page)["gate"]
     hist = re.search(r'data-plot="history">(.*?)</figure>', kl, re.S)
     assert hist and '<svg class="plot spark"' in hist.group(1)
@@ -223,11 +224,11 @@ def test_history_draws_a_sparkline_of_the_gate_s_earlier_runs(records: list[dict
     # off, and a gate's first run
     off = sections(html_report(records[:1], history=None))["gate"]
     assert "the results DB is off" in off
-    first = sections(html_report(records[:1], history={}, run=run_info()))["gate"]  # type: ignore[arg-type]
+    first = sections(html_report(records[:1], history={}, run=run_info()))["gate"]
     assert "no earlier runs of this gate" in first
 
 
-def test_history_rows_come_from_the_results_db(tmp_path: Path, records: list[dict[str, Any]]) -> None:
+def test_history_rows_come_from_the_results_db(tmp_path: Path, records: list[Record]) -> None:
     db = tmp_path / "results.sqlite"
     assert history_rows(db, ["x"]) == {}  # no DB file: nothing, and none created
     assert not db.exists()
@@ -235,18 +236,16 @@ def test_history_rows_come_from_the_results_db(tmp_path: Path, records: list[dic
     for k in range(3):
         run = run_info()
         run = type(run)(**{**run.to_dict(), "run_id": f"{k:032x}"})
-        results.append(run, records)  # type: ignore[arg-type]
-    rows = history_rows(db, [records[0]["nodeid"]], last=2)
-    assert list(rows) == [records[0]["nodeid"]]
-    assert [r["run_id"] for r in rows[records[0]["nodeid"]]] == [f"{k:032x}" for k in (1, 2)]
-    assert rows[records[0]["nodeid"]][0]["mean_kl"] == pytest.approx(records[0]["stats"]["mean"])
+        results.append(run, records)
+    rows = history_rows(db, [records[0].nodeid], last=2)
+    assert list(rows) == [records[0].nodeid]
+    assert [r["run_id"] for r in rows[records[0].nodeid]] == [f"{k:032x}" for k in (1, 2)]
+    assert rows[records[0].nodeid][0]["mean_kl"] == pytest.approx(records[0].stats.mean)
 
 
-def test_the_report_is_written_atomically_and_readable_by_everyone(
-    tmp_path: Path, records: list[dict[str, Any]]
-) -> None:
+def test_the_report_is_written_atomically_and_readable_by_everyone(tmp_path: Path, records: list[Record]) -> None:
     path = tmp_path / "out" / "report.html"
-    write_html_report(path, records, run=run_info())  # type: ignore[arg-type]
+    write_html_report(path, records, run=run_info())
     assert path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert os.stat(path).st_mode & 0o777 == 0o644
     assert [p.name for p in path.parent.iterdir()] == ["report.html"]  # no temp file left
@@ -290,8 +289,7 @@ def test_figures_escape_every_text_and_write_no_namespace_url() -> None:
 def test_an_attributed_gate_shows_each_scope_the_output_error_curve_and_the_types_by_position() -> None:
     from report_records import attribution_data
 
-    record = kl_record()
-    record["attribution"] = attribution_data()
+    record = parse_record({**kl_record().to_json(), "attribution": attribution_data()})
     page = html_report([record], run=run_info())
     kl = sections(page)["gate"]
     assert plots(kl) == [*PLOTS["kl"], *PLOTS["attribution"], "kl-by-position", *PLOTS["history"]]
@@ -315,7 +313,7 @@ def test_the_summary_names_the_top_contributors_of_an_attributed_gate() -> None:
 
     record = kl_record()
     plain = "\n".join(summary_lines([record]))
-    record["attribution"] = attribution_data()
+    record = parse_record({**record.to_json(), "attribution": attribution_data()})
     text = "\n".join(summary_lines([record], width=200))
     assert "drift from" not in plain
     assert "drift from: layer 2 0.018 [0.009, 0.027], 90% of the whole; layer 0 1.00e-04" in text

@@ -16,6 +16,7 @@ from pytest_mlxgate.capability.result import CapabilityRun
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.results.fields import jsonable
 from pytest_mlxgate.results.junit import junit_properties, property_text, split_suite_name, suite_properties
+from pytest_mlxgate.results.model import parse_record
 from pytest_mlxgate.results.records import RECORD_PROPERTY, gate_record
 from pytest_mlxgate.results.verdicts import overall_verdict
 from pytest_mlxgate.speed.assertions import speed_checks
@@ -53,27 +54,25 @@ STATS: dict[str, Any] = {
 
 def kl_record(**bounds: float) -> dict[str, Any]:
     checks = kl_checks(STATS, bounds)
-    return dict(
-        gate_record(
-            nodeid="gates/test_kv.py::test_drift",
-            mode="gate",
-            verdict=overall_verdict(checks),
-            checks=checks,
-            bounds=bounds,
-            stats=STATS,
-            candidate=MODEL,
-            reference_model=None,
-            lever={"name": "kv8", "ref": "plain", "cand": "8-bit"},
-            path="serving",
-            reference_source="cache",
-            durations={"total_s": 1.5},
-            rerun="pytest gates/test_kv.py",
-        )
-    )
+    return gate_record(
+        nodeid="gates/test_kv.py::test_drift",
+        mode="gate",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        bounds=bounds,
+        stats=STATS,
+        candidate=MODEL,
+        reference_model=None,
+        lever={"name": "kv8", "ref": "plain", "cand": "8-bit"},
+        path="serving",
+        reference_source="cache",
+        durations={"total_s": 1.5},
+        rerun="pytest gates/test_kv.py",
+    ).to_json()
 
 
 def props(record: dict[str, Any]) -> dict[str, str]:
-    pairs = junit_properties(record)  # type: ignore[arg-type]
+    pairs = junit_properties(parse_record(record))
     names = [n for n, _ in pairs]
     assert len(names) == len(set(names)), "a property name twice"
     assert names[-1] == RECORD_PROPERTY
@@ -140,18 +139,16 @@ def test_capability_gives_both_scores_and_the_drop_with_its_bounds_per_task() ->
         "mmlu": _run("mmlu", [1.0] * 20 + [0.0] * 20, [1.0] * 20 + [0.0] * 20),
     }
     checks, tasks = capability_checks(runs, floor=0.3, max_drop=0.1, alpha=0.05)
-    record = dict(
-        gate_record(
-            nodeid="gates/test_cap.py::test_capability",
-            mode="capability",
-            verdict=overall_verdict(checks),
-            checks=checks,
-            tasks=tasks,
-            skipped={"humaneval": "no sandbox"},
-            candidate=MODEL,
-            stats={"n_prompts": 80},
-        )
-    )
+    record = gate_record(
+        nodeid="gates/test_cap.py::test_capability",
+        mode="capability",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        tasks=tasks,
+        skipped={"humaneval": "no sandbox"},
+        candidate=MODEL,
+        stats={"n_prompts": 80},
+    ).to_json()
     p = props(record)
     drop = tasks["gsm8k"]["drop_verdict"]
     assert float(p["mlxgate.capability.gsm8k.reference"]) == 0.75
@@ -209,15 +206,13 @@ def _speed() -> dict[str, Any]:
 def test_speed_gives_the_longest_context_plain_others_by_context_and_each_goals_limit() -> None:
     speed = _speed()
     checks = speed_checks(speed, {"decode": 1.05, "memory": 0.9, "kv": 0.6, "weights": 0.3}, "all")
-    record = dict(
-        gate_record(
-            nodeid="gates/test_kv.py::test_speed",
-            mode="speed",
-            verdict=overall_verdict(checks),
-            checks=checks,
-            speed=speed,
-        )
-    )
+    record = gate_record(
+        nodeid="gates/test_kv.py::test_speed",
+        mode="speed",
+        verdict=overall_verdict(checks),
+        checks=checks,
+        speed=speed,
+    ).to_json()
     p = props(record)
     assert p["mlxgate.speed.context"] == "256"
     assert (
@@ -241,12 +236,12 @@ def test_speed_gives_the_longest_context_plain_others_by_context_and_each_goals_
 def test_suite_properties_are_scoped_by_node_id_and_read_back() -> None:
     record = kl_record(mean=1e-3)
     record["nodeid"] = "gates/test_kv.py::test_drift[a].b]"  # a parameter id may hold "]." itself
-    pairs = suite_properties(record)  # type: ignore[arg-type]
+    pairs = suite_properties(parse_record(record))
     assert pairs[0][0].startswith("mlxgate[gates/test_kv.py::test_drift[a].b]].")
     back = {split_suite_name(n): v for n, v in pairs}
     assert back[(record["nodeid"], "mlxgate.verdict")] == "pass"
     assert json.loads(back[(record["nodeid"], RECORD_PROPERTY)]) == jsonable(record)
-    assert dict(junit_properties(record)) == {k[1]: v for k, v in back.items()}  # type: ignore[index]
+    assert dict(junit_properties(parse_record(record))) == {k[1]: v for k, v in back.items()}  # type: ignore[index]
     assert split_suite_name("mlxgate.verdict") is None and split_suite_name("other[x].y") is None
 
 

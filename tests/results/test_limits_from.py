@@ -19,7 +19,7 @@ from pytest_mlxgate.results.history import ResultsDB
 from pytest_mlxgate.results.html_report import html_report
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.junit import junit_properties
-from pytest_mlxgate.results.model import parse_record
+from pytest_mlxgate.results.model import Record, parse_record
 from pytest_mlxgate.results.records import gate_record
 from pytest_mlxgate.results.runs import parse_row
 from pytest_mlxgate.results.summary import summary_lines
@@ -66,7 +66,7 @@ STATUSES = list(LIMITS)
 ANY_WORDS = r"limits (shown|proven|unproven|do not)"  # the start of any status's words
 
 
-def record(status: str | None, *, nodeid: str = NODEID, **over: Any) -> dict[str, Any]:
+def record(status: str | None, *, nodeid: str = NODEID, **over: Any) -> Record:
     """A passing KL gate (its checks pass), with the limits_from of `status` (None: an older record without
     it); a refuted one is an error, as `authoring.proof` makes it."""
     checks = kl_checks(STATS, {"mean": 1e-3, "top1": 0.95})
@@ -80,15 +80,15 @@ def record(status: str | None, *, nodeid: str = NODEID, **over: Any) -> dict[str
     if status is not None:
         fields["limits_from"] = LIMITS[status]
     fields.update(over)
-    return dict(gate_record(nodeid=nodeid, mode="gate", verdict=verdict, **fields))
+    return gate_record(nodeid=nodeid, mode="gate", verdict=verdict, **fields)
 
 
 def test_the_records_read_back_with_the_words_these_tests_expect() -> None:
     for status in STATUSES:
-        limits = parse_record(record(status)).limits_from
+        limits = parse_record(record(status).to_json()).limits_from
         assert limits is not None and limits.status == status and limits.words == WORDS[status]
-    assert parse_record(record(None)).limits_from is None
-    assert record("calibrated")["verdict"] == "pass" and record("refuted")["verdict"] == "error"
+    assert parse_record(record(None).to_json()).limits_from is None
+    assert record("calibrated").verdict == "pass" and record("refuted").verdict == "error"
 
 
 # -- the terminal summary ------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_the_records_read_back_with_the_words_these_tests_expect() -> None:
 
 @pytest.mark.parametrize("status", STATUSES)
 def test_the_summary_shows_the_words_under_the_gate_rows(status: str) -> None:
-    lines = summary_lines([record(status)], width=200)  # type: ignore[list-item]
+    lines = summary_lines([record(status)], width=200)
     assert f"  {SHOWN[status]}" in lines
     at = lines.index(f"  {SHOWN[status]}")
     rows = [i for i, line in enumerate(lines) if re.search(r"(pass|ERROR)$", line)]
@@ -107,7 +107,7 @@ def test_the_summary_shows_the_words_under_the_gate_rows(status: str) -> None:
 
 def test_the_summary_wraps_long_words_and_keeps_the_marker() -> None:
     long = dict(LIMITS["unproven"], why="no known-bad " + "x" * 30 + " and more words " * 6)
-    lines = summary_lines([record("unproven", limits_from=long)], width=60)  # type: ignore[list-item]
+    lines = summary_lines([record("unproven", limits_from=long)], width=60)
     at = next(i for i, line in enumerate(lines) if "limits unproven" in line)
     assert lines[at].startswith("  ⚠ limits unproven on e4b (metal): no known-bad")
     assert lines[at + 1].startswith("    ") and all(len(line) <= 60 for line in lines[at : at + 3])
@@ -116,13 +116,13 @@ def test_the_summary_wraps_long_words_and_keeps_the_marker() -> None:
 def test_the_summary_of_an_older_record_has_no_limits_line() -> None:
     for limits in (None, {"status": "proven"}, "not a mapping"):
         over: dict[str, Any] = {} if limits is None else {"limits_from": limits}
-        lines = summary_lines([record(None, **over)], width=200)  # type: ignore[list-item]
+        lines = summary_lines([record(None, **over)], width=200)
         assert not any(re.search(f"⚠|{ANY_WORDS}", line) for line in lines), lines
         assert lines[1].startswith("test_kv_cache::test_drift") and lines[1].endswith("pass")
 
 
 def test_a_refuted_gate_reads_as_an_error_in_the_summary() -> None:
-    lines = summary_lines([record("refuted")], width=200)  # type: ignore[list-item]
+    lines = summary_lines([record("refuted")], width=200)
     at = lines.index(f"  {SHOWN['refuted']}")
     assert re.fullmatch(r"\s+verdict\s+—\s+—\s+—\s+ERROR", lines[at - 1]), lines  # the gate's word: last row
     assert not re.search(r"\bpass\b", lines[at - 1]) and lines[1].startswith("test_kv_cache::test_drift")
@@ -133,7 +133,7 @@ def test_a_refuted_gate_reads_as_an_error_in_the_summary() -> None:
 
 @pytest.mark.parametrize("status", STATUSES)
 def test_junit_carries_the_words_and_the_status(status: str) -> None:
-    props = dict(junit_properties(record(status)))  # type: ignore[arg-type]
+    props = dict(junit_properties(record(status)))
     assert props["mlxgate.limits_from"] == WORDS[status]
     assert props["mlxgate.limits_from.status"] == status
     assert props["mlxgate.limits_from.shown"] == ("true" if status in ("calibrated", "proven") else "false")
@@ -149,9 +149,9 @@ def test_junit_carries_the_words_and_the_status(status: str) -> None:
 
 
 def test_junit_of_an_older_record_has_no_limits_property_and_a_refuted_one_is_an_error() -> None:
-    props = dict(junit_properties(record(None)))  # type: ignore[arg-type]
+    props = dict(junit_properties(record(None)))
     assert props["mlxgate.verdict"] == "pass" and not any(k.startswith("mlxgate.limits_from") for k in props)
-    refuted = dict(junit_properties(record("refuted")))  # type: ignore[arg-type]
+    refuted = dict(junit_properties(record("refuted")))
     assert refuted["mlxgate.verdict"] == "error" and refuted["mlxgate.limits_from.status"] == "refuted"
 
 
@@ -160,35 +160,35 @@ def test_junit_of_an_older_record_has_no_limits_property_and_a_refuted_one_is_an
 
 @pytest.mark.parametrize("status", STATUSES)
 def test_the_github_line_and_job_summary_show_the_words(status: str) -> None:
-    line = gate_line(record(status))  # type: ignore[arg-type]
+    line = gate_line(record(status))
     verdict = "ERROR" if status == "refuted" else "PASS"
     assert line.startswith(f"{verdict} test_kv_cache::test_drift: ") and f"{SHOWN[status]} · " in line
-    summary = step_summary([record(status)])  # type: ignore[list-item]
+    summary = step_summary([record(status)])
     (row,) = [r for r in summary.splitlines() if r.startswith("| `test_kv_cache::test_drift`")]
     label = "❌ error" if status == "refuted" else "✅ pass"
     assert f"| {label} |" in row and SHOWN[status].replace("|", "\\|") in row
 
 
 def test_a_pass_on_unproven_limits_says_so_and_a_refuted_gate_says_why_first() -> None:
-    line = gate_line(record("unproven"))  # type: ignore[arg-type]
+    line = gate_line(record("unproven"))
     assert line.startswith("PASS ") and "mean KL" in line.split("⚠ limits unproven")[0]  # after the figures
-    refuted = gate_line(record("refuted"))  # type: ignore[arg-type]
+    refuted = gate_line(record("refuted"))
     assert refuted.startswith(f"ERROR test_kv_cache::test_drift: {SHOWN['refuted']} · mean KL")
-    summary = step_summary([record("refuted")])  # type: ignore[list-item]
+    summary = step_summary([record("refuted")])
     assert "✅" not in summary and "1 error" in summary.splitlines()[0]
 
 
 def test_the_annotation_of_a_refuted_gate_carries_the_words() -> None:
     locations = {NODEID: ("gates/test_kv_cache.py", 12), "gates/test_b.py::t": ("gates/test_b.py", 3)}
-    lines = annotation_lines([record("refuted"), record("unproven", nodeid="gates/test_b.py::t")], locations)  # type: ignore[list-item]
+    lines = annotation_lines([record("refuted"), record("unproven", nodeid="gates/test_b.py::t")], locations)
     (line,) = lines  # a pass is not annotated, whatever its limits
     assert line.startswith("::error file=gates/test_kv_cache.py,line=12,title=mlxgate error%3A test_kv_cache")
     assert "limits do not catch the known-bad on e4b (metal)" in line
 
 
 def test_github_of_an_older_record_says_nothing_of_limits() -> None:
-    line = gate_line(record(None))  # type: ignore[arg-type]
-    summary = step_summary([record(None)])  # type: ignore[list-item]
+    line = gate_line(record(None))
+    summary = step_summary([record(None)])
     assert line.startswith("PASS ") and not re.search(f"⚠|{ANY_WORDS}", line)
     assert not re.search(f"⚠|{ANY_WORDS}", summary)
 
@@ -208,7 +208,7 @@ def section(page: str) -> str:
 
 @pytest.mark.parametrize("status", STATUSES)
 def test_the_html_report_shows_the_words_marked_when_not_shown(status: str) -> None:
-    page = html_report([record(status)], run=run_info())  # type: ignore[list-item]
+    page = html_report([record(status)], run=run_info())
     gate = section(page)
     words = WORDS[status].replace('"', "&quot;")
     if status in ("calibrated", "proven"):
@@ -226,7 +226,7 @@ def test_the_html_report_shows_the_words_marked_when_not_shown(status: str) -> N
 
 def test_the_html_report_escapes_the_words_and_shows_a_refuted_gate_as_an_error() -> None:
     hostile = dict(LIMITS["refuted"], why=HOSTILE, model="<b>m</b>")
-    page = html_report([record("refuted", limits_from=hostile)], run=run_info())  # type: ignore[list-item]
+    page = html_report([record("refuted", limits_from=hostile)], run=run_info())
     assert HOSTILE not in page and "<b>m</b>" not in page
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page and "&lt;b&gt;m&lt;/b&gt; (metal)" in page
     gate = section(page)
@@ -237,7 +237,7 @@ def test_the_html_report_escapes_the_words_and_shows_a_refuted_gate_as_an_error(
 
 
 def test_the_html_report_of_an_older_record_has_no_limits_line() -> None:
-    page = html_report([record(None)], run=run_info())  # type: ignore[list-item]
+    page = html_report([record(None)], run=run_info())
     assert not re.search(f'class="[^"]*limits|data-limits|⚠|{ANY_WORDS}', markup(page))
 
 
@@ -246,7 +246,7 @@ def test_the_html_report_of_an_older_record_has_no_limits_line() -> None:
 
 def test_the_json_report_keeps_limits_from(tmp_path: Path) -> None:
     path = tmp_path / "report.json"
-    write_json_report(path, run_info(), [record(s, nodeid=f"gates/test_{s}.py::t") for s in STATUSES])  # type: ignore[misc]
+    write_json_report(path, run_info(), [record(s, nodeid=f"gates/test_{s}.py::t") for s in STATUSES])
     doc = json.loads(path.read_text())
     assert doc["verdict"] == "error"  # the refuted gate
     read = {parse_record(g).nodeid: parse_record(g).limits_from for g in doc["gates"]}
@@ -258,7 +258,7 @@ def test_the_json_report_keeps_limits_from(tmp_path: Path) -> None:
 def test_the_db_keeps_limits_from_and_reads_it_back(tmp_path: Path) -> None:
     db = ResultsDB(tmp_path / "history.sqlite")
     records = [record(s, nodeid=f"gates/test_{s}.py::t") for s in STATUSES] + [record(None)]
-    db.append(run_info(), records)  # type: ignore[arg-type]
+    db.append(run_info(), records)
     rows = {r["nodeid"]: parse_row(r) for r in ResultsDB(tmp_path / "history.sqlite").rows()}
     for status in STATUSES:
         stored = rows[f"gates/test_{status}.py::t"].record

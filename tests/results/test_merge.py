@@ -14,6 +14,7 @@ import pytest
 from pytest_mlxgate.cli import main
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.merge import MergeError, merge_reports, read_report, worst
+from pytest_mlxgate.results.model import parse_record
 from pytest_mlxgate.results.records import RunInfo
 
 COMMIT = "a" * 40
@@ -97,7 +98,7 @@ def capability(nodeid: str, task: str, ref: float, cand: float) -> dict[str, Any
 
 
 def write(path: Path, run: RunInfo, records: list[dict[str, Any]]) -> Path:
-    write_json_report(path, run, records)  # type: ignore[arg-type]
+    write_json_report(path, run, [parse_record(r) for r in records])
     return path
 
 
@@ -111,18 +112,18 @@ def test_worst_verdict_wins_fail_over_inconclusive_over_pass() -> None:
         (["pass", "measured"], "measured"),
         (["error", "fail"], "error"),
     ):
-        records = [record("t.py::g", v) for v in verdicts]
-        assert worst(records)["verdict"] == expected  # type: ignore[arg-type]
-        assert worst(records[::-1])["verdict"] == expected  # type: ignore[arg-type]
+        records = [parse_record(record("t.py::g", v)) for v in verdicts]
+        assert worst(records).verdict == expected
+        assert worst(records[::-1]).verdict == expected
 
 
 def test_a_gate_in_two_shards_keeps_its_worst_record_and_says_so(tmp_path: Path) -> None:
     a = write(tmp_path / "a.json", run_info("1" * 32), [record("t.py::g", "pass"), record("a.py::x")])
     b = write(tmp_path / "b.json", run_info("2" * 32), [record("t.py::g", "inconclusive", marker="b")])
     merged = merge_reports([read_report(a), read_report(b)])
-    kept = {r["nodeid"]: r for r in merged.records}
+    kept = {r.nodeid: r for r in merged.records}
     assert sorted(kept) == ["a.py::x", "t.py::g"]
-    assert kept["t.py::g"]["verdict"] == "inconclusive" and kept["t.py::g"].get("marker") == "b"
+    assert kept["t.py::g"].verdict == "inconclusive" and kept["t.py::g"].to_json().get("marker") == "b"
     (note,) = merged.notes
     assert note.startswith("t.py::g is in 2 reports (pass in ") and note.endswith("kept the worst, inconclusive")
 
@@ -142,7 +143,7 @@ def test_shards_must_all_be_there_once_and_planned_alike(tmp_path: Path) -> None
     s3 = read_report(write(tmp_path / "3.json", run_info("3" * 32, shard=(3, 3)), []))  # an empty shard counts
     other = read_report(write(tmp_path / "o.json", run_info("4" * 32, shard=(3, 3), plan="p2"), []))
     two = read_report(write(tmp_path / "t.json", run_info("5" * 32, shard=(2, 2)), []))
-    assert [r["nodeid"] for r in merge_reports([s3, s1, s2]).records] == ["a.py::x", "b.py::x"]
+    assert [r.nodeid for r in merge_reports([s3, s1, s2]).records] == ["a.py::x", "b.py::x"]
     with pytest.raises(MergeError, match=r"shard 3/3 missing: a merged run without it would pass gates that never"):
         merge_reports([s1, s2])
     with pytest.raises(MergeError, match=r"shard 2/3 given twice"):
@@ -182,7 +183,7 @@ def test_the_merged_run_one_id_the_first_start_no_shard_and_the_score_made_again
     assert "shard" not in first.run.config and first.run.config["gate"]["shard"] is None
     assert first.run.argv == ["gates"]  # --mlx-shard I/N and --mlx-shard=I/N dropped
     assert [m["shard"] for m in first.run.config["merged"]] == ["1/2", "2/2"]
-    scores = [r for r in first.records if r["nodeid"] == "mlxgate::capability_score"]
+    scores = [r.to_json() for r in first.records if r.nodeid == "mlxgate::capability_score"]
     (s,) = scores
     assert s["capability_score"]["tasks"] == {
         "mmlu": {"reference": 0.5, "candidate": 0.4, "n": 10},
@@ -236,7 +237,7 @@ def test_a_planned_module_without_a_record_is_an_error_record_and_fails_the_merg
     a = write(tmp_path / "a.json", run_info("1" * 32, shard=(1, 2), modules=["a.py", "b.py"]), [record("a.py::x")])
     b = write(tmp_path / "b.json", run_info("2" * 32, shard=(2, 2), modules=["c.py"]), [record("c.py::x")])
     merged = merge_reports([read_report(a), read_report(b)])
-    kept = {r["nodeid"]: r for r in merged.records}
+    kept = {r.nodeid: r.to_json() for r in merged.records}
     assert kept["b.py"]["verdict"] == "error" and "shard 1/2" in kept["b.py"]["error"]["message"]
     assert merged.problems == [f"{a} (shard 1/2): planned module(s) without a record: b.py"]
     out = tmp_path / "m.json"
@@ -255,7 +256,7 @@ def test_a_module_the_shard_says_ran_without_a_record_is_no_failure(tmp_path: Pa
         [record("a.py::x")],
     )
     merged = merge_reports([read_report(a)])
-    assert merged.problems == [] and [r["nodeid"] for r in merged.records] == ["a.py::x"]
+    assert merged.problems == [] and [r.nodeid for r in merged.records] == ["a.py::x"]
     assert main(["merge", str(a)]) == 0
 
 
@@ -374,7 +375,7 @@ def test_shards_whose_plans_do_not_cover_the_whole_plan_are_refused(
         for i, m in ((1, "a.py"), (2, "b.py"))
     ]
     merged = merge_reports(whole)
-    assert [r["nodeid"] for r in merged.records] == ["a.py::x", "b.py::x"] and not merged.problems
+    assert [r.nodeid for r in merged.records] == ["a.py::x", "b.py::x"] and not merged.problems
 
 
 @pytest.mark.parametrize(

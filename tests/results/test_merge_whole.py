@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.results.merge import Merged, MergeError, Report, merge_reports
+from pytest_mlxgate.results.model import Record, parse_record
 from pytest_mlxgate.results.records import RunInfo, error_record
 from pytest_mlxgate.results.verdicts import RECORD_VERDICTS
 
@@ -80,7 +81,12 @@ def run(
 
 
 def report(path: str, info: RunInfo, *records: dict[str, Any], calibrations: list[Any] | None = None) -> Report:
-    return Report(path, info, list(records), calibrations or [])  # type: ignore[arg-type]
+    return Report(path, info, [parse_record(r) for r in records], calibrations or [])
+
+
+def parsed(nodeid: str, verdict: str = "pass", **more: Any) -> Record:
+    """`gate(...)` as the merge holds it: read."""
+    return parse_record(gate(nodeid, verdict, **more))
 
 
 def merged_id(*run_ids: str) -> str:
@@ -230,10 +236,10 @@ def test_every_gate_once_its_worst_kept_in_nodeid_order_with_notes_and_calibrati
     )
     merged = merge_reports([a, b, c])
     assert merged.records == [
-        gate("a.py::g"),
-        gate("k.py::g", "error", marker="b"),
-        gate("m.py::g", "fail", marker="a"),  # the first of the worst
-        gate("z.py::g", "pass"),
+        parsed("a.py::g"),
+        parsed("k.py::g", "error", marker="b"),
+        parsed("m.py::g", "fail", marker="a"),  # the first of the worst
+        parsed("z.py::g", "pass"),
     ]
     assert merged.notes == [
         "k.py::g is in 2 reports (inconclusive in a.json, error in b.json): kept the worst, error",
@@ -253,7 +259,7 @@ def test_a_planned_module_without_a_record_becomes_an_error_record_of_the_merge(
     b = report("b.json", run("2" * 32, shard=(2, 2), modules=["c.py"], total=5))
     merged = merge_reports([a, b])
 
-    def missing(module: str, where: str) -> Any:
+    def missing(module: str, where: str) -> Record:
         return error_record(
             nodeid=module,
             phase="merge",
@@ -263,7 +269,7 @@ def test_a_planned_module_without_a_record_becomes_an_error_record_of_the_merge(
         )
 
     assert merged.records == [
-        gate("a.py::Class::x"),
+        parsed("a.py::Class::x"),
         missing("b.py", "shard 1/2 (a.json)"),
         missing("c.py", "shard 2/2 (b.json)"),
         missing("d.py", "shard 1/2 (a.json)"),
@@ -304,15 +310,15 @@ def test_a_shard_s_score_is_made_again_over_every_shard() -> None:
     b = report("b.json", run("2" * 32), capability("b.py::t", "gsm8k", "2026-12-01T10:02:00Z"), old_score)
     c = report("c.json", run("3" * 32), capability("c.py::t", "ifeval", None))
     merged = merge_reports([a, b, c])
-    nodeids = [r["nodeid"] for r in merged.records]
+    nodeids = [r.nodeid for r in merged.records]
     assert nodeids == ["a.py::t", "b.py::t", "c.py::t", "mlxgate::capability_score"]  # the score last, made once
-    score = merged.records[-1]
+    score = merged.records[-1].to_json()
     assert score["time"] == "2026-12-01T10:03:00Z"  # the latest capability record's
     assert list(score["capability_score"]["tasks"]) == ["ifeval", "gsm8k", "mmlu"]  # in time order, none first
-    assert merge_reports([report("c.json", run("3" * 32), gate("a.py::x"), old_score)]).records == [gate("a.py::x")]
+    assert merge_reports([report("c.json", run("3" * 32), gate("a.py::x"), old_score)]).records == [parsed("a.py::x")]
     # capability gates of a gate author's own task only: no score among the six to make again, and no error
     own = capability("d.py::t", "my_task", "2026-12-01T10:04:00Z")
-    assert merge_reports([report("d.json", run("4" * 32), own, old_score)]).records == [own]
+    assert merge_reports([report("d.json", run("4" * 32), own, old_score)]).records == [parse_record(own)]
 
 
 # -- refusals --------------------------------------------------------------------------------------------
@@ -370,9 +376,9 @@ def test_reports_run_with_other_settings_are_refused_naming_the_setting(
 def test_a_setting_s_key_order_is_no_difference() -> None:
     a = run("1" * 32, gate={"shard": None, "speed": {"contexts": [64], "decode": 8}})
     b = run("2" * 32, gate={"speed": {"decode": 8, "contexts": [64]}, "shard": None})
-    assert [
-        r["nodeid"] for r in merge_reports([report("a.json", a, gate("a.py::x")), report("b.json", b)]).records
-    ] == ["a.py::x"]
+    assert [r.nodeid for r in merge_reports([report("a.json", a, gate("a.py::x")), report("b.json", b)]).records] == [
+        "a.py::x"
+    ]
 
 
 def test_reports_that_judged_other_models_are_refused() -> None:
@@ -446,7 +452,7 @@ def test_shards_whose_lists_do_not_cover_the_plan_are_refused_in_whole_words(
 )
 def test_shards_that_cover_the_plan_once_merge(plans: tuple[tuple[list[str], int | None], ...]) -> None:
     merged = merge_reports(_shards(*plans))
-    assert [r["nodeid"] for r in merged.records] == sorted(f"{m}::x" for modules, _ in plans for m in modules)
+    assert [r.nodeid for r in merged.records] == sorted(f"{m}::x" for modules, _ in plans for m in modules)
     assert merged.problems == []
 
 
@@ -527,8 +533,7 @@ def test_shards_that_say_no_count_are_not_counted() -> None:
 )
 def test_a_pass_is_what_its_check_s_own_numbers_show(check: dict[str, Any], why: str | None) -> None:
     from pytest_mlxgate.results.merge import pass_contradicted
-    from pytest_mlxgate.results.model import parse_record
 
     record = gate("a.py::x", "pass")
     record["checks"] = [{**record["checks"][0], **check}]
-    assert pass_contradicted(parse_record(record)) == why  # type: ignore[arg-type]
+    assert pass_contradicted(parse_record(record)) == why

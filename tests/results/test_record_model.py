@@ -26,9 +26,10 @@ from pytest_mlxgate.results.html_report import html_report
 from pytest_mlxgate.results.json_report import write_json_report
 from pytest_mlxgate.results.junit import junit_properties
 from pytest_mlxgate.results.model import parse_record
-from pytest_mlxgate.results.records import RECORD_PROPERTY, RECORD_VERSION, RunInfo, gate_record, migrate_check
+from pytest_mlxgate.results.records import RECORD_PROPERTY, RunInfo, gate_record
 from pytest_mlxgate.results.runs import parse_row
 from pytest_mlxgate.results.summary import summary_lines
+from pytest_mlxgate.results.wire import RECORD_VERSION, migrate_check
 
 RESULTS = Path(__file__).resolve().parents[2] / "pytest_mlxgate" / "results"
 
@@ -482,14 +483,14 @@ def test_an_old_record_reads_as_the_same_record_written_today_in_every_report(na
     read_old, read_new = parse_record(old), parse_record(new)
     assert (read_old.record_version, read_new.record_version) == (1, RECORD_VERSION)
     assert read_old == type(read_old)(**{**read_new.__dict__, "record_version": 1})  # the same model, field by field
-    assert summary_lines([old], width=120) == summary_lines([new], width=120)  # type: ignore[list-item]
-    assert _without_record_property(junit_properties(old)) == _without_record_property(  # type: ignore[arg-type]
-        junit_properties(new)
-    )  # type: ignore[arg-type]
-    assert gate_line(old) == gate_line(new)  # type: ignore[arg-type]
-    assert step_summary([old]) == step_summary([new])  # type: ignore[list-item]
-    assert html_report([old], run=RUN) == html_report([new], run=RUN)  # type: ignore[list-item]
-    row_old, row_new = (dict(zip(history._COLUMN_NAMES, history._row(RUN, r), strict=True)) for r in (old, new))  # type: ignore[arg-type]
+    assert summary_lines([read_old], width=120) == summary_lines([read_new], width=120)
+    assert _without_record_property(junit_properties(read_old)) == _without_record_property(junit_properties(read_new))
+    assert gate_line(read_old) == gate_line(read_new)
+    assert step_summary([read_old]) == step_summary([read_new])
+    assert html_report([read_old], run=RUN) == html_report([read_new], run=RUN)
+    row_old, row_new = (
+        dict(zip(history._COLUMN_NAMES, history._row(RUN, r), strict=True)) for r in (read_old, read_new)
+    )
     assert {k: v for k, v in row_old.items() if k != "record_json"} == {
         k: v for k, v in row_new.items() if k != "record_json"
     }
@@ -502,13 +503,13 @@ def test_old_checks_read_with_their_bounds_on_the_right_side() -> None:
     assert (mean.lower, mean.upper, mean.bound, mean.passed) == (2.5e-4, 4e-4, 4e-4, True)
     assert (top1.lower, top1.upper, top1.bound) == (0.97, 0.995, 0.97)  # a must-reach metric compares its lower end
     assert (p99.verdict, p99.passed, p99.n_needed) == ("inconclusive", False, 65)
-    lines = summary_lines([PAIRS["kl"][0]])  # type: ignore[list-item]
+    lines = summary_lines([kl])
     assert any("top-1" in line and "≥ 97.0%" in line and "pass" in line for line in lines)
     assert any("p99 KL" in line and "≤ 2.6e-03" in line and "INCONCLUSIVE (n≈65)" in line for line in lines)
     drop, score = parse_record(PAIRS["capability"][0]).checks
     assert (drop.lower, drop.upper, drop.p_value) == (-0.0648, 0.1046, 0.854)
     assert (score.lower, score.upper) == (0.597, 0.824)
-    props = dict(junit_properties(PAIRS["speed"][0]))  # type: ignore[arg-type]
+    props = dict(junit_properties(parse_record(PAIRS["speed"][0])))
     assert (props["mlxgate.speed.decode.limit"], props["mlxgate.speed.decode.verdict"]) == ("1.05", "pass")
     assert props["mlxgate.speed@128.kv.limit"] == "0.3"  # a check at a shorter context keeps its context
     floor_max, floor_min = parse_record(PAIRS["aa"][0]).checks
@@ -522,21 +523,21 @@ def test_an_old_capability_task_gets_its_flipped_items_from_its_paired_items() -
     assert task.flipped is not None and task.flipped.total == 2
     assert [i.id for i in task.flipped.items] == ["q0", "q1"] and task.flipped.items[0].prompt is None
     assert task.flipped.items[0].candidate.output == "no idea"
-    page = html_report([PAIRS["capability"][0]])  # type: ignore[list-item]
+    page = html_report([parse_record(PAIRS["capability"][0])])
     assert "gsm8k: 2 items flipped" in page and "prompt not recorded" in page
     no_items = copy.deepcopy(PAIRS["capability"][0])
     del no_items["tasks"]["gsm8k"]["items"]
     (bare,) = parse_record(no_items).tasks.values()
     assert bare.flipped is None  # nothing to make them from: "not recorded", never "no item changed"
-    assert "gsm8k: flipped items not recorded" in html_report([no_items])  # type: ignore[list-item]
+    assert "gsm8k: flipped items not recorded" in html_report([parse_record(no_items)])
 
 
 def test_gate_record_writes_the_current_shape_whatever_shape_its_checks_came_in(tmp_path: Path) -> None:
     old_checks = [copy.deepcopy(c) for c, _ in (KL_MEAN, KL_TOP1, FLOOR_MAX)]
     given = copy.deepcopy(old_checks)
     record = gate_record(nodeid="gates/test_kv.py::test_drift", mode="gate", verdict="fail", checks=given, stats=STATS)
-    assert record["record_version"] == RECORD_VERSION
-    assert record["checks"] == [new for _, new in (KL_MEAN, KL_TOP1, FLOOR_MAX)]
+    assert record.to_json()["record_version"] == RECORD_VERSION
+    assert record.to_json()["checks"] == [new for _, new in (KL_MEAN, KL_TOP1, FLOOR_MAX)]
     assert given == old_checks  # the producer's dicts are left as they were
     path = tmp_path / "report.json"
     write_json_report(path, RUN, [record])
@@ -553,7 +554,7 @@ def _version_1_db(path: Path, rows: list[tuple[RunInfo, dict[str, Any]]]) -> Non
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE quality_runs (id INTEGER PRIMARY KEY, " + ", ".join(f"{n} {k}" for n, k in v1) + ")")
         for run, record in rows:
-            values = dict(zip(history._COLUMN_NAMES, history._row(run, record), strict=True))  # type: ignore[arg-type]
+            values = dict(zip(history._COLUMN_NAMES, history._row(run, parse_record(record)), strict=True))
             values["record_json"] = json.dumps(record)  # the record exactly as the old code stored it
             names = ", ".join(n for n, _ in v1)
             conn.execute(
@@ -570,7 +571,7 @@ def test_a_users_old_db_still_reads_from_the_shell(
     db = tmp_path / "results.sqlite"
     old_run = RunInfo(**{**RUN.to_dict(), "run_id": "a" * 32, "started": "2026-10-01T00:00:00Z"})
     _version_1_db(db, [(old_run, PAIRS[name][0]) for name in ("kl", "capability", "aa", "oldest")])
-    ResultsDB(db).append(RUN, [PAIRS[name][1] for name in ("kl", "capability", "aa", "oldest")])  # type: ignore[misc]
+    ResultsDB(db).append(RUN, [parse_record(PAIRS[name][1]) for name in ("kl", "capability", "aa", "oldest")])
 
     assert main(["report", "a" * 8, "--db", str(db)]) == 0
     out = capsys.readouterr().out
@@ -588,8 +589,8 @@ def test_a_users_old_db_still_reads_from_the_shell(
 
 
 def test_compare_of_an_old_and_a_new_record_sees_no_change() -> None:
-    old = Source("old", RUN, [PAIRS[n][0] for n in PAIRS])  # type: ignore[misc]
-    new = Source("new", RUN, [PAIRS[n][1] for n in PAIRS])  # type: ignore[misc]
+    old = Source("old", RUN, [parse_record(PAIRS[n][0]) for n in PAIRS])
+    new = Source("new", RUN, [parse_record(PAIRS[n][1]) for n in PAIRS])
     lines, regressions = compare_lines(old, new)
     assert regressions == [] and f"{len(PAIRS)} gate(s) in both runs, 0 changed verdict" in lines[-1]
 
@@ -610,9 +611,9 @@ def test_the_longest_context_is_the_longest_number_not_the_last_key() -> None:
     read = parse_record(record)
     assert read.speed is not None and [c.length for c in read.speed.contexts] == [64, 256, 1024]
     assert read.speed.longest is not None and read.speed.longest.length == 1024  # "64" > "1024" as text
-    row = dict(zip(history._COLUMN_NAMES, history._row(RUN, record), strict=True))  # type: ignore[arg-type]
+    row = dict(zip(history._COLUMN_NAMES, history._row(RUN, read), strict=True))
     assert (row["speed_context"], row["decode_ratio"]) == (1024, 1.7)
-    props = dict(junit_properties(record))  # type: ignore[arg-type]
+    props = dict(junit_properties(read))
     assert props["mlxgate.speed.context"] == "1024" and props["mlxgate.speed.decode.ratio"] == "1.7"
     assert props["mlxgate.speed@64.decode.ratio"] == "1.3"
 
@@ -666,17 +667,17 @@ def test_a_record_of_the_wrong_types_reads_as_dashes_and_never_raises(tmp_path: 
     read = parse_record(odd)
     assert read.stats.mean is None and read.stats.n_tokens is None and read.checks[0].value is None
     assert read.speed is not None and [c.length for c in read.speed.contexts] == [5]
-    records: list[Any] = [odd]
+    records = [read]
     assert summary_lines(records, width=80) and step_summary(records) and html_report(records, history={})
-    assert junit_properties(odd) and history._row(RUN, odd)  # type: ignore[arg-type]
+    assert junit_properties(read) and history._row(RUN, read)
     db = ResultsDB(tmp_path / "r.sqlite")
-    assert db.append(RUN, [odd]) == 1  # type: ignore[list-item]
+    assert db.append(RUN, [read]) == 1
 
 
 # -- the one parse: readers hold no dict lookups of record fields ------------------------------------
 
-#: Where a dict's keys may be read in results/: the read model's parse (model.py and its parts), the wire
-#: form's migration and one accessor; `verdicts.check_verdict` reads a check as the assertions build it
+#: Where a dict's keys may be read in results/: the read model's parse (model.py and its parts) and the wire
+#: form's migration (wire.py); `verdicts.check_verdict` reads a check as the assertions build it
 #: (before any record), and `speed_text` words a speed measurement's JSON (`SpeedResult.to_json()`) as
 #: the assertions and the summary both show it (the speed part of a record is that JSON, kept whole).
 _READERS_ALLOWED = {
@@ -687,8 +688,7 @@ _READERS_ALLOWED = {
     "record_capability.py": None,
     "record_speed.py": None,
     "runs.py": None,
-    "records.py": {"migrate_check", "migrate_record", "_flipped_from_items", "score", "_without_flipped"},
-    "fields.py": {"nodeid_of"},
+    "wire.py": {"migrate_check", "migrate_record", "_flipped_from_items", "score", "_without_flipped"},
     "verdicts.py": {"check_verdict"},
 }
 

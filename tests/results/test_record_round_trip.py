@@ -37,8 +37,8 @@ from pytest_mlxgate.results.record_kl import (
     WorstToken,
 )
 from pytest_mlxgate.results.record_speed import Ratio, Speed, SpeedArm, SpeedContext
-from pytest_mlxgate.results.records import RECORD_VERSION, migrate_record
 from pytest_mlxgate.results.verdicts import VERDICTS
+from pytest_mlxgate.results.wire import RECORD_VERSION, migrate_record
 
 STORED = Path(__file__).parent / "records"
 
@@ -114,7 +114,7 @@ def stats(draw: st.DrawFn) -> Stats:
     figures = {k: draw(opt_real) for k in ("mean", "median", "p90", "p95", "p99", "p999", "max", "same_top", "top1")}
     more = draw(kept(STATS_KEYS))
     return Stats(
-        present=frozenset(STATS_KEYS | set(more)),
+        present=frozenset({*STATS_KEYS, *more}),
         n_prompts=draw(opt_int),
         n_sequences=draw(opt_int),
         n_tokens=draw(opt_int),
@@ -277,7 +277,7 @@ limits = st.none() | st.builds(
     file=opt_some_text,
     models_entry=opt_some_text,
     why=opt_some_text,
-    known_bad=opt_text,
+    known_bad_value=json_values,
     known_bad_figures=st.lists(words, max_size=2).map(tuple),
     floors=st.dictionaries(words, reals, max_size=2),
     inside_floor=st.lists(words, max_size=2).map(tuple),

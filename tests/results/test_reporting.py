@@ -23,6 +23,7 @@ from pytest_mlxgate.results import history
 from pytest_mlxgate.results.git import git_state
 from pytest_mlxgate.results.history import ResultsDB, ResultsDBError
 from pytest_mlxgate.results.json_report import write_json_report
+from pytest_mlxgate.results.model import Record, parse_record
 from pytest_mlxgate.results.records import RunInfo
 from pytest_mlxgate.results.summary import format_value, summary_lines
 
@@ -51,7 +52,8 @@ def make_run(run_id: str = "a" * 32, **over: Any) -> RunInfo:
     return RunInfo(**fields)
 
 
-def make_record(nodeid: str = "gates/test_kv_cache.py::test_drift", **over: Any) -> dict[str, Any]:
+def record_dict(nodeid: str = "gates/test_kv_cache.py::test_drift", **over: Any) -> dict[str, Any]:
+    """A KL gate's record in its wire form (version-1 checks), to change before `parse_record`."""
     module, _, func = nodeid.partition("::")
     record: dict[str, Any] = {
         "nodeid": nodeid,
@@ -159,6 +161,10 @@ def make_record(nodeid: str = "gates/test_kv_cache.py::test_drift", **over: Any)
     return record
 
 
+def make_record(nodeid: str = "gates/test_kv_cache.py::test_drift", **over: Any) -> Record:
+    return parse_record(record_dict(nodeid, **over))
+
+
 def _no_constants(name: str) -> Any:
     raise AssertionError(f"non-strict JSON constant {name} in the report")
 
@@ -210,16 +216,17 @@ def test_json_report_round_trips_sorted_by_nodeid(tmp_path: Path) -> None:
         "machine": run.machine,
     }
     assert [g["nodeid"] for g in doc["gates"]] == ["gates/test_a.py::test_a", "gates/test_z.py::test_b"]
-    assert doc["gates"][0] == records[1]
-    assert doc["gates"][1] == records[0]
+    assert doc["gates"][0] == records[1].to_json()
+    assert doc["gates"][1] == records[0].to_json()
 
 
 def test_json_report_is_strict_even_with_nan_and_inf(tmp_path: Path) -> None:
-    record = make_record()
-    record["stats"]["max"] = float("inf")
-    record["stats"]["mean"] = float("nan")
-    record["stats"]["mean_ci"] = (float("-inf"), 4e-4)  # a tuple, too
-    record["checks"][0]["value"] = float("nan")
+    wire = record_dict()
+    wire["stats"]["max"] = float("inf")
+    wire["stats"]["mean"] = float("nan")
+    wire["stats"]["mean_ci"] = (float("-inf"), 4e-4)  # a tuple, too
+    wire["checks"][0]["value"] = float("nan")
+    record = parse_record(wire)
     original = copy.deepcopy(record)
     path = tmp_path / "report.json"
     write_json_report(path, make_run(), [record])
@@ -232,7 +239,7 @@ def test_json_report_is_strict_even_with_nan_and_inf(tmp_path: Path) -> None:
     assert gate["stats"]["mean_ci"] == [None, 4e-4]
     assert gate["checks"][0]["value"] is None
     assert gate["stats"]["p99"] == 2.2e-3
-    assert str(record) == str(original)  # the caller's record is not rewritten in place
+    assert record == original  # the caller's record is not rewritten in place
 
 
 def test_json_report_replaces_an_existing_report_whole_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -326,7 +333,7 @@ def test_db_appends_rows_across_runs_with_columns_from_the_record(tmp_path: Path
     assert {k: first[k] for k in expected} == expected
     assert isinstance(first["id"], int)
     assert json.loads(first["config_json"]) == {"config": run1.config, "machine": run1.machine, "argv": run1.argv}
-    assert json.loads(first["record_json"]) == make_record()
+    assert json.loads(first["record_json"]) == make_record().to_json()
 
     assert rows[1]["verdict"] == "fail"
     assert rows[1]["reference_model"] == "org/big@bbbbbbb"
@@ -340,18 +347,19 @@ def test_db_appends_rows_across_runs_with_columns_from_the_record(tmp_path: Path
 def test_db_tolerates_sparse_and_odd_records(tmp_path: Path) -> None:
     """Missing optional keys, nulls, NaN and wrong types give NULL columns, never a lost run."""
     db = ResultsDB(tmp_path / "r.sqlite")
-    sparse = {"nodeid": "gates/t.py::t", "verdict": "error"}
-    odd = make_record(lever={"name": "temp", "kind": "sampling", "ref": 0.0, "cand": 0.7})
-    odd["stats"]["mean"] = float("nan")
-    odd["stats"]["max"] = float("inf")
-    odd["stats"]["mean_ci"] = [None, "x"]
-    odd["stats"]["n_tokens"] = "many"
+    sparse = parse_record({"nodeid": "gates/t.py::t", "verdict": "error"})
+    odd_wire = record_dict(lever={"name": "temp", "kind": "sampling", "ref": 0.0, "cand": 0.7})
+    odd_wire["stats"]["mean"] = float("nan")
+    odd_wire["stats"]["max"] = float("inf")
+    odd_wire["stats"]["mean_ci"] = [None, "x"]
+    odd_wire["stats"]["n_tokens"] = "many"
+    odd = parse_record(odd_wire)
     assert db.append(make_run(), [sparse, odd]) == 2
     by_node = {r["nodeid"]: r for r in db.rows()}
     s = by_node["gates/t.py::t"]
     assert s["time"] == "2026-11-29T23:30:00Z"  # falls back to the run's start
     assert s["verdict"] == "error" and s["candidate"] is None and s["mean_kl"] is None
-    assert json.loads(s["record_json"]) == sparse
+    assert json.loads(s["record_json"]) == sparse.to_json()
     o = by_node["gates/test_kv_cache.py::test_drift"]
     assert (o["mean_kl"], o["max_kl"], o["mean_kl_lo"], o["mean_kl_hi"], o["n_tokens"]) == (None,) * 5
     assert (o["ref_value"], o["cand_value"]) == ("0.0", "0.7")
@@ -375,7 +383,7 @@ def test_db_creation_is_idempotent_with_version_and_index(tmp_path: Path) -> Non
     assert len(columns) == 32 + len(history._SPEED_COLUMNS) and columns[32] == "speed_context"
 
 
-def _batch(tag: str, i: int) -> list[dict[str, Any]]:
+def _batch(tag: str, i: int) -> list[Record]:
     return [make_record(f"gates/test_{tag}.py::t{i}_{j}") for j in range(5)]
 
 
@@ -549,11 +557,12 @@ _QUEUE = """
 import sys
 from pathlib import Path
 from pytest_mlxgate.results.history import queue_pending
+from pytest_mlxgate.results.model import parse_record
 from pytest_mlxgate.results.records import RunInfo
 for i in range(20):
     run = RunInfo(run_id=f"{sys.argv[2]}-{i}", started="2026-01-01T00:00:00Z", code_commit=None, code_dirty=None,
                   argv=[], config={}, machine={})
-    queue_pending(Path(sys.argv[1]), run, [{"nodeid": "a.py::t", "verdict": "pass", "x": "y" * 5000}])
+    queue_pending(Path(sys.argv[1]), run, [parse_record({"nodeid": "a.py::t", "verdict": "pass", "x": "y" * 5000})])
 """
 
 
@@ -692,8 +701,9 @@ def test_a_capability_gate_counts_items_not_prompts() -> None:
 
 
 def test_summary_columns_align_across_gates_of_every_kind() -> None:
-    failing = make_record("gates/test_kv_cache.py::test_drift_kv4", verdict="fail")
-    failing["checks"][0].update(value=2.5e-3, bound=3.1e-3, passed=False)
+    failing_wire = record_dict("gates/test_kv_cache.py::test_drift_kv4", verdict="fail")
+    failing_wire["checks"][0].update(value=2.5e-3, bound=3.1e-3, passed=False)
+    failing = parse_record(failing_wire)
     measured = make_record("gates/test_measure.py::test_only", verdict="measured", checks=[], bounds={})
     aa = make_record(
         "gates/test_aa.py::test_floor",
@@ -702,7 +712,9 @@ def test_summary_columns_align_across_gates_of_every_kind() -> None:
         checks=[],
         aa={"floors": {"mean": 2e-6, "p99": 1.5e-5, "max": 8e-5}, "chunk": 32},
     )
-    error = {"nodeid": "gates/test_err.py::test_broken", "gate": "test_err::test_broken", "verdict": "error"}
+    error = parse_record(
+        {"nodeid": "gates/test_err.py::test_broken", "gate": "test_err::test_broken", "verdict": "error"}
+    )
     lines = summary_lines([make_record(), failing, measured, aa, error])
     starts = column_starts(lines[0])
     assert all(len(line) <= 120 for line in lines)
@@ -799,13 +811,14 @@ def test_at_a_narrow_width_a_long_name_reads_as_its_module_then_its_test_names()
     assert "test_kv::test_drift_of_the_cache" in lines  # too wide for its column, not for the width: one line
     wide = summary_lines(records, width=250)  # wide enough: each name whole in its column, as before
     assert sorted(line.split("  ")[0] for line in wide if line.startswith(("test_c", "test_kv"))) == sorted(
-        r["gate"] for r in records
+        r.gate for r in records
     )
 
 
 def test_summary_header_without_a_common_confidence_says_bound() -> None:
-    other = make_record("gates/test_b.py::t")
-    other["stats"]["confidence"] = 0.99
+    other_wire = record_dict("gates/test_b.py::t")
+    other_wire["stats"]["confidence"] = 0.99
+    other = parse_record(other_wire)
     assert "99% bound" in summary_lines([other])[0]
     header = summary_lines([make_record(), other])[0]
     assert "bound" in header and "%" not in header
@@ -872,7 +885,7 @@ def test_db_version_1_gains_the_speed_columns_and_keeps_its_rows(tmp_path: Path)
     db = ResultsDB(path)
     db.append(make_run("b" * 32), [make_record("gates/test_kv_cache.py::test_speed", mode="speed", speed=_speed())])
     old, new = db.rows()
-    assert old["mean_kl"] == make_record()["stats"]["mean"] and old["decode_ratio"] is None
+    assert old["mean_kl"] == make_record().stats.mean and old["decode_ratio"] is None
     assert new["speed_context"] == 512  # the longest context's figures
     assert (new["decode_ratio"], new["decode_ratio_lo"], new["decode_ratio_hi"]) == (1.3, 1.2, 1.4)
     assert (new["ref_decode_tps"], new["cand_decode_tps"], new["peak_ratio"]) == (10.0, 13.0, 0.8)
@@ -930,8 +943,9 @@ def test_summary_shows_a_modules_speed_once_and_speed_checks_as_ratios() -> None
 
 
 def test_a_lever_identical_on_this_backend_says_so_instead_of_only_passing() -> None:
-    exact = make_record()
-    exact["stats"].update(max=0.0, same_top=1.0, mean=0.0)
+    exact_wire = record_dict()
+    exact_wire["stats"].update(max=0.0, same_top=1.0, mean=0.0)
+    exact = parse_record(exact_wire)
     text = "\n".join(summary_lines([exact], width=200))
     assert "identical on this backend" in text
     assert "identical" not in "\n".join(summary_lines([make_record()], width=200))  # a real drift: no such claim

@@ -64,6 +64,7 @@ def test_the_xdist_controller_imports_neither_numpy_nor_mlx(
     pytester.makepyfile(test_gates=_GATES)
     report, db = tmp_path / "report.json", tmp_path / "results.sqlite"
     from pytest_mlxgate.results.history import ResultsDB
+    from pytest_mlxgate.results.model import parse_record
     from pytest_mlxgate.results.records import RunInfo
 
     earlier = RunInfo(
@@ -83,7 +84,7 @@ def test_the_xdist_controller_imports_neither_numpy_nor_mlx(
         "time": "2026-11-30T00:00:00Z",
         "durations": {"total_s": 3.0},
     }
-    ResultsDB(db).append(earlier, [row])  # type: ignore[list-item]
+    ResultsDB(db).append(earlier, [parse_record(row)])
     # --mlx-shard 1/1: the controller reads the history's durations and ships them to the workers
     result = pytester.runpytest_subprocess(
         "-n",

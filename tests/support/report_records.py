@@ -16,7 +16,8 @@ from pytest_mlxgate.capability.base import Item, ItemResult
 from pytest_mlxgate.capability.result import CapabilityRun
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.results.junit import split_suite_name
-from pytest_mlxgate.results.records import GateRecord, RunInfo, gate_record
+from pytest_mlxgate.results.model import Record
+from pytest_mlxgate.results.records import RunInfo, gate_record
 from pytest_mlxgate.results.verdicts import overall_verdict
 from pytest_mlxgate.speed.assertions import speed_checks
 from pytest_mlxgate.speed.result import ContextSpeed, SpeedResult, Trial
@@ -67,7 +68,7 @@ def kl_record(
     mean_limit: float = 2e-3,
     nodeid: str | None = None,
     with_profile: bool = True,
-) -> GateRecord:
+) -> Record:
     """A KL gate's record; its worst token's context holds `HOSTILE`."""
     scores = synthetic_scores(n_prompts, tokens)
     stats = summarize(scores)
@@ -109,7 +110,7 @@ def kl_record(
     )
 
 
-def capability_record() -> GateRecord:
+def capability_record() -> Record:
     """A capability gate over two tasks, one with items that flipped between the arms."""
     runs = {}
     for task, n, flips in (("gsm8k", 30, 4), ("mmlu", 40, 0)):
@@ -154,7 +155,7 @@ def capability_record() -> GateRecord:
     )
 
 
-def speed_record() -> GateRecord:
+def speed_record() -> Record:
     """A speed gate at two contexts: the candidate a little faster at decode, its KV cache half."""
     rng = np.random.default_rng(1)
     contexts = {}
@@ -219,18 +220,18 @@ def run_info() -> RunInfo:
     )
 
 
-def history_for(records: list[GateRecord], runs: int = 6) -> dict[str, list[dict[str, Any]]]:
+def history_for(records: list[Record], runs: int = 6) -> dict[str, list[dict[str, Any]]]:
     """Results-DB rows (the columns the sparkline reads) of `runs` earlier runs of each gate."""
     out: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         rows = []
         for k in range(runs):
-            tasks = {t: {"cand_score": 0.6 + 0.02 * k} for t in record.get("tasks", {})}
+            tasks = {t: {"cand_score": 0.6 + 0.02 * k} for t in record.tasks}
             rows.append(
                 {
                     "run_id": f"{k:032x}",
                     "time": f"2026-11-{k + 1:02d}T00:00:00Z",
-                    "nodeid": record["nodeid"],
+                    "nodeid": record.nodeid,
                     "code_commit": f"{k:040x}",
                     "code_dirty": k == 2,
                     "verdict": "pass" if k % 4 else "fail",
@@ -239,7 +240,7 @@ def history_for(records: list[GateRecord], runs: int = 6) -> dict[str, list[dict
                     "record_json": json.dumps({"tasks": tasks}),
                 }
             )
-        out[record["nodeid"]] = rows
+        out[record.nodeid] = rows
     return out
 
 
