@@ -19,8 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 #: (kl/arms.py, serving/), how each lever changes an arm (levers/: patching, weights quantization, the
 #: plain-ops kernels; serving/kv_plan.py: KV plans), which token ids are scored (kl/prompts.py and its
 #: default set, kl/shape.py's step sizes), the per-token KL (stats/divergence.py, its blocks and threads
-#: in stats/row_blocks.py), the arms and the A/A variant (kl/measure.py's measure_kl, _aa, aa_chunk) and
-#: its floors (kl/result.py's aa_floors), the intervals the limits compare (stats/intervals.py,
+#: in stats/row_blocks.py), the arms and the A/A variant (kl/measure.py's measure_kl, _aa, _ReferenceAgain,
+#: aa_chunk) and its floors (kl/result.py's aa_floors), the intervals the limits compare (stats/intervals.py,
 #: stats/kl_stats.py) and the speed and memory trials (speed/). Not the assertions, reports or records:
 #: they read the numbers, they do not make them.
 SERVING_CODE = (
@@ -28,6 +28,7 @@ SERVING_CODE = (
     "stats/divergence.py",
     "kl/measure.py::measure_kl",
     "kl/measure.py::_aa",
+    "kl/measure.py::_ReferenceAgain",
     "kl/measure.py::aa_chunk",
     "kl/prompts.py",
     "kl/prompts_default.jsonl",

@@ -138,22 +138,7 @@ def chunked_floor(
     refs = cache.load(key, len(sequences)) if cache is not None else None
     if refs is None:
         refs = _computed_reference(reference, sequences, shape, lever, counters, say, watch)
-    chunk = aa_chunk(shape)
-    label = f"A/A reference arm with prefill chunk {chunk}"
-    say(label.replace("A/A ", "A/A: ", 1))
-    arm_watch = _arm_watch(watch, label, sequences, shape)
-    scores = run_candidate(
-        reference.model,
-        sequences,
-        shape,
-        lever,
-        refs,
-        counters=counters,
-        arm="reference",
-        override_shape=dataclasses.replace(shape, chunk=chunk),
-        watch=arm_watch,
-    )
-    _finish(arm_watch)
+    chunk, scores = _ReferenceAgain(reference, refs, lever, shape, sequences, counters, say, watch).chunked()
     return chunk, aa_floors([summarize(scores, texts=texts_of(sequences))])
 
 
@@ -186,27 +171,9 @@ def _aa(
     watch: Watcher | None = None,
 ) -> tuple[list[TokenScores], dict[str, Any]]:
     """Reference vs itself, and vs itself with another prefill chunk size: the noise floor."""
-    chunk = aa_chunk(shape)
-    say("A/A: reference arm again")
-    arm_watch = _arm_watch(watch, "A/A reference arm again", sequences, shape)
-    repeat = run_candidate(
-        reference.model, sequences, shape, lever, refs, counters=counters, arm="reference", watch=arm_watch
-    )
-    _finish(arm_watch)
-    say(f"A/A: reference arm with prefill chunk {chunk}")
-    arm_watch = _arm_watch(watch, f"A/A reference arm with prefill chunk {chunk}", sequences, shape)
-    chunked = run_candidate(
-        reference.model,
-        sequences,
-        shape,
-        lever,
-        refs,
-        counters=counters,
-        arm="reference",
-        override_shape=dataclasses.replace(shape, chunk=chunk),
-        watch=arm_watch,
-    )
-    _finish(arm_watch)
+    again = _ReferenceAgain(reference, refs, lever, shape, sequences, counters, say, watch)
+    repeat = again.repeat()
+    chunk, chunked = again.chunked()
     repeat_stats, chunked_stats = (summarize(s, texts=texts_of(sequences)) for s in (repeat, chunked))
     floors = aa_floors([repeat_stats, chunked_stats])
     return chunked, {
@@ -215,6 +182,49 @@ def _aa(
         "chunked": chunked_stats.to_json(),
         "floors": floors,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReferenceAgain:
+    """The A/A arms: the reference arm run again and scored against its own distributions (`refs`), as
+    it is (`repeat`) and with another prefill chunk (`chunked`, `aa_chunk`), which moves where the sums
+    round. Their KL is the noise floor a gate's limits must clear."""
+
+    reference: LoadedModel
+    refs: list[RefDistributions]
+    lever: Lever
+    shape: RunShape
+    sequences: Sequence[TokenSequence]
+    counters: ArmCounters
+    say: Callable[[str], None]
+    watch: Watcher | None
+
+    def repeat(self) -> list[TokenScores]:
+        return self._arm("A/A reference arm again", None)
+
+    def chunked(self) -> tuple[int, list[TokenScores]]:
+        """(chunk, the per-token scores with the reference's prefill split into chunks of that many)."""
+        chunk = aa_chunk(self.shape)
+        return chunk, self._arm(
+            f"A/A reference arm with prefill chunk {chunk}", dataclasses.replace(self.shape, chunk=chunk)
+        )
+
+    def _arm(self, label: str, override_shape: RunShape | None) -> list[TokenScores]:
+        self.say(label.replace("A/A ", "A/A: ", 1))
+        arm_watch = _arm_watch(self.watch, label, self.sequences, self.shape)
+        scores = run_candidate(
+            self.reference.model,
+            self.sequences,
+            self.shape,
+            self.lever,
+            self.refs,
+            counters=self.counters,
+            arm="reference",
+            override_shape=override_shape,
+            watch=arm_watch,
+        )
+        _finish(arm_watch)
+        return scores
 
 
 def _arm_watch(

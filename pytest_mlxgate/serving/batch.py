@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from .caches import Parts, SharedKVReader, grown_parts
+from .caches import Parts, QuantizedWindow, SharedKVReader
 from .kv_plan import shared_kv_sources
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuan
     return out
 
 
-class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
+class BatchQuantizedRotatingKVCache(QuantizedWindow, _BatchRotatingBase):  # type: ignore[misc]
     """mlx_lm's `BatchRotatingKVCache` (left-padded rows, per-row offsets, the wrap) with each of the
     keys and values stored quantized (`Parts`). Every index, trim, rotation and mask is the parent's:
     only the storage differs, and it is quantized per row, head, position and group of the head
@@ -171,10 +171,6 @@ class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
         if cache.keys is not None:
             out.keys, out.values = out._quantize(cache.keys), out._quantize(cache.values)
         return out
-
-    def _quantize(self, x: Any) -> Parts:
-        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
-        return packed, scales, biases
 
     def _settle(self) -> None:
         """Make the lazily updated positions evaluate with the keys (what the parent's `mx.depends` does)."""
@@ -214,13 +210,7 @@ class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
 
     def _update_in_place(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
         steps = keys.shape[2]
-        prev = self._offset
-        new_k, new_v = self._quantize(keys), self._quantize(values)
-        if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
-            size = min(self.step, self.max_size - prev)
-            self.keys, self.values = grown_parts(self.keys, new_k, size), grown_parts(self.values, new_v, size)
-            self._idx = prev
-        trim = self.keys[0].shape[2] - self.max_size
+        new_k, new_v, trim = self._quantized_update(self._offset, keys, values)
         if trim > 0:
             self.keys = tuple(p[..., trim:, :] for p in self.keys)
             self.values = tuple(p[..., trim:, :] for p in self.values)
@@ -231,9 +221,7 @@ class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
             self._idx = 0
         if self.rotated:
             self.left_padding -= steps
-        for stored, new in ((self.keys, new_k), (self.values, new_v)):
-            for part, value in zip(stored, new, strict=True):
-                part[..., self._idx : self._idx + steps, :] = value
+        self._write(new_k, new_v, steps)
         self._offset += steps
         self.offset = self.offset + steps
         self._idx += steps
@@ -255,15 +243,6 @@ class BatchQuantizedRotatingKVCache(_BatchRotatingBase):  # type: ignore[misc]
 
     def extend(self, other: Any) -> None:
         raise NotImplementedError("the quantized batched window holds one batch for its whole run")
-
-    def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:
-        raise TypeError("already quantized")
-
-    @property
-    def nbytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return sum(int(p.nbytes) for p in (*self.keys, *self.values))
 
 
 def batchable(model: Any, kv: KVPlan, lengths: Sequence[int]) -> bool:

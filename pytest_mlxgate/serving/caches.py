@@ -30,6 +30,7 @@ __all__ = [
     "SharedKVReader",
     "attention_type",
     "fake_quantize_cache",
+    "QuantizedWindow",
     "grown_parts",
     "kv_head_dims",
     "quantize_cache",
@@ -176,7 +177,52 @@ def grown_parts(have: Parts | None, like: Parts, size: int) -> Parts:
     return tuple(mx.concatenate([h, z], axis=2) for h, z in zip(have, zeros, strict=True))  # type: ignore[return-value]
 
 
-class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
+class QuantizedWindow:
+    """What the quantized rotating caches (one sequence here, a batch in `serving.batch`) share: how an
+    update is quantized, and how the buffers grow a step at a time until the window is full. A mixin
+    before mlx_lm's rotating cache, whose indices, trims and rotation stay the parent's."""
+
+    keys: Any  # Parts, or None before the first update
+    values: Any
+    group_size: int
+    bits: int
+    step: int
+    max_size: int
+    _idx: int
+
+    def _quantize(self, x: Any) -> Parts:
+        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
+        return packed, scales, biases
+
+    def _quantized_update(self, prev: int, keys: Any, values: Any) -> tuple[Parts, Parts, int]:
+        """Before writing in place at `prev`: the update quantized, the buffers a step longer (never past
+        the window, the write index at `prev` then) where it would run past them, and how many positions
+        the buffers now hold beyond the window (the trim)."""
+        new_k, new_v = self._quantize(keys), self._quantize(values)
+        if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
+            size = min(self.step, self.max_size - prev)
+            self.keys, self.values = grown_parts(self.keys, new_k, size), grown_parts(self.values, new_v, size)
+            self._idx = prev
+        return new_k, new_v, self.keys[0].shape[2] - self.max_size
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:
+        raise TypeError("already quantized")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the quantized keys and values hold (packed, scales and biases)."""
+        if self.keys is None:
+            return 0
+        return sum(int(p.nbytes) for p in (*self.keys, *self.values))
+
+    def _write(self, new_k: Parts, new_v: Parts, steps: int) -> None:
+        """The quantized update written at the write index."""
+        for stored, new in ((self.keys, new_k), (self.values, new_v)):
+            for part, value in zip(stored, new, strict=True):
+                part[..., self._idx : self._idx + steps, :] = value
+
+
+class QuantizedRotatingKVCache(QuantizedWindow, _RotatingBase):  # type: ignore[misc]
     """`RotatingKVCache` whose keys and values are stored quantized (`Parts` per array)."""
 
     keys: Any  # Parts, or None before the first update
@@ -194,10 +240,6 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
             out.keys, out.values = out._quantize(cache.keys), out._quantize(cache.values)
         out.offset, out._idx = cache.offset, cache._idx
         return out
-
-    def _quantize(self, x: Any) -> Parts:
-        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
-        return packed, scales, biases
 
     def _each(self, fn: Any, parts: Parts, other: Parts | None = None) -> Parts:
         if other is None:
@@ -221,22 +263,14 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
 
     def _update_in_place(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
         steps = keys.shape[2]
-        prev = self.offset
-        new_k, new_v = self._quantize(keys), self._quantize(values)
-        if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
-            size = min(self.step, self.max_size - prev)
-            self.keys, self.values = grown_parts(self.keys, new_k, size), grown_parts(self.values, new_v, size)
-            self._idx = prev
-        trim = self.keys[0].shape[2] - self.max_size
+        new_k, new_v, trim = self._quantized_update(self.offset, keys, values)
         if trim > 0:
             self.keys = self._each(lambda p: _RotatingBase._trim(self, trim, p), self.keys)
             self.values = self._each(lambda p: _RotatingBase._trim(self, trim, p), self.values)
             self._idx = self.max_size
         if self._idx == self.max_size:  # rotate
             self._idx = self.keep
-        for stored, new in ((self.keys, new_k), (self.values, new_v)):
-            for part, value in zip(stored, new, strict=True):
-                part[..., self._idx : self._idx + steps, :] = value
+        self._write(new_k, new_v, steps)
         self.offset += steps
         self._idx += steps
         return self.keys_and_values()
@@ -249,15 +283,6 @@ class QuantizedRotatingKVCache(_RotatingBase):  # type: ignore[misc]
                 self._each(lambda p: p[..., :cut, :], self.values),
             )
         return self.keys, self.values
-
-    def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:
-        raise TypeError("already quantized")
-
-    @property
-    def nbytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return sum(int(p.nbytes) for p in (*self.keys, *self.values))
 
 
 class FakeQuantKVCache(_PlainBase):  # type: ignore[misc]

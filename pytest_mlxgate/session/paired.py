@@ -65,7 +65,8 @@ class Paired:
         mark = self.item.get_closest_marker("mlx_tier")
         if mark is not None and mark.args and not self.run.capability_options.get("tier_from_cli"):
             tier = str(mark.args[0])
-        return self.run.capability(task, n=n, tier=tier, sequential=sequential)
+        self.run.skip_if_untrained()
+        return self.run.capability_arms.capability(task, n=n, tier=tier, sequential=sequential)
 
     def speed(self) -> dict[str, Any]:
         """Both arms' speed and memory on the serving path (once per module), as its record carries it."""

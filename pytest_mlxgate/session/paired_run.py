@@ -5,7 +5,7 @@ measures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +15,6 @@ from .kl_arms import KLArms
 from .speed_arms import SpeedArms
 
 if TYPE_CHECKING:
-    from ..capability.base import Budget
-    from ..capability.result import CapabilityRun
     from ..kl.result import KLResult
     from ..speed.shape import SpeedShape
     from ..verdicts.conclude import Conclusion
@@ -75,18 +73,6 @@ class PairedRun(ModuleArms):
     def kl(self) -> KLResult:
         self.skip_if_untrained()
         return self.kl_arms.kl()
-
-    def capability(
-        self,
-        task: str,
-        *,
-        n: int | Budget | None = None,
-        tier: str | None = None,
-        sequential: Mapping[str, float | None] | None = None,
-    ) -> CapabilityRun:
-        """Both arms of one capability task on the same items (`CapabilityArms.capability`)."""
-        self.skip_if_untrained()
-        return self.capability_arms.capability(task, n=n, tier=tier, sequential=sequential)
 
     def speed(self) -> dict[str, Any]:
         """Both arms' prefill and decode speed and memory (`SpeedArms.speed`), once per module."""
