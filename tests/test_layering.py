@@ -295,3 +295,16 @@ def test_the_real_check_fails_on_a_planted_lazy_import() -> None:
     assert _lazy_reason("pytest_mlxgate.serving.kv_plan", "mlx_lm.models.cache") is not None
     assert _lazy_reason("pytest_mlxgate.serving.kv_plan", "numpy") is None
     assert _boundary("pytest_mlxgate.results.summary") and _boundary("pytest_mlxgate.hub")
+
+
+#: A module a reader can hold in mind at once: a larger one is two concerns, split by what each is for.
+MOST_LINES = 600
+
+
+def test_no_module_is_a_big_room() -> None:
+    big = {
+        p.relative_to(PACKAGE).as_posix(): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MOST_LINES
+    }
+    assert big == {}, f"over {MOST_LINES} lines: {big}"

@@ -524,16 +524,14 @@ def known_bad_text(value: object) -> str:
 
 
 #: The goals suggested from a speed measurement: speed-ups are assert_faster's, byte savings assert_smaller's.
-_SPEED_UP = ("prefill", "decode")
-_SAVED = ("kv", "weights")
+_SPEED_UP, _SAVED = ("prefill", "decode"), ("kv", "weights")
 
 
 def _speed_goals(speed: Mapping[str, Any] | None, notes: list[str]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     if not speed or not speed.get("contexts"):
         return {}, []
-    contexts = speed["contexts"]
-    longest = max(contexts, key=int)
-    ctx = contexts[longest]
+    longest = max(speed["contexts"], key=int)
+    ctx = speed["contexts"][longest]
     goals: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for key in _SPEED_UP:
@@ -547,17 +545,14 @@ def _speed_goals(speed: Mapping[str, Any] | None, notes: list[str]) -> tuple[dic
             goals[key] = _hundredths(1 + (float(lo) - 1) / 2, math.floor)
         else:
             notes.append(f"{key} @{longest}: not shown faster here (x{ratio:.2f}, lower bound {lo:.2f}): no goal")
-    kv = (ctx.get("kv") or {}).get("ratio")
-    if kv is not None:
-        rows.append({"metric": f"KV bytes @{longest}", "key": "kv", "value": kv, "interval": [kv, kv]})
-        if kv < 1:
-            goals["kv"] = _hundredths(kv * 1.1, math.ceil)
     w = speed.get("weights_bytes") or {}
-    if w.get("reference") and w.get("candidate") and w["candidate"] != w["reference"]:
-        ratio = w["candidate"] / w["reference"]
-        rows.append({"metric": "weight bytes", "key": "weights", "value": ratio, "interval": [ratio, ratio]})
-        if ratio < 1:
-            goals["weights"] = _hundredths(ratio * 1.1, math.ceil)
+    changed = w.get("reference") and w.get("candidate") and w["candidate"] != w["reference"]
+    saved = {"kv": (ctx.get("kv") or {}).get("ratio"), "weights": w["candidate"] / w["reference"] if changed else None}
+    for key, metric in zip(_SAVED, (f"KV bytes @{longest}", "weight bytes"), strict=True):
+        if (ratio := saved[key]) is not None:  # bytes are counted, not timed: the interval is the ratio
+            rows.append({"metric": metric, "key": key, "value": ratio, "interval": [ratio, ratio]})
+            if ratio < 1:
+                goals[key] = _hundredths(ratio * 1.1, math.ceil)
     return goals, rows
 
 
