@@ -115,15 +115,15 @@ def test_gates_whose_reference_values_differ_do_not_share_reference_outputs(
         return Lever(name="flag", kind="env", target="MLXGATE_TEST_UNUSED_FLAG", ref=ref, cand="1", path="prefill")
 
     first_ref, other_ref = ("plain", "scaled") if kind == "context" else ("0", "2")
-    first = _paired(tiny, lever(first_ref), cache).capability(task, n=None)
+    first = _paired(tiny, lever(first_ref), cache).capability_arms.capability(task, n=None)
     assert first.reference_source == "computed"
-    again = _paired(tiny, lever(first_ref), cache).capability(task, n=None)
+    again = _paired(tiny, lever(first_ref), cache).capability_arms.capability(task, n=None)
     assert again.reference_source == "cache"  # the cache works: an unchanged gate hits it
     assert _outputs(again) == _outputs(first)
 
-    other = _paired(tiny, lever(other_ref), cache).capability(task, n=None)
+    other = _paired(tiny, lever(other_ref), cache).capability_arms.capability(task, n=None)
     assert other.reference_source == "computed", "a gate with another reference value took the cached reference"
-    fresh = _paired(tiny, lever(other_ref), None).capability(task, n=None)  # no cache at all
+    fresh = _paired(tiny, lever(other_ref), None).capability_arms.capability(task, n=None)  # no cache at all
     assert _outputs(other) == _outputs(fresh)
     if kind == "context":  # the wrong entry would have been wrong, not merely reused
         assert _outputs(fresh) != _outputs(first)
