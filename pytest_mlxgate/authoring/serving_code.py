@@ -34,6 +34,7 @@ SERVING_CODE = (
     "kl/prompts_default.jsonl",
     "kl/result.py::aa_floors",
     "kl/shape.py",
+    "serving/attention.py",
     "serving/batch.py",
     "serving/caches.py",
     "serving/kv_plan.py",

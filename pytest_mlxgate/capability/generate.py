@@ -81,10 +81,12 @@ def generate_sequential(
     model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int, kv: KVPlan | None = None
 ) -> list[str]:
     """One prompt at a time through `stream_generate` (the benchmark's baseline for batching), with
-    `kv`'s uniform quantization when it has one."""
+    `kv`'s uniform quantization when it has one (mlx_lm's `kv_bits`: keys and values at one width)."""
     spec = kv.default if kv is not None and kv.is_uniform else None
     if kv is not None:
         kv.check_against(model)
+        if kv.apart:
+            return [_per_layer(model, tokenizer, _encode(tokenizer, p), max_new_tokens, kv) for p in prompts]
     extra: dict[str, Any] = (
         {}
         if spec is None
@@ -411,7 +413,7 @@ def generation_route(model: Any, plans: Sequence[KVPlan], lengths: Sequence[int]
         return "batched"
     if all(p.is_plain for p in plans):
         return "batch_generate"
-    if all(p.is_uniform and not p.fake for p in plans) and _mlx_lm_quantizes(model):
+    if all(p.is_uniform and not p.fake and not p.apart for p in plans) and _mlx_lm_quantizes(model):
         return "stream"
     return "per_layer"
 

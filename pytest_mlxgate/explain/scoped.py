@@ -58,7 +58,7 @@ def kv_scoped_plan(lever: Lever, model: Any, layers: Sequence[int]) -> dict[str,
         if quantized_form(c) is None:
             continue
         spec = (cand if i in chosen else ref).for_layer(i, attention_type(c))
-        out[str(i)] = None if spec is None else {"bits": spec.bits, "group_size": spec.group_size, "start": spec.start}
+        out[str(i)] = None if spec is None else spec.to_json()
     return {"default": None, "layers": out}
 
 

@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
-from .caches import Parts, QuantizedWindow, SharedKVReader
+from .caches import Parts, QuantizedWindow, SharedKVReader, quantize_pair, value_width
 from .kv_plan import shared_kv_sources
 
 if TYPE_CHECKING:
@@ -52,13 +52,14 @@ PREFILL_STEP = 2048
 class BatchQuantizedKVCache:
     """A left-padded batch of quantized K/V (mlx_lm's `QuantizedKVCache` layout per row).
 
-    `bits` and `group_size` make mlx_lm's attention take its quantized path; `offset` is per row
-    (positions for RoPE), `make_mask` hides each row's left padding, as `BatchKVCache` does.
+    `bits` and `group_size` make mlx_lm's attention take its quantized path (`value_bits`: the values'
+    width, None for `bits`); `offset` is per row (positions for RoPE), `make_mask` hides each row's left
+    padding, as `BatchKVCache` does.
     """
 
     step = 256
 
-    def __init__(self, left_padding: Any, *, group_size: int, bits: int) -> None:
+    def __init__(self, left_padding: Any, *, group_size: int, bits: int, value_bits: int | None = None) -> None:
         self.keys: tuple[Any, Any, Any] | None = None
         self.values: tuple[Any, Any, Any] | None = None
         self.left_padding = mx.array(left_padding)
@@ -66,6 +67,7 @@ class BatchQuantizedKVCache:
         self._idx = 0
         self.group_size = group_size
         self.bits = bits
+        self.value_bits = value_width(bits, value_bits)
 
     def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
         steps = keys.shape[2]
@@ -73,8 +75,7 @@ class BatchQuantizedKVCache:
         if self.keys is None or self.values is None or prev + steps > self.keys[0].shape[2]:
             self._grow(keys, values, prev + steps)
         assert self.keys is not None and self.values is not None
-        qk = mx.quantize(keys, group_size=self.group_size, bits=self.bits)
-        qv = mx.quantize(values, group_size=self.group_size, bits=self.bits)
+        qk, qv = quantize_pair(keys, values, group_size=self.group_size, bits=self.bits, value_bits=self.value_bits)
         for stored, new in ((self.keys, qk), (self.values, qv)):
             for part, value in zip(stored, new, strict=True):
                 part[..., prev : prev + steps, :] = value
@@ -85,11 +86,11 @@ class BatchQuantizedKVCache:
     def _grow(self, keys: Any, values: Any, needed: int) -> None:
         size = (needed + self.step - 1) // self.step * self.step
 
-        def empty(like: Any, have: tuple[Any, Any, Any] | None) -> tuple[Any, Any, Any]:
+        def empty(like: Any, have: tuple[Any, Any, Any] | None, bits: int) -> tuple[Any, Any, Any]:
             b, h, _, d = like.shape
             shape = (b, h, size)
             parts = (
-                mx.zeros((*shape, d * self.bits // 32), mx.uint32),  # mx.quantize's packed width
+                mx.zeros((*shape, d * bits // 32), mx.uint32),  # mx.quantize's packed width
                 mx.zeros((*shape, d // self.group_size), like.dtype),
                 mx.zeros((*shape, d // self.group_size), like.dtype),
             )
@@ -100,7 +101,7 @@ class BatchQuantizedKVCache:
                 for old, new in zip(have, parts, strict=True)
             )  # type: ignore[return-value]
 
-        self.keys, self.values = empty(keys, self.keys), empty(values, self.values)
+        self.keys, self.values = empty(keys, self.keys, self.bits), empty(values, self.values, self.value_bits)
 
     def _fetch(self) -> tuple[Any, Any]:
         assert self.keys is not None and self.values is not None
@@ -123,16 +124,16 @@ class BatchQuantizedKVCache:
         return sum(int(p[..., : self._idx, :].nbytes) for p in parts)
 
 
-def quantize_batch_cache(cache: Any, *, group_size: int, bits: int) -> BatchQuantizedKVCache:
+def quantize_batch_cache(
+    cache: Any, *, group_size: int, bits: int, value_bits: int | None = None
+) -> BatchQuantizedKVCache:
     """A `BatchKVCache`'s contents, quantized (what `KVCache.to_quantized` does for one row)."""
-    out = BatchQuantizedKVCache(cache.left_padding, group_size=group_size, bits=bits)
+    out = BatchQuantizedKVCache(cache.left_padding, group_size=group_size, bits=bits, value_bits=value_bits)
     keys, values = cache.keys[..., : cache._idx, :], cache.values[..., : cache._idx, :]
     out._grow(keys, values, cache._idx)
     assert out.keys is not None and out.values is not None
-    for stored, new in (
-        (out.keys, mx.quantize(keys, group_size=group_size, bits=bits)),
-        (out.values, mx.quantize(values, group_size=group_size, bits=bits)),
-    ):
+    new_k, new_v = quantize_pair(keys, values, group_size=group_size, bits=bits, value_bits=out.value_bits)
+    for stored, new in ((out.keys, new_k), (out.values, new_v)):
         for part, value in zip(stored, new, strict=True):
             part[..., : cache._idx, :] = value
     out._idx = cache._idx
@@ -155,21 +156,26 @@ class BatchQuantizedRotatingKVCache(QuantizedWindow, _BatchRotatingBase):  # typ
     _offset: int
     rotated: bool
 
-    def __init__(self, max_size: int, left_padding: list[int], *, group_size: int, bits: int) -> None:
+    def __init__(
+        self, max_size: int, left_padding: list[int], *, group_size: int, bits: int, value_bits: int | None = None
+    ) -> None:
         super().__init__(max_size, left_padding)
         self.group_size = group_size
         self.bits = bits
+        self.value_bits = value_width(bits, value_bits)
 
     @classmethod
-    def from_cache(cls, cache: Any, *, group_size: int, bits: int) -> BatchQuantizedRotatingKVCache:
+    def from_cache(
+        cls, cache: Any, *, group_size: int, bits: int, value_bits: int | None = None
+    ) -> BatchQuantizedRotatingKVCache:
         """A `BatchRotatingKVCache`'s contents and positions, quantized."""
         if cache._lengths is not None:
             raise ValueError("finalize() the BatchRotatingKVCache (right padding) before quantizing it")
-        out = cls(cache.max_size, [0], group_size=group_size, bits=bits)
+        out = cls(cache.max_size, [0], group_size=group_size, bits=bits, value_bits=value_bits)
         out.left_padding, out.offset = cache.left_padding, cache.offset
         out._idx, out._offset, out.rotated = cache._idx, cache._offset, cache.rotated
         if cache.keys is not None:
-            out.keys, out.values = out._quantize(cache.keys), out._quantize(cache.values)
+            out.keys, out.values = out._quantize(cache.keys, cache.values)
         return out
 
     def _settle(self) -> None:
@@ -187,7 +193,7 @@ class BatchQuantizedRotatingKVCache(QuantizedWindow, _BatchRotatingBase):  # typ
     def _update_concat(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
         if self._lengths is not None:
             raise ValueError("right-padded rows are not supported by the quantized batched window")
-        new_k, new_v = self._quantize(keys), self._quantize(values)
+        new_k, new_v = self._quantize(keys, values)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
         else:
@@ -284,9 +290,10 @@ def _quantized_twin(cache: Any, kv: KVPlan, layer: int, padding: list[int]) -> A
         return cache  # already quantized, or a KV-shared layer's reader
     if spec is None or filled - max(padding) < spec.start:
         return cache
+    widths = {"group_size": spec.group_size, "bits": spec.bits, "value_bits": spec.v_bits}
     if type(cache) is BatchKVCache:
-        return quantize_batch_cache(cache, group_size=spec.group_size, bits=spec.bits)
-    return BatchQuantizedRotatingKVCache.from_cache(cache, group_size=spec.group_size, bits=spec.bits)
+        return quantize_batch_cache(cache, **widths)
+    return BatchQuantizedRotatingKVCache.from_cache(cache, **widths)
 
 
 def greedy_batch(

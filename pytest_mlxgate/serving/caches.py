@@ -13,7 +13,10 @@ a TypeError. The production setup runs e4b with mixed 4/8-bit KV over every cach
   makes mlx_lm's `scaled_dot_product_attention` take its quantized path;
 - fake-quant caches (`FakeQuantKVCache`, `FakeQuantRotatingKVCache`): the same plan in float
   (quantize then dequantize into a plain cache), so a check can tell the plan's rounding from the
-  quantized kernels.
+  quantized kernels;
+- keys and values at their own widths (`value_bits`, a K8/V4 plan): every quantized cache here takes
+  one, and `QuantizedApartKVCache` is mlx_lm's `QuantizedKVCache` with it; such a cache makes mlx_lm's
+  attention read each operand's width (`serving.attention`).
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from .attention import read_widths_in_attention
+
 __all__ = [
     "Parts",
+    "QuantizedApartKVCache",
     "SharedKVReader",
     "attention_type",
     "fake_quantize_cache",
@@ -34,14 +40,33 @@ __all__ = [
     "grown_parts",
     "kv_head_dims",
     "quantize_cache",
+    "quantize_pair",
     "quantized_form",
     "sliding_window",
+    "value_width",
 ]
 
 Parts = tuple[Any, Any, Any]  # (packed ints, scales, biases): mx.quantize's output
 # mlx_lm's cache classes, untyped: subclassed and called through Any.
 _RotatingBase: Any = RotatingKVCache
 _PlainBase: Any = KVCache
+_QuantizedBase: Any = QuantizedKVCache
+
+
+def value_width(bits: int, value_bits: int | None) -> int:
+    """The values' width (None: the keys' `bits`); where the two differ, mlx_lm's attention is made to
+    read each one's (`serving.attention`) before a cache holding them exists."""
+    width = bits if value_bits is None else value_bits
+    if width != bits:
+        read_widths_in_attention()
+    return width
+
+
+def quantize_pair(keys: Any, values: Any, *, group_size: int, bits: int, value_bits: int) -> tuple[Parts, Parts]:
+    """Keys at `bits` and values at `value_bits`, each quantized per row and group of the head dimension."""
+    k = mx.quantize(keys, group_size=group_size, bits=bits)
+    v = mx.quantize(values, group_size=group_size, bits=value_bits)
+    return (k[0], k[1], k[2]), (v[0], v[1], v[2])
 
 
 def attention_type(cache: Any) -> str | None:
@@ -95,27 +120,31 @@ def quantized_form(cache: Any) -> str | None:
     return None
 
 
-def quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
-    """`cache` with its contents quantized: mlx_lm's own conversion for `KVCache`, ours for
-    `RotatingKVCache`. Raises TypeError for anything else (check `quantized_form` first)."""
-    if type(cache) is KVCache:
+def quantize_cache(cache: Any, *, group_size: int, bits: int, value_bits: int | None = None) -> Any:
+    """`cache` with its contents quantized, the values at `value_bits` (None: `bits`): mlx_lm's own
+    conversion for a `KVCache` of one width, ours for keys and values apart and for `RotatingKVCache`.
+    Raises TypeError for anything else (check `quantized_form` first)."""
+    if type(cache) is KVCache and value_bits in (None, bits):
         return cache.to_quantized(group_size=group_size, bits=bits)
+    if type(cache) is KVCache:
+        return QuantizedApartKVCache.from_cache(cache, group_size=group_size, bits=bits, value_bits=value_bits)
     if type(cache) is RotatingKVCache:
-        return QuantizedRotatingKVCache.from_cache(cache, group_size=group_size, bits=bits)
+        return QuantizedRotatingKVCache.from_cache(cache, group_size=group_size, bits=bits, value_bits=value_bits)
     raise TypeError(f"{type(cache).__name__} has no quantized form")
 
 
-def fake_quantize_cache(cache: Any, *, group_size: int, bits: int) -> Any:
+def fake_quantize_cache(cache: Any, *, group_size: int, bits: int, value_bits: int | None = None) -> Any:
     """`cache` as a float cache that stores every K/V quantized then dequantized (see module doc)."""
+    v_bits = bits if value_bits is None else value_bits
     if type(cache) is KVCache:
-        out: Any = FakeQuantKVCache(group_size=group_size, bits=bits)
+        out: Any = FakeQuantKVCache(group_size=group_size, bits=bits, value_bits=v_bits)
     elif type(cache) is RotatingKVCache:
-        out = FakeQuantRotatingKVCache(cache.max_size, cache.keep, group_size=group_size, bits=bits)
+        out = FakeQuantRotatingKVCache(cache.max_size, cache.keep, group_size=group_size, bits=bits, value_bits=v_bits)
     else:
         raise TypeError(f"{type(cache).__name__} has no quantized form")
     if cache.keys is not None:
         out.keys = _round_trip(cache.keys, group_size, bits)
-        out.values = _round_trip(cache.values, group_size, bits)
+        out.values = _round_trip(cache.values, group_size, v_bits)
     out.offset = cache.offset
     if hasattr(cache, "_idx"):
         out._idx = cache._idx
@@ -185,20 +214,20 @@ class QuantizedWindow:
     keys: Any  # Parts, or None before the first update
     values: Any
     group_size: int
-    bits: int
+    bits: int  # the keys' width (what mlx_lm's attention is handed)
+    value_bits: int  # the values' (`value_width`)
     step: int
     max_size: int
     _idx: int
 
-    def _quantize(self, x: Any) -> Parts:
-        packed, scales, biases = mx.quantize(x, group_size=self.group_size, bits=self.bits)
-        return packed, scales, biases
+    def _quantize(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
+        return quantize_pair(keys, values, group_size=self.group_size, bits=self.bits, value_bits=self.value_bits)
 
     def _quantized_update(self, prev: int, keys: Any, values: Any) -> tuple[Parts, Parts, int]:
         """Before writing in place at `prev`: the update quantized, the buffers a step longer (never past
         the window, the write index at `prev` then) where it would run past them, and how many positions
         the buffers now hold beyond the window (the trim)."""
-        new_k, new_v = self._quantize(keys), self._quantize(values)
+        new_k, new_v = self._quantize(keys, values)
         if self.keys is None or (prev >= self.keys[0].shape[2] and self.keys[0].shape[2] < self.max_size):
             size = min(self.step, self.max_size - prev)
             self.keys, self.values = grown_parts(self.keys, new_k, size), grown_parts(self.values, new_v, size)
@@ -228,16 +257,21 @@ class QuantizedRotatingKVCache(QuantizedWindow, _RotatingBase):  # type: ignore[
     keys: Any  # Parts, or None before the first update
     values: Any
 
-    def __init__(self, max_size: int, keep: int = 0, *, group_size: int = 64, bits: int = 8) -> None:
+    def __init__(
+        self, max_size: int, keep: int = 0, *, group_size: int = 64, bits: int = 8, value_bits: int | None = None
+    ) -> None:
         super().__init__(max_size, keep)
         self.group_size = group_size
         self.bits = bits
+        self.value_bits = value_width(bits, value_bits)
 
     @classmethod
-    def from_cache(cls, cache: Any, *, group_size: int, bits: int) -> QuantizedRotatingKVCache:
-        out = cls(cache.max_size, cache.keep, group_size=group_size, bits=bits)
+    def from_cache(
+        cls, cache: Any, *, group_size: int, bits: int, value_bits: int | None = None
+    ) -> QuantizedRotatingKVCache:
+        out = cls(cache.max_size, cache.keep, group_size=group_size, bits=bits, value_bits=value_bits)
         if cache.keys is not None:
-            out.keys, out.values = out._quantize(cache.keys), out._quantize(cache.values)
+            out.keys, out.values = out._quantize(cache.keys, cache.values)
         out.offset, out._idx = cache.offset, cache._idx
         return out
 
@@ -247,7 +281,7 @@ class QuantizedRotatingKVCache(QuantizedWindow, _RotatingBase):  # type: ignore[
         return tuple(fn(p, o) for p, o in zip(parts, other, strict=True))
 
     def _update_concat(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
-        new_k, new_v = self._quantize(keys), self._quantize(values)
+        new_k, new_v = self._quantize(keys, values)
         if self.keys is None:
             self.keys, self.values = new_k, new_v
         else:  # temporal order, then trim so every new token still sees max_size of context
@@ -285,27 +319,91 @@ class QuantizedRotatingKVCache(QuantizedWindow, _RotatingBase):  # type: ignore[
         return self.keys, self.values
 
 
-class FakeQuantKVCache(_PlainBase):  # type: ignore[misc]
+class QuantizedApartKVCache(_QuantizedBase):  # type: ignore[misc]
+    """mlx_lm's `QuantizedKVCache` with the values at a width of their own (`value_bits`): the same
+    layout, growth by `step` positions and trims; `bits` (the keys') is what mlx_lm's attention is
+    handed, and it reads the values' from their parts (`serving.attention`)."""
+
+    keys: Any  # Parts, or None before the first update
+    values: Any
+    offset: int
+    group_size: int
+    bits: int
+    step: int
+
+    def __init__(self, group_size: int = 64, bits: int = 8, value_bits: int | None = None) -> None:
+        super().__init__(group_size=group_size, bits=bits)
+        self.value_bits = value_width(bits, value_bits)
+
+    @classmethod
+    def from_cache(cls, cache: Any, *, group_size: int, bits: int, value_bits: int | None) -> QuantizedApartKVCache:
+        """A `KVCache`'s contents quantized, as `KVCache.to_quantized` does at one width."""
+        out = cls(group_size, bits, value_bits)
+        out.offset = cache.offset
+        if cache.keys is not None:
+            out.keys, out.values = quantize_pair(
+                cache.keys, cache.values, group_size=group_size, bits=bits, value_bits=out.value_bits
+            )
+        return out
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
+        prev, steps = self.offset, keys.shape[2]
+        new_k, new_v = quantize_pair(
+            keys, values, group_size=self.group_size, bits=self.bits, value_bits=self.value_bits
+        )
+        if self.keys is None or prev + steps > self.keys[0].shape[2]:
+            size = (self.step + steps - 1) // self.step * self.step
+            kept_k = None if self.keys is None else tuple(p[..., :prev, :] for p in self.keys)
+            kept_v = None if self.values is None else tuple(p[..., :prev, :] for p in self.values)
+            self.keys, self.values = grown_parts(kept_k, new_k, size), grown_parts(kept_v, new_v, size)
+        for stored, new in ((self.keys, new_k), (self.values, new_v)):
+            for part, value in zip(stored, new, strict=True):
+                part[..., prev : prev + steps, :] = value
+        self.offset += steps
+        return self.keys_and_values()  # type: ignore[no-any-return]
+
+    @property
+    def state(self) -> tuple[Any, ...]:
+        return self.keys, self.values, self.offset, self.group_size, self.bits, self.value_bits
+
+    @state.setter
+    def state(self, v: tuple[Any, ...]) -> None:
+        self.keys, self.values, self.offset, self.group_size, self.bits, self.value_bits = v
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> Any:
+        raise TypeError("already quantized")
+
+
+class _RoundTrips:
+    """What the fake-quant caches share: each update's keys and values quantized then dequantized."""
+
+    fake_group_size: int
+    fake_bits: int
+    fake_value_bits: int
+
+    def _set_widths(self, group_size: int, bits: int, value_bits: int | None) -> None:
+        self.fake_group_size, self.fake_bits = group_size, bits
+        self.fake_value_bits = bits if value_bits is None else value_bits
+
+    def update_and_fetch(self, keys: Any, values: Any) -> Any:
+        g = self.fake_group_size
+        keys, values = _round_trip(keys, g, self.fake_bits), _round_trip(values, g, self.fake_value_bits)
+        return super().update_and_fetch(keys, values)  # type: ignore[misc]
+
+
+class FakeQuantKVCache(_RoundTrips, _PlainBase):  # type: ignore[misc]
     """A plain `KVCache` that stores K/V quantized then dequantized (float storage, float kernels)."""
 
-    def __init__(self, *, group_size: int, bits: int) -> None:
+    def __init__(self, *, group_size: int, bits: int, value_bits: int | None = None) -> None:
         super().__init__()
-        self.fake_group_size = group_size
-        self.fake_bits = bits
-
-    def update_and_fetch(self, keys: Any, values: Any) -> Any:
-        g, b = self.fake_group_size, self.fake_bits
-        return super().update_and_fetch(_round_trip(keys, g, b), _round_trip(values, g, b))
+        self._set_widths(group_size, bits, value_bits)
 
 
-class FakeQuantRotatingKVCache(_RotatingBase):  # type: ignore[misc]
+class FakeQuantRotatingKVCache(_RoundTrips, _RotatingBase):  # type: ignore[misc]
     """A `RotatingKVCache` that stores K/V quantized then dequantized."""
 
-    def __init__(self, max_size: int, keep: int = 0, *, group_size: int, bits: int) -> None:
+    def __init__(
+        self, max_size: int, keep: int = 0, *, group_size: int, bits: int, value_bits: int | None = None
+    ) -> None:
         super().__init__(max_size, keep)
-        self.fake_group_size = group_size
-        self.fake_bits = bits
-
-    def update_and_fetch(self, keys: Any, values: Any) -> Any:
-        g, b = self.fake_group_size, self.fake_bits
-        return super().update_and_fetch(_round_trip(keys, g, b), _round_trip(values, g, b))
+        self._set_widths(group_size, bits, value_bits)

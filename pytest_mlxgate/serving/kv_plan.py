@@ -10,6 +10,8 @@ Values a KV lever accepts (`parse_kv_value`):
 * `None`, `"plain"`, `"none"`: the plain `KVCache` everywhere;
 * `8`, `"8"`, `"q8"`, `"8bit"`, `"bits=8,group_size=64,start=0"`, `{"bits": 8, "group_size": 64,
   "start": 0}`: every layer quantized alike (group_size defaults to 64, start to 0);
+* `"K8V4"`, `"k_bits=8,v_bits=4"`, `{"k_bits": 8, "v_bits": 4}`: keys and values at their own widths
+  (here keys at 8 bits, values at 4; `{"bits": 8, "v_bits": 4}` says the same);
 * a path to a kv_config.json (a `str` ending in `.json`, or a `Path`): a per-layer plan.
 
 The kv_config.json format::
@@ -27,13 +29,15 @@ else `"default"`.
 
 `"layers"` may instead be a list indexed by layer, each entry a spec, `null` (plain) or a bare
 bit count: `"layers": [4, 4, {"bits": 8, "start": 16}, null]`. A spec holds `bits` (2, 3, 4, 5, 6
-or 8), optionally `group_size` (32, 64 or 128; default 64) and `start` (default
-`quantized_kv_start`). Every key is optional; unknown keys are errors, not silently ignored. A
-plan's `source` carries the sha256 of the file's bytes, so a cache key changes with the file.
+or 8) for keys and values alike, or `k_bits` and `v_bits` for each its own, optionally `group_size`
+(32, 64 or 128; default 64) and `start` (default `quantized_kv_start`); unknown keys are errors, not
+silently ignored. A plan's `source` carries the sha256 of the file's bytes, so a cache key changes
+with the file.
 
 `KVCache` layers quantize to mlx_lm's `QuantizedKVCache`, `RotatingKVCache` (sliding-window)
 layers to this project's `QuantizedRotatingKVCache` (mlx_lm 0.32 has none), and gemma-4's
-KV-shared layers read their source layer's quantized K/V (`serving.caches`). Caches with no
+KV-shared layers read their source layer's quantized K/V (`serving.caches`); a layer with keys and
+values apart keeps each at its width, and mlx_lm's quantized attention reads both (`serving.attention`). Caches with no
 quantized form (e.g. `ArraysCache` of recurrent layers) stay as they are under `"default"`, as in
 mlx_lm; naming one in `"layers"` is an error, raised when the plan meets the model.
 """
@@ -69,35 +73,71 @@ KV_BITS: tuple[int, ...] = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 
 _VALUE_FORMS = (
-    "use None/'plain', a bit count (8, '8', 'q8', '8bit'), 'bits=8,group_size=64,start=0', "
+    "use None/'plain', a bit count (8, '8', 'q8', '8bit'), keys and values apart ('K8V4', "
+    "'k_bits=8,v_bits=4'), 'bits=8,group_size=64,start=0', "
     "a dict {'bits': 8, 'group_size': 64, 'start': 0}, or a path to a kv_config.json"
 )
-_SPEC_KEYS = frozenset({"bits", "group_size", "start"})
+_SPEC_KEYS = frozenset({"bits", "k_bits", "v_bits", "group_size", "start"})
 _CONFIG_KEYS = frozenset({"default", "quantized_kv_start", "layers", "types"})
 _BITS_TEXT = re.compile(r"(?:q)?(\d+)(?:-?bits?)?", re.IGNORECASE)
+_KV_TEXT = re.compile(r"k(\d+)[/_-]?v(\d+)", re.IGNORECASE)  # K8V4, k8/v4: keys and values apart
 
 
 @dataclass(frozen=True)
 class KVSpec:
-    """How one layer's KV cache is quantized."""
+    """How one layer's KV cache is quantized: keys at `bits`, values at `value_bits` (None: `bits` too).
+
+    Keys and values are not equally sensitive (keys carry RoPE's outliers; KIVI, KVTuner), so a plan may
+    give them their own widths: `KVSpec(8, value_bits=4)` is K8/V4. Equal widths are held as one `bits`,
+    so `KVSpec(8, value_bits=8) == KVSpec(8)`."""
 
     bits: int
     group_size: int = 64
     start: int = 0  # quantize once the layer's cache offset >= start (mlx_lm's quantized_kv_start)
+    value_bits: int | None = None
 
     def __post_init__(self) -> None:
         _check_int(self.bits, "bits", KV_BITS, where="KV spec")
         _check_int(self.group_size, "group_size", KV_GROUP_SIZES, where="KV spec")
         _check_start(self.start, where="KV spec")
+        if self.value_bits is not None:
+            _check_int(self.value_bits, "v_bits", KV_BITS, where="KV spec")
+            if self.value_bits == self.bits:
+                object.__setattr__(self, "value_bits", None)
+
+    @property
+    def k_bits(self) -> int:
+        return self.bits
+
+    @property
+    def v_bits(self) -> int:
+        return self.bits if self.value_bits is None else self.value_bits
+
+    @property
+    def apart(self) -> bool:
+        """Keys and values at different widths (mlx_lm's own `--kv-bits` cannot serve it)."""
+        return self.value_bits is not None
+
+    @property
+    def widths(self) -> str:
+        """`8-bit`, or `K8/V4` for a spec with keys and values apart."""
+        return f"K{self.k_bits}/V{self.v_bits}" if self.apart else f"{self.bits}-bit"
 
     @property
     def canonical(self) -> str:
-        """The spec as `bits=B,group_size=G,start=S` (what `parse_kv_value` reads back)."""
-        return f"bits={self.bits},group_size={self.group_size},start={self.start}"
+        """The spec as `bits=B,group_size=G,start=S` (`k_bits=K,v_bits=V,...` apart): what
+        `parse_kv_value` reads back."""
+        widths = f"k_bits={self.k_bits},v_bits={self.v_bits}" if self.apart else f"bits={self.bits}"
+        return f"{widths},group_size={self.group_size},start={self.start}"
 
     def label(self) -> str:
-        """Short human text: `8-bit g64 from token 0`."""
-        return f"{self.bits}-bit g{self.group_size} from token {self.start}"
+        """Short human text: `8-bit g64 from token 0`, `K8/V4 g64 from token 0`."""
+        return f"{self.widths} g{self.group_size} from token {self.start}"
+
+    def to_json(self) -> dict[str, int]:
+        """The spec as a kv_config.json entry (what `parse_kv_value` and the config reader take)."""
+        widths = {"k_bits": self.k_bits, "v_bits": self.v_bits} if self.apart else {"bits": self.bits}
+        return {**widths, "group_size": self.group_size, "start": self.start}
 
 
 def _spec_label(spec: KVSpec | None) -> str:
@@ -141,8 +181,14 @@ class KVPlan:
 
     @property
     def is_uniform(self) -> bool:
-        """Every layer alike (what `mlx_lm.generate --kv-bits` can run)."""
+        """Every layer alike (what `mlx_lm.generate --kv-bits` can run, keys and values at one width)."""
         return not self.layers and not self.types
+
+    @property
+    def apart(self) -> bool:
+        """Some layer keeps its keys and values at different widths (mlx_lm's `--kv-bits` has one)."""
+        specs = [self.default, *self.layers.values(), *self.types.values()]
+        return any(spec is not None and spec.apart for spec in specs)
 
     def fake_quant(self) -> KVPlan:
         """The same plan in float: each quantized layer stores its K/V quantized then dequantized
@@ -199,7 +245,7 @@ class KVPlan:
                 continue
             spec = self.for_layer(i, attention_type(c))
             if spec is not None and c.offset >= spec.start:
-                cache[i] = convert(c, group_size=spec.group_size, bits=spec.bits)
+                cache[i] = convert(c, group_size=spec.group_size, bits=spec.bits, value_bits=spec.v_bits)
 
     def describe(self) -> str:
         """Short human text: `plain`, `8-bit g64 from token 0`, `kv_config.json (…)`."""
@@ -314,7 +360,7 @@ class KVPlan:
         for i, c in enumerate(make_prompt_cache(model)):
             spec = self.for_layer(i, attention_type(c)) if quantized_form(c) is not None else None
             if spec is not None and spec.start <= positions - 1:
-                out[i] = f"{spec.bits}-bit g{spec.group_size}" + ("-fake" if self.fake else "")
+                out[i] = f"{spec.widths} g{spec.group_size}" + ("-fake" if self.fake else "")
         return out
 
 
@@ -368,7 +414,7 @@ def _counted(specs: list[KVSpec | None]) -> str:
             "plain"
             if spec is None
             else (
-                f"{spec.bits}-bit"
+                spec.widths
                 + ("" if spec.group_size == 64 else f" g{spec.group_size}")
                 + ("" if spec.start == 0 else f" from {spec.start}")
             )
@@ -415,6 +461,9 @@ def _spec_from_text(text: str) -> KVSpec:
     bare = _BITS_TEXT.fullmatch(text)
     if bare:
         return _spec_from_mapping({"bits": int(bare.group(1))}, where=where)
+    apart = _KV_TEXT.fullmatch(text)
+    if apart:
+        return _spec_from_mapping({"k_bits": int(apart.group(1)), "v_bits": int(apart.group(2))}, where=where)
     fields: dict[str, object] = {}
     for part in text.split(","):
         key, sep, raw = part.partition("=")
@@ -431,15 +480,29 @@ def _spec_from_text(text: str) -> KVSpec:
 
 
 def _spec_from_mapping(raw: Mapping[Any, Any], *, where: str, start: int = 0) -> KVSpec:
+    """A spec from its keys: `bits` for keys and values alike, `k_bits`/`v_bits` for either half (each
+    over `bits`), `group_size`, `start`."""
     unknown = sorted(str(k) for k in raw if k not in _SPEC_KEYS)
     if unknown:
-        raise LeverError(f"{where} has unknown keys {unknown}; a KV spec holds only bits, group_size, start")
-    if "bits" not in raw:
-        raise LeverError(f"{where} lacks 'bits'; give one of {list(KV_BITS)} (or null for a plain cache)")
-    bits = _check_int(raw["bits"], "bits", KV_BITS, where=where)
+        raise LeverError(
+            f"{where} has unknown keys {unknown}; a KV spec holds only bits (or k_bits and v_bits), group_size, start"
+        )
+    if "bits" in raw and "k_bits" in raw and "v_bits" in raw:
+        raise LeverError(
+            f"{where} gives bits, k_bits and v_bits: bits would go unread; give bits, or k_bits and v_bits"
+        )
+    k_raw, v_raw = raw.get("k_bits", raw.get("bits")), raw.get("v_bits", raw.get("bits"))
+    if k_raw is None or v_raw is None:
+        missing = "'bits'" if "k_bits" not in raw and "v_bits" not in raw else "'k_bits' or 'v_bits' (or 'bits')"
+        raise LeverError(
+            f"{where} lacks {missing}; give one of {list(KV_BITS)} for keys and values alike (bits), or each "
+            "its own (k_bits, v_bits); null for a plain cache"
+        )
+    k_bits = _check_int(k_raw, "k_bits" if "k_bits" in raw else "bits", KV_BITS, where=where)
+    v_bits = _check_int(v_raw, "v_bits" if "v_bits" in raw else "bits", KV_BITS, where=where)
     group = _check_int(raw.get("group_size", 64), "group_size", KV_GROUP_SIZES, where=where)
     first = _check_start(raw.get("start", start), where=where)
-    return KVSpec(bits=bits, group_size=group, start=first)
+    return KVSpec(bits=k_bits, group_size=group, start=first, value_bits=v_bits)
 
 
 def _check_int(value: object, key: str, allowed: tuple[int, ...], *, where: str) -> int:

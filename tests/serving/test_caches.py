@@ -9,23 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decode_kl import PROMPTS, decode_kls, load
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError
 from pytest_mlxgate.serving.kv_plan import parse_kv_value
-
-PROMPTS = [
-    "The quick brown fox jumps over the lazy dog. " * 5,  # longer than the 16-token window
-    "One two three four five six seven eight nine ten eleven twelve thirteen fourteen",
-    "Short one",
-]
-
-
-def _load(path: Path) -> tuple[Any, Any]:
-    import mlx_lm
-
-    return mlx_lm.load(str(path))
 
 
 def test_the_quantized_ring_buffer_holds_what_mlx_lms_ring_buffer_holds() -> None:
@@ -98,31 +87,6 @@ def test_the_batched_quantized_window_holds_what_mlx_lms_batched_window_holds(
     assert isinstance(real, BatchQuantizedRotatingKVCache) and real.nbytes < fake.nbytes
 
 
-def _decode_kls(model: Any, tok: Any, plan: Any, other: Any, steps: int = 4) -> list[float]:
-    """KL(plan || other) at each of `steps` decode positions, both fed the same tokens."""
-    import mlx.core as mx
-    import numpy as np
-
-    out = []
-    for text in PROMPTS:
-        ids = list(tok.encode(text))
-        caches = [p.make_cache(model) for p in (plan, other)]
-        for p, c in zip((plan, other), caches, strict=True):
-            model(mx.array([ids[:-1]]), cache=c)
-            p.maybe_quantize(c)
-        token = ids[-1]
-        for _ in range(steps):
-            rows = []
-            for p, c in zip((plan, other), caches, strict=True):
-                logits = np.array(model(mx.array([[token]]), cache=c)[0, -1].astype(mx.float32), np.float64)
-                p.maybe_quantize(c)
-                rows.append(logits - np.logaddexp.reduce(logits))  # float64: the KL itself adds no noise
-            a, b = rows
-            out.append(float((np.exp(a) * (a - b)).sum()))
-            token = int(np.argmax(a))
-    return out
-
-
 @pytest.fixture
 def mixed_config(tmp_path: Path) -> Path:
     """A production-like mixed plan: 8-bit on two layers, 4-bit on the rest, by type and index."""
@@ -139,11 +103,11 @@ def test_gemma4_plans_run_and_only_the_kernels_differ_from_fake_quant(
     """Every cached layer quantized (sliding and full), KV-shared layers reading quantized K/V: the
     decode steps' KL against the same plan in float (fake-quant) is <= 1e-6 on every prompt, while
     against the plain cache it is not 0 (the plan did quantize)."""
-    model, tok = _load(request.getfixturevalue(fixture))
+    model, tok = load(request.getfixturevalue(fixture))
     plan = parse_kv_value(str(mixed_config) if value == "mixed" else value)
-    kls = _decode_kls(model, tok, plan, plan.fake_quant())
+    kls = decode_kls(model, tok, plan, plan.fake_quant())
     assert max(kls) <= 1e-6, kls
-    assert max(_decode_kls(model, tok, plan, parse_kv_value("plain"))) > 1e-5
+    assert max(decode_kls(model, tok, plan, parse_kv_value("plain"))) > 1e-5
 
 
 def test_caches_follow_the_plan_by_type_index_and_sharing(tiny_gemma4_dir: Path, mixed_config: Path) -> None:
@@ -151,7 +115,7 @@ def test_caches_follow_the_plan_by_type_index_and_sharing(tiny_gemma4_dir: Path,
 
     from pytest_mlxgate.serving.caches import QuantizedRotatingKVCache, SharedKVReader
 
-    model, tok = _load(tiny_gemma4_dir)
+    model, tok = load(tiny_gemma4_dir)
     plan = parse_kv_value(str(mixed_config))
     cache = plan.make_cache(model)
     assert len(cache) == len(model.layers)  # 5 cached layers + 3 readers
@@ -180,7 +144,7 @@ def test_start_defers_quantization_and_readers_follow(tiny_gemma4_dir: Path) -> 
 
     from pytest_mlxgate.serving.caches import SharedKVReader
 
-    model, tok = _load(tiny_gemma4_dir)
+    model, tok = load(tiny_gemma4_dir)
     plan = parse_kv_value("bits=8,start=40")
     cache = plan.make_cache(model)
     ids = list(tok.encode(PROMPTS[1]))
@@ -198,8 +162,8 @@ def test_start_defers_quantization_and_readers_follow(tiny_gemma4_dir: Path) -> 
 def test_plans_the_model_cannot_run_are_refused_naming_the_layers(
     tiny_gemma4_dir: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    gemma, _ = _load(tiny_gemma4_dir)
-    llama, _ = _load(tiny_model_dir)
+    gemma, _ = load(tiny_gemma4_dir)
+    llama, _ = load(tiny_model_dir)
 
     def plan(config: dict[str, Any]) -> Any:
         path = tmp_path / "kv.json"
@@ -224,7 +188,7 @@ def test_head_dimensions_are_read_from_the_model_s_own_attention_per_cached_laye
 
     from pytest_mlxgate.serving.caches import kv_head_dims
 
-    gemma, _ = _load(tiny_gemma4_dir)
+    gemma, _ = load(tiny_gemma4_dir)
     cached = LAYER_TYPES[: len(LAYER_TYPES) - KV_SHARED_LAYERS]
     head = {"full_attention": TEXT_CONFIG["global_head_dim"], "sliding_attention": TEXT_CONFIG["head_dim"]}
     dims = {i: (head[t],) for i, t in enumerate(cached)}
@@ -258,7 +222,7 @@ def test_capability_generation_runs_quantized_gemma4(tiny_gemma4_dir: Path) -> N
     the arm's greedy path runs the plan, and its fake-quant twin gives the same texts."""
     from pytest_mlxgate.capability.generate import generate_greedy
 
-    model, tok = _load(tiny_gemma4_dir)
+    model, tok = load(tiny_gemma4_dir)
     plan = parse_kv_value("8")
     texts = generate_greedy(model, tok, PROMPTS, max_new_tokens=6, kv=plan)
     assert len(texts) == 3 and all(isinstance(t, str) and t for t in texts)

@@ -1,0 +1,93 @@
+"""Attention over a quantized KV cache whose keys and values have widths of their own (a K8/V4 plan).
+
+mlx_lm's `scaled_dot_product_attention` sends every cache with a `bits` attribute to
+`quantized_scaled_dot_product_attention(..., group_size=cache.group_size, bits=cache.bits)`: one width
+for the keys' matmul and the values'. A cache that stores them apart calls `read_widths_in_attention()`
+when it is made: from then on, in this process, mlx_lm's function is `width_reading_attention`, which
+reads each operand's width from its packed parts and hands a pair of equal widths to mlx_lm's own
+function, unchanged (so every plan with one width computes exactly what it did), and does the two
+quantized matmuls at their own widths otherwise. Every model mlx_lm has goes through that one function,
+so every architecture and every loop (one prompt, the batch, mlx_lm's own) gets it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models import base
+
+from ..errors import LeverError
+
+__all__ = ["packed_width", "read_widths_in_attention", "width_reading_attention"]
+
+#: mlx_lm's own quantized attention, as imported (one width for keys and values).
+_ONE_WIDTH: Any = base.quantized_scaled_dot_product_attention
+
+
+def packed_width(parts: tuple[Any, Any, Any], group_size: int) -> int:
+    """The bits per value of `mx.quantize`'s output `(packed, scales, biases)`: D values in groups of
+    `group_size` leave D / group_size scales, and pack into D * bits / 32 words."""
+    packed, scales = parts[0], parts[1]
+    return int(packed.shape[-1]) * 32 // (int(scales.shape[-1]) * group_size)
+
+
+def width_reading_attention(
+    queries: Any,
+    q_keys: tuple[Any, Any, Any],
+    q_values: tuple[Any, Any, Any],
+    scale: float,
+    mask: Any,
+    group_size: int = 64,
+    bits: int = 8,
+) -> Any:
+    """mlx_lm's quantized attention, with the keys and the values each at the width they are stored at
+    (`bits`, the one width mlx_lm passes, is not read: the parts say)."""
+    k_bits, v_bits = packed_width(q_keys, group_size), packed_width(q_values, group_size)
+    if k_bits == v_bits:
+        return _ONE_WIDTH(queries, q_keys, q_values, scale=scale, mask=mask, group_size=group_size, bits=k_bits)
+    batch, q_heads, length, dim = queries.shape
+    kv_heads = q_keys[0].shape[-3]
+    repeats = q_heads // kv_heads
+    queries = queries * scale
+    if repeats > 1:  # grouped-query attention: each K/V head serves `repeats` query heads
+        queries = mx.reshape(queries, (batch, kv_heads, repeats, length, dim))
+        q_keys = tuple(mx.expand_dims(p, -3) for p in q_keys)  # type: ignore[assignment]
+        q_values = tuple(mx.expand_dims(p, -3) for p in q_values)  # type: ignore[assignment]
+    scores = mx.quantized_matmul(queries, *q_keys, transpose=True, group_size=group_size, bits=k_bits)
+    scores = _masked(scores, mask, grouped=repeats > 1)
+    weights = mx.softmax(scores, axis=-1, precise=True)
+    out = mx.quantized_matmul(weights, *q_values, transpose=False, group_size=group_size, bits=v_bits)
+    if repeats > 1:
+        out = mx.reshape(out, (batch, q_heads, length, out.shape[-1]))
+    return out
+
+
+def _masked(scores: Any, mask: Any, *, grouped: bool) -> Any:
+    """`scores` under mlx_lm's attention masks: None, "causal" (the last queries against every key),
+    a boolean array (False: hidden) or an additive one."""
+    if mask is None:
+        return scores
+    if isinstance(mask, str):
+        queries, keys = scores.shape[-2:]
+        mask = mx.arange(keys - queries, keys)[:, None] >= mx.arange(keys)[None]
+    if grouped and mask.ndim > 3:
+        mask = mx.expand_dims(mask, -3)
+    if mask.dtype == mx.bool_:
+        return mx.where(mask, scores, mx.finfo(scores.dtype).min)
+    return scores + mask
+
+
+def read_widths_in_attention() -> None:
+    """Put `width_reading_attention` in mlx_lm's place (once; a no-op after). Called by each cache that
+    stores keys and values at different widths, before any attention can read it. LeverError where
+    something else (a lever's own kernel) holds the place: it would read both at one width."""
+    now = base.quantized_scaled_dot_product_attention
+    if now is _ONE_WIDTH:
+        base.quantized_scaled_dot_product_attention = width_reading_attention
+    elif now is not width_reading_attention:
+        raise LeverError(
+            f"mlx_lm.models.base.quantized_scaled_dot_product_attention is {getattr(now, '__qualname__', now)!r}, "
+            "not mlx_lm's: a KV plan with keys and values at different widths (k_bits != v_bits) needs "
+            "mlxgate's width-reading attention there; run that lever with a plan of one width per layer"
+        )
