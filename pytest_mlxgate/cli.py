@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .config.names import CandidateSpec, find_pyproject, load_aliases, parse_name
 from .config.options import cache_dir_arg, endpoint_arg
@@ -145,6 +146,21 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--bits", metavar="B,B", default="4,6,8", help="bit widths a layer may take (default 4,6,8)")
     p.add_argument("--group-sizes", metavar="G,G", default="32,64", help="group sizes (default 32,64)")
     p.add_argument("--selection", metavar="N", type=int, default=6, help="selection sequences (default 6)")
+    p.add_argument(
+        "--apart", action="store_true", help="keys and values may take widths of their own (K8/V4: keys wider)"
+    )
+    p.add_argument(
+        "--frontier",
+        action="store_true",
+        help="measure plans along the whole trade of bytes against drift; the answer is the cheapest that passes",
+    )
+    p.add_argument("--points", metavar="N", type=int, default=8, help="plans measured along the frontier (default 8)")
+    p.add_argument(
+        "--budget-bytes",
+        metavar="B",
+        type=float,
+        help="with --frontier: the least drift within B KV bytes per token (the frontier's table shows each plan's)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip running the gate on the plan (not a verdict)")
 
 
@@ -163,10 +179,15 @@ def _plan(args: argparse.Namespace) -> int:
     if unwritable is not None:  # found now, not after a search of many minutes
         print(f"mlxgate: error: --out {args.out}: {unwritable}; give a file in a folder you can write", file=sys.stderr)
         return EXIT_USAGE
+    frontier_problem = _frontier_problem(args)
+    if frontier_problem is not None:
+        print(f"mlxgate: error: {frontier_problem}", file=sys.stderr)
+        return EXIT_USAGE
     from .models.loaded import load_mlx
     from .models.materialize import materialize
 
     try:
+        from .explain.plan_frontier import frontier_page, frontier_table, search_frontier
         from .explain.plan_kv import check_search_options, plan_summary, read_gate, search_kv_plan, verify_plan
 
         check_search_options(bits, groups, args.selection)  # before the gate and the model load
@@ -177,14 +198,14 @@ def _plan(args: argparse.Namespace) -> int:
         gate = read_gate(args.gate.resolve(), model=args.model)
         snap = materialize(spec, offline=True)
         model, tokenizer = load_mlx(snap)
-        result = search_kv_plan(
-            model,
-            tokenizer,
-            gate,
-            bits=bits,
-            groups=groups,
-            selection=args.selection,
-            say=lambda m: print(m, file=sys.stderr, flush=True),
+        asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, apart=args.apart)
+        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        result: Any = (
+            search_frontier(
+                model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=say, **asked
+            )
+            if args.frontier
+            else search_kv_plan(model, tokenizer, gate, say=say, **asked)
         )
     except MlxgateUsageError as e:
         print(f"mlxgate: error: {e}", file=sys.stderr)
@@ -201,20 +222,36 @@ def _plan(args: argparse.Namespace) -> int:
     plan = (json.dumps(result.kv_config(), indent=1) + "\n").encode()
     unverified = args.out.with_name(f"{args.out.stem}.unverified{args.out.suffix or '.json'}")
     atomic_write_bytes(unverified, plan)
-    if not args.no_verify and result.chosen != "none":
+    if not args.no_verify and (result.answer is not None if args.frontier else result.chosen != "none"):
         print(f"plan kv: verifying: {gate.path.name} with {unverified} as its candidate", file=sys.stderr, flush=True)
         report = args.out.with_suffix(".gate-report.json")
         result.verification = verify_plan(gate, unverified.resolve(), candidate=args.model, report=report)
     atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
-    for line in plan_summary(result):
+    if args.frontier:
+        page = args.out.with_suffix(".frontier.html")
+        atomic_write_bytes(page, frontier_page(result).encode(), new_mode=0o644)
+        print(f"plan kv: the frontier plotted in {page}", file=sys.stderr)
+    for line in frontier_table(result) if args.frontier else plan_summary(result):
         print(line, file=sys.stderr)
     if result.succeeded:
         unverified.replace(args.out)
         print(args.out)
         return EXIT_OK
-    why = "no plan passed the gate's limits on the selection" if result.chosen == "none" else "not verified"
+    nothing = result.answer is None if args.frontier else result.chosen == "none"
+    why = "no plan passed the gate's limits on the selection" if nothing else "not verified"
     print(f"plan kv: {why}: the plan stays at {unverified}; {args.out} was not written", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _frontier_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with --frontier's options, said before the search starts; None when nothing is."""
+    if args.budget_bytes is not None and not args.frontier:
+        return "--budget-bytes picks a plan from the frontier: add --frontier"
+    if args.frontier and args.points < 1:
+        return f"--points {args.points}: give at least 1 plan to measure along the frontier (default 8)"
+    if args.budget_bytes is not None and not args.budget_bytes > 0:
+        return f"--budget-bytes {args.budget_bytes:g}: give the KV bytes per token a plan may take, above 0"
+    return None
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:

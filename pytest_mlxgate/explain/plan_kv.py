@@ -28,7 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,23 +64,50 @@ SELECTION_SEQUENCES = 6
 
 @dataclass(frozen=True)
 class Option:
-    """One way to keep a layer's KV cache: quantized (bits, group size), or plain (bits None)."""
+    """One way to keep a layer's KV cache: quantized (bits, group size; the values at `value_bits` where
+    they have a width of their own), or plain (bits None)."""
 
     bits: int | None
     group_size: int | None = None
+    value_bits: int | None = None  # None: the keys' `bits`
+
+    @property
+    def v_bits(self) -> int | None:
+        return self.bits if self.value_bits is None else self.value_bits
 
     @property
     def label(self) -> str:
-        return "plain" if self.bits is None else f"{self.bits}-bit g{self.group_size}"
+        if self.bits is None:
+            return "plain"
+        widths = f"K{self.bits}/V{self.v_bits}" if self.v_bits != self.bits else f"{self.bits}-bit"
+        return f"{widths} g{self.group_size}"
 
     def bytes_per_value(self, itemsize: int) -> float:
-        """Bytes per cached value: packed bits plus a scale and a bias (model dtype) per group."""
+        """Bytes per cached value, keys and values alike in number (each layer's K and V heads x head dim
+        are equal on every model whose cache a plan quantizes): packed bits, their mean where the two
+        widths differ, plus a scale and a bias (model dtype) per group."""
         if self.bits is None or self.group_size is None:
             return float(itemsize)
-        return self.bits / 8 + 2 * itemsize / self.group_size
+        return (self.bits + (self.v_bits or self.bits)) / 16 + 2 * itemsize / self.group_size
 
     def spec(self) -> dict[str, int] | None:
-        return None if self.bits is None else {"bits": self.bits, "group_size": int(self.group_size or 64)}
+        """The option as a kv_config.json entry (`serving.kv_plan.KVSpec.to_json`'s form)."""
+        if self.bits is None:
+            return None
+        group = int(self.group_size or 64)
+        if self.v_bits != self.bits:
+            return {"k_bits": self.bits, "v_bits": int(self.v_bits or self.bits), "group_size": group}
+        return {"bits": self.bits, "group_size": group}
+
+
+def search_options(bits: Sequence[int], groups: Sequence[int], dims: set[int], *, apart: bool) -> list[Option]:
+    """The options a layer may take: every width at every group size that divides the head dimensions,
+    and with `apart` every pair of widths with the keys wider than the values (keys carry the outliers:
+    KIVI, KVTuner measure them the more sensitive half)."""
+    widths: list[tuple[int, int | None]] = [(b, None) for b in bits]
+    if apart:
+        widths += [(k, v) for k in bits for v in bits if k > v]
+    return [Option(k, g, v) for k, v in widths for g in groups if all(d % g == 0 for d in dims)]
 
 
 PLAIN_OPTION = Option(None)
@@ -193,10 +221,12 @@ def greedy_plan(
     target: float,
     start: Mapping[int, Option] | None = None,
     itemsize: int,
+    path: list[dict[int, Option]] | None = None,
 ) -> dict[int, Option]:
     """From `start` (default: every layer at the cheapest option), upgrade the layer whose next dearer
     option removes the most predicted drift per byte, until the predicted total is <= `target`.
-    `sizes`: values per token per layer; `drift(layer, option)`: its predicted drift (plain: 0)."""
+    `sizes`: values per token per layer; `drift(layer, option)`: its predicted drift (plain: 0); `path`
+    receives the plan after each upgrade (the predicted frontier, `explain.plan_frontier`)."""
     choices = sorted([*options, PLAIN_OPTION], key=lambda o: o.bytes_per_value(itemsize))
     plan = dict(start) if start is not None else {i: choices[0] for i in sizes}
 
@@ -215,6 +245,8 @@ def greedy_plan(
         if best is None:
             break  # every layer plain, or nothing dearer saves drift
         plan[best[1]] = best[2]
+        if path is not None:
+            path.append(dict(plan))
     return plan
 
 
@@ -242,14 +274,55 @@ def search_kv_plan(
     bits: Sequence[int] = (4, 6, 8),
     groups: Sequence[int] = (32, 64),
     selection: int = SELECTION_SEQUENCES,
+    apart: bool = False,
     say: Callable[[str], None] = lambda _: None,
 ) -> PlanSearch:
     """The search on `model`: its layers' sizes, the selection sequences and their reference arm, then
-    `choose_plan` with a measurement of each plan on those sequences."""
-    check_search_options(bits, groups, selection)
+    `choose_plan` with a measurement of each plan on those sequences (`apart`: keys and values may take
+    widths of their own, `search_options`)."""
     started = time.perf_counter()
+    with selection_arms(
+        model, tokenizer, gate, bits=bits, groups=groups, selection=selection, apart=apart, say=say
+    ) as arms:
+        space, measure = arms
+        result = choose_plan(space.sizes, space.options, space.itemsize, gate.limits, measure)
+        result.selection = space.selection
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What a search prices and chooses from: each cached layer's K and V values per token, the cache's
+    item size, the options a layer may take, and how many selection sequences judge a plan."""
+
+    sizes: Mapping[int, float]
+    itemsize: int
+    options: Sequence[Option]
+    selection: int
+
+
+#: `measure(plan, what)`: the plan's statistics on the selection sequences (`what`: said while it runs).
+Measure = Callable[[Mapping[int, Option], str], KLStats]
+
+
+@contextmanager
+def selection_arms(
+    model: Any,
+    tokenizer: Any,
+    gate: GateSpec,
+    *,
+    bits: Sequence[int],
+    groups: Sequence[int],
+    selection: int,
+    apart: bool,
+    say: Callable[[str], None],
+) -> Iterator[tuple[SearchSpace, Measure]]:
+    """The search space on `model`, and a measurement of any plan on selection sequences the gate's own
+    prompts never use, against their reference arm (run once, here)."""
+    check_search_options(bits, groups, selection)
     sizes, itemsize, dims = _layer_sizes(model)
-    options = [Option(b, g) for b in bits for g in groups if all(d % g == 0 for d in dims)]
+    options = search_options(bits, groups, dims, apart=apart)
     if not options:
         raise MlxgateUsageError(
             f"no group size among {list(groups)} divides this model's head dimensions {sorted(dims)}"
@@ -270,27 +343,37 @@ def search_kv_plan(
                 run_candidate(model, seqs, shape, lever, refs, counters=ArmCounters()), texts=texts_of(seqs)
             )
 
-        result = choose_plan(sizes, options, itemsize, gate.limits, measure)
-    result.selection = len(seqs)
-    result.seconds = time.perf_counter() - started
-    return result
+        yield SearchSpace(sizes, itemsize, options, len(seqs)), measure
 
 
-def choose_plan(
-    sizes: Mapping[int, float],
-    options: Sequence[Option],
-    itemsize: int,
-    limits: Mapping[str, float],
-    measure: Callable[[Mapping[int, Option], str], KLStats],
-) -> PlanSearch:
-    """Steps 2-5: sensitivities, the greedy with its measured back-off, and the comparison with the
-    uniform plans; `measure(plan, what)` is the plan's statistics on the selection sequences."""
+@dataclass
+class Sensitivities:
+    """Step 2's measurements: each option uniform on every layer, each layer alone at the cheapest option;
+    `drift` predicts a layer's drift at any option from them."""
+
+    cheapest: Option
+    uniform: list[dict[str, Any]]  # per option: its label, mean and interval, verdict, bytes per token
+    uniform_stats: dict[Option, KLStats]
+    sensitivity: dict[int, float]
+
+    def drift(self, i: int, o: Option) -> float:
+        """Layer `i`'s predicted drift at `o`: its drift alone at the cheapest option, scaled by the uniform
+        runs' ratio (plain: 0; a uniform mean of 0 counts as 1e-12, not a division by zero)."""
+        if o.bits is None:
+            return 0.0
+        mean, cheapest = (max(self.uniform_stats[x].mean, 1e-12) for x in (o, self.cheapest))
+        return self.sensitivity[i] * mean / cheapest
+
+
+def measure_sensitivities(
+    sizes: Mapping[int, float], options: Sequence[Option], itemsize: int, limits: Mapping[str, float], measure: Measure
+) -> Sensitivities:
+    """Every option uniform, then every layer alone at the cheapest option (step 2)."""
     cheapest = min(options, key=lambda o: o.bytes_per_value(itemsize))
     uniform: list[dict[str, Any]] = []
-    uniform_mean: dict[Option, float] = {}
+    stats_of: dict[Option, KLStats] = {}
     for o in options:
-        stats = measure({i: o for i in sizes}, f"uniform {o.label}")
-        uniform_mean[o] = max(stats.mean, 1e-12)
+        stats = stats_of[o] = measure({i: o for i in sizes}, f"uniform {o.label}")
         uniform.append(
             {
                 "option": o.label,
@@ -301,12 +384,20 @@ def choose_plan(
             }
         )
     sensitivity = {i: measure({i: cheapest}, f"layer {i} alone at {cheapest.label}").mean for i in sizes}
+    return Sensitivities(cheapest, uniform, stats_of, sensitivity)
 
-    def drift(i: int, o: Option) -> float:
-        if o.bits is None:
-            return 0.0
-        return sensitivity[i] * uniform_mean[o] / uniform_mean[cheapest]
 
+def choose_plan(
+    sizes: Mapping[int, float],
+    options: Sequence[Option],
+    itemsize: int,
+    limits: Mapping[str, float],
+    measure: Measure,
+) -> PlanSearch:
+    """Steps 2-5: sensitivities, the greedy with its measured back-off, and the comparison with the
+    uniform plans; `measure(plan, what)` is the plan's statistics on the selection sequences."""
+    sens = measure_sensitivities(sizes, options, itemsize, limits, measure)
+    uniform, drift = sens.uniform, sens.drift
     target = limits["mean"] * TARGET_SHARE
     plan: dict[int, Option] | None = None
     rounds: list[dict[str, Any]] = []
@@ -337,7 +428,7 @@ def choose_plan(
         plain_bytes_per_token=PLAIN_OPTION.bytes_per_value(itemsize) * sum(sizes.values()),
         uniform=uniform,
         rounds=rounds,
-        sensitivity=sensitivity,
+        sensitivity=sens.sensitivity,
         passed_selection=passed,
         chosen="mixed",
         seconds=0.0,

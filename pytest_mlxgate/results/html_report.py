@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PLOTS",
     "history_rows",
+    "html_page",
     "html_report",
     "write_html_report",
 ]
@@ -84,6 +85,11 @@ def html_report(
         "<footer>Written by pytest-mlxgate. Intervals are 95% unless a table says otherwise; hover a "
         "point or bar for its figures.</footer>"
     )
+    return html_page(title, body)
+
+
+def html_page(title: str, body: Sequence[str]) -> str:
+    """One self-contained HTML document: the report's styles, a policy that loads nothing, `body` in order."""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
@@ -390,7 +396,8 @@ svg .bar.ref,svg .ref.swatch{fill:var(--ref)}svg .bar.cand,svg .cand.swatch{fill
 svg .line{fill:none;stroke-width:1.6}svg .line.median{stroke:var(--ref)}svg .line.p90{stroke:var(--cand)}
 svg .median.swatch{fill:var(--ref)}svg .p90.swatch{fill:var(--cand)}svg .flip.swatch{fill:var(--fail)}
 svg .tie.swatch{fill:#b8bfc9}
-svg .point{fill:var(--cand)}svg .point.ref{fill:var(--ref)}
+svg .point{fill:var(--cand)}svg .point.ref{fill:var(--ref)}svg .point.off{fill:#b8bfc9}
+svg .point.answer{fill:var(--pass);stroke:var(--fg)}svg .line.frontier{stroke:var(--cand)}
 svg .err{stroke:#59616d;stroke-width:1.2}svg .err.open{stroke-dasharray:3 2}
 svg .limit{stroke:var(--fail);stroke-width:1.3;stroke-dasharray:5 3}svg .limit-label{fill:var(--fail)}
 svg .limit-mark{fill:none;stroke:var(--fail);stroke-width:1.5}

@@ -52,6 +52,25 @@ def test_the_byte_cost_counts_packed_bits_and_a_scale_and_bias_per_group() -> No
     assert Option(8, 64).bytes_per_value(4) == 1 + 8 / 64
     assert Option(4, 32).bytes_per_value(2) == 0.5 + 4 / 32
     assert PLAIN_OPTION.bytes_per_value(2) == 2
+    assert Option(8, 64, 4).bytes_per_value(2) == (1 + 0.5) / 2 + 4 / 64  # keys at 8 bits, values at 4
+    assert Option(8, 64, 8) == Option(8, 64, 8) and Option(8, 64, 8).label == Option(8, 64).label == "8-bit g64"
+
+
+def test_options_apart_are_every_pair_with_the_keys_wider_and_write_as_the_plan_reads() -> None:
+    """`--apart` adds K>V pairs at each group size that fits; each option's kv_config entry parses to the
+    spec it names (keys and values at their widths), so the plan the search writes serves what it priced."""
+    from pytest_mlxgate.explain.plan_kv import search_options
+    from pytest_mlxgate.serving.kv_plan import parse_kv_value
+
+    alike = search_options([4, 8], [32, 64], {64}, apart=False)
+    assert [o.label for o in alike] == ["4-bit g32", "4-bit g64", "8-bit g32", "8-bit g64"]
+    apart = search_options([4, 6, 8], [64, 128], {64}, apart=True)  # 128 divides no head dim: left out
+    assert [o.label for o in apart] == ["4-bit g64", "6-bit g64", "8-bit g64", "K6/V4 g64", "K8/V4 g64", "K8/V6 g64"]
+    for o in apart:
+        spec = parse_kv_value(o.spec()).default
+        assert spec is not None and (spec.k_bits, spec.v_bits, spec.group_size) == (o.bits, o.v_bits, o.group_size)
+    assert min(apart, key=lambda o: o.bytes_per_value(2)).label == "4-bit g64"
+    assert Option(8, 64, 4).bytes_per_value(2) == Option(6, 64).bytes_per_value(2)  # K8/V4 costs what 6-bit does
 
 
 GATE = """
@@ -486,6 +505,33 @@ def test_a_search_on_a_real_model_measures_each_option_and_layer_and_says_what_i
     assert any(line.strip().startswith("round 1: predicted") for line in lines)
     if result.chosen != "none":  # no verification ran: the summary says the plan is unverified
         assert any("not verified (--no-verify)" in line for line in lines)
+
+
+def test_a_search_apart_measures_each_pair_and_writes_a_plan_that_serves_each_half_at_its_width(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    """With `apart`, K8/V2 is an option beside 2- and 8-bit: measured uniform like them, and the plan
+    written reads back as the widths the search chose for each layer."""
+    import mlx_lm
+
+    from pytest_mlxgate.explain.plan_kv import read_gate, search_kv_plan
+    from pytest_mlxgate.serving.kv_plan import parse_kv_value
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    path = tmp_path / "test_kv_gate.py"
+    path.write_text(GATE)
+    result = search_kv_plan(model, tokenizer, read_gate(path), bits=(2, 8), groups=(64,), selection=2, apart=True)
+    assert [u["option"] for u in result.uniform] == ["2-bit g64", "8-bit g64", "K8/V2 g64"]
+    by_label = {u["option"]: u for u in result.uniform}
+    assert by_label["2-bit g64"]["mean"] > by_label["K8/V2 g64"]["mean"] > by_label["8-bit g64"]["mean"]
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(result.kv_config()))
+    plan = parse_kv_value(plan_file)
+    for i, o in result.layers.items():
+        spec = plan.for_layer(i)
+        assert (None if spec is None else (spec.k_bits, spec.v_bits)) == (
+            None if o.bits is None else (o.bits, o.v_bits)
+        )
 
 
 def test_verify_plan_runs_the_gate_s_kl_tests_on_the_plan_and_reads_their_verdicts(
