@@ -161,6 +161,12 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         help="with --frontier: the least drift within B KV bytes per token (the frontier's table shows each plan's)",
     )
+    p.add_argument(
+        "--long-tokens",
+        metavar="N",
+        type=int,
+        help="the verification's second run, at N tokens (default: 4x the gate's, past a sliding window; 0: none)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip running the gate on the plan (not a verdict)")
 
 
@@ -188,7 +194,10 @@ def _plan(args: argparse.Namespace) -> int:
 
     try:
         from .explain.plan_frontier import frontier_page, frontier_table, search_frontier
-        from .explain.plan_kv import check_search_options, plan_summary, read_gate, search_kv_plan, verify_plan
+        from .explain.plan_gate import read_gate
+        from .explain.plan_kv import check_search_options, plan_summary, search_kv_plan
+        from .explain.plan_verify import long_context, verify_plan
+        from .serving.caches import sliding_window
 
         check_search_options(bits, groups, args.selection)  # before the gate and the model load
         cwd = Path.cwd()
@@ -225,7 +234,10 @@ def _plan(args: argparse.Namespace) -> int:
     if not args.no_verify and (result.answer is not None if args.frontier else result.chosen != "none"):
         print(f"plan kv: verifying: {gate.path.name} with {unverified} as its candidate", file=sys.stderr, flush=True)
         report = args.out.with_suffix(".gate-report.json")
-        result.verification = verify_plan(gate, unverified.resolve(), candidate=args.model, report=report)
+        long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
+        result.verification = verify_plan(
+            gate, unverified.resolve(), candidate=args.model, report=report, long=long or None
+        )
     atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
     if args.frontier:
         page = args.out.with_suffix(".frontier.html")
@@ -249,6 +261,8 @@ def _frontier_problem(args: argparse.Namespace) -> str | None:
         return "--budget-bytes picks a plan from the frontier: add --frontier"
     if args.frontier and args.points < 1:
         return f"--points {args.points}: give at least 1 plan to measure along the frontier (default 8)"
+    if args.long_tokens is not None and args.long_tokens < 0:
+        return f"--long-tokens {args.long_tokens}: give the long verification's tokens, or 0 for none"
     if args.budget_bytes is not None and not args.budget_bytes > 0:
         return f"--budget-bytes {args.budget_bytes:g}: give the KV bytes per token a plan may take, above 0"
     return None

@@ -24,10 +24,10 @@ from ..results.html_parts import figure
 from ..results.html_report import html_page
 from ..results.svg import Figure, esc, message
 from ..stats.kl_stats import KLStats
+from .plan_gate import GateSpec
 from .plan_kv import (
     PLAIN_OPTION,
     SELECTION_SEQUENCES,
-    GateSpec,
     Measure,
     Option,
     _bytes,
@@ -36,6 +36,7 @@ from .plan_kv import (
     measure_sensitivities,
     selection_arms,
 )
+from .plan_verify import verification_lines
 
 __all__ = [
     "DEFAULT_POINTS",
@@ -323,10 +324,8 @@ def frontier_table(frontier: Frontier) -> list[str]:
         )
     lines.append("  (* on the frontier: no measured plan has fewer bytes and a lower mean bound; > the answer)")
     lines.extend(f"  note: {n}" for n in frontier.notes)
-    v = frontier.verification
-    if v is not None:
-        word = "VERIFIED: passes" if v["verified"] else "NOT verified: does not pass"
-        lines.append(f"  {word} the gate on its own (held-out) prompts: {v['verdicts']}")
+    if frontier.verification is not None:
+        lines.extend(verification_lines(frontier.verification))
     elif frontier.answer is not None:
         lines.append("  not verified (--no-verify): measured on the selection only; run the gate on it before use")
     lines.append(f"  took {frontier.seconds:.0f} s")

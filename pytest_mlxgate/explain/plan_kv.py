@@ -20,12 +20,8 @@ byte, a measured check that backs off, and a verification run of the gate itself
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,21 +33,19 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..common.gate_calls import declared_limits
 from ..errors import MlxgateUsageError, PromptsError
 from ..kl.arms import run_candidate, run_reference
 from ..kl.assertions import kl_checks
 from ..kl.prompts import build_sequences, default_prompts, texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
-from ..levers.parsing import lever_from_marker
-from ..results.merge import MergeError, read_report
-from ..results.model import Record
 from ..serving.caches import quantized_form
 from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
 from ..stats.kl_stats import KLStats, summarize
+from .plan_gate import GateSpec
+from .plan_verify import verification_lines
 
-__all__ = ["GateSpec", "Option", "PlanSearch", "greedy_plan", "read_gate", "search_kv_plan", "verify_plan"]
+__all__ = ["Option", "PlanSearch", "greedy_plan", "search_kv_plan"]
 
 #: The greedy stops once the predicted mean KL is this share of the gate's mean limit: room for the
 #: interval and for drifts that do not add up.
@@ -111,61 +105,6 @@ def search_options(bits: Sequence[int], groups: Sequence[int], dims: set[int], *
 
 
 PLAIN_OPTION = Option(None)
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    """What the search needs of a gate module: its KV lever, sizes and mean/p99/top-1 limits."""
-
-    path: Path
-    lever: Lever
-    prompts: int
-    tokens: int
-    decode: int
-    limits: Mapping[str, float]
-    kl_tests: tuple[str, ...]
-
-
-def read_gate(path: Path, *, model: str | None = None) -> GateSpec:
-    """Import the gate module and read its `mlx_lever`/`mlx_kl` marks and `assert_kl_below` limits (a
-    `models=` entry for `model` replaces the gate's own). MlxgateUsageError when it is no KV gate."""
-    if not path.is_file():
-        raise MlxgateUsageError(f"--gate {path}: no such file; give a gate module, e.g. gates/test_kv_cache.py")
-    spec = importlib.util.spec_from_file_location(f"_mlxgate_plan_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    marks = getattr(module, "pytestmark", [])
-    marks = marks if isinstance(marks, list) else [marks]
-    lever_mark = next((m.mark for m in marks if getattr(m, "name", "") == "mlx_lever"), None)
-    if lever_mark is None:
-        raise MlxgateUsageError(f"{path} declares no mlx_lever: give a KV gate module")
-    lever = lever_from_marker(lever_mark, base_dir=path.parent)
-    if lever.kind != "kv":
-        raise MlxgateUsageError(f"{path}'s lever {lever.name!r} is a {lever.kind} lever: `plan kv` searches KV plans")
-    if not lever.kv_plan("reference").is_plain:
-        raise MlxgateUsageError(f"{path}'s reference arm is not the plain cache: the search prices plans against it")
-    kl_mark = next((m.mark for m in marks if getattr(m, "name", "") == "mlx_kl"), None)
-    sizes = dict(kl_mark.kwargs) if kl_mark is not None else {}
-    found, _ = declared_limits(path, {"assert_kl_below"})
-    limits: dict[str, float] = {}
-    for limit in found:
-        if limit.model is None:
-            limits.setdefault(limit.key, limit.value)
-    for limit in found:
-        if limit.model is not None and limit.model == model:
-            limits[limit.key] = limit.value
-    if "mean" not in limits:
-        raise MlxgateUsageError(f"{path} asserts no mean KL limit (assert_kl_below(paired, mean=...)): nothing to meet")
-    return GateSpec(
-        path=path,
-        lever=lever,
-        prompts=int(sizes.get("prompts", 64)),
-        tokens=int(sizes.get("tokens", 256)),
-        decode=int(sizes.get("decode", 32)),
-        limits=limits,
-        kl_tests=tuple(sorted({limit.test for limit in found})),
-    )
 
 
 @dataclass
@@ -452,51 +391,6 @@ def choose_plan(
     return result
 
 
-def verify_plan(gate: GateSpec, plan_file: Path, *, candidate: str | None, report: Path) -> dict[str, Any]:
-    """Run the gate's KL tests under pytest with `plan_file` as the candidate, on the gate's own prompts;
-    the verdicts of its records, and the command (what a reader re-runs)."""
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(gate.path),
-        "-q",
-        "-p",
-        "no:randomly",
-        f"--mlx-lever={gate.lever.name}",
-        "--mlx-ref-value=plain",
-        f"--mlx-cand-value={plan_file}",
-        f"--mlx-report={report}",
-        "--mlx-db=off",
-        "--mlx-speed=off",
-        "--mlx-explain-budget=0",
-        "-k",
-        " or ".join(gate.kl_tests),
-    ]
-    if candidate:
-        command.append(f"--mlx-candidate={candidate}")
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    records = _report_records(report)
-    verdicts = {r.nodeid: r.verdict for r in records}
-    verified = bool(verdicts) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
-    return {
-        "command": " ".join(command[2:]),
-        "verdicts": verdicts,
-        "verified": verified,
-        "checks": [c.to_json() for r in records for c in r.checks],
-        "exit": done.returncode,
-        "output_tail": done.stdout[-2000:] if not verified else "",
-    }
-
-
-def _report_records(report: Path) -> list[Record]:
-    """The gate records of the verifying run's JSON report; none where it wrote no readable report."""
-    try:
-        return read_report(report).gates
-    except MergeError:
-        return []
-
-
 def _verdicts(stats: KLStats, limits: Mapping[str, float]) -> str:
     checks = kl_checks(stats.to_json(), dict(limits))
     verdicts = {c["verdict"] for c in checks}
@@ -566,10 +460,8 @@ def plan_summary(result: PlanSearch) -> list[str]:
             f"{result.selection} selection sequences"
         )
     lines.extend(f"  note: {n}" for n in result.notes)
-    v = result.verification
-    if v is not None:
-        word = "VERIFIED: passes" if v["verified"] else "NOT verified: does not pass"
-        lines.append(f"  {word} the gate on its own (held-out) prompts: {v['verdicts']}")
+    if result.verification is not None:
+        lines.extend(verification_lines(result.verification))
     elif result.chosen != "none":
         lines.append("  not verified (--no-verify): passed on the selection only; run the gate on it before use")
     lines.append(f"  took {result.seconds:.0f} s")

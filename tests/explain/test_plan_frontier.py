@@ -196,7 +196,7 @@ def test_a_frontier_on_a_real_model_measures_plans_apart_and_alike(tiny_kv_model
     import mlx_lm
 
     from pytest_mlxgate.explain.plan_frontier import search_frontier
-    from pytest_mlxgate.explain.plan_kv import read_gate
+    from pytest_mlxgate.explain.plan_gate import read_gate
 
     model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
     path = tmp_path / "test_kv_gate.py"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.errors import MlxgateUsageError
+from pytest_mlxgate.explain.plan_gate import read_gate
 from pytest_mlxgate.explain.plan_kv import (
     MAX_ROUNDS,
     PLAIN_OPTION,
@@ -25,7 +26,6 @@ from pytest_mlxgate.explain.plan_kv import (
     choose_plan,
     greedy_plan,
     plan_summary,
-    read_gate,
 )
 
 FOUR, SIX, EIGHT = Option(4, 64), Option(6, 64), Option(8, 64)
@@ -547,16 +547,64 @@ def test_the_summary_of_an_unverified_plan_says_every_figure_and_that_it_is_unve
     ]
 
 
-@pytest.mark.parametrize(("verified", "word"), [(True, "VERIFIED: passes"), (False, "NOT verified: does not pass")])
-def test_the_summary_of_a_verified_plan_ends_with_the_gate_s_verdicts(verified: bool, word: str) -> None:
+MEAN_CHECK = {"key": "mean", "value": 1e-3, "lower": 5e-4, "upper": 1.5e-3, "limit": 2e-3, "direction": "max"}
+
+
+@pytest.mark.parametrize(
+    ("verified", "words"),
+    [
+        (True, ["VERIFIED: passes the gate on its own (held-out) prompts at 128 tokens: {v} (not checked at a "
+                "long context: --long-tokens 0)"]),
+        (False, ["NOT verified: does not pass the gate on its own (held-out) prompts at 128 tokens: {v}",
+                 "  mean 0.001 [bound 0.0015 vs 0.002] fail"]),
+    ],
+)  # fmt: skip
+def test_the_summary_of_a_verified_plan_ends_with_the_gate_s_verdicts(verified: bool, words: list[str]) -> None:
     verdicts = {"g.py::test_drift": "pass" if verified else "fail"}
-    lines = plan_summary(_search(verification={"verified": verified, "verdicts": verdicts}, chosen="none"))
-    assert lines[1:] == [
-        *ROUNDS_AND_UNIFORM,
-        f"  {word} the gate on its own (held-out) prompts: {verdicts}",
-        "  took 13 s",
-    ]
+    check = {**MEAN_CHECK, "verdict": "pass" if verified else "fail"}
+    verification = {"verified": verified, "verdicts": verdicts, "tokens": 128, "checks": [check]}
+    lines = plan_summary(_search(verification=verification, chosen="none"))
+    assert lines[1:] == [*ROUNDS_AND_UNIFORM, *(f"  {w.format(v=verdicts)}" for w in words), "  took 13 s"]
     assert lines[0].startswith("plan (none): 2 layers 4-bit g64")
+
+
+def test_a_plan_that_passes_short_and_fails_long_is_not_verified_and_both_figures_are_said() -> None:
+    from pytest_mlxgate.explain.plan_verify import verification_lines
+
+    short = {"g.py::test_drift": "pass"}
+    long = {"verified": False, "verdicts": {"g.py::test_drift": "fail"}, "tokens": 512}
+    long["checks"] = [{**MEAN_CHECK, "value": 3e-3, "upper": 4e-3, "verdict": "fail"}]
+    v = {
+        "verified": False,
+        "verdicts": short,
+        "tokens": 128,
+        "checks": [{**MEAN_CHECK, "verdict": "pass"}],
+        "long": long,
+    }
+    assert verification_lines(v) == [
+        "  NOT verified: passes the gate at 128 tokens but not at 512 tokens: a plan for short contexts only, "
+        "not returned",
+        "    at 128 tokens: mean 0.001 [bound 0.0015 vs 0.002] pass",
+        "    at 512 tokens: mean 0.003 [bound 0.004 vs 0.002] fail",
+    ]
+    long_passes = {**long, "verified": True, "verdicts": {"g.py::test_drift": "pass"}}
+    assert verification_lines({**v, "verified": True, "long": long_passes}) == [
+        f"  VERIFIED: passes the gate on its own (held-out) prompts at 128 tokens: {short}; and at 512 tokens: "
+        f"{long_passes['verdicts']}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "decode", "window", "long"), [(128, 32, None, 512), (128, 32, 1024, 1056), (8, 4, 16, 32)]
+)
+def test_the_long_context_is_four_times_the_gate_s_and_past_the_window(
+    tokens: int, decode: int, window: int | None, long: int, tmp_path: Path
+) -> None:
+    from pytest_mlxgate.explain.plan_verify import long_context
+
+    marks = f"pytestmark = [{KV}, pytest.mark.mlx_kl(prompts=4, tokens={tokens}, decode={decode})]\n\n"
+    path = _gate(tmp_path, marks + "def test_drift(paired):\n    assert_kl_below(paired, mean=0.1)\n")
+    assert long_context(read_gate(path), window) == long
 
 
 def test_the_summary_when_nothing_was_chosen_claims_no_plan_and_zero_bytes_read_as_nan() -> None:

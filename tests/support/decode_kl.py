@@ -18,7 +18,8 @@ PROMPTS = [
 def load(path: Path) -> tuple[Any, Any]:
     import mlx_lm
 
-    return mlx_lm.load(str(path))
+    model, tokenizer = mlx_lm.load(str(path))[:2]
+    return model, tokenizer
 
 
 def decode_kls(model: Any, tok: Any, plan: Any, other: Any, steps: int = 4) -> list[float]:

@@ -1,0 +1,135 @@
+"""A plan's verdict: the gate itself, run on its own (held-out) prompts with the plan as its candidate, at
+the gate's length and at a long context.
+
+A plan chosen on 128-token sequences says nothing of 2,000 tokens: quantization error accumulates over
+the positions attention reads, and on a windowed model (gemma's sliding layers) nothing before the window
+wraps exercises the quantized ring buffer's rotation. So once the plan passes at the gate's length, the
+gate runs again at `long_context` tokens (`LONG_FACTOR` x its own, and past the sliding window on a
+windowed model); the plan is verified only when both pass, and a plan that passes short and fails long
+is reported with both figures, never returned as the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..results.merge import MergeError, read_report
+from ..results.model import Record
+from .plan_gate import GateSpec
+
+__all__ = ["LONG_FACTOR", "long_context", "verification_lines", "verify_plan"]
+
+#: The long verification's length, as a multiple of the gate's tokens.
+LONG_FACTOR = 4
+
+
+def long_context(gate: GateSpec, window: int | None) -> int:
+    """`LONG_FACTOR` x the gate's tokens, and at least the sliding window plus the decode steps on a
+    windowed model (so every decoded token reads a window that has wrapped)."""
+    tokens = LONG_FACTOR * gate.tokens
+    return max(tokens, window + gate.decode) if window is not None else tokens
+
+
+def verify_plan(
+    gate: GateSpec, plan_file: Path, *, candidate: str | None, report: Path, long: int | None = None
+) -> dict[str, Any]:
+    """Run the gate's KL tests under pytest with `plan_file` as the candidate, on the gate's own prompts:
+    the verdicts of its records, their checks and the command (what a reader re-runs). With `long`, a plan
+    that passes runs again at that many tokens (`"long"`: the same fields); verified only when both pass."""
+    short = _run_gate(gate, plan_file, candidate=candidate, report=report, tokens=None)
+    short["tokens"] = gate.tokens
+    if long is None or not short["verified"]:
+        return short
+    at_length = report.with_name(f"{report.stem}.long{report.suffix or '.json'}")
+    longer = _run_gate(gate, plan_file, candidate=candidate, report=at_length, tokens=long)
+    return {**short, "verified": bool(longer["verified"]), "long": {**longer, "tokens": long}}
+
+
+def _run_gate(
+    gate: GateSpec, plan_file: Path, *, candidate: str | None, report: Path, tokens: int | None
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(gate.path),
+        "-q",
+        "-p",
+        "no:randomly",
+        f"--mlx-lever={gate.lever.name}",
+        "--mlx-ref-value=plain",
+        f"--mlx-cand-value={plan_file}",
+        f"--mlx-report={report}",
+        "--mlx-db=off",
+        "--mlx-speed=off",
+        "--mlx-explain-budget=0",
+        "-k",
+        " or ".join(gate.kl_tests),
+    ]
+    if tokens is not None:
+        command.append(f"--mlx-kl-tokens={tokens}")
+    if candidate:
+        command.append(f"--mlx-candidate={candidate}")
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    records = _report_records(report)
+    verdicts = {r.nodeid: r.verdict for r in records}
+    verified = bool(verdicts) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
+    return {
+        "command": " ".join(command[2:]),
+        "verdicts": verdicts,
+        "verified": verified,
+        "checks": [c.to_json() for r in records for c in r.checks],
+        "exit": done.returncode,
+        "output_tail": done.stdout[-2000:] if not verified else "",
+    }
+
+
+def _report_records(report: Path) -> list[Record]:
+    """The gate records of the verifying run's JSON report; none where it wrote no readable report."""
+    try:
+        return read_report(report).gates
+    except MergeError:
+        return []
+
+
+def check_figures(checks: Sequence[Mapping[str, Any]]) -> str:
+    """`mean 1.05e-3 [bound 1.57e-3 vs 2e-3] pass; ...`: each check's figure, the bound it compares and
+    its limit, in a line."""
+    parts = []
+    for c in checks:
+        bound = c.get("upper") if c.get("direction") == "max" else c.get("lower")
+        shown = "-" if bound is None else f"{bound:.3g}"
+        value = "-" if c.get("value") is None else f"{c['value']:.3g}"
+        parts.append(f"{c.get('key')} {value} [bound {shown} vs {c.get('limit'):g}] {c.get('verdict')}")
+    return "; ".join(parts) or "no checks"
+
+
+def verification_lines(v: Mapping[str, Any]) -> list[str]:
+    """The verification in words: its verdict at the gate's length, and at the long context (both
+    figures when one of them failed)."""
+    short_tokens = v.get("tokens")
+    at = f" at {short_tokens} tokens" if short_tokens is not None else ""
+    long = v.get("long")
+    if v["verified"]:
+        line = f"  VERIFIED: passes the gate on its own (held-out) prompts{at}: {v['verdicts']}"
+        if long is not None:
+            line += f"; and at {long['tokens']} tokens: {long['verdicts']}"
+        else:
+            line += " (not checked at a long context: --long-tokens 0)"
+        return [line]
+    if long is None:
+        return [
+            f"  NOT verified: does not pass the gate on its own (held-out) prompts{at}: {v['verdicts']}",
+            f"    {check_figures(v.get('checks', []))}",
+        ]
+    return [
+        f"  NOT verified: passes the gate{at} but not at {long['tokens']} tokens: a plan for short contexts "
+        "only, not returned",
+        f"    at {short_tokens} tokens: {check_figures(v.get('checks', []))}",
+        f"    at {long['tokens']} tokens: {check_figures(long.get('checks', []))}",
+    ]
