@@ -248,9 +248,10 @@ def trace(
     greedy_plan(sizes, options, sens.drift, target=0.0, start=start, itemsize=itemsize, path=path)
     predicted = [sum(sens.drift(i, o) for i, o in plan.items()) for plan in path]
     chosen: list[int] = []
-    for level in frontier_levels(predicted[0], points):
+    for level in frontier_levels(predicted[0], points + 1)[1:]:  # the cheapest plan itself is uniform
         step = next((k for k, p in enumerate(predicted) if p <= level), None)
-        if step is not None and step not in chosen and predicted[step] > 0:  # all plain is the reference itself
+        uniform = step is not None and len(set(path[step].values())) == 1  # measured above (or plain: no drift)
+        if step is not None and step not in chosen and not uniform:
             chosen.append(step)
     for step in chosen:
         plan = path[step]

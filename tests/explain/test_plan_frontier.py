@@ -97,6 +97,8 @@ def test_the_trace_measures_the_uniform_plans_and_points_along_the_path_and_answ
     assert whats[:3] == ["uniform 4-bit g64", "uniform 8-bit g64", "uniform K8/V4 g64"]
     assert sum(w.startswith("frontier: path step") for w in whats) == len(frontier.points) - 3 > 0
     sources = [p.source for p in frontier.points]
+    path_points = [p for p in frontier.points if p.source.startswith("path")]
+    assert all(len(set(p.layers.values())) > 1 for p in path_points)  # uniform plans are measured once, above
     assert {"uniform 4-bit g64", "uniform 8-bit g64", "uniform K8/V4 g64"} <= set(sources)
     assert [p.bytes_per_token for p in frontier.points] == sorted(p.bytes_per_token for p in frontier.points)
     for p in frontier.points:  # each point is what was measured of its own plan
@@ -203,7 +205,7 @@ def test_a_frontier_on_a_real_model_measures_plans_apart_and_alike(tiny_kv_model
     path.write_text(GATE)
     said: list[str] = []
     frontier = search_frontier(
-        model, tokenizer, read_gate(path), bits=(2, 8), groups=(64,), selection=2, apart=True, points=3, say=said.append
+        model, tokenizer, read_gate(path), bits=(2, 8), groups=(64,), selection=2, apart=True, points=8, say=said.append
     )
     assert frontier.selection == 2 and frontier.seconds > 0
     assert {"uniform 2-bit g64", "uniform 8-bit g64", "uniform K8/V2 g64"} <= {p.source for p in frontier.points}
