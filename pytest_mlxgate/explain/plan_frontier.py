@@ -347,7 +347,7 @@ def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontie
         plot = figure("frontier", "No plan was measured.", message("no plan measured", label="frontier"))
     else:
         fig = Figure(
-            x=(0.0, max(1.0, max(p.bytes_per_token for p in points) / plain) * 1.02),
+            x=(0.0, max(p.bytes_per_token for p in points) / plain * 1.08),
             y=(min(ys) / 2, max(ys) * 2),
             ylog=True,
             height=300,
@@ -368,7 +368,8 @@ def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontie
                 f"[{p.mean_ci[0]:.3g}, {p.mean_ci[1]:.3g}]; {p.verdict} on the selection"
             )
             low = p.mean_ci[0] if p.mean_ci[0] > 0 else None
-            fig.points([(p.bytes_per_token / plain, p.mean if p.mean > 0 else None, low, p.mean_ci[1], tip)], cls=cls)
+            mark = [(p.bytes_per_token / plain, p.mean if p.mean > 0 else None, low, p.mean_ci[1], tip)]
+            fig.points(mark, cls=cls, r=5.0 if p is frontier.answer else 3.0)
         plot = figure(
             "frontier",
             f"Each plan measured on {frontier.selection} selection sequences: mean KL and its 95% interval against "
