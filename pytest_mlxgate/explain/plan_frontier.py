@@ -15,7 +15,6 @@ verify it on its own prompts, as `plan kv` does.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,7 +33,7 @@ from .plan_kv import (
     _verdicts,
     greedy_plan,
     measure_sensitivities,
-    selection_arms,
+    timed_search,
 )
 from .plan_verify import verification_lines
 
@@ -206,17 +205,19 @@ def search_frontier(
     say: Callable[[str], None] = lambda _: None,
 ) -> Frontier:
     """`trace` on `model`, each plan measured on the selection sequences (`plan_kv.selection_arms`)."""
-    started = time.perf_counter()
-    with selection_arms(
-        model, tokenizer, gate, bits=bits, groups=groups, selection=selection, apart=apart, say=say
-    ) as arms:
-        space, measure = arms
-        frontier = trace(
+    return timed_search(
+        model,
+        tokenizer,
+        gate,
+        lambda space, measure: trace(
             space.sizes, space.options, space.itemsize, gate.limits, measure, points=points, budget_bytes=budget_bytes
-        )
-        frontier.selection = space.selection
-    frontier.seconds = time.perf_counter() - started
-    return frontier
+        ),
+        bits=bits,
+        groups=groups,
+        selection=selection,
+        apart=apart,
+        say=say,
+    )
 
 
 def trace(

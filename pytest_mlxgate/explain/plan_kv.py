@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -219,13 +219,48 @@ def search_kv_plan(
     """The search on `model`: its layers' sizes, the selection sequences and their reference arm, then
     `choose_plan` with a measurement of each plan on those sequences (`apart`: keys and values may take
     widths of their own, `search_options`)."""
+    return timed_search(
+        model,
+        tokenizer,
+        gate,
+        lambda space, measure: choose_plan(space.sizes, space.options, space.itemsize, gate.limits, measure),
+        bits=bits,
+        groups=groups,
+        selection=selection,
+        apart=apart,
+        say=say,
+    )
+
+
+class Searched(Protocol):
+    """What a search returns (`PlanSearch`, `plan_frontier.Frontier`): it says how it was judged and timed."""
+
+    selection: int
+    seconds: float
+
+
+S = TypeVar("S", bound=Searched)
+
+
+def timed_search(
+    model: Any,
+    tokenizer: Any,
+    gate: GateSpec,
+    search: Callable[[SearchSpace, Measure], S],
+    *,
+    bits: Sequence[int],
+    groups: Sequence[int],
+    selection: int,
+    apart: bool,
+    say: Callable[[str], None],
+) -> S:
+    """`search(space, measure)` inside `selection_arms`, its selection count and seconds (setup included) set."""
     started = time.perf_counter()
     with selection_arms(
         model, tokenizer, gate, bits=bits, groups=groups, selection=selection, apart=apart, say=say
     ) as arms:
-        space, measure = arms
-        result = choose_plan(space.sizes, space.options, space.itemsize, gate.limits, measure)
-        result.selection = space.selection
+        result = search(*arms)
+        result.selection = arms[0].selection
     result.seconds = time.perf_counter() - started
     return result
 
