@@ -15,7 +15,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .config.names import CandidateSpec, find_pyproject, load_aliases, parse_name
 from .config.options import cache_dir_arg, endpoint_arg
@@ -36,10 +35,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "new-gate":
         return _new_gate(args)
     if args.command == "plan":
+        from .plan_cli import main as plan_main
+
         try:
-            return _plan(args)
-        except KeyboardInterrupt:  # the search or its verification: nothing half-written (see _plan)
-            print(f"\nmlxgate plan kv: interrupted; {args.out} was not written", file=sys.stderr)
+            return plan_main(args)
+        except KeyboardInterrupt:  # the search or its verification: nothing half-written (see plan_cli)
+            print(f"\nmlxgate plan {args.kind}: interrupted; {args.out} was not written", file=sys.stderr)
             return 130
     try:
         spec = _spec(args)
@@ -137,14 +138,37 @@ def _new_gate(args: argparse.Namespace) -> int:
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    help_ = "search the cheapest KV plan that passes a KV gate, then verify it by running the gate"
-    p = sub.add_parser("plan", help=help_, description=help_ + " (pytest_mlxgate.explain.plan_kv)")
-    p.add_argument("kind", choices=("kv",), help="what is planned: kv (a kv_config.json)")
-    p.add_argument("--gate", metavar="FILE", type=Path, required=True, help="the KV gate, e.g. gates/test_kv_cache.py")
+    help_ = "search the cheapest KV or weight plan that passes a KV or weights gate, then verify it by running the gate"
+    p = sub.add_parser("plan", help=help_, description=help_ + " (pytest_mlxgate.explain.plan_kv, .plan_weights)")
+    p.add_argument(
+        "kind",
+        choices=("kv", "weights"),
+        help="what is planned: kv (a kv_config.json), weights (mlx_lm's quantization block, weights_config.json)",
+    )
+    p.add_argument(
+        "--gate",
+        metavar="FILE",
+        type=Path,
+        required=True,
+        help="the gate, e.g. gates/test_kv_cache.py (kv), gates/test_weights_8bit.py (weights)",
+    )
     p.add_argument("--model", metavar="NAME", help="the model (as --mlx-candidate; default: the embedded model)")
-    p.add_argument("--out", metavar="FILE", type=Path, default=Path("kv_config.json"), help="where the plan goes")
-    p.add_argument("--bits", metavar="B,B", default="4,6,8", help="bit widths a layer may take (default 4,6,8)")
-    p.add_argument("--group-sizes", metavar="G,G", default="32,64", help="group sizes (default 32,64)")
+    p.add_argument(
+        "--out", metavar="FILE", type=Path, help="where the plan goes (default kv_config.json, weights_config.json)"
+    )
+    p.add_argument("--bits", metavar="B,B", help="bit widths a layer may take (default kv 4,6,8; weights 2,3,4,6,8)")
+    p.add_argument("--group-sizes", metavar="G,G", help="group sizes (default kv 32,64; weights 32,64,128)")
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        type=Path,
+        help="weights: once verified, write the quantized model there (what mlx_lm.load opens)",
+    )
+    p.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="weights: skip measuring mlx_lm's recipes and dynamic_quant beside the plan at equal bytes",
+    )
     p.add_argument("--selection", metavar="N", type=int, default=6, help="selection sequences (default 6)")
     p.add_argument(
         "--apart", action="store_true", help="keys and values may take widths of their own (K8/V4: keys wider)"
@@ -168,104 +192,6 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the verification's second run, at N tokens (default: 4x the gate's, past a sliding window; 0: none)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip running the gate on the plan (not a verdict)")
-
-
-def _plan(args: argparse.Namespace) -> int:
-    import json
-
-    try:
-        bits = tuple(int(b) for b in args.bits.split(","))
-        groups = tuple(int(g) for g in args.group_sizes.split(","))
-    except ValueError:
-        print("mlxgate: error: --bits and --group-sizes take comma-separated whole numbers, e.g. 4,8", file=sys.stderr)
-        return EXIT_USAGE
-    from .common.atomic import unwritable as unwritable_at
-
-    unwritable = unwritable_at(args.out)
-    if unwritable is not None:  # found now, not after a search of many minutes
-        print(f"mlxgate: error: --out {args.out}: {unwritable}; give a file in a folder you can write", file=sys.stderr)
-        return EXIT_USAGE
-    frontier_problem = _frontier_problem(args)
-    if frontier_problem is not None:
-        print(f"mlxgate: error: {frontier_problem}", file=sys.stderr)
-        return EXIT_USAGE
-    from .models.loaded import load_mlx
-    from .models.materialize import materialize
-
-    try:
-        from .explain.plan_frontier import frontier_page, frontier_table, search_frontier
-        from .explain.plan_gate import read_gate
-        from .explain.plan_kv import check_search_options, plan_summary, search_kv_plan
-        from .explain.plan_verify import long_context, verify_plan
-        from .serving.caches import sliding_window
-
-        check_search_options(bits, groups, args.selection)  # before the gate and the model load
-        cwd = Path.cwd()
-        spec = parse_name(
-            args.model or "smollm2-135m", aliases=load_aliases(find_pyproject(cwd)), base_dir=cwd, role="model"
-        )
-        gate = read_gate(args.gate.resolve(), model=args.model)
-        snap = materialize(spec, offline=True)
-        model, tokenizer = load_mlx(snap)
-        asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, apart=args.apart)
-        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-        result: Any = (
-            search_frontier(
-                model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=say, **asked
-            )
-            if args.frontier
-            else search_kv_plan(model, tokenizer, gate, say=say, **asked)
-        )
-    except MlxgateUsageError as e:
-        print(f"mlxgate: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as e:
-        if not _is_expected(e):
-            raise
-        print(f"mlxgate: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    from .common.atomic import atomic_write_bytes
-
-    # --out holds a verified plan or none: the plan is verified from a file beside it, moved there once the
-    # gate passes it (an interrupted or failed verification leaves --out as it was)
-    plan = (json.dumps(result.kv_config(), indent=1) + "\n").encode()
-    unverified = args.out.with_name(f"{args.out.stem}.unverified{args.out.suffix or '.json'}")
-    atomic_write_bytes(unverified, plan)
-    if not args.no_verify and (result.answer is not None if args.frontier else result.chosen != "none"):
-        print(f"plan kv: verifying: {gate.path.name} with {unverified} as its candidate", file=sys.stderr, flush=True)
-        report = args.out.with_suffix(".gate-report.json")
-        long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
-        result.verification = verify_plan(
-            gate, unverified.resolve(), candidate=args.model, report=report, long=long or None
-        )
-    atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
-    if args.frontier:
-        page = args.out.with_suffix(".frontier.html")
-        atomic_write_bytes(page, frontier_page(result).encode(), new_mode=0o644)
-        print(f"plan kv: the frontier plotted in {page}", file=sys.stderr)
-    for line in frontier_table(result) if args.frontier else plan_summary(result):
-        print(line, file=sys.stderr)
-    if result.succeeded:
-        unverified.replace(args.out)
-        print(args.out)
-        return EXIT_OK
-    nothing = result.answer is None if args.frontier else result.chosen == "none"
-    why = "no plan passed the gate's limits on the selection" if nothing else "not verified"
-    print(f"plan kv: {why}: the plan stays at {unverified}; {args.out} was not written", file=sys.stderr)
-    return EXIT_FAILED
-
-
-def _frontier_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with --frontier's options, said before the search starts; None when nothing is."""
-    if args.budget_bytes is not None and not args.frontier:
-        return "--budget-bytes picks a plan from the frontier: add --frontier"
-    if args.frontier and args.points < 1:
-        return f"--points {args.points}: give at least 1 plan to measure along the frontier (default 8)"
-    if args.long_tokens is not None and args.long_tokens < 0:
-        return f"--long-tokens {args.long_tokens}: give the long verification's tokens, or 0 for none"
-    if args.budget_bytes is not None and not args.budget_bytes > 0:
-        return f"--budget-bytes {args.budget_bytes:g}: give the KV bytes per token a plan may take, above 0"
-    return None
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:

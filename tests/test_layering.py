@@ -53,6 +53,10 @@ LAZY: dict[str, tuple[tuple[str, ...], str]] = {
         "the `mlxgate` console script: each subcommand imports its implementation "
         "when it runs, so `mlxgate history` loads neither mlx nor httpx",
     ),
+    "pytest_mlxgate.plan_cli": (
+        ("*",),
+        "`mlxgate plan kv|weights`: the search (mlx) loads when a plan is asked for, not with `mlxgate history`",
+    ),
     "pytest_mlxgate.history_cli": (
         ("*",),
         "`mlxgate history/trend/merge/report`: each loads the readers it uses (the HTML report, merge) when it runs",

@@ -24,7 +24,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +45,7 @@ from ..stats.kl_stats import KLStats, summarize
 from .plan_gate import GateSpec
 from .plan_verify import verification_lines
 
-__all__ = ["Option", "PlanSearch", "greedy_plan", "search_kv_plan"]
+__all__ = ["Option", "PlanSearch", "greedy_plan", "measured_rounds", "search_kv_plan"]
 
 #: The greedy stops once the predicted mean KL is this share of the gate's mean limit: room for the
 #: interval and for drifts that do not add up.
@@ -152,20 +152,25 @@ class PlanSearch:
         }
 
 
+#: What a plan gives an option to: a cached layer's index (KV plans), a module's path (weight plans).
+U = TypeVar("U", bound=Hashable)
+
+
 def greedy_plan(
-    sizes: Mapping[int, float],
+    sizes: Mapping[U, float],
     options: Sequence[Option],
-    drift: Callable[[int, Option], float],
+    drift: Callable[[U, Option], float],
     *,
     target: float,
-    start: Mapping[int, Option] | None = None,
+    start: Mapping[U, Option] | None = None,
     itemsize: int,
-    path: list[dict[int, Option]] | None = None,
-) -> dict[int, Option]:
+    path: list[dict[U, Option]] | None = None,
+) -> dict[U, Option]:
     """From `start` (default: every layer at the cheapest option), upgrade the layer whose next dearer
     option removes the most predicted drift per byte, until the predicted total is <= `target`.
-    `sizes`: values per token per layer; `drift(layer, option)`: its predicted drift (plain: 0); `path`
-    receives the plan after each upgrade (the predicted frontier, `explain.plan_frontier`)."""
+    `sizes`: values per token per layer (weights per module); `drift(layer, option)`: its predicted drift
+    (plain: 0; an option a layer cannot take: inf, never bought); `path` receives the plan after each
+    upgrade (the predicted frontier, `explain.plan_frontier`)."""
     choices = sorted([*options, PLAIN_OPTION], key=lambda o: o.bytes_per_value(itemsize))
     plan = dict(start) if start is not None else {i: choices[0] for i in sizes}
 
@@ -173,7 +178,7 @@ def greedy_plan(
         return sum(drift(i, o) for i, o in plan.items())
 
     while total() > target:
-        best: tuple[float, int, Option] | None = None
+        best: tuple[float, U, Option] | None = None
         for i, now in plan.items():
             cost_now, drift_now = now.bytes_per_value(itemsize) * sizes[i], drift(i, now)
             for o in choices:
@@ -371,31 +376,8 @@ def choose_plan(
     """Steps 2-5: sensitivities, the greedy with its measured back-off, and the comparison with the
     uniform plans; `measure(plan, what)` is the plan's statistics on the selection sequences."""
     sens = measure_sensitivities(sizes, options, itemsize, limits, measure)
-    uniform, drift = sens.uniform, sens.drift
-    target = limits["mean"] * TARGET_SHARE
-    plan: dict[int, Option] | None = None
-    rounds: list[dict[str, Any]] = []
-    passed = False
-    for _ in range(MAX_ROUNDS):
-        plan = greedy_plan(sizes, options, drift, target=target, start=plan, itemsize=itemsize)
-        stats = measure(plan, f"the plan found for a predicted mean KL <= {target:.3g}")
-        verdict = _verdicts(stats, limits)
-        rounds.append(
-            {
-                "target": target,
-                "predicted": sum(drift(i, o) for i, o in plan.items()),
-                "mean": stats.mean,
-                "mean_ci": list(stats.mean_ci),
-                "verdict": verdict,
-                "bytes_per_token": _bytes(plan, sizes, itemsize),
-            }
-        )
-        if verdict == "pass":
-            passed = True
-            break
-        # below what this plan predicted: a target it already meets would measure the same plan again
-        target = min(target, rounds[-1]["predicted"]) / 2
-    assert plan is not None
+    uniform = sens.uniform
+    plan, rounds, passed = measured_rounds(sizes, options, sens.drift, itemsize, limits, measure)
     result = PlanSearch(
         layers=plan,
         bytes_per_token=_bytes(plan, sizes, itemsize),
@@ -417,13 +399,59 @@ def choose_plan(
         result.chosen = f"uniform {o.label}"
         result.passed_selection = True
         result.notes.append(f"no mixed plan found costs fewer bytes than uniform {o.label}, which passes")
-    elif not passed:
+    elif not passed or all(o.bits is None for o in plan.values()):
         result.chosen = "none"
         result.notes.append(
             f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
-            f"sequences in {MAX_ROUNDS} rounds; keep the plain cache, or widen the options (--bits, --group-sizes)"
+            f"sequences in {MAX_ROUNDS} rounds{' but every layer plain' if passed else ''}; keep the plain cache, or "
+            "widen the options (--bits, --group-sizes)"
         )
     return result
+
+
+def measured_rounds(
+    sizes: Mapping[U, float],
+    options: Sequence[Option],
+    drift: Callable[[U, Option], float],
+    itemsize: int,
+    limits: Mapping[str, float],
+    measure: Callable[[Mapping[U, Option], str], KLStats],
+    *,
+    start: Mapping[U, Option] | None = None,
+    at_length: Callable[[Mapping[U, Option], str], KLStats] | None = None,
+) -> tuple[dict[U, Option], list[dict[str, Any]], bool]:
+    """Steps 3-4: the greedy to `TARGET_SHARE` of the mean limit, measured; a plan that does not pass has
+    the target halved and the greedy goes on from it, `MAX_ROUNDS` times at most. The last plan, the
+    rounds (each: target, prediction, measured mean and interval, verdict, bytes) and whether it passed.
+    `at_length`: the plan measured again on selection sequences at the verification's long context; a
+    round passes only where both pass (the gate will be run at both)."""
+    target = limits["mean"] * TARGET_SHARE
+    plan: dict[U, Option] | None = dict(start) if start is not None else None
+    rounds: list[dict[str, Any]] = []
+    for _ in range(MAX_ROUNDS):
+        plan = greedy_plan(sizes, options, drift, target=target, start=plan, itemsize=itemsize)
+        stats = measure(plan, f"the plan found for a predicted mean KL <= {target:.3g}")
+        verdict = _verdicts(stats, limits)
+        rounds.append(
+            {
+                "target": target,
+                "predicted": sum(drift(i, o) for i, o in plan.items()),
+                "mean": stats.mean,
+                "mean_ci": list(stats.mean_ci),
+                "verdict": verdict,
+                "bytes_per_token": _bytes(plan, sizes, itemsize),
+            }
+        )
+        if verdict == "pass" and at_length is not None:
+            longer = at_length(plan, "the same plan at the long context")
+            verdict = rounds[-1]["verdict"] = _verdicts(longer, limits)
+            rounds[-1]["long"] = {"mean": longer.mean, "mean_ci": list(longer.mean_ci), "verdict": verdict}
+        if verdict == "pass":
+            return plan, rounds, True
+        # below what this plan predicted: a target it already meets would measure the same plan again
+        target = min(target, rounds[-1]["predicted"]) / 2
+    assert plan is not None
+    return plan, rounds, False
 
 
 def _verdicts(stats: KLStats, limits: Mapping[str, float]) -> str:
@@ -432,7 +460,7 @@ def _verdicts(stats: KLStats, limits: Mapping[str, float]) -> str:
     return "fail" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "pass"
 
 
-def _bytes(plan: Mapping[int, Option], sizes: Mapping[int, float], itemsize: int) -> float:
+def _bytes(plan: Mapping[U, Option], sizes: Mapping[U, float], itemsize: int) -> float:
     return sum(o.bytes_per_value(itemsize) * sizes[i] for i, o in plan.items())
 
 

@@ -162,7 +162,8 @@ class Lever:
         elif self.kind == "model":
             stable = arm
         elif self.kind == "weights":
-            stable = self.describe_value(arm)
+            weights = self.weights_spec(arm)
+            stable = weights.stable if weights is not None else "as loaded"
         else:
             stable = canonical(value)
         key: dict[str, object] = {"kind": self.kind, "target": self.target, "value": stable, "path": self.path}

@@ -696,12 +696,16 @@ def test_a_mean_only_for_a_model_is_a_mean_for_that_model_alone(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("x = 1\n", "{path} declares no mlx_lever: give a KV gate module"),
-        ("pytestmark = [pytest.mark.mlx_kl(prompts=4)]\n", "{path} declares no mlx_lever: give a KV gate module"),
+        ("x = 1\n", "{path} declares no mlx_lever: give a KV gate module, e.g. gates/test_kv_cache.py"),
+        (
+            "pytestmark = [pytest.mark.mlx_kl(prompts=4)]\n",
+            "{path} declares no mlx_lever: give a KV gate module, e.g. gates/test_kv_cache.py",
+        ),
         (
             'pytestmark = pytest.mark.mlx_lever("mx_compile", context="pytest_mlxgate.reference_ops:compiled", '
             'ref="off", cand="on", path="serving")\n',
-            "{path}'s lever 'mx_compile' is a context lever: `plan kv` searches KV plans",
+            "{path}'s lever 'mx_compile' is a context lever: `plan kv` searches KV plans; give a KV gate module, "
+            "e.g. gates/test_kv_cache.py",
         ),
         (
             f"pytestmark = [{KV_QUANTIZED_REF}]\n",

@@ -1,0 +1,216 @@
+"""`mlxgate plan kv|weights --gate G`: search the cheapest plan that passes the gate's limits, then have the
+gate verify it on its own prompts (`pytest_mlxgate.explain.plan_kv`, `.plan_frontier`, `.plan_weights`).
+
+--out holds a verified plan or none: the plan is written beside it (`NAME.unverified.json`), the gate
+runs on that file, and only a plan it passes is moved to --out (an interrupted or failed verification
+leaves --out as it was). The search's whole record goes to `NAME.search.json`, the words to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common.atomic import atomic_write_bytes, unwritable
+from .config.names import find_pyproject, load_aliases, parse_name
+from .errors import MlxgateError, MlxgateUsageError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+#: Per kind: the options' defaults (--bits, --group-sizes, --out).
+_DEFAULTS = {"kv": ("4,6,8", "32,64", "kv_config.json"), "weights": ("2,3,4,6,8", "32,64,128", "weights_config.json")}
+
+
+def main(args: argparse.Namespace) -> int:
+    bits_text, groups_text, out = _DEFAULTS[args.kind]
+    args.out = args.out or Path(out)
+    try:
+        bits = tuple(int(b) for b in (args.bits or bits_text).split(","))
+        groups = tuple(int(g) for g in (args.group_sizes or groups_text).split(","))
+    except ValueError:
+        return _usage("--bits and --group-sizes take comma-separated whole numbers, e.g. 4,8")
+    problem = _out_problem(args.out) or _option_problem(args)
+    if problem is not None:  # found now, not after a search of many minutes
+        return _usage(problem)
+    try:
+        return plan_kv(args, bits, groups) if args.kind == "kv" else plan_weights(args, bits, groups)
+    except MlxgateUsageError as e:
+        return _usage(str(e))
+
+
+def _usage(message: str) -> int:
+    print(f"mlxgate: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _out_problem(out: Path) -> str | None:
+    why = unwritable(out)
+    return f"--out {out}: {why}; give a file in a folder you can write" if why is not None else None
+
+
+def _option_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, said before the search starts; None when nothing is."""
+    if args.kind == "weights":
+        for flag, given in (("--apart", args.apart), ("--frontier", args.frontier)):
+            if given:
+                return f"{flag} is a KV plan's option: `plan weights` searches bits and group sizes per module"
+        if args.save is not None and args.save.exists():
+            return f"--save {args.save}: it exists; give a new folder (a saved model is never overwritten)"
+    elif args.save is not None or args.no_compare:
+        return "--save and --no-compare are `plan weights` options"
+    if args.budget_bytes is not None and not args.frontier:
+        return "--budget-bytes picks a plan from the frontier: add --frontier"
+    if args.frontier and args.points < 1:
+        return f"--points {args.points}: give at least 1 plan to measure along the frontier (default 8)"
+    if args.long_tokens is not None and args.long_tokens < 0:
+        return f"--long-tokens {args.long_tokens}: give the long verification's tokens, or 0 for none"
+    if args.budget_bytes is not None and not args.budget_bytes > 0:
+        return f"--budget-bytes {args.budget_bytes:g}: give the KV bytes per token a plan may take, above 0"
+    return None
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The model named by --model (default: the embedded model), from the cache, offline."""
+    from .models.loaded import load_mlx
+    from .models.materialize import materialize
+
+    cwd = Path.cwd()
+    spec = parse_name(
+        args.model or "smollm2-135m", aliases=load_aliases(find_pyproject(cwd)), base_dir=cwd, role="model"
+    )
+    snap = materialize(spec, offline=True)
+    model, tokenizer = load_mlx(snap)
+    return model, tokenizer, snap
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _expected(e: Exception) -> bool:
+    """Errors whose message is the whole story: print it, no traceback."""
+    if isinstance(e, (MlxgateError, OSError)):
+        return True
+    from .hub import HubError
+
+    return isinstance(e, HubError)
+
+
+def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
+    from .explain.plan_frontier import frontier_page, frontier_table, search_frontier
+    from .explain.plan_gate import read_gate
+    from .explain.plan_kv import check_search_options, plan_summary, search_kv_plan
+    from .explain.plan_verify import long_context
+    from .serving.caches import sliding_window
+
+    check_search_options(bits, groups, args.selection)  # before the gate and the model load
+    try:
+        gate = read_gate(args.gate.resolve(), model=args.model)
+        model, tokenizer, _ = _load(args)
+        asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, apart=args.apart)
+        result: Any = (
+            search_frontier(
+                model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=_say, **asked
+            )
+            if args.frontier
+            else search_kv_plan(model, tokenizer, gate, say=_say, **asked)
+        )
+    except MlxgateUsageError:
+        raise
+    except Exception as e:
+        if not _expected(e):
+            raise
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    found = result.answer is not None if args.frontier else result.chosen != "none"
+    long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
+    unverified = _verify(args, gate, result, result.kv_config(), found=found, long=long)
+    if args.frontier:
+        page = args.out.with_suffix(".frontier.html")
+        atomic_write_bytes(page, frontier_page(result).encode(), new_mode=0o644)
+        _say(f"plan kv: the frontier plotted in {page}")
+    for line in frontier_table(result) if args.frontier else plan_summary(result):
+        _say(line)
+    return _settle(args, result, unverified, found=found)
+
+
+def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
+    from .explain.plan_gate import read_gate
+    from .explain.plan_verify import long_context
+    from .explain.plan_weights import check_weight_options
+    from .explain.plan_weights_compare import search_weights_plan, weights_summary
+    from .levers.weights import save_quantized
+    from .models.loaded import LoadedModel
+    from .serving.caches import sliding_window
+
+    check_weight_options(bits, groups, args.selection)
+    try:
+        gate = read_gate(args.gate.resolve(), model=args.model, kind="weights")
+        model, tokenizer, snap = _load(args)
+        long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
+        result = search_weights_plan(
+            model,
+            tokenizer,
+            gate,
+            bits=bits,
+            groups=groups,
+            selection=args.selection,
+            long=long or None,
+            compare=not args.no_compare,
+            say=_say,
+        )
+    except MlxgateUsageError:
+        raise
+    except Exception as e:
+        if not _expected(e):
+            raise
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    found = result.chosen != "none"
+    unverified = _verify(args, gate, result, result.config(), found=found, long=long)
+    for line in weights_summary(result):
+        _say(line)
+    code = _settle(args, result, unverified, found=found)
+    if code == EXIT_OK and args.save is not None:
+        _say(f"plan weights: writing the quantized model to {args.save} (as mlx_lm.convert writes it)")
+        try:
+            save_quantized(LoadedModel(model, tokenizer, snap), result.spec, args.save)
+        except (MlxgateError, OSError) as e:
+            print(f"mlxgate: --save {args.save}: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        print(args.save)
+    return code
+
+
+def _verify(args: argparse.Namespace, gate: Any, result: Any, plan: dict[str, Any], *, found: bool, long: int) -> Path:
+    """Write the plan beside --out, have the gate verify it (unless --no-verify or none was found), and
+    write the search's record; the unverified file's path."""
+    from .explain.plan_verify import verify_plan
+
+    out: Path = args.out
+    unverified = out.with_name(f"{out.stem}.unverified{out.suffix or '.json'}")
+    atomic_write_bytes(unverified, (json.dumps(plan, indent=1) + "\n").encode())
+    if not args.no_verify and found:
+        _say(f"plan {args.kind}: verifying: {gate.path.name} with {unverified} as its candidate")
+        report = args.out.with_suffix(".gate-report.json")
+        result.verification = verify_plan(
+            gate, unverified.resolve(), candidate=args.model, report=report, long=long or None
+        )
+    atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
+    return unverified
+
+
+def _settle(args: argparse.Namespace, result: Any, unverified: Path, *, found: bool) -> int:
+    """A verified plan moves to --out (its path on stdout); otherwise --out stays as it was, and why."""
+    if result.succeeded:
+        unverified.replace(args.out)
+        print(args.out)
+        return EXIT_OK
+    why = "no plan passed the gate's limits on the selection" if not found else "not verified"
+    _say(f"plan {args.kind}: {why}: the plan stays at {unverified}; {args.out} was not written")
+    return EXIT_FAILED

@@ -1,0 +1,412 @@
+"""`mlxgate plan weights`: what the search measures is what the quantized model computes, the plan it writes
+is what mlx_lm loads, the drift model never buys an option a module cannot take, and a plan reaches --out
+and --save only when the gate itself passed it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_mlxgate.errors import LeverError, MlxgateUsageError
+from pytest_mlxgate.explain.plan_kv import PLAIN_OPTION, Option, greedy_plan
+from pytest_mlxgate.levers.weights import WeightsSpec, parse_weights_value, quantization_block
+
+WEIGHTS_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("weights", weights=True, ref=None, cand={{"bits": 8, "group_size": 64}}),
+    pytest.mark.mlx_kl(prompts=4, tokens=16),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean={mean}, top1=0.5)
+"""
+
+
+def _loaded(path: Path) -> Any:
+    from pytest_mlxgate.models.loaded import LoadedModel, load_mlx
+    from pytest_mlxgate.models.materialize import ResolvedSnapshot
+
+    snap = ResolvedSnapshot(name="tiny", kind="local", repo_id=None, commit="local", path=str(path), source="local")
+    model, tok = load_mlx(snap)
+    return LoadedModel(model, tok, snap)
+
+
+def _gate(tmp_path: Path, mean: float = 0.05) -> Path:
+    path = tmp_path / "test_weights_gate.py"
+    path.write_text(WEIGHTS_GATE.format(mean=mean))
+    return path
+
+
+def _mixed_plan(units: dict[str, Any]) -> dict[str, Option]:
+    """Every option a module may take, in turn, and one module kept as loaded."""
+    choices = [Option(4, 32), Option(8, 64), Option(2, 64), Option(6, 128), Option(3, 32), PLAIN_OPTION]
+    plan = {}
+    for k, (path, unit) in enumerate(sorted(units.items())):
+        o = choices[k % len(choices)]
+        plan[path] = o if unit.allows(o) else Option(6, 32)
+    return plan
+
+
+def _log_softmax(x: Any) -> Any:
+    import mlx.core as mx
+
+    x = x.astype(mx.float32)
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def test_a_fake_quantized_plan_computes_what_the_quantized_model_does(tiny_kv_model_dir: Path) -> None:
+    """The search scores plans on weights quantized and dequantized back (float matmuls); the gate runs the
+    model mlx_lm's converter writes. The two must agree, and both must differ from the float model."""
+    import mlx.core as mx
+
+    from pytest_mlxgate.explain.plan_weights import quantizable_units, weights_spec
+    from pytest_mlxgate.levers.weights import quantized_copy
+
+    loaded = _loaded(tiny_kv_model_dir)
+    units, itemsize, fixed = quantizable_units(loaded.model)
+    assert "model.embed_tokens" in units and "model.layers.1.mlp.down_proj" in units and itemsize == 4
+    plan = _mixed_plan(units)
+    assert {o.bits for o in plan.values()} >= {2, 3, 4, 6, 8, None}
+    x = mx.array([[5, 17, 300, 4000, 12, 99, 7, 1]])
+    float_logp = _log_softmax(loaded.model(x))
+    before = {p: mx.array(m.weight) for p, m in loaded.model.named_modules() if p in units}
+    spec = weights_spec(plan, units)
+    real_logp = _log_softmax(quantized_copy(loaded, spec).model(x))
+    with weight_arms_for(loaded, tiny_kv_model_dir) as arms:
+        arms.apply(plan)
+        fake_logp = _log_softmax(loaded.model(x))
+        stats = arms.measure(plan, "the mixed plan")
+    kl = lambda p, q: float(mx.max(mx.sum(mx.exp(p) * (p - q), axis=-1)))  # noqa: E731
+    assert kl(real_logp, fake_logp) < 1e-6  # the same numbers up to float rounding
+    assert kl(float_logp, real_logp) > 1e-3 and stats.mean > 1e-3  # and the plan quantized something
+    for p, m in loaded.model.named_modules():  # the arms leave the float weights as they found them
+        if p in units:
+            assert mx.array_equal(m.weight, before[p]), p
+    assert fixed > 0 and fixed == sum(
+        v.nbytes for k, v in _flat(loaded.model.parameters()) if k.removesuffix(".weight") not in units
+    )
+
+
+def _flat(tree: Any) -> list[tuple[str, Any]]:
+    from mlx.utils import tree_flatten
+
+    return list(tree_flatten(tree))
+
+
+def weight_arms_for(loaded: Any, model_dir: Path) -> Any:
+    from pytest_mlxgate.explain.plan_gate import GateSpec
+    from pytest_mlxgate.explain.plan_weights import weight_arms
+    from pytest_mlxgate.levers.lever import Lever
+
+    gate = GateSpec(
+        path=model_dir / "gate.py",
+        lever=Lever("weights", "weights", None, None, {"bits": 8}),
+        prompts=3,
+        tokens=12,
+        decode=0,
+        limits={"mean": 0.05},
+        kl_tests=("test_drift",),
+    )
+    return weight_arms(
+        loaded.model, loaded.tokenizer, gate, bits=(2, 3, 4, 6, 8), groups=(32, 64, 128), selection=3, say=print
+    )
+
+
+def test_what_save_writes_is_what_mlx_lm_loads_module_by_module(tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx_lm
+
+    from pytest_mlxgate.explain.plan_weights import quantizable_units, weights_spec
+    from pytest_mlxgate.levers.weights import quantized_copy, save_quantized
+
+    loaded = _loaded(tiny_kv_model_dir)
+    units, _, _ = quantizable_units(loaded.model)
+    plan = _mixed_plan(units)
+    spec = weights_spec(plan, units)
+    dest = tmp_path / "planned"
+    save_quantized(loaded, spec, dest)
+    model, _ = mlx_lm.load(str(dest))
+    config = json.loads((dest / "config.json").read_text())
+    modules = dict(model.named_modules())
+    for path, o in plan.items():
+        m = modules[path]
+        if o.bits is None:
+            assert not hasattr(m, "bits") and path not in config["quantization"], path
+        else:
+            assert (m.bits, m.group_size) == (o.bits, o.group_size), path
+            assert config["quantization"][path]["bits"] == o.bits, path
+    x = mx.array([[5, 17, 300, 4000, 12]])
+    assert mx.array_equal(model(x), quantized_copy(loaded, spec).model(x))
+    assert (dest / "tokenizer.json").is_file() and not list(tmp_path.glob(".planned.*"))  # no staging left
+    # the plan file `plan weights` writes reads back as the same plan, and the lever quantizes it the same
+    plan_file = tmp_path / "weights_config.json"
+    plan_file.write_text(json.dumps(quantization_block(spec)))
+    again = parse_weights_value(str(plan_file))
+    assert (
+        again is not None
+        and again.layers == spec.layers
+        and (again.bits, again.group_size) == (spec.bits, spec.group_size)
+    )
+    assert isinstance(modules["model.layers.0.self_attn.q_proj"], (nn.Linear, nn.QuantizedLinear))
+    with pytest.raises(LeverError, match="it exists; give a new folder"):
+        save_quantized(loaded, spec, dest)
+    assert mx.array_equal(mlx_lm.load(str(dest))[0](x), model(x))  # refused, untouched
+
+
+_PATHS = [f"model.layers.{i}.{m}" for i in range(3) for m in ("self_attn.q_proj", "mlp.down_proj")]
+_ENTRY = st.one_of(st.none(), st.tuples(st.sampled_from([2, 3, 4, 5, 6, 8]), st.sampled_from([32, 64, 128])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    bits=st.sampled_from([2, 3, 4, 6, 8]),
+    group=st.sampled_from([32, 64, 128]),
+    entries=st.dictionaries(st.sampled_from(_PATHS), _ENTRY, max_size=len(_PATHS)),
+)
+def test_a_plan_round_trips_through_mlx_lm_s_quantization_block(
+    tmp_path_factory: pytest.TempPathFactory, bits: int, group: int, entries: dict[str, Any]
+) -> None:
+    spec = WeightsSpec(bits, group, tuple(sorted(entries.items())))
+    block = quantization_block(spec)
+    for path, entry in entries.items():  # each module's own entry, as mlx_lm's loader reads it
+        assert block[path] == (False if entry is None else {"group_size": entry[1], "bits": entry[0], "mode": "affine"})
+        assert spec.predicate(path) == (block[path] if entry is not None else False)
+    folder = tmp_path_factory.mktemp("plan")
+    for where, data in (("block.json", block), ("config.json", {"model_type": "llama", "quantization": block})):
+        (folder / where).write_text(json.dumps(data))
+        read = parse_weights_value(folder / where)
+        assert read == WeightsSpec(bits, group, spec.layers, str(folder / where))
+        assert read.stable == spec.stable  # a cache key by content, not by file name
+    assert spec.stable != WeightsSpec(bits, group, spec.layers + (("model.x", (2, 32)),)).stable
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not JSON"),
+        ('{"group_size": 64}', "no quantization block"),
+        ('{"bits": 4, "group_size": 64, "model.x": 3}', "'model.x' is 3; give"),
+        ('{"bits": 4, "group_size": 64, "model.x": {"bits": 7}}', "'model.x'.*MLX quantizes to bits"),
+        ('{"bits": 4, "group_size": 64, "mode": "mxfp4"}', "mode 'mxfp4'; this lever quantizes affine"),
+        ('{"bits": 4, "group_size": 64, "model.x": {"bits": 4, "scale": 2}}', "unknown keys \\['scale'\\]"),
+    ],
+)
+def test_a_bad_plan_file_says_what_is_wrong(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "weights_config.json"
+    path.write_text(content)
+    with pytest.raises(LeverError, match=message):
+        parse_weights_value(str(path))
+    with pytest.raises(LeverError, match="cannot read it"):
+        parse_weights_value(str(tmp_path / "missing.json"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sens=st.lists(st.floats(1e-6, 1.0), min_size=2, max_size=8),
+    wide=st.lists(st.booleans(), min_size=8, max_size=8),
+    share=st.floats(1e-4, 1.5),
+)
+def test_the_drift_model_scales_by_each_module_s_own_error_and_never_buys_what_it_cannot_take(
+    sens: list[float], wide: list[bool], share: float
+) -> None:
+    """A module whose rows 128 does not divide cannot take g128 (mlx_lm would leave it float): its drift
+    there is inf, the greedy never buys it; elsewhere a drift is the probe's times the error ratio."""
+    from pytest_mlxgate.explain.plan_weights import Unit, WeightSensitivities
+
+    options = [Option(4, 64), Option(4, 128), Option(8, 64), Option(8, 128)]
+    units = {f"m{i}": Unit(f"m{i}", (64, 256 if wide[i] else 192)) for i in range(len(sens))}
+    errors = {
+        (p, o): (4.0 if o.bits == 4 else 1 / 64) * (1.5 if o.group_size == 128 else 1.0) * (i + 1)
+        for i, (p, u) in enumerate(units.items())
+        for o in options
+        if u.allows(o)
+    }
+    model = WeightSensitivities(Option(4, 64), [], {}, {p: s for p, s in zip(units, sens, strict=False)}, errors)
+    for p, u in units.items():
+        assert model.drift(p, PLAIN_OPTION) == 0.0
+        assert model.drift(p, Option(8, 64)) == pytest.approx(model.sensitivity[p] / 256)
+        assert (model.drift(p, Option(4, 128)) == float("inf")) != u.allows(Option(4, 128))
+    start = {p: Option(4, 128) if u.allows(Option(4, 128)) else Option(4, 64) for p, u in units.items()}
+    sizes = {p: float(u.size) for p, u in units.items()}
+    total = sum(model.drift(p, o) for p, o in start.items())
+    plan = greedy_plan(sizes, options, model.drift, target=total * share, start=start, itemsize=4)
+    assert all(units[p].allows(o) for p, o in plan.items())
+    assert sum(model.drift(p, o) for p, o in plan.items()) <= total * share + 1e-12
+
+
+def test_the_model_s_own_quant_predicate_keeps_its_float_modules_out_of_the_plan(tiny_kv_model_dir: Path) -> None:
+    from mlx_lm.models import llama
+
+    from pytest_mlxgate.explain.plan_weights import quantizable_units
+
+    class KeepsItsEmbedding(llama.Model):  # type: ignore[misc]
+        @property
+        def quant_predicate(self) -> Any:
+            return lambda path, _m: "embed_tokens" not in path
+
+    config = json.loads((tiny_kv_model_dir / "config.json").read_text())
+    model = KeepsItsEmbedding(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    units, _, fixed = quantizable_units(model)
+    assert "model.embed_tokens" not in units and "model.layers.0.mlp.up_proj" in units
+    assert fixed >= model.model.embed_tokens.weight.nbytes
+    assert "model.embed_tokens" in quantizable_units(llama.Model(llama.ModelArgs.from_dict(config)))[0]  # type: ignore[no-untyped-call]
+
+
+def test_a_gate_plan_weights_cannot_use_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from pytest_mlxgate.explain.plan_gate import read_gate
+
+    kv = tmp_path / "test_kv.py"
+    kv.write_text(
+        "import pytest\nfrom pytest_mlxgate import assert_kl_below\n"
+        'pytestmark = [pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand=8, path="serving")]\n\n'
+        "def test_drift(paired):\n    assert_kl_below(paired, mean=.1)\n"
+    )
+    with pytest.raises(MlxgateUsageError) as caught:
+        read_gate(kv, kind="weights")
+    assert str(caught.value) == (
+        f"{kv}'s lever 'kv_cache' is a kv lever: `plan weights` searches weight plans; give a weight gate "
+        "module, e.g. gates/test_weights_8bit.py"
+    )
+    quantized_ref = tmp_path / "test_q.py"
+    quantized_ref.write_text(WEIGHTS_GATE.format(mean=0.1).replace("ref=None", "ref=4"))
+    with pytest.raises(MlxgateUsageError, match="reference arm is not the weights as loaded"):
+        read_gate(quantized_ref, kind="weights")
+    gate = read_gate(Path("gates/test_weights_8bit.py").resolve(), kind="weights", model="gemma3-270m")
+    assert gate.limits == {"mean": 0.02, "p99": 0.5, "top1": 0.7} and (gate.prompts, gate.tokens) == (8, 32)
+
+
+def test_mlx_lm_s_plans_are_priced_as_mlx_lm_makes_them(tiny_kv_model_dir: Path) -> None:
+    """mixed_4_6 as mlx_lm's converter quantizes it, module by module; dynamic_quant's plan within a
+    budget upgrades its most sensitive modules first and never exceeds the bytes."""
+    import mlx.nn as nn
+    from mlx_lm.convert import mixed_quant_predicate_builder
+    from mlx_lm.utils import quantize_model
+
+    from pytest_mlxgate.explain.plan_weights_compare import dynamic_quant_plan, recipe_plan
+
+    loaded = _loaded(tiny_kv_model_dir)
+    with weight_arms_for(loaded, tiny_kv_model_dir) as arms:
+        ours = recipe_plan(arms, "mixed_4_6")
+        budget = (arms.plan_bytes(arms.uniform(Option(4, 64))) + arms.plan_bytes(arms.uniform(Option(8, 64)))) / 2
+        dynamic, found = dynamic_quant_plan(arms, 4, 8, budget)
+    theirs, _ = quantize_model(
+        _loaded(tiny_kv_model_dir).model,
+        {},
+        64,
+        4,
+        quant_predicate=mixed_quant_predicate_builder("mixed_4_6", loaded.model),
+    )
+    quantized = {
+        p: (m.bits, m.group_size)
+        for p, m in theirs.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+    assert {p: (o.bits, o.group_size) for p, o in ours.items()} == quantized
+    assert {o.bits for o in ours.values()} == {4, 6}
+    assert arms.plan_bytes(dynamic) <= budget and {o.bits for o in dynamic.values()} == {4, 8}
+    high = {p for p, o in dynamic.items() if o.bits == 8}
+    low = set(dynamic) - high
+    assert min(found[p] for p in high) >= max(found[p] for p in low)  # its threshold rule: the most sensitive
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--apart"], "--apart is a KV plan's option"),
+        (["--frontier"], "--frontier is a KV plan's option"),
+        (["--bits", "5"], "--bits 5: 5 is not a choice mlx_lm loads weights at"),
+        (["--save", "{tmp}"], "--save {tmp}: it exists; give a new folder"),
+    ],
+)
+def test_plan_weights_refuses_bad_options_before_anything_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    from pytest_mlxgate.cli import main
+
+    gate = _gate(tmp_path)
+    argv = ["plan", "weights", "--gate", str(gate), "--model", str(tmp_path / "no-model")]
+    code = main(argv + [a.format(tmp=tmp_path) for a in extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message.format(tmp=tmp_path) in err and "Traceback" not in err, err
+    assert main(["plan", "kv", "--gate", str(gate), "--save", str(tmp_path / "m")]) == 2
+    assert "--save and --no-compare are `plan weights` options" in capsys.readouterr().err
+
+
+def _plan_weights(tmp_path: Path, model: Path, mean: float, *extra: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest_mlxgate.cli",
+            "plan",
+            "weights",
+            "--gate",
+            str(_gate(tmp_path, mean)),
+            "--model",
+            str(model),
+            "--out",
+            str(tmp_path / "weights_config.json"),
+            "--bits",
+            "2,4,8",
+            "--group-sizes",
+            "64,128",
+            "--selection",
+            "3",
+            "--save",
+            str(tmp_path / "planned"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "MLXGATE_ALLOW_UNTRAINED": "1"},
+    )
+
+
+@pytest.mark.slow  # a search on the tiny llama (14 modules), mlx_lm's plans beside it, two gate runs
+def test_plan_weights_writes_a_verified_plan_mlx_lm_loads_and_its_comparisons(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    import mlx_lm
+
+    done = _plan_weights(tmp_path, tiny_kv_model_dir, 0.05)
+    record = json.loads((tmp_path / "weights_config.search.json").read_text())
+    verification = record["verification"]
+    assert verification is not None and (done.returncode == 0) == verification["verified"], done.stderr
+    out, saved = tmp_path / "weights_config.json", tmp_path / "planned"
+    # green means tested: --out and --save hold a plan the gate passed, or nothing
+    assert out.is_file() == saved.is_dir() == verification["verified"], done.stderr
+    assert "long" in verification or not verification["verified"]  # and at 4x the gate's length
+    plan = parse_weights_value(str(out if out.is_file() else tmp_path / "weights_config.unverified.json"))
+    assert plan is not None and len(plan.layers) == 15  # the embedding and 7 projections x 2 layers
+    if saved.is_dir():
+        model, _ = mlx_lm.load(str(saved))
+        assert {p for p, m in model.named_modules() if hasattr(m, "bits")} == {p for p, e in plan.layers if e}
+    names = [c["name"] for c in record["comparisons"]]
+    assert names[:2] == ["uniform 4-bit g64", "uniform 8-bit g64"] and "mlx_lm mixed_4_6" in names
+    for c in record["comparisons"]:
+        assert c["held_out"]["mean"] >= 0 and ("ours" not in c or c["ours"]["bytes"] <= c["bytes"])
+    assert "beside mlx_lm's plans" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_plan_nothing_passes_is_written_nowhere_it_would_be_used(tiny_kv_model_dir: Path, tmp_path: Path) -> None:
+    done = _plan_weights(tmp_path, tiny_kv_model_dir, 1e-12, "--no-compare")
+    assert done.returncode == 1 and "no plan passed the gate's limits on the selection" in done.stderr, done.stderr
+    assert not (tmp_path / "weights_config.json").exists() and not (tmp_path / "planned").exists()
+    record = json.loads((tmp_path / "weights_config.search.json").read_text())
+    assert record["chosen"] == "none" and record["verification"] is None and record["comparisons"] == []
