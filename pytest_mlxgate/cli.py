@@ -169,7 +169,7 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="weights: skip measuring mlx_lm's recipes and dynamic_quant beside the plan at equal bytes",
     )
-    p.add_argument("--selection", metavar="N", type=int, default=6, help="selection sequences (default 6)")
+    p.add_argument("--selection", metavar="N", type=int, help="selection sequences (default kv 6, weights 8)")
     p.add_argument(
         "--apart", action="store_true", help="keys and values may take widths of their own (K8/V4: keys wider)"
     )

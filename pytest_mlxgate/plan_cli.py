@@ -22,13 +22,19 @@ __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-#: Per kind: the options' defaults (--bits, --group-sizes, --out).
-_DEFAULTS = {"kv": ("4,6,8", "32,64", "kv_config.json"), "weights": ("2,3,4,6,8", "32,64,128", "weights_config.json")}
+#: Per kind: the options' defaults (--bits, --group-sizes, --out, --selection). A weights gate's prompts are
+#: its own domain's (8 x 32 tokens: all code), and 8 selection sequences of it keep a plan's p99 and top-1
+#: bounds from reading inconclusive where the gate, on 8, would pass it.
+_DEFAULTS = {
+    "kv": ("4,6,8", "32,64", "kv_config.json", 6),
+    "weights": ("2,3,4,6,8", "32,64,128", "weights_config.json", 8),
+}
 
 
 def main(args: argparse.Namespace) -> int:
-    bits_text, groups_text, out = _DEFAULTS[args.kind]
+    bits_text, groups_text, out, selection = _DEFAULTS[args.kind]
     args.out = args.out or Path(out)
+    args.selection = selection if args.selection is None else args.selection
     try:
         bits = tuple(int(b) for b in (args.bits or bits_text).split(","))
         groups = tuple(int(g) for g in (args.group_sizes or groups_text).split(","))
@@ -56,9 +62,8 @@ def _out_problem(out: Path) -> str | None:
 def _option_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the options, said before the search starts; None when nothing is."""
     if args.kind == "weights":
-        for flag, given in (("--apart", args.apart), ("--frontier", args.frontier)):
-            if given:
-                return f"{flag} is a KV plan's option: `plan weights` searches bits and group sizes per module"
+        if args.apart:
+            return "--apart is a KV plan's option: `plan weights` searches bits and group sizes per module"
         if args.save is not None and args.save.exists():
             return f"--save {args.save}: it exists; give a new folder (a saved model is never overwritten)"
     elif args.save is not None or args.no_compare:
@@ -70,7 +75,8 @@ def _option_problem(args: argparse.Namespace) -> str | None:
     if args.long_tokens is not None and args.long_tokens < 0:
         return f"--long-tokens {args.long_tokens}: give the long verification's tokens, or 0 for none"
     if args.budget_bytes is not None and not args.budget_bytes > 0:
-        return f"--budget-bytes {args.budget_bytes:g}: give the KV bytes per token a plan may take, above 0"
+        what = "the KV bytes per token" if args.kind == "kv" else "the weight bytes"
+        return f"--budget-bytes {args.budget_bytes:g}: give {what} a plan may take, above 0"
     return None
 
 
@@ -140,11 +146,12 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
 
 
 def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
+    from .explain.plan_frontier import frontier_page, frontier_table
     from .explain.plan_gate import read_gate
     from .explain.plan_verify import long_context
     from .explain.plan_weights import check_weight_options
-    from .explain.plan_weights_compare import search_weights_plan, weights_summary
-    from .levers.weights import save_quantized
+    from .explain.plan_weights_compare import search_weights_frontier, search_weights_plan, weights_summary
+    from .levers.weights import parse_weights_value, save_quantized
     from .models.loaded import LoadedModel
     from .serving.caches import sliding_window
 
@@ -153,16 +160,11 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
         gate = read_gate(args.gate.resolve(), model=args.model, kind="weights")
         model, tokenizer, snap = _load(args)
         long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
-        result = search_weights_plan(
-            model,
-            tokenizer,
-            gate,
-            bits=bits,
-            groups=groups,
-            selection=args.selection,
-            long=long or None,
-            compare=not args.no_compare,
-            say=_say,
+        asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, long=long or None, say=_say)
+        result: Any = (
+            search_weights_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, **asked)
+            if args.frontier
+            else search_weights_plan(model, tokenizer, gate, compare=not args.no_compare, **asked)
         )
     except MlxgateUsageError:
         raise
@@ -171,15 +173,25 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
             raise
         print(f"mlxgate: {e}", file=sys.stderr)
         return EXIT_FAILED
-    found = result.chosen != "none"
-    unverified = _verify(args, gate, result, result.config(), found=found, long=long)
-    for line in weights_summary(result):
+    found = result.answer is not None if args.frontier else result.chosen != "none"
+    unverified = _verify(
+        args, gate, result, result.kv_config() if args.frontier else result.config(), found=found, long=long
+    )
+    if args.frontier:
+        page = args.out.with_suffix(".frontier.html")
+        atomic_write_bytes(
+            page, frontier_page(result, title="mlxgate plan weights --frontier").encode(), new_mode=0o644
+        )
+        _say(f"plan weights: the frontier plotted in {page}")
+    for line in frontier_table(result) if args.frontier else weights_summary(result):
         _say(line)
     code = _settle(args, result, unverified, found=found)
     if code == EXIT_OK and args.save is not None:
         _say(f"plan weights: writing the quantized model to {args.save} (as mlx_lm.convert writes it)")
-        try:
-            save_quantized(LoadedModel(model, tokenizer, snap), result.spec, args.save)
+        try:  # what the gate verified: the plan file now at --out
+            spec = parse_weights_value(args.out)
+            assert spec is not None
+            save_quantized(LoadedModel(model, tokenizer, snap), spec, args.save)
         except (MlxgateError, OSError) as e:
             print(f"mlxgate: --save {args.save}: {e}", file=sys.stderr)
             return EXIT_FAILED

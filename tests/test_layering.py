@@ -37,7 +37,7 @@ LAYERS = (
     "pytest_mlxgate.explain",  # drift attribution and the plan search: run the arms the way kl does, scoped
     "pytest_mlxgate.session",
     "pytest_mlxgate.authoring",
-    "pytest_mlxgate",  # the public face: __init__, plugin.py, cli.py and history_cli.py, compatibility paths
+    "pytest_mlxgate",  # the public face: __init__, plugin.py, cli.py, plan_cli.py, history_cli.py, compatibility paths
 )
 
 #: Where imports are lazy by design: pytest loads the plugin in every run (the xdist controller too),

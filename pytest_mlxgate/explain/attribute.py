@@ -4,7 +4,8 @@ Two measurements, both against the gate's own reference distributions:
 
 - *scopes*: the candidate applied to one scope of layers, the reference elsewhere (`scoped`); each
   scope's teacher-forced KL over the same sequences, with its 95% interval over them. Blocks of
-  layers first, then the layers of the worst block (`plan_scopes`), and for a model with two attention
+  layers first, then the layers of the worst block (`plan_scopes`), where the output error jumps first
+  first, until one alone drifts as much as its block (`CARRIES_BLOCK`), and for a model with two attention
   types each type alone, with KL by position (a sliding-window bug past the window shows there).
 - *where error enters*: the lever everywhere, the relative error of each layer's output against the
   reference arm's (same inputs): compounding shows as growth, one bad layer as a step.
@@ -55,6 +56,9 @@ DEFAULT_BUDGET = 3.0
 SCOPE_SEQUENCES, MIN_SCOPE_SEQUENCES = 6, 3
 #: Every layer alone is worth a few fewer sequences per scope, down to this many (else: blocks, then a drill).
 PER_LAYER_SEQUENCES = 4
+#: A layer alone whose mean KL is at least this share of its block's carries the block's drift: the drill
+#: stops there and names it (the block's other layers are not needed to explain what the block shows).
+CARRIES_BLOCK = 0.8
 #: Sequences the residual-error curve runs (both arms, every layer's output kept for them).
 RESIDUAL_SEQUENCES = 2
 
@@ -167,10 +171,20 @@ def attribute(
             order = sorted(worst["layers"], key=lambda i: -jumps.get(i, 0.0))
             inner = [Scope(f"layer {i}", (i,), "layer") for i in order]
             affordable = max(0, int((clock.units - clock.spent()) // max(per_scope, 1e-9)))
+            carried = None
             for scope in inner[:affordable]:
                 rows.append(run(scope, level=2))
                 clock.count(n_s)
-            if affordable < len(inner):
+                if (rows[-1]["mean"] or 0.0) >= CARRIES_BLOCK * (worst["mean"] or 0.0) > 0:
+                    carried = rows[-1]  # one layer alone drifts as much as its block: it is the block's drift
+                    break
+            if carried is not None and len(rows) - len(first) < len(inner):
+                notes.append(
+                    f"{carried['name']} alone drifts {carried['mean']:.3g}, {carried['mean'] / worst['mean']:.0%} of "
+                    f"{worst['name']}'s {worst['mean']:.3g}: it carries that block's drift (its other layers, not "
+                    "measured alone, are not needed to explain it)"
+                )
+            elif affordable < len(inner):
                 worst["ranked"] = True  # layers of it went unmeasured: the block still stands for them
                 notes.append(
                     f"the budget measured {affordable} of the {len(inner)} layers of {worst['name']} "

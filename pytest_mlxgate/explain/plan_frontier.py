@@ -1,4 +1,5 @@
-"""`mlxgate plan kv --frontier`: the plans cheapest at each level of drift, every point measured.
+"""`mlxgate plan kv --frontier` (and `plan weights --frontier`): the plans cheapest at each level of drift,
+every point measured.
 
 One plan answers one limit; a kernel engineer choosing a KV budget wants the whole trade: bytes against
 drift, to pick the knee. The greedy's path (`plan_kv.greedy_plan`), from every layer at the cheapest
@@ -9,15 +10,16 @@ sequences (mean KL and its interval, p99, top-1, the gate's verdict there), besi
 sensitivities measured anyway. The frontier is the measured plans no other measured plan beats on both
 bytes and the mean's upper bound. The answer is the cheapest frontier plan that passes the gate's limits
 on the selection, or with `budget_bytes` the least drift within that size; the CLI then has the gate
-verify it on its own prompts, as `plan kv` does.
+verify it on its own prompts, as `plan kv` does. A weight plan's frontier is traced the same way
+(`trace_path`), its bytes the model's and its points written as mlx_lm's quantization block (`PlanWords`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..results.html_parts import figure
 from ..results.html_report import html_page
@@ -39,14 +41,17 @@ from .plan_verify import verification_lines
 
 __all__ = [
     "DEFAULT_POINTS",
+    "KV_WORDS",
     "Frontier",
     "FrontierPoint",
+    "PlanWords",
     "frontier_levels",
     "frontier_page",
     "frontier_table",
     "on_frontier",
     "search_frontier",
     "trace",
+    "trace_path",
 ]
 
 #: Plans measured along the greedy's path (besides the uniform ones).
@@ -55,13 +60,35 @@ DEFAULT_POINTS = 8
 DEEPEST = 1e-3
 
 
+def _kv_config(layers: Mapping[Any, Option]) -> dict[str, Any]:
+    return {"default": None, "layers": {str(i): o.spec() for i, o in sorted(layers.items())}}
+
+
+@dataclass(frozen=True)
+class PlanWords:
+    """What a frontier's plans are, for its reader: what their bytes count, what "plain" is, and the file
+    a point is written as (its key in the record, and the writer)."""
+
+    bytes_label: str  # a column head: "KV bytes/token"
+    bytes_unit: str  # after a figure: "KV bytes per token"
+    plain: str  # what the shares are of: "the plain cache"
+    config_key: str  # "kv_config"
+    config_of: Callable[[Mapping[Any, Option]], dict[str, Any]]
+    keep: str  # what to keep when nothing passes: "keep the plain cache"
+
+
+KV_WORDS = PlanWords(
+    "KV bytes/token", "KV bytes per token", "the plain cache", "kv_config", _kv_config, "keep the plain cache"
+)
+
+
 @dataclass(frozen=True)
 class FrontierPoint:
     """One measured plan: where it came from, its bytes, and its drift on the selection sequences."""
 
     source: str  # "uniform 8-bit g64", or "path step 17" (the greedy's 17th upgrade)
-    layers: Mapping[int, Option]
-    bytes_per_token: float
+    layers: Mapping[Any, Option]
+    bytes_per_token: float  # a weight plan's: the model's weight bytes
     predicted: float | None  # the greedy's prediction of its mean KL (None: a uniform plan, measured only)
     mean: float
     mean_ci: tuple[float, float]
@@ -74,7 +101,7 @@ class FrontierPoint:
     def measured(
         cls,
         source: str,
-        layers: Mapping[int, Option],
+        layers: Mapping[Any, Option],
         stats: KLStats,
         *,
         bytes_per_token: float,
@@ -95,7 +122,7 @@ class FrontierPoint:
         )
 
     def kv_config(self) -> dict[str, Any]:
-        return {"default": None, "layers": {str(i): o.spec() for i, o in sorted(self.layers.items())}}
+        return _kv_config(self.layers)
 
     def counts(self) -> str:
         """`20 × 8-bit g64, 10 × K8/V4 g64`: the plan in one line."""
@@ -104,7 +131,7 @@ class FrontierPoint:
             counts[o.label] = counts.get(o.label, 0) + 1
         return ", ".join(f"{n} × {label}" for label, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, words: PlanWords = KV_WORDS) -> dict[str, Any]:
         return {
             "source": self.source,
             "plan": self.counts(),
@@ -116,7 +143,7 @@ class FrontierPoint:
             "top1": self.top1,
             "verdict": self.verdict,
             "frontier": self.frontier,
-            "kv_config": self.kv_config(),
+            words.config_key: words.config_of(self.layers),
         }
 
 
@@ -133,11 +160,12 @@ class Frontier:
     plain_bytes_per_token: float
     limits: Mapping[str, float]
     budget_bytes: float | None = None
-    sensitivity: dict[int, float] = field(default_factory=dict)
+    sensitivity: dict[Any, float] = field(default_factory=dict)
     selection: int = 0
     seconds: float = 0.0
     verification: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    words: PlanWords = KV_WORDS
 
     @property
     def succeeded(self) -> bool:
@@ -148,13 +176,14 @@ class Frontier:
         return bool(self.verification["verified"]) if self.verification is not None else self.answer.verdict == "pass"
 
     def kv_config(self) -> dict[str, Any]:
-        return self.answer.kv_config() if self.answer is not None else {"default": None, "layers": {}}
+        """The answer's plan file (a KV plan's kv_config, a weight plan's quantization block)."""
+        return self.words.config_of(self.answer.layers if self.answer is not None else {})
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "frontier": [p.to_json() for p in self.points],
+            "frontier": [p.to_json(self.words) for p in self.points],
             "answer": None if self.answer is None else self.points.index(self.answer),
-            "kv_config": self.kv_config(),
+            self.words.config_key: self.kv_config(),
             "plain_bytes_per_token": self.plain_bytes_per_token,
             "limits": dict(self.limits),
             "budget_bytes": self.budget_bytes,
@@ -230,29 +259,62 @@ def trace(
     points: int = DEFAULT_POINTS,
     budget_bytes: float | None = None,
 ) -> Frontier:
-    """The sensitivities, the greedy's whole path, `points` plans along it and every uniform plan measured,
-    the frontier among them, and the answer (see the module's docstring)."""
+    """A KV plan's frontier: the sensitivities (`plan_kv.measure_sensitivities`), then `trace_path`."""
     sens = measure_sensitivities(sizes, options, itemsize, limits, measure)
+    return trace_path(
+        sizes,
+        options,
+        itemsize,
+        limits,
+        measure,
+        drift=sens.drift,
+        uniform={o: ({i: o for i in sizes}, sens.uniform_stats[o]) for o in options},
+        start={i: sens.cheapest for i in sizes},
+        price=lambda plan: _bytes(plan, sizes, itemsize),
+        plain=PLAIN_OPTION.bytes_per_value(itemsize) * sum(sizes.values()),
+        sensitivity=sens.sensitivity,
+        points=points,
+        budget_bytes=budget_bytes,
+    )
+
+
+U = TypeVar("U", bound=Hashable)
+
+
+def trace_path(
+    sizes: Mapping[U, float],
+    options: Sequence[Option],
+    itemsize: int,
+    limits: Mapping[str, float],
+    measure: Callable[[Mapping[U, Option], str], KLStats],
+    *,
+    drift: Callable[[U, Option], float],
+    uniform: Mapping[Option, tuple[Mapping[U, Option], KLStats]],
+    start: Mapping[U, Option],
+    price: Callable[[Mapping[U, Option]], float],
+    plain: float,
+    sensitivity: Mapping[U, float],
+    points: int = DEFAULT_POINTS,
+    budget_bytes: float | None = None,
+    words: PlanWords = KV_WORDS,
+) -> Frontier:
+    """The greedy's whole path from `start` by `drift`, `points` plans along it and every uniform plan (each
+    already measured: its plan and statistics) measured, the frontier among them, and the answer (see the
+    module's docstring). `price(plan)`: its bytes; `plain`: the bytes of every layer plain."""
     measured = [
         FrontierPoint.measured(
-            f"uniform {o.label}",
-            {i: o for i in sizes},
-            sens.uniform_stats[o],
-            bytes_per_token=o.bytes_per_value(itemsize) * sum(sizes.values()),
-            predicted=None,
-            limits=limits,
+            f"uniform {o.label}", plan, stats, bytes_per_token=price(plan), predicted=None, limits=limits
         )
-        for o in options
+        for o, (plan, stats) in uniform.items()
     ]
-    start = {i: sens.cheapest for i in sizes}
-    path = [start]
-    greedy_plan(sizes, options, sens.drift, target=0.0, start=start, itemsize=itemsize, path=path)
-    predicted = [sum(sens.drift(i, o) for i, o in plan.items()) for plan in path]
+    path = [dict(start)]
+    greedy_plan(sizes, options, drift, target=0.0, start=start, itemsize=itemsize, path=path)
+    predicted = [sum(drift(i, o) for i, o in plan.items()) for plan in path]
     chosen: list[int] = []
     for level in frontier_levels(predicted[0], points + 1)[1:]:  # the cheapest plan itself is uniform
         step = next((k for k, p in enumerate(predicted) if p <= level), None)
-        uniform = step is not None and len(set(path[step].values())) == 1  # measured above (or plain: no drift)
-        if step is not None and step not in chosen and not uniform:
+        uniform_step = step is not None and len(set(path[step].values())) == 1  # measured above (or plain)
+        if step is not None and step not in chosen and not uniform_step:
             chosen.append(step)
     for step in chosen:
         plan = path[step]
@@ -262,7 +324,7 @@ def trace(
                 f"path step {step}",
                 plan,
                 measure(plan, what),
-                bytes_per_token=_bytes(plan, sizes, itemsize),
+                bytes_per_token=price(plan),
                 predicted=predicted[step],
                 limits=limits,
             )
@@ -271,10 +333,11 @@ def trace(
     frontier = Frontier(
         points=ordered,
         answer=None,
-        plain_bytes_per_token=PLAIN_OPTION.bytes_per_value(itemsize) * sum(sizes.values()),
+        plain_bytes_per_token=plain,
         limits=dict(limits),
         budget_bytes=budget_bytes,
-        sensitivity=sens.sensitivity,
+        sensitivity=dict(sensitivity),
+        words=words,
     )
     frontier.answer = _answer(frontier)
     return frontier
@@ -289,15 +352,15 @@ def _answer(frontier: Frontier) -> FrontierPoint | None:
         if not fits:
             cheapest = min(p.bytes_per_token for p in points)
             frontier.notes.append(
-                f"no measured plan fits in {frontier.budget_bytes:,.0f} KV bytes per token (the cheapest takes "
-                f"{cheapest:,.0f}): raise --budget-bytes, or add cheaper options (--bits)"
+                f"no measured plan fits in {frontier.budget_bytes:,.0f} {frontier.words.bytes_unit} (the cheapest "
+                f"takes {cheapest:,.0f}): raise --budget-bytes, or add cheaper options (--bits)"
             )
             return None
         return min(fits, key=lambda p: (p.mean_ci[1], p.bytes_per_token))
     passing = [p for p in points if p.verdict == "pass"]
     if not passing:
         frontier.notes.append(
-            "no measured plan passes the gate's limits on the selection sequences: keep the plain cache, or "
+            f"no measured plan passes the gate's limits on the selection sequences: {frontier.words.keep}, or "
             "widen the options (--bits, --group-sizes, --apart)"
         )
         return None
@@ -311,7 +374,7 @@ def frontier_table(frontier: Frontier) -> list[str]:
     lines = [
         f"frontier: {len(frontier.points)} plans measured on {frontier.selection} selection sequences "
         f"(limits: {', '.join(f'{k} {v:g}' for k, v in frontier.limits.items())})",
-        f"     {'KV bytes/token':>14} {'of plain':>8}  {'mean KL [95% CI]':<30} {'p99':>8} {'top-1':>6}  "
+        f"     {frontier.words.bytes_label:>14} {'of plain':>8}  {'mean KL [95% CI]':<30} {'p99':>8} {'top-1':>6}  "
         f"{'selection':<12} plan",
     ]
     for p in frontier.points:
@@ -335,7 +398,7 @@ def frontier_table(frontier: Frontier) -> list[str]:
 
 
 def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontier") -> str:
-    """The frontier as an HTML page: each measured plan's bytes (share of the plain cache) against its mean
+    """The frontier as an HTML page: each measured plan's bytes (share of plain) against its mean
     KL and interval, the frontier joined by a line, the answer marked, the gate's mean limit across; then
     the table of `frontier_table`'s figures."""
     plain = frontier.plain_bytes_per_token or 1.0
@@ -352,10 +415,12 @@ def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontie
             y=(min(ys) / 2, max(ys) * 2),
             ylog=True,
             height=300,
-            label="KV bytes against drift",
+            label=f"{frontier.words.bytes_unit} against drift",
         )
         fig.axes(
-            xlabel="KV bytes per token, share of the plain cache", ylabel="mean KL (log)", xfmt=lambda v: f"{v:.0%}"
+            xlabel=f"{frontier.words.bytes_unit}, share of {frontier.words.plain}",
+            ylabel="mean KL (log)",
+            xfmt=lambda v: f"{v:.0%}",
         )
         if limit is not None:
             fig.hline(limit, cls="limit", label=f"the gate's mean limit {limit:g}")
@@ -365,7 +430,7 @@ def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontie
         for p in points:
             cls = "point answer" if p is frontier.answer else "point" if p.frontier else "point off"
             tip = (
-                f"{p.source}: {p.counts()}; {p.bytes_per_token:,.0f} B/token; mean KL {p.mean:.3g} "
+                f"{p.source}: {p.counts()}; {p.bytes_per_token:,.0f} {frontier.words.bytes_unit}; mean KL {p.mean:.3g} "
                 f"[{p.mean_ci[0]:.3g}, {p.mean_ci[1]:.3g}]; {p.verdict} on the selection"
             )
             low = p.mean_ci[0] if p.mean_ci[0] > 0 else None
@@ -374,8 +439,8 @@ def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontie
         plot = figure(
             "frontier",
             f"Each plan measured on {frontier.selection} selection sequences: mean KL and its 95% interval against "
-            "its KV bytes; the line joins the frontier (no plan has fewer bytes and a lower bound), grey points "
-            "are beaten, the answer is green.",
+            f"its {frontier.words.bytes_unit}; the line joins the frontier (no plan has fewer bytes and a lower "
+            "bound), grey points are beaten, the answer is green.",
             fig.svg(),
         )
     rows = "".join(
@@ -387,7 +452,8 @@ def frontier_page(frontier: Frontier, *, title: str = "mlxgate plan kv --frontie
         for p in points
     )
     table = (
-        '<table class="frontier"><tr><th></th><th>KV bytes/token</th><th>of plain</th><th>mean KL [95% CI]</th>'
+        f'<table class="frontier"><tr><th></th><th>{esc(frontier.words.bytes_label)}</th><th>of plain</th>'
+        "<th>mean KL [95% CI]</th>"
         f"<th>p99</th><th>top-1</th><th>selection</th><th>plan</th></tr>{rows}</table>"
     )
     notes = "".join(f'<p class="note">{esc(n)}</p>' for n in frontier.notes)

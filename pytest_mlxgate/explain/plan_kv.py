@@ -26,7 +26,8 @@ import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -36,7 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..errors import MlxgateUsageError, PromptsError
 from ..kl.arms import run_candidate, run_reference
 from ..kl.assertions import kl_checks
-from ..kl.prompts import build_sequences, default_prompts, texts_of
+from ..kl.prompts import Prompt, TokenSequence, build_sequences, default_prompts, tail_sequences, texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
 from ..serving.caches import quantized_form
@@ -480,23 +481,50 @@ def _layer_sizes(model: Any) -> tuple[dict[int, float], int, set[int]]:
     return sizes, itemsize, dims
 
 
-def selection_sequences(tokenizer: Any, gate: GateSpec, n: int) -> list[Any]:
-    """`n` sequences built only from default prompts the gate's own sequences never use: the gate's
-    prompts stay held out for the verification, so a plan is never judged on what chose it."""
+def selection_sequences(tokenizer: Any, gate: GateSpec, n: int, *, reserve: int | None = None) -> list[Any]:
+    """`n` sequences like the gate's own, none of which the gate reads: the gate's prompts stay held out for
+    the verification, so a plan is never judged on what chose it. Like: the gate's prompts set the domains
+    (8 prompts of 32 tokens are all code, and code drifts more than prose under quantization: a selection
+    of the other domains chose weight plans that then failed the gate). So, one per text, in this order:
+    free prompts of the gate's domains; the gate's own prompts past every id its runs read (the first
+    `reserve` + 1, default its own tokens), a domain at a time; free prompts of other domains."""
     prompts = default_prompts()
-    gate_seqs = build_sequences(prompts, tokenizer, n=gate.prompts, tokens=gate.tokens)
-    used = {source for s in gate_seqs for source in s.sources}
-    free = [p for p in prompts if p.id not in used]
-    try:
-        if len(free) < 2:
-            raise PromptsError("too few free prompts")
-        return build_sequences(free, tokenizer, n=n, tokens=gate.tokens)
-    except PromptsError:  # its words name the gate's --mlx-kl-prompts, not this option
+    used: set[str] = set()
+    for tokens in {gate.tokens, reserve or gate.tokens}:
+        used |= {
+            source for s in build_sequences(prompts, tokenizer, n=gate.prompts, tokens=tokens) for source in s.sources
+        }
+    by_domain: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        if p.id in used:
+            by_domain.setdefault(p.domain, []).append(p)
+    domains = set(by_domain)
+    # the gate's prompts a domain at a time, round robin: the selection's mix of domains is the gate's
+    read = [p for group in zip_longest(*by_domain.values()) for p in group if p is not None]
+    pool: list[TokenSequence] = []
+    for part in (
+        [p for p in prompts if p.id not in used and p.domain in domains],
+        None,
+        [p for p in prompts if p.id not in used and p.domain not in domains],
+    ):
+        if part is None:
+            pool += tail_sequences(read, tokenizer, skip=(reserve or gate.tokens) + 1, tokens=gate.tokens)
+        elif part:
+            try:
+                pool += build_sequences(part, tokenizer, n=len(part), tokens=gate.tokens)
+            except PromptsError:  # too few or too short to give one sequence each: fewer candidates
+                pass
+    chosen: list[TokenSequence] = []
+    for seq in pool:
+        if seq.text not in {c.text for c in chosen} and seq.ids not in {c.ids for c in chosen}:
+            chosen.append(replace(seq, index=len(chosen)))
+    if len(chosen) < n:
         raise MlxgateUsageError(
-            f"--selection {n}: the {len(free)} default prompts the gate's own {gate.prompts} sequences of "
-            f"{gate.tokens + 1} tokens leave free give fewer than {n} distinct sequences of that length (the "
-            f"gate's prompts are held out for its verification); lower --selection (default {SELECTION_SEQUENCES})"
-        ) from None
+            f"--selection {n}: the default prompts give {len(chosen)} sequences of {gate.tokens + 1} tokens that the "
+            f"gate's own {gate.prompts} sequences never read (its prompts are held out for its verification); "
+            f"lower --selection (default {SELECTION_SEQUENCES})"
+        )
+    return chosen[:n]
 
 
 def plan_summary(result: PlanSearch) -> list[str]:

@@ -18,7 +18,7 @@ the verification quantizes for real, as `mlx_lm.convert` does.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +39,7 @@ from .plan_kv import PLAIN_OPTION, Option, _bytes, _verdicts, measured_rounds, s
 __all__ = [
     "WEIGHT_BITS",
     "WEIGHT_GROUPS",
+    "WEIGHT_SELECTION",
     "Unit",
     "WeightArms",
     "WeightsPlanSearch",
@@ -50,6 +51,8 @@ __all__ = [
 #: The widths and group sizes mlx_lm loads (affine).
 WEIGHT_BITS = (2, 3, 4, 6, 8)
 WEIGHT_GROUPS = (32, 64, 128)
+#: Selection sequences: as many as the weights gates' own prompts (8), so their intervals are as tight.
+WEIGHT_SELECTION = 8
 #: The probe option's uniform mean KL stays below this (nats): past it the model is far enough gone that
 #: drifts stop adding up, and a module's drift alone there says little of its drift at 8 bits.
 PROBE_MEAN = 1.0
@@ -95,7 +98,7 @@ def modules_by_path(model: Any) -> dict[str, Any]:
     return {str(path): module for path, module in model.named_modules()}
 
 
-def weights_spec(plan: Mapping[str, Option], units: Mapping[str, Unit]) -> WeightsSpec:
+def weights_spec(plan: Mapping[str, Option], units: Container[str]) -> WeightsSpec:
     """A plan as a per-module `WeightsSpec`: the most common option its default, every module its own entry
     (plain: kept as loaded), so the quantization block names each module once and exactly."""
     counts: dict[Option, int] = {}
@@ -123,7 +126,7 @@ def check_weight_options(bits: Sequence[int], groups: Sequence[int], selection: 
     if isinstance(selection, bool) or not isinstance(selection, int) or selection < 2:
         raise MlxgateUsageError(
             f"--selection {selection}: the search judges each plan by an interval over the selection sequences, "
-            "and fewer than 2 give none; give 2 or more (default 6)"
+            f"and fewer than 2 give none; give 2 or more (default {WEIGHT_SELECTION})"
         )
 
 
@@ -218,7 +221,7 @@ def weight_arms(
 
         return measure
 
-    seqs = selection_sequences(tokenizer, gate, selection)
+    seqs = selection_sequences(tokenizer, gate, selection, reserve=long)
     gate_seqs = build_sequences(default_prompts(), tokenizer, n=gate.prompts, tokens=gate.tokens)
     say(f"plan weights: reference arm on {len(seqs)} selection sequences and the gate's {len(gate_seqs)} (held out)")
     as_loaded = Lever("plan", "weights", None, None, None, path=gate.lever.path)
@@ -227,7 +230,7 @@ def weight_arms(
     at_length = None
     if long:
         long_shape = replace(shape, tokens=long)
-        long_seqs = selection_sequences(tokenizer, replace(gate, tokens=long), selection)
+        long_seqs = selection_sequences(tokenizer, replace(gate, tokens=long), selection, reserve=long)
         say(f"plan weights: reference arm on {len(long_seqs)} selection sequences of {long} tokens")
         long_refs = run_reference(model, long_seqs, long_shape, as_loaded, counters=ArmCounters())
         at_length = scored(long_seqs, long_refs, long_shape)

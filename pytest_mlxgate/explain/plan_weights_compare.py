@@ -21,13 +21,16 @@ from typing import Any
 from mlx_lm.convert import mixed_quant_predicate_builder
 from mlx_lm.quant.dynamic_quant import estimate_sensitivities
 
+from ..levers.weights import quantization_block
 from ..stats.kl_stats import KLStats
+from .plan_frontier import DEFAULT_POINTS, Frontier, PlanWords, trace_path
 from .plan_gate import GateSpec
-from .plan_kv import Option, greedy_plan
+from .plan_kv import PLAIN_OPTION, Option, greedy_plan
 from .plan_verify import verification_lines
 from .plan_weights import (
     WEIGHT_BITS,
     WEIGHT_GROUPS,
+    WEIGHT_SELECTION,
     WeightArms,
     WeightSensitivities,
     WeightsPlanSearch,
@@ -36,6 +39,7 @@ from .plan_weights import (
     modules_by_path,
     start_plan,
     weight_arms,
+    weights_spec,
 )
 
 __all__ = [
@@ -44,6 +48,8 @@ __all__ = [
     "comparison_lines",
     "dynamic_quant_plan",
     "recipe_plan",
+    "WEIGHT_WORDS",
+    "search_weights_frontier",
     "search_weights_plan",
     "weights_summary",
 ]
@@ -63,7 +69,7 @@ def search_weights_plan(
     *,
     bits: Sequence[int] = WEIGHT_BITS,
     groups: Sequence[int] = WEIGHT_GROUPS,
-    selection: int = 6,
+    selection: int = WEIGHT_SELECTION,
     long: int | None = None,
     compare: bool = True,
     say: Callable[[str], None] = lambda _: None,
@@ -79,6 +85,56 @@ def search_weights_plan(
         result.selection = arms.selection
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _quantization(plan: Mapping[Any, Option]) -> dict[str, Any]:
+    return quantization_block(weights_spec(plan, plan))
+
+
+#: A weight plan's frontier: the model's weight bytes, written as mlx_lm's quantization block.
+WEIGHT_WORDS = PlanWords(
+    "weight bytes", "weight bytes", "the weights as loaded", "quantization", _quantization, "keep the weights as loaded"
+)
+
+
+def search_weights_frontier(
+    model: Any,
+    tokenizer: Any,
+    gate: GateSpec,
+    *,
+    bits: Sequence[int] = WEIGHT_BITS,
+    groups: Sequence[int] = WEIGHT_GROUPS,
+    selection: int = WEIGHT_SELECTION,
+    long: int | None = None,
+    points: int = DEFAULT_POINTS,
+    budget_bytes: float | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> Frontier:
+    """`plan weights --frontier`: the sensitivities, then `plan_frontier.trace_path` over the modules, every
+    plan priced in the model's weight bytes; the answer is the cheapest that passes on the selection (or the
+    least drift within `budget_bytes`)."""
+    started = time.perf_counter()
+    with weight_arms(model, tokenizer, gate, bits=bits, groups=groups, selection=selection, long=long, say=say) as arms:
+        sens = measure_weight_sensitivities(arms, gate.limits)
+        frontier = trace_path(
+            arms.sizes,
+            arms.options,
+            arms.itemsize,
+            gate.limits,
+            arms.measure,
+            drift=sens.drift,
+            uniform={o: (arms.uniform(o), sens.uniform_stats[o]) for o in arms.options},
+            start=start_plan(arms),
+            price=arms.plan_bytes,
+            plain=arms.plan_bytes({p: PLAIN_OPTION for p in arms.units}),
+            sensitivity=sens.sensitivity,
+            points=points,
+            budget_bytes=budget_bytes,
+            words=WEIGHT_WORDS,
+        )
+        frontier.selection = arms.selection
+    frontier.seconds = time.perf_counter() - started
+    return frontier
 
 
 def recipe_plan(arms: WeightArms, recipe: str, group_size: int = 64) -> dict[str, Option]:
@@ -140,12 +196,16 @@ def compare_with_recipes(
             theirs.append((f"mlx_lm {recipe}", recipe_plan(arms, recipe)))
         except ValueError as e:  # a model without down_proj: mlx_lm's recipe does not apply
             result.notes.append(f"mlx_lm {recipe}: not measured ({e})")
-    if result.chosen != "none":
-        for low, high in DYNAMIC_PAIRS:
-            if Option(low, 64) in arms.options and Option(high, 64) in arms.options:
-                say(f"plan weights: mlx_lm dynamic_quant {low}->{high} bits at the plan's bytes")
-                plan, _ = dynamic_quant_plan(arms, low, high, result.bytes)
-                theirs.append((f"mlx_lm dynamic_quant {low}/{high}", plan))
+    # dynamic_quant at the mixed plan's bytes; a uniform answer is one of its own plans, so then halfway
+    # between uniform 6- and 8-bit, where a planner has choices to make
+    budget = result.bytes
+    if result.chosen != "mixed":
+        budget = sum(arms.plan_bytes(arms.uniform(Option(b, 64))) for b in (6, 8)) / 2
+    for low, high in DYNAMIC_PAIRS:
+        if Option(low, 64) in arms.options and Option(high, 64) in arms.options:
+            say(f"plan weights: mlx_lm dynamic_quant {low}->{high} bits within {budget:,.0f} bytes")
+            plan, _ = dynamic_quant_plan(arms, low, high, budget)
+            theirs.append((f"mlx_lm dynamic_quant {low}/{high}", plan))
     rows = []
     for name, plan in theirs:
         spent = arms.plan_bytes(plan)

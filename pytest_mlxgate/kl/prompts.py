@@ -34,6 +34,7 @@ __all__ = [
     "prompts_for",
     "render",
     "sequences_digest",
+    "tail_sequences",
     "texts_of",
 ]
 
@@ -507,6 +508,18 @@ def _is_word_start(text: str, pos: int) -> bool:
 def _preview(text: str) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= _PREVIEW_CHARS else flat[: _PREVIEW_CHARS - 1] + "…"
+
+
+def tail_sequences(prompts: Sequence[Prompt], tokenizer: Any, *, skip: int, tokens: int) -> list[TokenSequence]:
+    """A sequence of `tokens + 1` ids from each prompt long enough, past its first `skip` ids: what a run that
+    reads at most `skip` ids of each prompt never sees (a plan search's selection beside a gate's own)."""
+    out: list[TokenSequence] = []
+    for p in prompts:
+        ids = _encode(tokenizer, render(p, tokenizer))[skip : skip + tokens + 1]
+        if len(ids) == tokens + 1:
+            text = tokenizer.decode(ids)
+            out.append(TokenSequence(index=len(out), ids=tuple(ids), sources=(p.id,), preview=_preview(text)))
+    return out
 
 
 def sequences_digest(sequences: Sequence[TokenSequence]) -> str:

@@ -279,28 +279,49 @@ def test_success_is_the_gate_s_verification_when_there_is_one(
     assert result.succeeded is succeeded
 
 
-@pytest.mark.parametrize(("prompts", "tokens"), [(16, 128), (6, 24), (3, 400)])
-def test_the_selection_never_uses_a_prompt_the_gate_s_own_sequences_use(
-    tiny_kv_model_dir: Path, prompts: int, tokens: int
+@pytest.mark.parametrize(
+    ("prompts", "tokens", "reserve"), [(16, 128, None), (6, 24, None), (3, 400, None), (8, 32, 128), (8, 32, None)]
+)
+def test_the_selection_never_reads_what_the_gate_reads_and_follows_its_domains(
+    tiny_kv_model_dir: Path, prompts: int, tokens: int, reserve: int | None
 ) -> None:
+    """A prompt the gate uses appears in the selection only past every id the gate's runs read (its first
+    `reserve` + 1); and the selection's domains are the gate's where they can be. Before: free prompts in
+    file order, so the weights gate (8 prompts of 32 tokens: all code) was planned on prose and math, and
+    its plan, 1.6x easier there, failed the gate."""
     import mlx_lm
 
     from pytest_mlxgate.explain.plan_gate import GateSpec
     from pytest_mlxgate.explain.plan_kv import selection_sequences
-    from pytest_mlxgate.kl.prompts import build_sequences, default_prompts
+    from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, render
     from pytest_mlxgate.levers.lever import Lever
 
     _, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))
     gate = GateSpec(
         Path("g.py"), Lever("kv", "kv", None, None, None, path="serving"), prompts, tokens, 4, {"mean": 0.1}, ("t",)
     )
-    own = {s for seq in build_sequences(default_prompts(), tokenizer, n=prompts, tokens=tokens) for s in seq.sources}
-    chosen = selection_sequences(tokenizer, gate, 4)
+    prompts_by_id = {p.id: p for p in default_prompts()}
+    own: set[str] = set()
+    for length in {tokens, reserve or tokens}:
+        own |= {
+            s for seq in build_sequences(default_prompts(), tokenizer, n=prompts, tokens=length) for s in seq.sources
+        }
+    chosen = selection_sequences(tokenizer, gate, 4, reserve=reserve)
     assert len(chosen) == 4 and all(len(seq.ids) == tokens + 1 for seq in chosen)
-    assert not own & {s for seq in chosen for s in seq.sources}
+    assert [s.index for s in chosen] == [0, 1, 2, 3] and len({s.text for s in chosen}) == 4  # four texts
+    for seq in chosen:
+        if seq.text not in own:
+            continue
+        ids = list(tokenizer.encode(render(prompts_by_id[seq.text], tokenizer)))
+        at = [k for k in range(len(ids)) if tuple(ids[k : k + tokens + 1]) == seq.ids]
+        assert at and min(at) >= (reserve or tokens) + 1, (seq.text, at)  # past all the gate reads of it
+    gate_domains = {prompts_by_id[s].domain for s in own}
+    chosen_domains = [prompts_by_id[s.text].domain for s in chosen]
+    if (prompts, tokens) == (8, 32):  # the weights gate: all code, and so is its selection
+        assert gate_domains == {"code"} and set(chosen_domains) == {"code"}
 
 
-def test_a_gate_that_uses_every_prompt_leaves_no_selection_and_says_so(tiny_kv_model_dir: Path) -> None:
+def test_a_gate_that_reads_every_prompt_whole_leaves_no_selection_and_says_so(tiny_kv_model_dir: Path) -> None:
     import mlx_lm
 
     from pytest_mlxgate.errors import MlxgateUsageError
@@ -312,10 +333,17 @@ def test_a_gate_that_uses_every_prompt_leaves_no_selection_and_says_so(tiny_kv_m
     _, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))
     everything = len(default_prompts())
     gate = GateSpec(
+        Path("g.py"), Lever("kv", "kv", None, None, None, path="serving"), everything, 400, 4, {"mean": 0.1}, ("t",)
+    )
+    with pytest.raises(
+        MlxgateUsageError,
+        match=r"^--selection 4: the default prompts give 0 sequences of 401 tokens .* lower --selection",
+    ):
+        selection_sequences(tokenizer, gate, 4)
+    gate = GateSpec(  # read only to 65 ids each: the rest of every prompt is still there to select from
         Path("g.py"), Lever("kv", "kv", None, None, None, path="serving"), everything, 64, 4, {"mean": 0.1}, ("t",)
     )
-    with pytest.raises(MlxgateUsageError, match=r"^--selection 4: the \d+ default prompts .* lower --selection"):
-        selection_sequences(tokenizer, gate, 4)
+    assert len(selection_sequences(tokenizer, gate, 4)) == 4
 
 
 @pytest.mark.parametrize(

@@ -326,7 +326,8 @@ def test_mlx_lm_s_plans_are_priced_as_mlx_lm_makes_them(tiny_kv_model_dir: Path)
     ("extra", "message"),
     [
         (["--apart"], "--apart is a KV plan's option"),
-        (["--frontier"], "--frontier is a KV plan's option"),
+        (["--budget-bytes", "5"], "--budget-bytes picks a plan from the frontier: add --frontier"),
+        (["--frontier", "--budget-bytes", "0"], "--budget-bytes 0: give the weight bytes a plan may take"),
         (["--bits", "5"], "--bits 5: 5 is not a choice mlx_lm loads weights at"),
         (["--save", "{tmp}"], "--save {tmp}: it exists; give a new folder"),
     ],
@@ -410,3 +411,31 @@ def test_a_plan_nothing_passes_is_written_nowhere_it_would_be_used(tiny_kv_model
     assert not (tmp_path / "weights_config.json").exists() and not (tmp_path / "planned").exists()
     record = json.loads((tmp_path / "weights_config.search.json").read_text())
     assert record["chosen"] == "none" and record["verification"] is None and record["comparisons"] == []
+
+
+@pytest.mark.slow  # the frontier on the tiny llama: the sensitivities, 4 plans along the path, one gate run
+def test_plan_weights_frontier_measures_the_trade_and_writes_the_answer_as_mlx_lm_s_block(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    done = _plan_weights(tmp_path, tiny_kv_model_dir, 0.05, "--frontier", "--points", "4", "--long-tokens", "0")
+    record = json.loads((tmp_path / "weights_config.search.json").read_text())
+    points = record["frontier"]
+    assert len(points) >= 6 and all("quantization" in p and "kv_config" not in p for p in points), done.stderr
+    assert [p["bytes_per_token"] for p in points] == sorted(p["bytes_per_token"] for p in points)
+    on = [p for p in points if p["frontier"]]
+    for p in on:  # no measured plan has fewer bytes and a lower bound than a frontier point
+        assert not any(
+            q["bytes_per_token"] < p["bytes_per_token"] and q["mean_ci"][1] < p["mean_ci"][1] for q in points
+        )
+    assert all(p["bytes_per_token"] <= record["plain_bytes_per_token"] for p in points)  # plain: the dearest
+    page = (tmp_path / "weights_config.frontier.html").read_text()
+    assert "weight bytes, share of the weights as loaded" in page and "weight bytes" in done.stderr
+    if record["answer"] is None:
+        assert done.returncode == 1 and not (tmp_path / "weights_config.json").exists()
+        return
+    answer = points[record["answer"]]
+    assert answer["verdict"] == "pass" and answer["frontier"]
+    assert (done.returncode == 0) == record["verification"]["verified"], done.stderr
+    written = tmp_path / ("weights_config.json" if done.returncode == 0 else "weights_config.unverified.json")
+    assert json.loads(written.read_text()) == answer["quantization"] == record["quantization"]
+    assert (tmp_path / "planned").is_dir() == (done.returncode == 0)
