@@ -1,21 +1,27 @@
 """What a plan search needs of a gate module (a KV gate for `plan kv`, a weights gate for `plan weights`): its
-lever, its sizes and its KL limits (`read_gate`), shared by the searches (`plan_kv`, `plan_frontier`,
-`plan_weights`) and the verification that runs the gate (`plan_verify`)."""
+lever, its sizes and its KL limits (`read_gate`), and sequences like its own that it never reads
+(`selection_sequences`); shared by the searches (`plan_kv`, `plan_frontier`, `plan_weights`) and the
+verification that runs the gate (`plan_verify`)."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import zip_longest
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..common.gate_calls import declared_limits
-from ..errors import MlxgateUsageError
+from ..errors import MlxgateUsageError, PromptsError
+from ..kl.prompts import Prompt, TokenSequence, build_sequences, default_prompts, tail_sequences
 from ..levers.lever import Lever
 from ..levers.parsing import lever_from_marker
 
-__all__ = ["GateSpec", "read_gate"]
+__all__ = ["SELECTION_SEQUENCES", "GateSpec", "read_gate", "selection_sequences"]
+
+#: Selection sequences (the gate's own prompts are held out for the verification).
+SELECTION_SEQUENCES = 6
 
 
 @dataclass(frozen=True)
@@ -87,3 +93,49 @@ def read_gate(path: Path, *, model: str | None = None, kind: Literal["kv", "weig
         limits=limits,
         kl_tests=tuple(sorted({limit.test for limit in found})),
     )
+
+
+def selection_sequences(tokenizer: Any, gate: GateSpec, n: int, *, reserve: int | None = None) -> list[Any]:
+    """`n` sequences like the gate's own, none of which the gate reads: the gate's prompts stay held out for
+    the verification, so a plan is never judged on what chose it. Like: the gate's prompts set the domains
+    (8 prompts of 32 tokens are all code, and code drifts more than prose under quantization: a selection
+    of the other domains chose weight plans that then failed the gate). So, one per text, in this order:
+    free prompts of the gate's domains; the gate's own prompts past every id its runs read (the first
+    `reserve` + 1, default its own tokens), a domain at a time; free prompts of other domains."""
+    prompts = default_prompts()
+    used: set[str] = set()
+    for tokens in {gate.tokens, reserve or gate.tokens}:
+        used |= {
+            source for s in build_sequences(prompts, tokenizer, n=gate.prompts, tokens=tokens) for source in s.sources
+        }
+    by_domain: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        if p.id in used:
+            by_domain.setdefault(p.domain, []).append(p)
+    domains = set(by_domain)
+    # the gate's prompts a domain at a time, round robin: the selection's mix of domains is the gate's
+    read = [p for group in zip_longest(*by_domain.values()) for p in group if p is not None]
+    pool: list[TokenSequence] = []
+    for part in (
+        [p for p in prompts if p.id not in used and p.domain in domains],
+        None,
+        [p for p in prompts if p.id not in used and p.domain not in domains],
+    ):
+        if part is None:
+            pool += tail_sequences(read, tokenizer, skip=(reserve or gate.tokens) + 1, tokens=gate.tokens)
+        elif part:
+            try:
+                pool += build_sequences(part, tokenizer, n=len(part), tokens=gate.tokens)
+            except PromptsError:  # too few or too short to give one sequence each: fewer candidates
+                pass
+    chosen: list[TokenSequence] = []
+    for seq in pool:
+        if seq.text not in {c.text for c in chosen} and seq.ids not in {c.ids for c in chosen}:
+            chosen.append(replace(seq, index=len(chosen)))
+    if len(chosen) < n:
+        raise MlxgateUsageError(
+            f"--selection {n}: the default prompts give {len(chosen)} sequences of {gate.tokens + 1} tokens that the "
+            f"gate's own {gate.prompts} sequences never read (its prompts are held out for its verification); "
+            f"lower --selection (default {SELECTION_SEQUENCES})"
+        )
+    return chosen[:n]

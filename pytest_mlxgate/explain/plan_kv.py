@@ -26,35 +26,40 @@ import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from itertools import zip_longest
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..errors import MlxgateUsageError, PromptsError
+from ..errors import MlxgateUsageError
 from ..kl.arms import run_candidate, run_reference
 from ..kl.assertions import kl_checks
-from ..kl.prompts import Prompt, TokenSequence, build_sequences, default_prompts, tail_sequences, texts_of
+from ..kl.prompts import texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
 from ..serving.caches import quantized_form
 from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
 from ..stats.kl_stats import KLStats, summarize
-from .plan_gate import GateSpec
+from .plan_gate import SELECTION_SEQUENCES, GateSpec, selection_sequences
 from .plan_verify import verification_lines
 
-__all__ = ["Option", "PlanSearch", "greedy_plan", "measured_rounds", "search_kv_plan"]
+__all__ = [
+    "SELECTION_SEQUENCES",
+    "Option",
+    "PlanSearch",
+    "greedy_plan",
+    "measured_rounds",
+    "search_kv_plan",
+    "selection_sequences",
+]
 
 #: The greedy stops once the predicted mean KL is this share of the gate's mean limit: room for the
 #: interval and for drifts that do not add up.
 TARGET_SHARE = 0.5
-#: Measured rounds on the selection sequences before the search gives up on a mixed plan.
-MAX_ROUNDS = 4
-#: Selection sequences (the gate's own prompts are held out for the verification).
-SELECTION_SEQUENCES = 6
+#: Measured rounds on the selection sequences: halving until a plan passes, then bisecting for a cheaper one.
+MAX_ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -404,8 +409,9 @@ def choose_plan(
         result.chosen = "none"
         result.notes.append(
             f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
-            f"sequences in {MAX_ROUNDS} rounds{' but every layer plain' if passed else ''}; keep the plain cache, or "
-            "widen the options (--bits, --group-sizes)"
+            f"sequences in {len(rounds)} measured round{'s' * (len(rounds) != 1)}"
+            f"{' but every layer plain' if passed else ''}; keep the plain cache, or widen the options (--bits, "
+            "--group-sizes)"
         )
     return result
 
@@ -421,16 +427,25 @@ def measured_rounds(
     start: Mapping[U, Option] | None = None,
     at_length: Callable[[Mapping[U, Option], str], KLStats] | None = None,
 ) -> tuple[dict[U, Option], list[dict[str, Any]], bool]:
-    """Steps 3-4: the greedy to `TARGET_SHARE` of the mean limit, measured; a plan that does not pass has
-    the target halved and the greedy goes on from it, `MAX_ROUNDS` times at most. The last plan, the
-    rounds (each: target, prediction, measured mean and interval, verdict, bytes) and whether it passed.
-    `at_length`: the plan measured again on selection sequences at the verification's long context; a
-    round passes only where both pass (the gate will be run at both)."""
+    """Steps 3-4: the greedy to `TARGET_SHARE` of the mean limit, measured; while no plan has passed, the
+    target halves (below the last plan's own prediction); once one has, the target bisects (geometrically)
+    between the lowest that failed and the highest that passed, for a cheaper plan that still passes;
+    `MAX_ROUNDS` in all. The cheapest plan that passed (else the last), the rounds (each: target,
+    prediction, measured mean and interval, verdict, bytes) and whether one passed. The greedy's path is
+    one path, so a target's plan is its prefix at that drift. `at_length`: the plan measured again on
+    selection sequences at the verification's long context; a round passes only where both pass."""
     target = limits["mean"] * TARGET_SHARE
-    plan: dict[U, Option] | None = dict(start) if start is not None else None
     rounds: list[dict[str, Any]] = []
+    failed_at: float | None = None  # the lowest target whose plan did not pass
+    passed_at: float | None = None  # the highest target whose plan passed
+    best: dict[U, Option] | None = None
+    plan: dict[U, Option] = dict(start) if start is not None else {}
+    seen: list[dict[U, Option]] = []
     for _ in range(MAX_ROUNDS):
-        plan = greedy_plan(sizes, options, drift, target=target, start=plan, itemsize=itemsize)
+        plan = greedy_plan(sizes, options, drift, target=target, start=start, itemsize=itemsize)
+        if plan in seen:
+            break  # the bisection has narrowed to plans already measured
+        seen.append(plan)
         stats = measure(plan, f"the plan found for a predicted mean KL <= {target:.3g}")
         verdict = _verdicts(stats, limits)
         rounds.append(
@@ -440,6 +455,7 @@ def measured_rounds(
                 "mean": stats.mean,
                 "mean_ci": list(stats.mean_ci),
                 "verdict": verdict,
+                "checks": {c["key"]: c["verdict"] for c in kl_checks(stats.to_json(), dict(limits))},
                 "bytes_per_token": _bytes(plan, sizes, itemsize),
             }
         )
@@ -448,11 +464,19 @@ def measured_rounds(
             verdict = rounds[-1]["verdict"] = _verdicts(longer, limits)
             rounds[-1]["long"] = {"mean": longer.mean, "mean_ci": list(longer.mean_ci), "verdict": verdict}
         if verdict == "pass":
-            return plan, rounds, True
-        # below what this plan predicted: a target it already meets would measure the same plan again
-        target = min(target, rounds[-1]["predicted"]) / 2
-    assert plan is not None
-    return plan, rounds, False
+            if best is None or _bytes(plan, sizes, itemsize) < _bytes(best, sizes, itemsize):
+                best = plan
+            passed_at = target
+            if failed_at is None:
+                break  # passed at the first ask: the search aims no higher than TARGET_SHARE
+            target = math.sqrt(failed_at * passed_at)
+        else:
+            failed_at = target
+            # below what this plan predicted: a target it already meets would measure the same plan again
+            target = (
+                math.sqrt(target * passed_at) if passed_at is not None else min(target, rounds[-1]["predicted"]) / 2
+            )
+    return (best if best is not None else plan), rounds, best is not None
 
 
 def _verdicts(stats: KLStats, limits: Mapping[str, float]) -> str:
@@ -481,50 +505,21 @@ def _layer_sizes(model: Any) -> tuple[dict[int, float], int, set[int]]:
     return sizes, itemsize, dims
 
 
-def selection_sequences(tokenizer: Any, gate: GateSpec, n: int, *, reserve: int | None = None) -> list[Any]:
-    """`n` sequences like the gate's own, none of which the gate reads: the gate's prompts stay held out for
-    the verification, so a plan is never judged on what chose it. Like: the gate's prompts set the domains
-    (8 prompts of 32 tokens are all code, and code drifts more than prose under quantization: a selection
-    of the other domains chose weight plans that then failed the gate). So, one per text, in this order:
-    free prompts of the gate's domains; the gate's own prompts past every id its runs read (the first
-    `reserve` + 1, default its own tokens), a domain at a time; free prompts of other domains."""
-    prompts = default_prompts()
-    used: set[str] = set()
-    for tokens in {gate.tokens, reserve or gate.tokens}:
-        used |= {
-            source for s in build_sequences(prompts, tokenizer, n=gate.prompts, tokens=tokens) for source in s.sources
-        }
-    by_domain: dict[str, list[Prompt]] = {}
-    for p in prompts:
-        if p.id in used:
-            by_domain.setdefault(p.domain, []).append(p)
-    domains = set(by_domain)
-    # the gate's prompts a domain at a time, round robin: the selection's mix of domains is the gate's
-    read = [p for group in zip_longest(*by_domain.values()) for p in group if p is not None]
-    pool: list[TokenSequence] = []
-    for part in (
-        [p for p in prompts if p.id not in used and p.domain in domains],
-        None,
-        [p for p in prompts if p.id not in used and p.domain not in domains],
-    ):
-        if part is None:
-            pool += tail_sequences(read, tokenizer, skip=(reserve or gate.tokens) + 1, tokens=gate.tokens)
-        elif part:
-            try:
-                pool += build_sequences(part, tokenizer, n=len(part), tokens=gate.tokens)
-            except PromptsError:  # too few or too short to give one sequence each: fewer candidates
-                pass
-    chosen: list[TokenSequence] = []
-    for seq in pool:
-        if seq.text not in {c.text for c in chosen} and seq.ids not in {c.ids for c in chosen}:
-            chosen.append(replace(seq, index=len(chosen)))
-    if len(chosen) < n:
-        raise MlxgateUsageError(
-            f"--selection {n}: the default prompts give {len(chosen)} sequences of {gate.tokens + 1} tokens that the "
-            f"gate's own {gate.prompts} sequences never read (its prompts are held out for its verification); "
-            f"lower --selection (default {SELECTION_SEQUENCES})"
+def round_lines(rounds: Sequence[Mapping[str, Any]], selection: int) -> list[str]:
+    """Each measured round in a line: its target and prediction, the measured mean, the checks that did not
+    pass, the figure at the long context, the verdict."""
+    lines = []
+    for k, r in enumerate(rounds, 1):
+        short = [f"{key} {v}" for key, v in r.get("checks", {}).items() if v != "pass"]
+        why = f" ({', '.join(short)})" if short else ""
+        long = r.get("long")
+        at_length = f", at the long context {long['mean']:.3g} ({long['verdict']})" if long else ""
+        lines.append(
+            f"  round {k}: predicted {r['predicted']:.3g} <= target {r['target']:.3g}; measured mean KL "
+            f"{r['mean']:.3g} [{r['mean_ci'][0]:.3g}, {r['mean_ci'][1]:.3g}]{why}{at_length} -> {r['verdict']} on "
+            f"{selection} selection sequences"
         )
-    return chosen[:n]
+    return lines
 
 
 def plan_summary(result: PlanSearch) -> list[str]:
@@ -544,12 +539,7 @@ def plan_summary(result: PlanSearch) -> list[str]:
             f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
             f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
         )
-    for k, r in enumerate(result.rounds, 1):
-        lines.append(
-            f"  round {k}: predicted {r['predicted']:.3g} <= target {r['target']:.3g}; measured mean KL "
-            f"{r['mean']:.3g} [{r['mean_ci'][0]:.3g}, {r['mean_ci'][1]:.3g}] -> {r['verdict']} on "
-            f"{result.selection} selection sequences"
-        )
+    lines.extend(round_lines(result.rounds, result.selection))
     lines.extend(f"  note: {n}" for n in result.notes)
     if result.verification is not None:
         lines.extend(verification_lines(result.verification))

@@ -33,8 +33,8 @@ from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
 from ..levers.weights import WeightsSpec, quantization_block
 from ..stats.kl_stats import KLStats, summarize
-from .plan_gate import GateSpec
-from .plan_kv import PLAIN_OPTION, Option, _bytes, _verdicts, measured_rounds, selection_sequences
+from .plan_gate import GateSpec, selection_sequences
+from .plan_kv import PLAIN_OPTION, Option, _bytes, _verdicts, measured_rounds
 
 __all__ = [
     "WEIGHT_BITS",

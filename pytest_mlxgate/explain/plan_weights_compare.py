@@ -25,7 +25,7 @@ from ..levers.weights import quantization_block
 from ..stats.kl_stats import KLStats
 from .plan_frontier import DEFAULT_POINTS, Frontier, PlanWords, trace_path
 from .plan_gate import GateSpec
-from .plan_kv import PLAIN_OPTION, Option, greedy_plan
+from .plan_kv import PLAIN_OPTION, Option, greedy_plan, round_lines
 from .plan_verify import verification_lines
 from .plan_weights import (
     WEIGHT_BITS,
@@ -266,13 +266,7 @@ def weights_summary(result: WeightsPlanSearch) -> list[str]:
             f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
             f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
         )
-    for k, r in enumerate(result.rounds, 1):
-        lines.append(
-            f"  round {k}: predicted {r['predicted']:.3g} <= target {r['target']:.3g}; measured mean KL "
-            f"{r['mean']:.3g} [{r['mean_ci'][0]:.3g}, {r['mean_ci'][1]:.3g}]"
-            + (f", at the long context {r['long']['mean']:.3g}" if "long" in r else "")
-            + f" -> {r['verdict']} on {result.selection} selection sequences"
-        )
+    lines.extend(round_lines(result.rounds, result.selection))
     if result.comparisons:
         lines.append("  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):")
         lines.extend("  " + line for line in comparison_lines(result.comparisons))

@@ -211,20 +211,35 @@ def _measured(sens: dict[int, float], *, interaction: float = 0.0, floor: float 
     return measure, asked
 
 
-def test_a_plan_that_fails_its_measurement_backs_off_by_halving_the_target_until_one_passes() -> None:
+def test_a_plan_that_fails_backs_off_by_halving_then_bisects_for_the_cheapest_that_passes() -> None:
+    """Halving until a plan passes, then the target bisects (geometrically) between the lowest that failed and
+    the highest that passed; the answer is the cheapest plan that passed, never one that failed."""
+    import math
+
     from pytest_mlxgate.explain.plan_kv import MAX_ROUNDS, TARGET_SHARE, choose_plan
 
-    sizes = {0: 100.0, 1: 100.0, 2: 100.0, 3: 100.0}
-    sens = {0: 5e-4, 1: 6e-4, 2: 0.05, 3: 4e-4}
-    measure, asked = _measured(sens, interaction=2.0)  # layers interact: the additive guess is too low
+    sizes = {i: 100.0 for i in range(8)}
+    sens = {0: 5e-4, 1: 6e-4, 2: 0.05, 3: 4e-4, 4: 3e-3, 5: 2e-3, 6: 1e-3, 7: 8e-4}
+    measure, asked = _measured(sens, interaction=0.3)  # layers interact: the additive guess is too low
     result = choose_plan(sizes, [FOUR, EIGHT], 2, LIMITS, measure)
     rounds = result.rounds
+    plans = asked[-len(rounds) :]  # each round's plan, as measured
+    verdicts = [r["verdict"] for r in rounds]
     assert 1 < len(rounds) <= MAX_ROUNDS and rounds[0]["target"] == LIMITS["mean"] * TARGET_SHARE
-    assert [r["verdict"] for r in rounds] == ["fail"] * (len(rounds) - 1) + ["pass"]
-    for a, b in zip(rounds, rounds[1:], strict=False):  # each round asks for less than the last one found
+    first = verdicts.index("pass")
+    assert first > 0 and len(rounds) > first + 1, rounds  # it halved, passed, then looked for cheaper
+    for a, b in zip(rounds[:first], rounds[1 : first + 1], strict=False):  # halving below what was found
         assert b["target"] == min(a["target"], a["predicted"]) / 2 and b["predicted"] < a["predicted"]
-    # each round's figure is the measurement of that round's plan, and the answer is the plan that passed
-    assert asked[-1] == result.layers and result.passed_selection and rounds[-1]["mean"] <= LIMITS["mean"]
+    for k in range(first + 1, len(rounds)):  # then between the lowest failure and the highest pass so far
+        failed = min(r["target"] for r in rounds[:k] if r["verdict"] != "pass")
+        passed = max(r["target"] for r in rounds[:k] if r["verdict"] == "pass")
+        assert (
+            rounds[k]["target"] == pytest.approx(math.sqrt(failed * passed)) and passed < rounds[k]["target"] < failed
+        )
+    passing = [(r["bytes_per_token"], k) for k, r in enumerate(rounds) if r["verdict"] == "pass"]
+    cheapest, k = min(passing)
+    assert result.layers == plans[k] and result.bytes_per_token == cheapest and result.passed_selection
+    assert len(passing) > 1 and cheapest < max(passing)[0]  # the bisection found a cheaper plan that passes
     assert result.chosen == "mixed" and result.succeeded  # no verification asked for: the selection's pass
 
 
@@ -256,7 +271,9 @@ def test_when_nothing_passes_the_answer_is_none_and_never_a_success() -> None:
     measure, _ = _measured({0: 0.5, 1: 0.5}, floor=1.0)  # every plan drifts past the limit
     result = choose_plan({0: 100.0, 1: 100.0}, [FOUR, EIGHT], 2, LIMITS, measure)
     assert result.chosen == "none" and not result.passed_selection and not result.succeeded
-    assert len(result.rounds) == MAX_ROUNDS and "keep the plain cache" in result.notes[0]
+    # every plan the greedy reaches was measured (down to every layer plain, here at once): no round repeats one
+    assert 1 <= len(result.rounds) <= MAX_ROUNDS and "keep the plain cache" in result.notes[0]
+    assert f"in {len(result.rounds)} measured round" in result.notes[0]
 
 
 @pytest.mark.parametrize(
@@ -291,8 +308,7 @@ def test_the_selection_never_reads_what_the_gate_reads_and_follows_its_domains(
     its plan, 1.6x easier there, failed the gate."""
     import mlx_lm
 
-    from pytest_mlxgate.explain.plan_gate import GateSpec
-    from pytest_mlxgate.explain.plan_kv import selection_sequences
+    from pytest_mlxgate.explain.plan_gate import GateSpec, selection_sequences
     from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, render
     from pytest_mlxgate.levers.lever import Lever
 
@@ -325,8 +341,7 @@ def test_a_gate_that_reads_every_prompt_whole_leaves_no_selection_and_says_so(ti
     import mlx_lm
 
     from pytest_mlxgate.errors import MlxgateUsageError
-    from pytest_mlxgate.explain.plan_gate import GateSpec
-    from pytest_mlxgate.explain.plan_kv import selection_sequences
+    from pytest_mlxgate.explain.plan_gate import GateSpec, selection_sequences
     from pytest_mlxgate.kl.prompts import default_prompts
     from pytest_mlxgate.levers.lever import Lever
 
