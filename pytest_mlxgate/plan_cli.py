@@ -47,6 +47,11 @@ def main(args: argparse.Namespace) -> int:
         return plan_kv(args, bits, groups) if args.kind == "kv" else plan_weights(args, bits, groups)
     except MlxgateUsageError as e:
         return _usage(str(e))
+    except Exception as e:  # the gate, the model, the search: a message that is the whole story, else raised
+        if not _expected(e):
+            raise
+        print(f"mlxgate: {e}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _usage(message: str) -> int:
@@ -115,24 +120,14 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
     from .serving.caches import sliding_window
 
     check_search_options(bits, groups, args.selection)  # before the gate and the model load
-    try:
-        gate = read_gate(args.gate.resolve(), model=args.model)
-        model, tokenizer, _ = _load(args)
-        asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, apart=args.apart)
-        result: Any = (
-            search_frontier(
-                model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=_say, **asked
-            )
-            if args.frontier
-            else search_kv_plan(model, tokenizer, gate, say=_say, **asked)
-        )
-    except MlxgateUsageError:
-        raise
-    except Exception as e:
-        if not _expected(e):
-            raise
-        print(f"mlxgate: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    gate = read_gate(args.gate.resolve(), model=args.model)
+    model, tokenizer, _ = _load(args)
+    asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, apart=args.apart)
+    result: Any = (
+        search_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=_say, **asked)
+        if args.frontier
+        else search_kv_plan(model, tokenizer, gate, say=_say, **asked)
+    )
     found = result.answer is not None if args.frontier else result.chosen != "none"
     long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
     unverified = _verify(args, gate, result, result.kv_config(), found=found, long=long)
@@ -156,23 +151,15 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
     from .serving.caches import sliding_window
 
     check_weight_options(bits, groups, args.selection)
-    try:
-        gate = read_gate(args.gate.resolve(), model=args.model, kind="weights")
-        model, tokenizer, snap = _load(args)
-        long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
-        asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, long=long or None, say=_say)
-        result: Any = (
-            search_weights_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, **asked)
-            if args.frontier
-            else search_weights_plan(model, tokenizer, gate, compare=not args.no_compare, **asked)
-        )
-    except MlxgateUsageError:
-        raise
-    except Exception as e:
-        if not _expected(e):
-            raise
-        print(f"mlxgate: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    gate = read_gate(args.gate.resolve(), model=args.model, kind="weights")
+    model, tokenizer, snap = _load(args)
+    long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
+    asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, long=long or None, say=_say)
+    result: Any = (
+        search_weights_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, **asked)
+        if args.frontier
+        else search_weights_plan(model, tokenizer, gate, compare=not args.no_compare, **asked)
+    )
     found = result.answer is not None if args.frontier else result.chosen != "none"
     unverified = _verify(
         args, gate, result, result.kv_config() if args.frontier else result.config(), found=found, long=long

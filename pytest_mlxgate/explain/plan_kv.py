@@ -200,19 +200,28 @@ def greedy_plan(
     return plan
 
 
-def check_search_options(bits: Sequence[int], groups: Sequence[int], selection: int) -> None:
-    """Refuse, by the option's name, what the search could only fail on later (or silently drop)."""
-    for flag, values, allowed in (("--bits", bits, KV_BITS), ("--group-sizes", groups, KV_GROUP_SIZES)):
-        wrong = [v for v in values if v not in allowed]
+def check_search_options(
+    bits: Sequence[int],
+    groups: Sequence[int],
+    selection: int,
+    *,
+    allowed: tuple[Sequence[int], Sequence[int]] = (KV_BITS, KV_GROUP_SIZES),
+    what: str = "mlx quantizes a KV cache with",
+    default_selection: int = SELECTION_SEQUENCES,
+) -> None:
+    """Refuse, by the option's name, what the search could only fail on later (or silently drop): widths
+    and groups outside `allowed` (`what` says whose), fewer than 2 selection sequences."""
+    for flag, values, choices in (("--bits", bits, allowed[0]), ("--group-sizes", groups, allowed[1])):
+        wrong = [v for v in values if v not in choices]
         if wrong or not values:
             raise MlxgateUsageError(
                 f"{flag} {','.join(map(str, values))}: {', '.join(map(str, wrong)) or 'nothing'} is not a choice "
-                f"mlx quantizes a KV cache with; give some of {','.join(map(str, allowed))}"
+                f"{what}; give some of {','.join(map(str, choices))}"
             )
     if isinstance(selection, bool) or not isinstance(selection, int) or selection < 2:
         raise MlxgateUsageError(
             f"--selection {selection}: the search judges each plan by an interval over the selection sequences, "
-            f"and fewer than 2 give none; give 2 or more (default {SELECTION_SEQUENCES})"
+            f"and fewer than 2 give none; give 2 or more (default {default_selection})"
         )
 
 
@@ -396,16 +405,14 @@ def choose_plan(
         seconds=0.0,
         selection=0,
     )
-    passing = [u for u in uniform if u["passes"]]
-    best_uniform = min(passing, key=lambda u: u["bytes_per_token"]) if passing else None
-    if best_uniform is not None and (not passed or best_uniform["bytes_per_token"] <= result.bytes_per_token):
-        o = next(o for o in options if o.label == best_uniform["option"])
+    verdict, o = against_uniform(uniform, "bytes_per_token", result.bytes_per_token, options, passed, plan)
+    if o is not None:
         result.layers = {i: o for i in sizes}
-        result.bytes_per_token = best_uniform["bytes_per_token"]
-        result.chosen = f"uniform {o.label}"
+        result.bytes_per_token = o.bytes_per_value(itemsize) * sum(sizes.values())
+        result.chosen = verdict
         result.passed_selection = True
-        result.notes.append(f"no mixed plan found costs fewer bytes than uniform {o.label}, which passes")
-    elif not passed or all(o.bits is None for o in plan.values()):
+        result.notes.append(f"no mixed plan found costs fewer bytes than {verdict}, which passes")
+    elif verdict == "none":
         result.chosen = "none"
         result.notes.append(
             f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
@@ -414,6 +421,27 @@ def choose_plan(
             "--group-sizes)"
         )
     return result
+
+
+def against_uniform(
+    uniform: Sequence[Mapping[str, Any]],
+    key: str,
+    plan_bytes: float,
+    options: Sequence[Option],
+    passed: bool,
+    plan: Mapping[Any, Option],
+) -> tuple[str, Option | None]:
+    """Step 5: ("uniform <label>", its option) where a uniform plan passes at no more bytes (`key`) than the
+    mixed plan, or the mixed plan did not pass; ("none", None) where nothing passed, or only every layer
+    plain (no quantized plan); else ("mixed", None)."""
+    passing = [u for u in uniform if u["passes"]]
+    best = min(passing, key=lambda u: u[key]) if passing else None
+    if best is not None and (not passed or best[key] <= plan_bytes):
+        o = next(o for o in options if o.label == best["option"])
+        return f"uniform {o.label}", o
+    if not passed or all(o.bits is None for o in plan.values()):
+        return "none", None
+    return "mixed", None
 
 
 def measured_rounds(
@@ -533,17 +561,32 @@ def plan_summary(result: PlanSearch) -> list[str]:
         + ", ".join(f"{n} layers {label}" for label, n in sorted(counts.items()))
         + f" · {result.bytes_per_token:,.0f} KV bytes per token ({share:.1%} of plain)",
     ]
-    for u in result.uniform:
-        rel = u["bytes_per_token"] / result.bytes_per_token if result.bytes_per_token else math.nan
+    lines.extend(uniform_lines(result.uniform, result.bytes_per_token, key="bytes_per_token"))
+    lines.extend(round_lines(result.rounds, result.selection))
+    lines.extend(f"  note: {n}" for n in result.notes)
+    lines.extend(verdict_lines(result.verification, result.chosen, result.seconds))
+    return lines
+
+
+def uniform_lines(uniform: Sequence[Mapping[str, Any]], plan_bytes: float, *, key: str) -> list[str]:
+    """Each uniform plan in a line: its mean on the selection, whether it passes, its bytes (`key`) over the
+    plan's."""
+    lines = []
+    for u in uniform:
+        rel = u[key] / plan_bytes if plan_bytes else math.nan
         lines.append(
             f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
             f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
         )
-    lines.extend(round_lines(result.rounds, result.selection))
-    lines.extend(f"  note: {n}" for n in result.notes)
-    if result.verification is not None:
-        lines.extend(verification_lines(result.verification))
-    elif result.chosen != "none":
+    return lines
+
+
+def verdict_lines(verification: Mapping[str, Any] | None, chosen: str, seconds: float) -> list[str]:
+    """The gate's verdict on the plan (or that it was not asked for), and what the search took."""
+    lines = []
+    if verification is not None:
+        lines.extend(verification_lines(verification))
+    elif chosen != "none":
         lines.append("  not verified (--no-verify): passed on the selection only; run the gate on it before use")
-    lines.append(f"  took {result.seconds:.0f} s")
+    lines.append(f"  took {seconds:.0f} s")
     return lines

@@ -34,7 +34,15 @@ from ..levers.lever import Lever
 from ..levers.weights import WeightsSpec, quantization_block
 from ..stats.kl_stats import KLStats, summarize
 from .plan_gate import GateSpec, selection_sequences
-from .plan_kv import PLAIN_OPTION, Option, _bytes, _verdicts, measured_rounds
+from .plan_kv import (
+    PLAIN_OPTION,
+    Option,
+    _bytes,
+    _verdicts,
+    against_uniform,
+    check_search_options,
+    measured_rounds,
+)
 
 __all__ = [
     "WEIGHT_BITS",
@@ -116,18 +124,14 @@ def weights_spec(plan: Mapping[str, Option], units: Container[str]) -> WeightsSp
 
 def check_weight_options(bits: Sequence[int], groups: Sequence[int], selection: int) -> None:
     """Refuse, by the option's name, widths or groups mlx_lm cannot load, before the model loads."""
-    for flag, values, allowed in (("--bits", bits, WEIGHT_BITS), ("--group-sizes", groups, WEIGHT_GROUPS)):
-        wrong = [v for v in values if v not in allowed]
-        if wrong or not values:
-            raise MlxgateUsageError(
-                f"{flag} {','.join(map(str, values))}: {', '.join(map(str, wrong)) or 'nothing'} is not a choice "
-                f"mlx_lm loads weights at; give some of {','.join(map(str, allowed))}"
-            )
-    if isinstance(selection, bool) or not isinstance(selection, int) or selection < 2:
-        raise MlxgateUsageError(
-            f"--selection {selection}: the search judges each plan by an interval over the selection sequences, "
-            f"and fewer than 2 give none; give 2 or more (default {WEIGHT_SELECTION})"
-        )
+    check_search_options(
+        bits,
+        groups,
+        selection,
+        allowed=(WEIGHT_BITS, WEIGHT_GROUPS),
+        what="mlx_lm loads weights at",
+        default_selection=WEIGHT_SELECTION,
+    )
 
 
 def _qdq(w: mx.array, o: Option) -> mx.array:
@@ -399,17 +403,15 @@ def choose_weights_plan(arms: WeightArms, sens: WeightSensitivities, limits: Map
         chosen="mixed",
         sensitivity=sens.sensitivity,
     )
-    passing = [u for u in sens.uniform if u["passes"]]
-    best = min(passing, key=lambda u: u["bytes"]) if passing else None
-    if best is not None and (not passed or best["bytes"] <= result.bytes):
-        o = next(o for o in arms.options if o.label == best["option"])
+    verdict, o = against_uniform(sens.uniform, "bytes", result.bytes, arms.options, passed, plan)
+    if o is not None:
         result.plan = arms.uniform(o)
         result.spec = weights_spec(result.plan, arms.units)
-        result.bytes = best["bytes"]
-        result.chosen = f"uniform {o.label}"
+        result.bytes = arms.plan_bytes(result.plan)
+        result.chosen = verdict
         result.passed_selection = True
-        result.notes.append(f"no mixed plan found costs fewer bytes than uniform {o.label}, which passes")
-    elif not passed or all(o.bits is None for o in plan.values()):
+        result.notes.append(f"no mixed plan found costs fewer bytes than {verdict}, which passes")
+    elif verdict == "none":
         result.chosen = "none"
         result.notes.append(
             f"no plan among {', '.join(o.label for o in arms.options)} per module passed the gate's limits on the "

@@ -16,7 +16,7 @@ import io
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from mlx_lm.convert import mixed_quant_predicate_builder
 from mlx_lm.quant.dynamic_quant import estimate_sensitivities
@@ -25,8 +25,7 @@ from ..levers.weights import quantization_block
 from ..stats.kl_stats import KLStats
 from .plan_frontier import DEFAULT_POINTS, Frontier, PlanWords, trace_path
 from .plan_gate import GateSpec
-from .plan_kv import PLAIN_OPTION, Option, greedy_plan, round_lines
-from .plan_verify import verification_lines
+from .plan_kv import PLAIN_OPTION, Option, greedy_plan, round_lines, uniform_lines, verdict_lines
 from .plan_weights import (
     WEIGHT_BITS,
     WEIGHT_GROUPS,
@@ -76,12 +75,35 @@ def search_weights_plan(
 ) -> WeightsPlanSearch:
     """The search on `model` (`plan_weights`); with `long`, each round's plan is measured at that length too;
     with `compare`, mlx_lm's plans beside it."""
-    started = time.perf_counter()
-    with weight_arms(model, tokenizer, gate, bits=bits, groups=groups, selection=selection, long=long, say=say) as arms:
-        sens = measure_weight_sensitivities(arms, gate.limits)
+
+    def search(arms: WeightArms, sens: WeightSensitivities) -> WeightsPlanSearch:
         result = choose_weights_plan(arms, sens, gate.limits)
         if compare:
             result.comparisons = compare_with_recipes(arms, sens, result, say=say)
+        return result
+
+    return _timed(model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say)
+
+
+R = TypeVar("R", WeightsPlanSearch, Frontier)
+
+
+def _timed(
+    model: Any,
+    tokenizer: Any,
+    gate: GateSpec,
+    search: Callable[[WeightArms, WeightSensitivities], R],
+    *,
+    bits: Sequence[int],
+    groups: Sequence[int],
+    selection: int,
+    long: int | None,
+    say: Callable[[str], None],
+) -> R:
+    """`search(arms, sensitivities)` inside `weight_arms`, its selection count and seconds (setup included) set."""
+    started = time.perf_counter()
+    with weight_arms(model, tokenizer, gate, bits=bits, groups=groups, selection=selection, long=long, say=say) as arms:
+        result = search(arms, measure_weight_sensitivities(arms, gate.limits))
         result.selection = arms.selection
     result.seconds = time.perf_counter() - started
     return result
@@ -113,10 +135,9 @@ def search_weights_frontier(
     """`plan weights --frontier`: the sensitivities, then `plan_frontier.trace_path` over the modules, every
     plan priced in the model's weight bytes; the answer is the cheapest that passes on the selection (or the
     least drift within `budget_bytes`)."""
-    started = time.perf_counter()
-    with weight_arms(model, tokenizer, gate, bits=bits, groups=groups, selection=selection, long=long, say=say) as arms:
-        sens = measure_weight_sensitivities(arms, gate.limits)
-        frontier = trace_path(
+
+    def search(arms: WeightArms, sens: WeightSensitivities) -> Frontier:
+        return trace_path(
             arms.sizes,
             arms.options,
             arms.itemsize,
@@ -132,9 +153,8 @@ def search_weights_frontier(
             budget_bytes=budget_bytes,
             words=WEIGHT_WORDS,
         )
-        frontier.selection = arms.selection
-    frontier.seconds = time.perf_counter() - started
-    return frontier
+
+    return _timed(model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say)
 
 
 def recipe_plan(arms: WeightArms, recipe: str, group_size: int = 64) -> dict[str, Option]:
@@ -260,20 +280,11 @@ def weights_summary(result: WeightsPlanSearch) -> list[str]:
         + f" · {result.bytes:,.0f} weight bytes ({share:.1%} of the weights as loaded)",
         f"  sensitivities: each module alone at {result.probe}, scaled by its own quantization error per option",
     ]
-    for u in result.uniform:
-        rel = u["bytes"] / result.bytes if result.bytes else math.nan
-        lines.append(
-            f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
-            f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
-        )
+    lines.extend(uniform_lines(result.uniform, result.bytes, key="bytes"))
     lines.extend(round_lines(result.rounds, result.selection))
     if result.comparisons:
         lines.append("  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):")
         lines.extend("  " + line for line in comparison_lines(result.comparisons))
     lines.extend(f"  note: {n}" for n in result.notes)
-    if result.verification is not None:
-        lines.extend(verification_lines(result.verification))
-    elif result.chosen != "none":
-        lines.append("  not verified (--no-verify): passed on the selection only; run the gate on it before use")
-    lines.append(f"  took {result.seconds:.0f} s")
+    lines.extend(verdict_lines(result.verification, result.chosen, result.seconds))
     return lines
