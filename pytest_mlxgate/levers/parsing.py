@@ -275,12 +275,12 @@ def _convert_value(where: str, kind: LeverKind, value: object, base_dir: Path | 
         if from_cli or not callable(value):
             raise LeverError(f"{where}: patch value {value!r} must be a callable, 'package.module:attr' or None")
         return value
+    if kind in ("kv", "weights") and isinstance(value, (str, Path)) and str(value).lower().endswith(".json"):
+        path = Path(value)  # a plan file: beside the gate module that names it
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        value = str(path) if isinstance(value, str) else path
     if kind == "kv":
-        if isinstance(value, (str, Path)) and str(value).lower().endswith(".json"):
-            path = Path(value)
-            if not path.is_absolute():
-                path = (base_dir or Path.cwd()) / path
-            value = str(path) if isinstance(value, str) else path
         try:
             parse_kv_value(value)  # fail at collection, not halfway through a run
         except LeverError as e:

@@ -439,3 +439,17 @@ def test_plan_weights_frontier_measures_the_trade_and_writes_the_answer_as_mlx_l
     written = tmp_path / ("weights_config.json" if done.returncode == 0 else "weights_config.unverified.json")
     assert json.loads(written.read_text()) == answer["quantization"] == record["quantization"]
     assert (tmp_path / "planned").is_dir() == (done.returncode == 0)
+
+
+def test_a_weights_gate_names_a_plan_file_beside_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gate module's `cand="weights_config.json"` is the file beside the module, wherever pytest runs."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+
+    spec = WeightsSpec(8, 64, (("model.embed_tokens", None), ("model.layers.0.mlp.down_proj", (6, 64))))
+    (tmp_path / "weights_config.json").write_text(json.dumps(quantization_block(spec)))
+    gate = tmp_path / "test_planned.py"
+    gate.write_text(WEIGHTS_GATE.format(mean=0.1).replace('{"bits": 8, "group_size": 64}', '"weights_config.json"'))
+    monkeypatch.chdir(tmp_path.parent)
+    read = read_gate(gate, kind="weights").lever.weights_spec("candidate")
+    assert read is not None and read.layers == spec.layers and read.source == str(tmp_path / "weights_config.json")
+    assert read.describe() == "weights plan (weights_config.json): 1 × as loaded, 1 × 6-bit g64; others 8-bit g64"
