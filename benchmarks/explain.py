@@ -48,6 +48,7 @@ def _embedded() -> Any:
 
 
 def _case(name: str, loaded: Any, lever: Any, shape: Any, planted: int, cache_dir: Path) -> bool:
+    from pytest_mlxgate.explain.attribute import DEFAULT_BUDGET
     from pytest_mlxgate.kl.prompts import build_sequences, default_prompts, sequences_digest
     from pytest_mlxgate.kl.refcache import ReferenceCache
     from pytest_mlxgate.results.attribution_text import attribution_lines
@@ -65,6 +66,7 @@ def _case(name: str, loaded: Any, lever: Any, shape: Any, planted: int, cache_di
         reference=None,
         machine={"device": "cpu", "bench": "explain"},
         cache=ReferenceCache(cache_dir),
+        explain_budget=DEFAULT_BUDGET,  # what a failing gate gets from the session by default
     )
     t0 = time.perf_counter()
     kl = run.kl()
