@@ -32,9 +32,9 @@ from .plan_kv import (
     Measure,
     Option,
     _bytes,
-    _verdicts,
     greedy_plan,
     measure_sensitivities,
+    selection_verdict,
     timed_search,
 )
 from .plan_verify import verification_lines
@@ -118,7 +118,7 @@ class FrontierPoint:
             mean_ci=(float(stats.mean_ci[0]), float(stats.mean_ci[1])),
             p99=_number(j.get("p99")),
             top1=_number(j.get("top1")),
-            verdict=_verdicts(stats, limits),
+            verdict=selection_verdict(stats, limits),
         )
 
     def kv_config(self) -> dict[str, Any]:

@@ -38,10 +38,10 @@ from .plan_kv import (
     PLAIN_OPTION,
     Option,
     _bytes,
-    _verdicts,
     against_uniform,
     check_search_options,
     measured_rounds,
+    selection_verdict,
 )
 
 __all__ = [
@@ -292,7 +292,7 @@ def measure_weight_sensitivities(arms: WeightArms, limits: Mapping[str, float]) 
                 "option": o.label,
                 "mean": stats.mean,
                 "mean_ci": list(stats.mean_ci),
-                "passes": _verdicts(stats, limits) == "pass",
+                "passes": selection_verdict(stats, limits) == "pass",
                 "bytes": arms.plan_bytes(plan),
             }
         )
