@@ -43,7 +43,7 @@ from ..serving.caches import quantized_form
 from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
 from ..stats.kl_stats import KLStats, summarize
 from .plan_gate import SELECTION_SEQUENCES, GateSpec, selection_sequences
-from .plan_verify import verification_lines
+from .plan_verify import round_lines, uniform_lines, verdict_lines
 
 __all__ = [
     "SELECTION_SEQUENCES",
@@ -550,23 +550,6 @@ def _layer_sizes(model: Any) -> tuple[dict[int, float], int, set[int]]:
     return sizes, itemsize, dims
 
 
-def round_lines(rounds: Sequence[Mapping[str, Any]], selection: int) -> list[str]:
-    """Each measured round in a line: its target and prediction, the measured mean, the checks that did not
-    pass, the figure at the long context, the verdict."""
-    lines = []
-    for k, r in enumerate(rounds, 1):
-        short = [f"{key} {v}" for key, v in r.get("checks", {}).items() if v != "pass"]
-        why = f" ({', '.join(short)})" if short else ""
-        long = r.get("long")
-        at_length = f", at the long context {long['mean']:.3g} ({long['verdict']})" if long else ""
-        lines.append(
-            f"  round {k}: predicted {r['predicted']:.3g} <= target {r['target']:.3g}; measured mean KL "
-            f"{r['mean']:.3g} [{r['mean_ci'][0]:.3g}, {r['mean_ci'][1]:.3g}]{why}{at_length} -> {r['verdict']} on "
-            f"{selection} selection sequences"
-        )
-    return lines
-
-
 def plan_summary(result: PlanSearch) -> list[str]:
     """The search in words: the plan, its bytes against plain and the uniform plans, the rounds, the verdict."""
     counts: dict[str, int] = {}
@@ -582,28 +565,4 @@ def plan_summary(result: PlanSearch) -> list[str]:
     lines.extend(round_lines(result.rounds, result.selection))
     lines.extend(f"  note: {n}" for n in result.notes)
     lines.extend(verdict_lines(result.verification, result.chosen, result.seconds))
-    return lines
-
-
-def uniform_lines(uniform: Sequence[Mapping[str, Any]], plan_bytes: float, *, key: str) -> list[str]:
-    """Each uniform plan in a line: its mean on the selection, whether it passes, its bytes (`key`) over the
-    plan's."""
-    lines = []
-    for u in uniform:
-        rel = u[key] / plan_bytes if plan_bytes else math.nan
-        lines.append(
-            f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
-            f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
-        )
-    return lines
-
-
-def verdict_lines(verification: Mapping[str, Any] | None, chosen: str, seconds: float) -> list[str]:
-    """The gate's verdict on the plan (or that it was not asked for), and what the search took."""
-    lines = []
-    if verification is not None:
-        lines.extend(verification_lines(verification))
-    elif chosen != "none":
-        lines.append("  not verified (--no-verify): passed on the selection only; run the gate on it before use")
-    lines.append(f"  took {seconds:.0f} s")
     return lines

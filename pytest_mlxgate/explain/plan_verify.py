@@ -6,11 +6,13 @@ the positions attention reads, and on a windowed model (gemma's sliding layers) 
 wraps exercises the quantized ring buffer's rotation. So once the plan passes at the gate's length, the
 gate runs again at `long_context` tokens (`LONG_FACTOR` x its own, and past the sliding window on a
 windowed model); the plan is verified only when both pass, and a plan that passes short and fails long
-is reported with both figures, never returned as the answer.
+is reported with both figures, never returned as the answer. Here too: the search's verdicts in words
+(its rounds, its uniform plans, the gate's verdict), shared by every plan kind's summary.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -22,7 +24,15 @@ from ..results.merge import MergeError, read_report
 from ..results.model import Record
 from .plan_gate import GateSpec
 
-__all__ = ["LONG_FACTOR", "long_context", "verification_lines", "verify_plan"]
+__all__ = [
+    "LONG_FACTOR",
+    "long_context",
+    "round_lines",
+    "uniform_lines",
+    "verdict_lines",
+    "verification_lines",
+    "verify_plan",
+]
 
 #: The long verification's length, as a multiple of the gate's tokens.
 LONG_FACTOR = 4
@@ -133,3 +143,44 @@ def verification_lines(v: Mapping[str, Any]) -> list[str]:
         f"    at {short_tokens} tokens: {check_figures(v.get('checks', []))}",
         f"    at {long['tokens']} tokens: {check_figures(long.get('checks', []))}",
     ]
+
+
+def round_lines(rounds: Sequence[Mapping[str, Any]], selection: int) -> list[str]:
+    """Each measured round in a line: its target and prediction, the measured mean, the checks that did not
+    pass, the figure at the long context, the verdict."""
+    lines = []
+    for k, r in enumerate(rounds, 1):
+        short = [f"{key} {v}" for key, v in r.get("checks", {}).items() if v != "pass"]
+        why = f" ({', '.join(short)})" if short else ""
+        long = r.get("long")
+        at_length = f", at the long context {long['mean']:.3g} ({long['verdict']})" if long else ""
+        lines.append(
+            f"  round {k}: predicted {r['predicted']:.3g} <= target {r['target']:.3g}; measured mean KL "
+            f"{r['mean']:.3g} [{r['mean_ci'][0]:.3g}, {r['mean_ci'][1]:.3g}]{why}{at_length} -> {r['verdict']} on "
+            f"{selection} selection sequences"
+        )
+    return lines
+
+
+def uniform_lines(uniform: Sequence[Mapping[str, Any]], plan_bytes: float, *, key: str) -> list[str]:
+    """Each uniform plan in a line: its mean on the selection, whether it passes, its bytes (`key`) over the
+    plan's."""
+    lines = []
+    for u in uniform:
+        rel = u[key] / plan_bytes if plan_bytes else math.nan
+        lines.append(
+            f"  uniform {u['option']}: mean KL {u['mean']:.3g} on the selection, "
+            f"{'passes' if u['passes'] else 'does not pass'} · {rel:.3f}x the plan's bytes"
+        )
+    return lines
+
+
+def verdict_lines(verification: Mapping[str, Any] | None, chosen: str, seconds: float) -> list[str]:
+    """The gate's verdict on the plan (or that it was not asked for), and what the search took."""
+    lines = []
+    if verification is not None:
+        lines.extend(verification_lines(verification))
+    elif chosen != "none":
+        lines.append("  not verified (--no-verify): passed on the selection only; run the gate on it before use")
+    lines.append(f"  took {seconds:.0f} s")
+    return lines

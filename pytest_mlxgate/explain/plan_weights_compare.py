@@ -25,7 +25,8 @@ from ..levers.weights import quantization_block
 from ..stats.kl_stats import KLStats
 from .plan_frontier import DEFAULT_POINTS, Frontier, PlanWords, trace_path
 from .plan_gate import GateSpec
-from .plan_kv import PLAIN_OPTION, Option, greedy_plan, round_lines, uniform_lines, verdict_lines
+from .plan_kv import PLAIN_OPTION, Option, greedy_plan
+from .plan_verify import round_lines, uniform_lines, verdict_lines
 from .plan_weights import (
     WEIGHT_BITS,
     WEIGHT_GROUPS,
