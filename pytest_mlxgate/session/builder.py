@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,12 +17,14 @@ from .gate_request import check_context, gate_lever, gate_shape, gate_speed_shap
 if TYPE_CHECKING:
     from ..config.names import Role
     from ..levers.lever import Lever
+    from ..levers.weights import WeightsSpec
     from ..models.loaded import LoadedModel
     from .paired_run import PairedRun
 
 __all__ = [
     "RunContext",
     "build_paired_run",
+    "check_plan_modules",
     "with_snapshot_plan",
 ]
 
@@ -40,11 +42,37 @@ def _weights_arms(ctx: RunContext, lever: Lever, loaded: LoadedModel) -> tuple[L
             continue
         key = f"{loaded.snapshot.pinned}|{spec}"
         if key not in _QUANTIZED:
+            check_plan_modules(spec, loaded.model, f"lever {lever.name!r}, {arm} value")
             if ctx.progress is not None:
                 ctx.progress(f"quantizing a copy of {loaded.snapshot.pinned}: {spec.describe()} (mlx_lm's converter)")
             _QUANTIZED[key] = quantized_copy(loaded, spec)
         arms.append(_QUANTIZED[key])
     return arms[0], arms[1]
+
+
+def check_plan_modules(spec: WeightsSpec, model: Any, where: str) -> None:
+    """Refuse a weights plan whose entries this model cannot take: a path it lacks (a typo, another
+    architecture's plan) or a module mlx_lm cannot quantize, or a group that does not divide the module's
+    rows. Either would leave that module at the default quantization, and the gate would pass a plan it
+    never ran."""
+    modules = {str(path): module for path, module in model.named_modules()}
+    wrong: list[str] = []
+    for path, entry in spec.layers:
+        module = modules.get(path)
+        if module is None:
+            wrong.append(f"{path} (no such module)")
+        elif not hasattr(module, "to_quantized") or "weight" not in module:
+            wrong.append(f"{path} ({type(module).__name__}: not quantizable)")
+        elif entry is not None and module.weight.shape[-1] % entry[1]:
+            wrong.append(f"{path} (rows of {module.weight.shape[-1]}: groups of {entry[1]} do not divide them)")
+    if wrong:
+        shown = "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        raise LeverError(
+            f"{where}: the weights plan{f' {spec.source}' if spec.source else ''} names {len(wrong)} "
+            f"module(s) this model cannot take as planned: {shown}. A plan is made for one model "
+            "(`mlxgate plan weights --gate ...` on this --mlx-candidate writes one); module paths are the "
+            "config.json `quantization` block's keys, e.g. model.layers.0.mlp.down_proj"
+        )
 
 
 def with_snapshot_plan(lever: Lever, candidate: LoadedModel, progress: Callable[[str], None] | None) -> Lever:

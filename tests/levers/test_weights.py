@@ -3,6 +3,7 @@ reference's weights untouched), and a gate over it whose records name both arms'
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,31 @@ def test_a_weights_gate_measures_drift_between_float_and_4_bit(tiny_kv_model_dir
     result = run.kl()
     assert result.stats.mean > 1e-4 and result.reference_model is not None
     assert result.counters.reference_forwards == 3 and result.counters.candidate_forwards == 3
+
+
+def test_a_plan_naming_modules_the_model_cannot_take_is_refused_before_it_quantizes(
+    tiny_kv_model_dir: Path, tmp_path: Path
+) -> None:
+    """Green means tested: an entry for a path the model lacks (another model's plan, a typo) would leave
+    that module at the default quantization, and the gate would pass a plan it never ran."""
+    from types import SimpleNamespace
+
+    from pytest_mlxgate.levers.lever import Lever
+    from pytest_mlxgate.levers.weights import quantization_block
+    from pytest_mlxgate.session.builder import _weights_arms, check_plan_modules
+
+    loaded = _loaded(tiny_kv_model_dir)
+    rows = loaded.model.layers[0].self_attn.q_proj.weight.shape[-1]
+    odd = next(g for g in (32, 64, 128) if rows % g)  # a group these rows do not divide (hidden size 64)
+    good = WeightsSpec(8, 32, (("model.layers.0.mlp.down_proj", (4, 32)), ("model.layers.1.self_attn.q_proj", None)))
+    check_plan_modules(good, loaded.model, "here")  # every entry a real, quantizable module
+    for entry, said in [
+        (("model.layers.99.mlp.down_proj", (4, 32)), r"model\.layers\.99\.mlp\.down_proj \(no such module\)"),
+        (("model.norm", (4, 32)), r"model\.norm \(RMSNorm: not quantizable\)"),
+        (("model.layers.0.self_attn.q_proj", (4, odd)), rf"rows of {rows}: groups of {odd} do not divide"),
+    ]:
+        plan = tmp_path / "weights_config.json"  # as `plan weights --out` writes it, read as the gate reads it
+        plan.write_text(json.dumps(quantization_block(WeightsSpec(8, 32, (entry,)))))
+        lever = Lever(name="weights", kind="weights", target=None, ref=None, cand=str(plan))
+        with pytest.raises(LeverError, match=rf"candidate value: the weights plan {plan}.*names 1 module.*{said}"):
+            _weights_arms(SimpleNamespace(progress=None), lever, loaded)  # type: ignore[arg-type]
