@@ -30,6 +30,7 @@ from .plan_kv import (
     PLAIN_OPTION,
     SELECTION_SEQUENCES,
     Measure,
+    MeasureMany,
     Option,
     _bytes,
     greedy_plan,
@@ -239,7 +240,14 @@ def search_frontier(
         tokenizer,
         gate,
         lambda space, measure: trace(
-            space.sizes, space.options, space.itemsize, gate.limits, measure, points=points, budget_bytes=budget_bytes
+            space.sizes,
+            space.options,
+            space.itemsize,
+            gate.limits,
+            measure,
+            points=points,
+            budget_bytes=budget_bytes,
+            many=space.measure_many,
         ),
         bits=bits,
         groups=groups,
@@ -258,9 +266,10 @@ def trace(
     *,
     points: int = DEFAULT_POINTS,
     budget_bytes: float | None = None,
+    many: MeasureMany | None = None,
 ) -> Frontier:
     """A KV plan's frontier: the sensitivities (`plan_kv.measure_sensitivities`), then `trace_path`."""
-    sens = measure_sensitivities(sizes, options, itemsize, limits, measure)
+    sens = measure_sensitivities(sizes, options, itemsize, limits, measure, many)
     return trace_path(
         sizes,
         options,

@@ -34,15 +34,15 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..errors import MlxgateUsageError
-from ..kl.arms import run_candidate, run_reference
+from ..kl.arms import run_reference
 from ..kl.assertions import kl_checks
-from ..kl.prompts import texts_of
 from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
 from ..serving.caches import quantized_form
 from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
-from ..stats.kl_stats import KLStats, summarize
+from ..stats.kl_stats import KLStats
 from .plan_gate import SELECTION_SEQUENCES, GateSpec, selection_sequences
+from .plan_rows import SelectionRuns
 from .plan_verify import round_lines, uniform_lines, verdict_lines
 
 __all__ = [
@@ -247,7 +247,9 @@ def search_kv_plan(
         model,
         tokenizer,
         gate,
-        lambda space, measure: choose_plan(space.sizes, space.options, space.itemsize, gate.limits, measure),
+        lambda space, measure: choose_plan(
+            space.sizes, space.options, space.itemsize, gate.limits, measure, space.measure_many
+        ),
         bits=bits,
         groups=groups,
         selection=selection,
@@ -298,10 +300,13 @@ class SearchSpace:
     itemsize: int
     options: Sequence[Option]
     selection: int
+    measure_many: MeasureMany | None = None  # plans side by side (the sensitivities: `plan_rows`)
 
 
 #: `measure(plan, what)`: the plan's statistics on the selection sequences (`what`: said while it runs).
 Measure = Callable[[Mapping[int, Option], str], KLStats]
+#: `measure_many(plans, what)`: many plans' statistics at once, a fake-quant of each (`plan_rows`).
+MeasureMany = Callable[[Sequence[Mapping[int, Option]], str], list[KLStats]]
 
 
 @contextmanager
@@ -330,18 +335,20 @@ def selection_arms(
     say(f"plan kv: reference arm on {len(seqs)} selection sequences (the gate's {gate.prompts} prompts held out)")
     plain = Lever("plan", "kv", None, None, None, path="serving")
     refs = run_reference(model, seqs, shape, plain, counters=ArmCounters())
+    runs = SelectionRuns(model, seqs, shape, refs)  # the selection's prefill, once: every plan decodes from it
     with tempfile.TemporaryDirectory(prefix="mlxgate-plan-") as tmp:
 
         def measure(layers: Mapping[int, Option], what: str) -> KLStats:
             say(f"plan kv: {what}")
             path = Path(tmp) / "plan.json"
             path.write_text(json.dumps({"default": None, "layers": {str(i): o.spec() for i, o in layers.items()}}))
-            lever = Lever("plan", "kv", None, None, str(path), path="serving")
-            return summarize(
-                run_candidate(model, seqs, shape, lever, refs, counters=ArmCounters()), texts=texts_of(seqs)
-            )
+            return runs.measure(Lever("plan", "kv", None, None, str(path), path="serving"))
 
-        yield SearchSpace(sizes, itemsize, options, len(seqs)), measure
+        def measure_many(plans: Sequence[Mapping[int, Option]], what: str) -> list[KLStats]:
+            say(f"plan kv: {what} (fake-quant, {len(plans)} plans batched)")
+            return runs.measure_many(plans)
+
+        yield SearchSpace(sizes, itemsize, options, len(seqs), measure_many), measure
 
 
 @dataclass
@@ -364,9 +371,15 @@ class Sensitivities:
 
 
 def measure_sensitivities(
-    sizes: Mapping[int, float], options: Sequence[Option], itemsize: int, limits: Mapping[str, float], measure: Measure
+    sizes: Mapping[int, float],
+    options: Sequence[Option],
+    itemsize: int,
+    limits: Mapping[str, float],
+    measure: Measure,
+    many: MeasureMany | None = None,
 ) -> Sensitivities:
-    """Every option uniform, then every layer alone at the cheapest option (step 2)."""
+    """Every option uniform, then every layer alone at the cheapest option (step 2): with `many`, the layers
+    side by side (a prediction: the rounds measure the real plan)."""
     cheapest = min(options, key=lambda o: o.bytes_per_value(itemsize))
     uniform: list[dict[str, Any]] = []
     stats_of: dict[Option, KLStats] = {}
@@ -381,7 +394,11 @@ def measure_sensitivities(
                 "bytes_per_token": o.bytes_per_value(itemsize) * sum(sizes.values()),
             }
         )
-    sensitivity = {i: measure({i: cheapest}, f"layer {i} alone at {cheapest.label}").mean for i in sizes}
+    if many is not None:
+        alone = many([{i: cheapest} for i in sizes], f"each of {len(sizes)} layers alone at {cheapest.label}")
+        sensitivity = {i: s.mean for i, s in zip(sizes, alone, strict=True)}
+    else:
+        sensitivity = {i: measure({i: cheapest}, f"layer {i} alone at {cheapest.label}").mean for i in sizes}
     return Sensitivities(cheapest, uniform, stats_of, sensitivity)
 
 
@@ -391,10 +408,11 @@ def choose_plan(
     itemsize: int,
     limits: Mapping[str, float],
     measure: Measure,
+    many: MeasureMany | None = None,
 ) -> PlanSearch:
     """Steps 2-5: sensitivities, the greedy with its measured back-off, and the comparison with the
     uniform plans; `measure(plan, what)` is the plan's statistics on the selection sequences."""
-    sens = measure_sensitivities(sizes, options, itemsize, limits, measure)
+    sens = measure_sensitivities(sizes, options, itemsize, limits, measure, many)
     uniform = sens.uniform
     plan, rounds, passed = measured_rounds(sizes, options, sens.drift, itemsize, limits, measure)
     result = PlanSearch(

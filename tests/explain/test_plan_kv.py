@@ -539,7 +539,10 @@ def test_a_search_on_a_real_model_measures_each_option_and_layer_and_says_what_i
     assert result.selection == 2 and result.seconds > 0 and set(result.sensitivity) == {0, 1}
     assert [u["option"] for u in result.uniform] == ["2-bit g64", "8-bit g64"]
     assert said[0].startswith("plan kv: reference arm on 2 selection sequences (the gate's 6 prompts held out)")
-    assert sum("alone at 2-bit g64" in s for s in said) == 2  # each layer alone, at the cheapest option
+    # each layer alone, at the cheapest option: side by side in one batch (plan_rows)
+    assert [s for s in said if "alone" in s] == [
+        "plan kv: each of 2 layers alone at 2-bit g64 (fake-quant, 2 plans batched)"
+    ]
     record = result.to_json()
     assert record["selection_sequences"] == 2 and record["chosen"] == result.chosen
     assert record["kv_config"] == result.kv_config() and set(record["sensitivity"]) == {"0", "1"}
