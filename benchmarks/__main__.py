@@ -17,6 +17,7 @@ BENCHMARKS = (
     "speed",
     "sliding_batch",
     "explain",
+    "plan",
     "gates",
 )
 

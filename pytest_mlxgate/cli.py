@@ -191,6 +191,11 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         help="the verification's second run, at N tokens (default: 4x the gate's, past a sliding window; 0: none)",
     )
+    p.add_argument(
+        "--no-capability",
+        action="store_true",
+        help="verify on the gate's KL tests only, not its capability tests (HashHop: minutes); the summary says so",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip running the gate on the plan (not a verdict)")
 
 

@@ -195,10 +195,16 @@ def _verify(args: argparse.Namespace, gate: Any, result: Any, plan: dict[str, An
     unverified = out.with_name(f"{out.stem}.unverified{out.suffix or '.json'}")
     atomic_write_bytes(unverified, (json.dumps(plan, indent=1) + "\n").encode())
     if not args.no_verify and found:
-        _say(f"plan {args.kind}: verifying: {gate.path.name} with {unverified} as its candidate")
+        tasks = f", then {', '.join(gate.capability_tests)}" if gate.capability_tests and not args.no_capability else ""
+        _say(f"plan {args.kind}: verifying: {gate.path.name} with {unverified} as its candidate (KL{tasks})")
         report = args.out.with_suffix(".gate-report.json")
         result.verification = verify_plan(
-            gate, unverified.resolve(), candidate=args.model, report=report, long=long or None
+            gate,
+            unverified.resolve(),
+            candidate=args.model,
+            report=report,
+            long=long or None,
+            capability=not args.no_capability,
         )
     atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
     return unverified

@@ -35,6 +35,7 @@ class GateSpec:
     decode: int
     limits: Mapping[str, float]
     kl_tests: tuple[str, ...]
+    capability_tests: tuple[str, ...] = ()  # its `assert_capability_at_least` tests (HashHop...): verified too
 
 
 #: What each plan kind searches, the lever kind its gate must have, and an example gate.
@@ -92,6 +93,7 @@ def read_gate(path: Path, *, model: str | None = None, kind: Literal["kv", "weig
         decode=int(sizes.get("decode", 32)),
         limits=limits,
         kl_tests=tuple(sorted({limit.test for limit in found})),
+        capability_tests=tuple(sorted({c.test for c in declared_limits(path, {"assert_capability_at_least"})[0]})),
     )
 
 

@@ -46,22 +46,45 @@ def long_context(gate: GateSpec, window: int | None) -> int:
 
 
 def verify_plan(
-    gate: GateSpec, plan_file: Path, *, candidate: str | None, report: Path, long: int | None = None
+    gate: GateSpec,
+    plan_file: Path,
+    *,
+    candidate: str | None,
+    report: Path,
+    long: int | None = None,
+    capability: bool = True,
 ) -> dict[str, Any]:
     """Run the gate's KL tests under pytest with `plan_file` as the candidate, on the gate's own prompts:
     the verdicts of its records, their checks and the command (what a reader re-runs). With `long`, a plan
-    that passes runs again at that many tokens (`"long"`: the same fields); verified only when both pass."""
-    short = _run_gate(gate, plan_file, candidate=candidate, report=report, tokens=None)
+    that passes runs again at that many tokens (`"long"`: the same fields). A plan that passes both then
+    runs the gate's capability tests (HashHop: `"capability"`), unless `capability` is False (`"capability":
+    "not run"`). Verified only when every run passes."""
+    short = _run_gate(gate, plan_file, candidate=candidate, report=report, tokens=None, tests=gate.kl_tests)
     short["tokens"] = gate.tokens
-    if long is None or not short["verified"]:
+    if not short["verified"]:
         return short
-    at_length = report.with_name(f"{report.stem}.long{report.suffix or '.json'}")
-    longer = _run_gate(gate, plan_file, candidate=candidate, report=at_length, tokens=long)
-    return {**short, "verified": bool(longer["verified"]), "long": {**longer, "tokens": long}}
+    result = short
+    if long is not None:
+        at_length = report.with_name(f"{report.stem}.long{report.suffix or '.json'}")
+        longer = _run_gate(gate, plan_file, candidate=candidate, report=at_length, tokens=long, tests=gate.kl_tests)
+        result = {**short, "verified": bool(longer["verified"]), "long": {**longer, "tokens": long}}
+    if not result["verified"] or not gate.capability_tests:
+        return result
+    if not capability:
+        return {**result, "capability": "not run"}
+    tasks = report.with_name(f"{report.stem}.capability{report.suffix or '.json'}")
+    ran = _run_gate(gate, plan_file, candidate=candidate, report=tasks, tokens=None, tests=gate.capability_tests)
+    return {**result, "verified": bool(ran["verified"]), "capability": ran}
 
 
 def _run_gate(
-    gate: GateSpec, plan_file: Path, *, candidate: str | None, report: Path, tokens: int | None
+    gate: GateSpec,
+    plan_file: Path,
+    *,
+    candidate: str | None,
+    report: Path,
+    tokens: int | None,
+    tests: Sequence[str],
 ) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -79,16 +102,19 @@ def _run_gate(
         "--mlx-speed=off",
         "--mlx-explain-budget=0",
         "-k",
-        " or ".join(gate.kl_tests),
+        " or ".join(tests),
     ]
     if tokens is not None:
         command.append(f"--mlx-kl-tokens={tokens}")
     if candidate:
         command.append(f"--mlx-candidate={candidate}")
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-    records = _report_records(report)
+    # the asked tests' records (a capability run adds the session's score summary, not a verdict); each
+    # asked test must have one: a test that never reported is not a pass
+    records = [r for r in _report_records(report) if r.nodeid.split("::")[-1].split("[")[0] in tests]
     verdicts = {r.nodeid: r.verdict for r in records}
-    verified = bool(verdicts) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
+    reported = {r.nodeid.split("::")[-1].split("[")[0] for r in records}
+    verified = reported == set(tests) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
     return {
         "command": " ".join(command[2:]),
         "verdicts": verdicts,
@@ -120,17 +146,29 @@ def check_figures(checks: Sequence[Mapping[str, Any]]) -> str:
 
 
 def verification_lines(v: Mapping[str, Any]) -> list[str]:
-    """The verification in words: its verdict at the gate's length, and at the long context (both
-    figures when one of them failed)."""
+    """The verification in words: its verdict at the gate's length, at the long context and on the gate's
+    capability tests (the figures of whichever failed)."""
     short_tokens = v.get("tokens")
     at = f" at {short_tokens} tokens" if short_tokens is not None else ""
     long = v.get("long")
+    tasks = v.get("capability")
+    if isinstance(tasks, Mapping) and not tasks["verified"]:
+        also = f" and at {long['tokens']} tokens" if long is not None else ""
+        return [
+            f"  NOT verified: passes the gate's KL tests{at}{also} but not its capability tests: "
+            f"{tasks['verdicts'] or 'no verdict'}",
+            f"    {check_figures(tasks.get('checks', []))}",
+        ]
     if v["verified"]:
         line = f"  VERIFIED: passes the gate on its own (held-out) prompts{at}: {v['verdicts']}"
         if long is not None:
             line += f"; and at {long['tokens']} tokens: {long['verdicts']}"
         else:
             line += " (not checked at a long context: --long-tokens 0)"
+        if isinstance(tasks, Mapping):
+            line += f"; and its capability tests: {tasks['verdicts']}"
+        elif tasks == "not run":
+            line += "; its capability tests were not run (--no-capability): KL only"
         return [line]
     if long is None:
         return [

@@ -744,3 +744,61 @@ def test_a_plan_that_passes_the_selection_with_no_room_is_not_a_pass() -> None:
     assert first["verdict"] == "inconclusive" and first["checks"]["mean"].startswith("within the limit but not 70%")
     assert passed and all(o != FOUR for o in plan.values())  # the answer has the room
     assert rounds[-1]["verdict"] == "pass" and rounds[-1]["mean_ci"][1] <= SELECTION_MARGIN * LIMITS["mean"]
+
+
+WITH_CAPABILITY = """
+import pytest
+from pytest_mlxgate import assert_capability_at_least, assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64}, path="serving"),
+    pytest.mark.mlx_kl(prompts=3, tokens=16, decode=4),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=10.0, top1=0.0)
+
+
+def test_tasks(paired):
+    assert_capability_at_least(paired, "hashhop", max_drop=0.9, n=4)
+    %s
+"""
+
+
+@pytest.mark.slow  # the gate under pytest: its KL test, then its capability test (HashHop, 4 items), 3 times
+def test_a_plan_is_verified_on_the_gate_s_capability_tests_too_and_refused_where_they_do_not_pass(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4 of issue 43: where the gate asks for capability tasks (HashHop), a plan that passes its KL
+    tests runs them too, and is verified only when they pass; `capability=False` says they were not run."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import verification_lines, verify_plan
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    model = str(tiny_kv_model_dir)
+    path = tmp_path / "test_kv_gate.py"
+    path.write_text(WITH_CAPABILITY % "")
+    gate = read_gate(path)
+    assert gate.kl_tests == ("test_drift",) and gate.capability_tests == ("test_tasks",)
+    got = verify_plan(gate, plan, candidate=model, report=tmp_path / "r.json")
+    assert got["verified"] is True, got["capability"]["output_tail"]
+    assert got["verdicts"] == {f"{path.name}::test_drift": "pass"}
+    assert got["capability"]["verdicts"] == {f"{path.name}::test_tasks": "pass"}
+    assert "-k test_tasks" in got["capability"]["command"] and "-k test_drift" in got["command"]
+    assert verification_lines(got)[0].endswith(f"and its capability tests: {{'{path.name}::test_tasks': 'pass'}}")
+
+    skipped = verify_plan(gate, plan, candidate=model, report=tmp_path / "s.json", capability=False)
+    assert skipped["verified"] is True and skipped["capability"] == "not run"
+    assert "capability tests were not run (--no-capability): KL only" in verification_lines(skipped)[0]
+
+    path.write_text(WITH_CAPABILITY % 'raise AssertionError("the plan loses this task")')
+    failed = verify_plan(read_gate(path), plan, candidate=model, report=tmp_path / "f.json")
+    assert failed["verdicts"] == {f"{path.name}::test_drift": "pass"}  # the KL passed: the tasks refused it
+    assert failed["verified"] is False and failed["capability"]["verdicts"] == {f"{path.name}::test_tasks": "error"}
+    lines = verification_lines(failed)
+    assert lines[0].startswith("  NOT verified: passes the gate's KL tests at 16 tokens but not its capability tests")
