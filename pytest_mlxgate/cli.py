@@ -192,6 +192,12 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the verification's second run, at N tokens (default: 4x the gate's, past a sliding window; 0: none)",
     )
     p.add_argument(
+        "--reference-cache",
+        metavar="DIR|off",
+        help="where the search keeps the selection's reference and every plan it measured, and the gate's "
+        "verification its reference arms (default: pytest's, .pytest_cache/d/mlxgate-reference here); off: none",
+    )
+    p.add_argument(
         "--no-capability",
         action="store_true",
         help="verify on the gate's KL tests only, not its capability tests (HashHop: minutes); the summary says so",

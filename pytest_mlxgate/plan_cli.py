@@ -99,6 +99,30 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return model, tokenizer, snap
 
 
+def reference_cache_dir(args: argparse.Namespace) -> Path | None:
+    """--reference-cache: a folder, `off` (None), or by default pytest's own reference cache where the gate's
+    verification runs (`.pytest_cache/d/mlxgate-reference` here), so the search and the gate share it."""
+    given = args.reference_cache
+    if given is not None and str(given).lower() == "off":
+        return None
+    return Path(given) if given is not None else Path.cwd() / ".pytest_cache" / "d" / "mlxgate-reference"
+
+
+def _search_cache(args: argparse.Namespace, model: Any, tokenizer: Any, snap: Any) -> Any:
+    """What the search keeps beside the reference (`explain.plan_cache`), or None with --reference-cache off."""
+    from .explain.plan_cache import SearchCache
+    from .kl.refcache import ReferenceCache
+    from .models.device import installed_versions, machine_facts
+    from .models.loaded import LoadedModel
+
+    directory = reference_cache_dir(args)
+    if directory is None:
+        return None
+    device, blas = machine_facts()
+    machine = {"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))}
+    return SearchCache(ReferenceCache(directory), LoadedModel(model, tokenizer, snap), machine)
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -121,8 +145,14 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
 
     check_search_options(bits, groups, args.selection)  # before the gate and the model load
     gate = read_gate(args.gate.resolve(), model=args.model)
-    model, tokenizer, _ = _load(args)
-    asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, apart=args.apart)
+    model, tokenizer, snap = _load(args)
+    asked: dict[str, Any] = dict(
+        bits=bits,
+        groups=groups,
+        selection=args.selection,
+        apart=args.apart,
+        cache=_search_cache(args, model, tokenizer, snap),
+    )
     result: Any = (
         search_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=_say, **asked)
         if args.frontier
@@ -205,6 +235,7 @@ def _verify(args: argparse.Namespace, gate: Any, result: Any, plan: dict[str, An
             report=report,
             long=long or None,
             capability=not args.no_capability,
+            reference_cache=reference_cache_dir(args) or "off",
         )
     atomic_write_bytes(args.out.with_suffix(".search.json"), (json.dumps(result.to_json(), indent=1) + "\n").encode())
     return unverified

@@ -25,6 +25,7 @@ from ..results.html_parts import figure
 from ..results.html_report import html_page
 from ..results.svg import Figure, esc, message
 from ..stats.kl_stats import KLStats
+from .plan_cache import SearchCache
 from .plan_gate import GateSpec
 from .plan_kv import (
     PLAIN_OPTION,
@@ -233,6 +234,7 @@ def search_frontier(
     points: int = DEFAULT_POINTS,
     budget_bytes: float | None = None,
     say: Callable[[str], None] = lambda _: None,
+    cache: SearchCache | None = None,
 ) -> Frontier:
     """`trace` on `model`, each plan measured on the selection sequences (`plan_kv.selection_arms`)."""
     return timed_search(
@@ -254,6 +256,7 @@ def search_frontier(
         selection=selection,
         apart=apart,
         say=say,
+        cache=cache,
     )
 
 

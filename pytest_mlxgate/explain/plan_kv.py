@@ -20,7 +20,6 @@ byte, a measured check that backs off, and a verification run of the gate itself
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import time
@@ -41,6 +40,7 @@ from ..levers.lever import Lever
 from ..serving.caches import quantized_form
 from ..serving.kv_plan import KV_BITS, KV_GROUP_SIZES
 from ..stats.kl_stats import KLStats
+from .plan_cache import MeasuredPlans, Measurements, SearchCache
 from .plan_gate import SELECTION_SEQUENCES, GateSpec, selection_sequences
 from .plan_rows import SelectionRuns
 from .plan_verify import round_lines, uniform_lines, verdict_lines
@@ -239,6 +239,7 @@ def search_kv_plan(
     selection: int = SELECTION_SEQUENCES,
     apart: bool = False,
     say: Callable[[str], None] = lambda _: None,
+    cache: SearchCache | None = None,
 ) -> PlanSearch:
     """The search on `model`: its layers' sizes, the selection sequences and their reference arm, then
     `choose_plan` with a measurement of each plan on those sequences (`apart`: keys and values may take
@@ -255,6 +256,7 @@ def search_kv_plan(
         selection=selection,
         apart=apart,
         say=say,
+        cache=cache,
     )
 
 
@@ -279,11 +281,12 @@ def timed_search(
     selection: int,
     apart: bool,
     say: Callable[[str], None],
+    cache: SearchCache | None = None,
 ) -> S:
     """`search(space, measure)` inside `selection_arms`, its selection count and seconds (setup included) set."""
     started = time.perf_counter()
     with selection_arms(
-        model, tokenizer, gate, bits=bits, groups=groups, selection=selection, apart=apart, say=say
+        model, tokenizer, gate, bits=bits, groups=groups, selection=selection, apart=apart, say=say, cache=cache
     ) as arms:
         result = search(*arms)
         result.selection = arms[0].selection
@@ -320,9 +323,12 @@ def selection_arms(
     selection: int,
     apart: bool,
     say: Callable[[str], None],
+    cache: SearchCache | None = None,
 ) -> Iterator[tuple[SearchSpace, Measure]]:
     """The search space on `model`, and a measurement of any plan on selection sequences the gate's own
-    prompts never use, against their reference arm (run once, here)."""
+    prompts never use, against their reference arm (run once, here). With `cache`, the reference arm and
+    every plan measured are read from beside the reference where an earlier search left them, and kept
+    there (`plan_cache`)."""
     check_search_options(bits, groups, selection)
     sizes, itemsize, dims = _layer_sizes(model)
     options = search_options(bits, groups, dims, apart=apart)
@@ -332,23 +338,21 @@ def selection_arms(
         )
     shape = RunShape("serving", gate.tokens, gate.decode)
     seqs = selection_sequences(tokenizer, gate, selection)
-    say(f"plan kv: reference arm on {len(seqs)} selection sequences (the gate's {gate.prompts} prompts held out)")
     plain = Lever("plan", "kv", None, None, None, path="serving")
-    refs = run_reference(model, seqs, shape, plain, counters=ArmCounters())
+    key = cache.reference_key(plain, shape, seqs) if cache is not None else {}
+    refs = cache.reference(key, len(seqs)) if cache is not None else None
+    if refs is None:
+        say(f"plan kv: reference arm on {len(seqs)} selection sequences (the gate's {gate.prompts} prompts held out)")
+        refs = run_reference(model, seqs, shape, plain, counters=ArmCounters())
+        if cache is not None:
+            cache.store_reference(key, refs)
+    else:
+        say(f"plan kv: the reference arm on {len(seqs)} selection sequences read from the reference cache")
+    measured = cache.measured(key) if cache is not None else MeasuredPlans(None, {}, None)
     runs = SelectionRuns(model, seqs, shape, refs)  # the selection's prefill, once: every plan decodes from it
     with tempfile.TemporaryDirectory(prefix="mlxgate-plan-") as tmp:
-
-        def measure(layers: Mapping[int, Option], what: str) -> KLStats:
-            say(f"plan kv: {what}")
-            path = Path(tmp) / "plan.json"
-            path.write_text(json.dumps({"default": None, "layers": {str(i): o.spec() for i, o in layers.items()}}))
-            return runs.measure(Lever("plan", "kv", None, None, str(path), path="serving"))
-
-        def measure_many(plans: Sequence[Mapping[int, Option]], what: str) -> list[KLStats]:
-            say(f"plan kv: {what} (fake-quant, {len(plans)} plans batched)")
-            return runs.measure_many(plans)
-
-        yield SearchSpace(sizes, itemsize, options, len(seqs), measure_many), measure
+        plans = Measurements(runs, measured, Path(tmp), say)
+        yield SearchSpace(sizes, itemsize, options, len(seqs), plans.many), plans.real
 
 
 @dataclass

@@ -53,27 +53,30 @@ def verify_plan(
     report: Path,
     long: int | None = None,
     capability: bool = True,
+    reference_cache: Path | str | None = None,
 ) -> dict[str, Any]:
     """Run the gate's KL tests under pytest with `plan_file` as the candidate, on the gate's own prompts:
     the verdicts of its records, their checks and the command (what a reader re-runs). With `long`, a plan
     that passes runs again at that many tokens (`"long"`: the same fields). A plan that passes both then
     runs the gate's capability tests (HashHop: `"capability"`), unless `capability` is False (`"capability":
-    "not run"`). Verified only when every run passes."""
-    short = _run_gate(gate, plan_file, candidate=candidate, report=report, tokens=None, tests=gate.kl_tests)
+    "not run"`). Verified only when every run passes. `reference_cache`: the runs' --mlx-reference-cache
+    (None: pytest's own, where the gate runs)."""
+    runs: dict[str, Any] = dict(candidate=candidate, reference_cache=reference_cache)
+    short = _run_gate(gate, plan_file, report=report, tokens=None, tests=gate.kl_tests, **runs)
     short["tokens"] = gate.tokens
     if not short["verified"]:
         return short
     result = short
     if long is not None:
         at_length = report.with_name(f"{report.stem}.long{report.suffix or '.json'}")
-        longer = _run_gate(gate, plan_file, candidate=candidate, report=at_length, tokens=long, tests=gate.kl_tests)
+        longer = _run_gate(gate, plan_file, report=at_length, tokens=long, tests=gate.kl_tests, **runs)
         result = {**short, "verified": bool(longer["verified"]), "long": {**longer, "tokens": long}}
     if not result["verified"] or not gate.capability_tests:
         return result
     if not capability:
         return {**result, "capability": "not run"}
     tasks = report.with_name(f"{report.stem}.capability{report.suffix or '.json'}")
-    ran = _run_gate(gate, plan_file, candidate=candidate, report=tasks, tokens=None, tests=gate.capability_tests)
+    ran = _run_gate(gate, plan_file, report=tasks, tokens=None, tests=gate.capability_tests, **runs)
     return {**result, "verified": bool(ran["verified"]), "capability": ran}
 
 
@@ -85,6 +88,7 @@ def _run_gate(
     report: Path,
     tokens: int | None,
     tests: Sequence[str],
+    reference_cache: Path | str | None,
 ) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -108,6 +112,8 @@ def _run_gate(
         command.append(f"--mlx-kl-tokens={tokens}")
     if candidate:
         command.append(f"--mlx-candidate={candidate}")
+    if reference_cache is not None:
+        command.append(f"--mlx-reference-cache={reference_cache}")
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     # the asked tests' records (a capability run adds the session's score summary, not a verdict); each
     # asked test must have one: a test that never reported is not a pass

@@ -428,6 +428,10 @@ def test_the_exit_status_is_the_verification_s_even_when_the_selection_passed(
     assert record["passed_selection"] and record["verification"]["verified"] is False, done.stderr
     assert done.returncode == 1 and "NOT verified" in done.stderr and "was not written" in done.stderr
     assert not out.exists() and (tmp_path / "kv_config.unverified.json").is_file()
+    # the search and the gate's verification keep their references in one place: pytest's, where the gate runs
+    shared = tmp_path / ".pytest_cache" / "d" / "mlxgate-reference"
+    assert f"--mlx-reference-cache={shared}" in record["verification"]["command"]
+    assert list((shared / "plans").glob("*.json")) and list(shared.glob("*.npz"))
 
 
 def test_ctrl_c_during_the_search_ends_in_one_line_and_writes_nothing(tiny_kv_model_dir: Path, tmp_path: Path) -> None:
@@ -802,3 +806,18 @@ def test_a_plan_is_verified_on_the_gate_s_capability_tests_too_and_refused_where
     assert failed["verified"] is False and failed["capability"]["verdicts"] == {f"{path.name}::test_tasks": "error"}
     lines = verification_lines(failed)
     assert lines[0].startswith("  NOT verified: passes the gate's KL tests at 16 tokens but not its capability tests")
+
+
+def test_the_reference_cache_is_pytest_s_where_the_gate_runs_a_folder_or_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from pytest_mlxgate.plan_cli import reference_cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert reference_cache_dir(argparse.Namespace(reference_cache=None)) == (
+        tmp_path / ".pytest_cache" / "d" / "mlxgate-reference"
+    )
+    assert reference_cache_dir(argparse.Namespace(reference_cache="elsewhere")) == Path("elsewhere")
+    assert reference_cache_dir(argparse.Namespace(reference_cache="OFF")) is None
