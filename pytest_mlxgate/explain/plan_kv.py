@@ -5,7 +5,9 @@ byte, a measured check that backs off, and a verification run of the gate itself
    stay held out for the verification.
 2. *Sensitivities*: every cached layer alone at the cheapest option (the rest plain), and each option on
    every layer (uniform). A layer's drift at another option is its measured drift at the cheapest, scaled
-   by the uniform runs' ratio: measured per layer once, per option once.
+   by the uniform runs' ratio: measured per layer once, per option once. Every plan decodes from one shared
+   prefill of the selection, and the layers alone run side by side in one batch (`plan_rows`); what was
+   measured is kept beside the reference for the next search (`plan_cache`).
 3. *Greedy*: from every layer at the cheapest option, the upgrade (a layer to a dearer option, or plain)
    that removes the most predicted drift per byte, until the prediction is within `TARGET_SHARE` of the
    gate's mean limit.
