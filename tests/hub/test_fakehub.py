@@ -584,7 +584,9 @@ def test_real_huggingface_hub_snapshot_download(hf_env: Any, tmp_path: Path) -> 
         log = list(hub.log)
         cdn = [e for e in log if e.origin == "cdn"]
         assert cdn and all("authorization" not in e.headers and e.status == 200 for e in cdn)
-        assert not [e for e in log if "xet" in e.path.lower()]
+        # no Xet route asked for: the path's own segments, not the CDN's random signature (a sig held
+        # "xet" once by chance and failed a CI run)
+        assert not [e for e in log if "xet" in e.path.split("?", 1)[0].lower()]
         assert all(e.status in (200, 302) for e in log)
         n_lfs = sum(len(v) >= 1024 for v in FILES.values()) + sum(len(v) >= 1024 for v in DATA_FILES.values())
         assert len(cdn) == n_lfs
