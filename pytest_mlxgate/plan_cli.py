@@ -184,7 +184,10 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
     gate = read_gate(args.gate.resolve(), model=args.model, kind="weights")
     model, tokenizer, snap = _load(args)
     long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))
-    asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=args.selection, long=long or None, say=_say)
+    cache = _search_cache(args, model, tokenizer, snap)
+    asked: dict[str, Any] = dict(
+        bits=bits, groups=groups, selection=args.selection, long=long or None, say=_say, cache=cache
+    )
     result: Any = (
         search_weights_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, **asked)
         if args.frontier

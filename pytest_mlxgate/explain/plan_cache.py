@@ -12,10 +12,12 @@ plan's parsing, the batched rows): an edit there is a miss, never a stale figure
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..common.keys import canonical_json, key_digest
@@ -64,12 +66,26 @@ class SearchCache:
     def store_reference(self, key: Mapping[str, Any], refs: Sequence[RefDistributions]) -> None:
         store_or_warn(self.cache, key, refs)
 
-    def measured(self, reference: Mapping[str, Any]) -> MeasuredPlans:
-        """The plans measured on the selection whose reference arm is keyed `reference`."""
+    def reference_arm(
+        self, lever: Lever, shape: RunShape, sequences: Sequence[Any], compute: Callable[[], list[RefDistributions]]
+    ) -> tuple[list[RefDistributions], dict[str, Any], bool]:
+        """(the reference arm on `sequences`, its key, whether it was read): read where an earlier search (or a
+        gate: the same key) stored it, else `compute()`d and stored."""
+        key = self.reference_key(lever, shape, sequences)
+        refs = self.reference(key, len(sequences))
+        if refs is not None:
+            return refs, key, True
+        refs = compute()
+        self.store_reference(key, refs)
+        return refs, key, False
+
+    def measured(self, reference: Mapping[str, Any], code: Sequence[ModuleType] = ()) -> MeasuredPlans:
+        """The plans measured on the sequences whose reference arms are keyed `reference`; `code`: the modules
+        besides the KV serving code whose source decides a plan's numbers (a weights plan's quantization)."""
         key = {
             "measured": MEASURED_FORMAT,
             "reference": key_digest(reference),
-            "code": {m.__name__: source_digest(m) for m in (attention, caches, kv_plan, plan_rows)},
+            "code": {m.__name__: source_digest(m) for m in (attention, caches, kv_plan, plan_rows, *code)},
         }
         path = self.cache.directory / "plans" / f"{key_digest(key)}.json"
 
@@ -137,7 +153,8 @@ class Measurements:
 
 
 def _name(kind: str, plan: Mapping[Any, Any]) -> str:
-    """`real 0=8-bit g64;1=plain`: a plan's entry name, its layers in order."""
-    return f"{kind} " + ";".join(
-        f"{k}={getattr(o, 'label', o)}" for k, o in sorted(plan.items(), key=lambda kv: str(kv[0]))
-    )
+    """`real 0=8-bit g64;1=plain`: a plan's entry name, its layers in order (a weights plan's hundreds of module
+    paths: their sha256, so the entry holds each plan's statistics, not its text)."""
+    layers = sorted(plan.items(), key=lambda kv: str(kv[0]))
+    text = ";".join(f"{k}={getattr(o, 'label', o)}" for k, o in layers)
+    return f"{kind} " + (text if len(text) <= 200 else "sha256:" + hashlib.sha256(text.encode()).hexdigest())

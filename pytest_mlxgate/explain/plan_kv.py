@@ -341,14 +341,13 @@ def selection_arms(
     shape = RunShape("serving", gate.tokens, gate.decode)
     seqs = selection_sequences(tokenizer, gate, selection)
     plain = Lever("plan", "kv", None, None, None, path="serving")
-    key = cache.reference_key(plain, shape, seqs) if cache is not None else {}
-    refs = cache.reference(key, len(seqs)) if cache is not None else None
-    if refs is None:
+
+    def reference() -> list[Any]:
         say(f"plan kv: reference arm on {len(seqs)} selection sequences (the gate's {gate.prompts} prompts held out)")
-        refs = run_reference(model, seqs, shape, plain, counters=ArmCounters())
-        if cache is not None:
-            cache.store_reference(key, refs)
-    else:
+        return run_reference(model, seqs, shape, plain, counters=ArmCounters())
+
+    refs, key, read = cache.reference_arm(plain, shape, seqs, reference) if cache else (reference(), {}, False)
+    if read:
         say(f"plan kv: the reference arm on {len(seqs)} selection sequences read from the reference cache")
     measured = cache.measured(key) if cache is not None else MeasuredPlans(None, {}, None)
     runs = SelectionRuns(model, seqs, shape, refs)  # the selection's prefill, once: every plan decodes from it

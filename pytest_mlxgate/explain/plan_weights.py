@@ -18,6 +18,7 @@ the verification quantizes for real, as `mlx_lm.convert` does.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from ..kl.shape import ArmCounters, RunShape
 from ..levers.lever import Lever
 from ..levers.weights import WeightsSpec, quantization_block
 from ..stats.kl_stats import KLStats, summarize
+from .plan_cache import MeasuredPlans, SearchCache
 from .plan_gate import GateSpec, selection_sequences
 from .plan_kv import (
     PLAIN_OPTION,
@@ -188,10 +190,13 @@ def weight_arms(
     selection: int,
     long: int | None = None,
     say: Callable[[str], None],
+    cache: SearchCache | None = None,
 ) -> Iterator[WeightArms]:
     """The reference arm on the selection sequences and on the gate's own prompts (run once, here), and
     measurements of any plan against them; with `long`, on selection sequences of that many tokens too
-    (none of them the gate's at that length). The model's float weights are back in place on exit."""
+    (none of them the gate's at that length). The model's float weights are back in place on exit. With
+    `cache`, the reference arms and every plan measured are read where an earlier search left them, and
+    kept there (`plan_cache`)."""
     check_weight_options(bits, groups, selection)
     units, itemsize, fixed = quantizable_units(model)
     if not units:
@@ -214,30 +219,49 @@ def weight_arms(
     shape = RunShape(gate.lever.path, gate.tokens, gate.decode if gate.lever.path == "serving" else 0)
 
     def scored(
-        on: Sequence[Any], against: Sequence[Any], at: RunShape = shape
+        on: Sequence[Any], against: Sequence[Any], at: RunShape, kind: str
     ) -> Callable[[Mapping[str, Option], str], KLStats]:
         def measure(plan: Mapping[str, Option], what: str) -> KLStats:
-            say(f"plan weights: {what}")
+            hit = measured.get(kind, plan)
+            say(f"plan weights: {what}{' (measured before: read, not run)' if hit is not None else ''}")
+            if hit is not None:
+                return hit
             apply(plan)
-            return summarize(
-                run_candidate(model, on, at, as_loaded, against, counters=ArmCounters()), texts=texts_of(on)
-            )
+            scores = run_candidate(model, on, at, as_loaded, against, counters=ArmCounters())
+            stats = summarize(scores, texts=texts_of(on))
+            measured.put(kind, [(plan, stats)])
+            return stats
 
         return measure
 
+    as_loaded = Lever("plan", "weights", None, None, None, path=gate.lever.path)
+
+    def reference(on: Sequence[Any], at: RunShape, what: str) -> tuple[list[Any], dict[str, Any]]:
+        def compute() -> list[Any]:
+            say(f"plan weights: reference arm on {what}")
+            return run_reference(model, on, at, as_loaded, counters=ArmCounters())
+
+        if cache is None:
+            return compute(), {}
+        refs, key, read = cache.reference_arm(as_loaded, at, on, compute)
+        if read:
+            say(f"plan weights: the reference arm on {what} read from the reference cache")
+        return refs, key
+
     seqs = selection_sequences(tokenizer, gate, selection, reserve=long)
     gate_seqs = build_sequences(default_prompts(), tokenizer, n=gate.prompts, tokens=gate.tokens)
-    say(f"plan weights: reference arm on {len(seqs)} selection sequences and the gate's {len(gate_seqs)} (held out)")
-    as_loaded = Lever("plan", "weights", None, None, None, path=gate.lever.path)
-    refs = run_reference(model, seqs, shape, as_loaded, counters=ArmCounters())
-    gate_refs = run_reference(model, gate_seqs, shape, as_loaded, counters=ArmCounters())
-    at_length = None
+    refs, key = reference(seqs, shape, f"{len(seqs)} selection sequences")
+    gate_refs, gate_key = reference(gate_seqs, shape, f"the gate's {len(gate_seqs)} prompts (held out)")
+    keys = {"selection": key, "held_out": gate_key}
+    long_arm = None
     if long:
         long_shape = replace(shape, tokens=long)
         long_seqs = selection_sequences(tokenizer, replace(gate, tokens=long), selection, reserve=long)
-        say(f"plan weights: reference arm on {len(long_seqs)} selection sequences of {long} tokens")
-        long_refs = run_reference(model, long_seqs, long_shape, as_loaded, counters=ArmCounters())
-        at_length = scored(long_seqs, long_refs, long_shape)
+        long_refs, keys["long"] = reference(long_seqs, long_shape, f"{len(long_seqs)} selection sequences of {long}")
+        long_arm = (long_seqs, long_refs, long_shape)
+    this = sys.modules[__name__]  # its quantize-dequantize decides a plan's numbers
+    measured = cache.measured(keys, code=(this,)) if cache is not None else MeasuredPlans(None, {}, None)
+    at_length = scored(*long_arm, "long") if long_arm is not None else None
 
     try:
         yield WeightArms(
@@ -247,8 +271,8 @@ def weight_arms(
             fixed,
             options,
             len(seqs),
-            scored(seqs, refs),
-            scored(gate_seqs, gate_refs),
+            scored(seqs, refs, shape, "selection"),
+            scored(gate_seqs, gate_refs, shape, "held-out"),
             mx.array([list(s.ids) for s in seqs]),
             floats,
             apply,

@@ -23,6 +23,7 @@ from mlx_lm.quant.dynamic_quant import estimate_sensitivities
 
 from ..levers.weights import quantization_block
 from ..stats.kl_stats import KLStats
+from .plan_cache import SearchCache
 from .plan_frontier import DEFAULT_POINTS, Frontier, PlanWords, trace_path
 from .plan_gate import GateSpec
 from .plan_kv import PLAIN_OPTION, Option, greedy_plan
@@ -73,6 +74,7 @@ def search_weights_plan(
     long: int | None = None,
     compare: bool = True,
     say: Callable[[str], None] = lambda _: None,
+    cache: SearchCache | None = None,
 ) -> WeightsPlanSearch:
     """The search on `model` (`plan_weights`); with `long`, each round's plan is measured at that length too;
     with `compare`, mlx_lm's plans beside it."""
@@ -83,7 +85,9 @@ def search_weights_plan(
             result.comparisons = compare_with_recipes(arms, sens, result, say=say)
         return result
 
-    return _timed(model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say)
+    return _timed(
+        model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say, cache=cache
+    )
 
 
 R = TypeVar("R", WeightsPlanSearch, Frontier)
@@ -100,10 +104,12 @@ def _timed(
     selection: int,
     long: int | None,
     say: Callable[[str], None],
+    cache: SearchCache | None = None,
 ) -> R:
     """`search(arms, sensitivities)` inside `weight_arms`, its selection count and seconds (setup included) set."""
     started = time.perf_counter()
-    with weight_arms(model, tokenizer, gate, bits=bits, groups=groups, selection=selection, long=long, say=say) as arms:
+    asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=selection, long=long, say=say, cache=cache)
+    with weight_arms(model, tokenizer, gate, **asked) as arms:
         result = search(arms, measure_weight_sensitivities(arms, gate.limits))
         result.selection = arms.selection
     result.seconds = time.perf_counter() - started
@@ -132,6 +138,7 @@ def search_weights_frontier(
     points: int = DEFAULT_POINTS,
     budget_bytes: float | None = None,
     say: Callable[[str], None] = lambda _: None,
+    cache: SearchCache | None = None,
 ) -> Frontier:
     """`plan weights --frontier`: the sensitivities, then `plan_frontier.trace_path` over the modules, every
     plan priced in the model's weight bytes; the answer is the cheapest that passes on the selection (or the
@@ -155,7 +162,9 @@ def search_weights_frontier(
             words=WEIGHT_WORDS,
         )
 
-    return _timed(model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say)
+    return _timed(
+        model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say, cache=cache
+    )
 
 
 def recipe_plan(arms: WeightArms, recipe: str, group_size: int = 64) -> dict[str, Option]:

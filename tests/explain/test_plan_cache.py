@@ -108,3 +108,59 @@ def test_a_second_search_reads_every_measurement_and_answers_the_same(
     with monkeypatch.context() as m:
         _forbid_measuring(m)
         _search(tiny_kv_model_dir, gate, tmp_path / "cache", machine, [])  # whole again
+
+
+def test_a_second_weights_search_reads_its_references_and_every_plan(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights search keeps its three reference arms (selection, the gate's held-out prompts, the long
+    selection) and every plan it measured on them: run again, it runs no forward and answers the same."""
+    import mlx_lm
+
+    from pytest_mlxgate.explain import plan_weights
+    from pytest_mlxgate.explain.plan_cache import SearchCache
+    from pytest_mlxgate.explain.plan_gate import GateSpec
+    from pytest_mlxgate.explain.plan_weights_compare import search_weights_plan
+    from pytest_mlxgate.kl.refcache import ReferenceCache
+    from pytest_mlxgate.levers.lever import Lever
+    from pytest_mlxgate.models.loaded import LoadedModel
+    from pytest_mlxgate.models.materialize import ResolvedSnapshot
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    snap = ResolvedSnapshot(
+        name="t", kind="local", repo_id=None, commit="local", path=str(tiny_kv_model_dir), source="local"
+    )
+    cache = SearchCache(ReferenceCache(tmp_path / "cache"), LoadedModel(model, tokenizer, snap), {"blas": "test"})
+    gate = GateSpec(
+        path=tmp_path / "gate.py",
+        lever=Lever("weights", "weights", None, None, {"bits": 8}),
+        prompts=3,
+        tokens=12,
+        decode=0,
+        limits={"mean": 0.05},
+        kl_tests=("test_drift",),
+    )
+    asked: dict[str, Any] = dict(bits=(4, 8), groups=(64,), selection=3, long=24, compare=True, cache=cache)
+    first_said: list[str] = []
+    first = search_weights_plan(model, tokenizer, gate, say=first_said.append, **asked)
+    # all measured here: the three reference arms and the plans (a comparison that lands on a plan the search
+    # measured reads it, even now)
+    assert sum(s.startswith("plan weights: reference arm on") for s in first_said) == 3
+    assert not any("read from the reference cache" in s for s in first_said)
+    assert sum("read, not run" not in s for s in first_said) > 10
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("measured again: the cache was not read")
+
+    said: list[str] = []
+    with monkeypatch.context() as m:
+        m.setattr(plan_weights, "run_reference", refuse)
+        m.setattr(plan_weights, "run_candidate", refuse)
+        again = search_weights_plan(model, tokenizer, gate, say=said.append, **asked)
+    assert sum("read from the reference cache" in s for s in said) == 3  # selection, held out, long
+    # (mlx_lm's dynamic_quant estimates its own sensitivities again: its code, not a plan measured here)
+    measured = [s for s in said if not s.startswith("plan weights: mlx_lm dynamic_quant")]
+    assert all("read" in s for s in measured), [s for s in measured if "read" not in s]
+    assert again.to_json()["quantization"] == first.to_json()["quantization"]
+    assert again.rounds == first.rounds and again.sensitivity == first.sensitivity
+    assert [c["held_out"] for c in again.comparisons] == [c["held_out"] for c in first.comparisons]
