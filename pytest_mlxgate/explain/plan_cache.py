@@ -51,32 +51,18 @@ class SearchCache:
     loaded: LoadedModel
     machine: Mapping[str, str]
 
-    def reference_key(self, lever: Lever, shape: RunShape, sequences: Sequence[Any]) -> dict[str, Any]:
-        return reference_key(
-            model=self.loaded,
-            lever=lever,
-            shape=shape,
-            sequences_digest=sequences_digest(sequences),
-            machine=self.machine,
-        )
-
-    def reference(self, key: Mapping[str, Any], n: int) -> list[RefDistributions] | None:
-        return self.cache.load(key, n)
-
-    def store_reference(self, key: Mapping[str, Any], refs: Sequence[RefDistributions]) -> None:
-        store_or_warn(self.cache, key, refs)
-
     def reference_arm(
         self, lever: Lever, shape: RunShape, sequences: Sequence[Any], compute: Callable[[], list[RefDistributions]]
     ) -> tuple[list[RefDistributions], dict[str, Any], bool]:
         """(the reference arm on `sequences`, its key, whether it was read): read where an earlier search (or a
         gate: the same key) stored it, else `compute()`d and stored."""
-        key = self.reference_key(lever, shape, sequences)
-        refs = self.reference(key, len(sequences))
+        digest = sequences_digest(sequences)
+        key = reference_key(model=self.loaded, lever=lever, shape=shape, sequences_digest=digest, machine=self.machine)
+        refs = self.cache.load(key, len(sequences))
         if refs is not None:
             return refs, key, True
         refs = compute()
-        self.store_reference(key, refs)
+        store_or_warn(self.cache, key, refs)
         return refs, key, False
 
     def measured(self, reference: Mapping[str, Any], code: Sequence[ModuleType] = ()) -> MeasuredPlans:
