@@ -60,7 +60,7 @@ def verify_plan(
     that passes runs again at that many tokens (`"long"`: the same fields). A plan that passes both then
     runs the gate's capability tests (HashHop: `"capability"`), unless `capability` is False (`"capability":
     "not run"`). Verified only when every run passes. `reference_cache`: the runs' --mlx-reference-cache
-    (None: pytest's own, where the gate runs)."""
+    (a folder, or "off"; None: pytest's own, where the gate runs)."""
     runs: dict[str, Any] = dict(candidate=candidate, reference_cache=reference_cache)
     short = _run_gate(gate, plan_file, report=report, tokens=None, tests=gate.kl_tests, **runs)
     short["tokens"] = gate.tokens
