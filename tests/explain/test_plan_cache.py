@@ -116,13 +116,12 @@ def test_a_second_weights_search_reads_its_references_and_every_plan(
     """The weights search keeps its three reference arms (selection, the gate's held-out prompts, the long
     selection) and every plan it measured on them: run again, it runs no forward and answers the same."""
     import mlx_lm
+    from plan_gates import weights_gate_spec
 
     from pytest_mlxgate.explain import plan_weights
     from pytest_mlxgate.explain.plan_cache import SearchCache
-    from pytest_mlxgate.explain.plan_gate import GateSpec
     from pytest_mlxgate.explain.plan_weights_compare import search_weights_plan
     from pytest_mlxgate.kl.refcache import ReferenceCache
-    from pytest_mlxgate.levers.lever import Lever
     from pytest_mlxgate.models.loaded import LoadedModel
     from pytest_mlxgate.models.materialize import ResolvedSnapshot
 
@@ -131,15 +130,7 @@ def test_a_second_weights_search_reads_its_references_and_every_plan(
         name="t", kind="local", repo_id=None, commit="local", path=str(tiny_kv_model_dir), source="local"
     )
     cache = SearchCache(ReferenceCache(tmp_path / "cache"), LoadedModel(model, tokenizer, snap), {"blas": "test"})
-    gate = GateSpec(
-        path=tmp_path / "gate.py",
-        lever=Lever("weights", "weights", None, None, {"bits": 8}),
-        prompts=3,
-        tokens=12,
-        decode=0,
-        limits={"mean": 0.05},
-        kl_tests=("test_drift",),
-    )
+    gate = weights_gate_spec(tmp_path)
     asked: dict[str, Any] = dict(bits=(4, 8), groups=(64,), selection=3, long=24, compare=True, cache=cache)
     first_said: list[str] = []
     first = search_weights_plan(model, tokenizer, gate, say=first_said.append, **asked)

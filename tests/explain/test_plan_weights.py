@@ -106,19 +106,11 @@ def _flat(tree: Any) -> list[tuple[str, Any]]:
 
 
 def weight_arms_for(loaded: Any, model_dir: Path) -> Any:
-    from pytest_mlxgate.explain.plan_gate import GateSpec
-    from pytest_mlxgate.explain.plan_weights import weight_arms
-    from pytest_mlxgate.levers.lever import Lever
+    from plan_gates import weights_gate_spec
 
-    gate = GateSpec(
-        path=model_dir / "gate.py",
-        lever=Lever("weights", "weights", None, None, {"bits": 8}),
-        prompts=3,
-        tokens=12,
-        decode=0,
-        limits={"mean": 0.05},
-        kl_tests=("test_drift",),
-    )
+    from pytest_mlxgate.explain.plan_weights import weight_arms
+
+    gate = weights_gate_spec(model_dir)
     return weight_arms(
         loaded.model, loaded.tokenizer, gate, bits=(2, 3, 4, 6, 8), groups=(32, 64, 128), selection=3, say=print
     )
