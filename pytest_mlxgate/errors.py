@@ -27,6 +27,7 @@ __all__ = [
     "ArmTimeoutError",
     "ContextLengthError",
     "ChatTemplateMissingError",
+    "OracleNotMeasuredError",
     "CalibrationError",
     "StaleCalibrationWarning",
 ]
@@ -91,6 +92,11 @@ class ArmTimeoutError(GateRunError):
 class ContextLengthError(MlxgateUsageError):
     """A gate asks for more positions than the model serves (its config's max_position_embeddings):
     refused before any arm runs, naming the asked tokens, the model's limit and the option to lower."""
+
+
+class OracleNotMeasuredError(MlxgateUsageError):
+    """`assert_kl_below(relative=...)` in a module whose source does not name `relative=` where the plugin
+    reads it before the arms run: no float32 oracle arm was measured to judge against."""
 
 
 class ChatTemplateMissingError(LeverNotApplicableError):

@@ -112,14 +112,14 @@ def _search_cache(args: argparse.Namespace, model: Any, tokenizer: Any, snap: An
     """What the search keeps beside the reference (`explain.plan_cache`), or None with --reference-cache off."""
     from .explain.plan_cache import SearchCache
     from .kl.refcache import ReferenceCache
-    from .models.device import installed_versions, machine_facts
+    from .models.device import machine_facts, run_machine
     from .models.loaded import LoadedModel
 
     directory = reference_cache_dir(args)
     if directory is None:
         return None
     device, blas = machine_facts()
-    machine = {"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))}
+    machine = run_machine(device, blas)
     return SearchCache(ReferenceCache(directory), LoadedModel(model, tokenizer, snap), machine)
 
 

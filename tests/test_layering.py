@@ -96,8 +96,9 @@ LAZY: dict[str, tuple[tuple[str, ...], str]] = {
         "(numpy, mlx, tokenizers, gguf) load only when they convert",
     ),
     "pytest_mlxgate.models.loaded": (
-        ("mlx_lm",),
-        "levers.weights imports it (the controller too); mlx_lm loads with the first model "
+        ("mlx_lm", "pytest_mlxgate.models.precision"),
+        "levers.weights imports it (the controller too); mlx_lm (and mlx, for a model's dtype) load with the "
+        "first model "
         "(tests/session/test_plugin.py stands a fake mlx_lm in sys.modules for that load)",
     ),
     "pytest_mlxgate.authoring": (("*",), _ELSEWHERE),

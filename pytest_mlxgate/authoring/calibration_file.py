@@ -589,4 +589,5 @@ def machine_versions(machine: Mapping[str, str]) -> tuple[dict[str, str], dict[s
         versions["pytest_mlxgate"] = version("pytest-mlxgate")
     except PackageNotFoundError:
         versions["pytest_mlxgate"] = "unknown"
-    return ({"device": machine.get("device", "unknown"), "blas": machine.get("blas", "unknown"), **versions}, versions)
+    facts = {key: machine.get(key, "unknown") for key in ("device", "blas", "chip", "tf32")}
+    return ({**facts, **versions}, versions)

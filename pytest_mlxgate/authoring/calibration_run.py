@@ -92,6 +92,7 @@ def calibration_document(
         "name": candidate.get("name"),
         "repo": candidate.get("repo_id"),
         "commit": candidate.get("commit"),
+        "dtype": candidate.get("dtype"),
     }
     if run.lever.two_models and run.reference is not None:
         ref = run.reference.describe()

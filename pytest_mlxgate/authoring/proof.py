@@ -29,10 +29,11 @@ from typing import Any
 
 from ..common.format import figure
 from ..common.keys import canonical_json, key_digest
-from ..config.names import BUILT_MODELS
 from ..errors import MlxgateError, NonFiniteLogitsError
 from ..kl.assertions import kl_checks
 from ..kl.measure import chunked_floor, reference_key
+from ..kl.oracle import RELATIVE, OracleDistances, relative_check
+from ..kl.site import SiteCheck
 from ..levers.lever import Lever
 from ..models.device import backend_of
 from ..results.verdicts import ERROR, overall_verdict
@@ -41,14 +42,25 @@ from ..session.paired import Paired
 from ..session.phases import PhaseClock
 from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR
 from ..verdicts.conclude import Conclusion
-from .calibration_file import calibration_model, calibration_path, read_calibration
+from .calibration_file import KL_KEYS, calibration_path, read_calibration
+from .coverage import covering_file, covers_precision, dtype_option, model_label, model_of
 from .known_bad import is_whole_lever, known_bad_lever, known_bad_paired, known_bad_shown
+from .precision_floor import precision_floor
 from .serving_code import serving_code
 
-__all__ = ["PROOF_FORMAT", "LimitsProof", "Proof", "covering_file", "inside_floor", "limits_proof"]
+__all__ = [
+    "PROOF_FORMAT",
+    "LimitsProof",
+    "Proof",
+    "covering_file",
+    "covers_precision",
+    "inside_floor",
+    "inside_precision",
+    "limits_proof",
+]
 
 #: Bump when what a cached proof holds changes meaning: an older entry is then a miss.
-PROOF_FORMAT = 1
+PROOF_FORMAT = 2
 #: What a record's note says of each kind of limit: whether it means the same on every model.
 NOTES = {
     "capability": "a drop margin in points: the same on every model",
@@ -66,13 +78,35 @@ class Proof:
     non_finite: str | None = None  # the known-bad gave NaN or inf logits: caught whatever the limits
     error: str | None = None  # the known-bad could not be measured
     source: str = "measured"  # or "cache"
+    # the plain path's own distance from the float32 oracle (point values, a low-precision run only)
+    precision: Mapping[str, float] | None = None
+    known_bad_oracle: Mapping[str, Any] | None = None  # its OracleDistances.state(), where the gate asks relative=
+    known_bad_site: Mapping[str, Any] | None = None  # its SiteCheck.state(), where its lever has a site
 
     def to_json(self) -> dict[str, Any]:
         return {
             "floors": dict(self.floors),
             "known_bad_stats": dict(self.known_bad_stats) if self.known_bad_stats is not None else None,
             "non_finite": self.non_finite,
+            "precision": dict(self.precision) if self.precision is not None else None,
+            "known_bad_oracle": dict(self.known_bad_oracle) if self.known_bad_oracle is not None else None,
+            "known_bad_site": dict(self.known_bad_site) if self.known_bad_site is not None else None,
         }
+
+    def oracle_checks(self, checks: Sequence[Check]) -> list[Check]:
+        """The known-bad's checks of the gate's oracle rules (`relative=`: the model's, and the site's), each
+        at the limit and ratio the gate's own check used; none where the proof holds no such measurement."""
+        out: list[Check] = []
+        for made in checks:
+            ratio = (made.get("oracle") or {}).get("relative")
+            if ratio is None:
+                continue
+            if made["key"] == RELATIVE and self.known_bad_oracle is not None:
+                distances = OracleDistances.from_state(self.known_bad_oracle)
+                out.append(relative_check(distances, float(ratio), made["limit"]))
+            elif made["key"] == "site" and self.known_bad_site is not None:
+                out.append(SiteCheck.from_state(self.known_bad_site).check(float(ratio), made["limit"]))
+        return out
 
 
 def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> list[str]:
@@ -91,39 +125,18 @@ def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> li
     return out
 
 
-def _model_of(described: Mapping[str, Any]) -> str | None:
-    name, repo = described.get("name"), described.get("repo_id")
-    return calibration_model(name if isinstance(name, str) else None, repo if isinstance(repo, str) else None)
-
-
-def covering_file(module: Path, described: Mapping[str, Any], backend: str) -> Path | None:
-    """The calibration file that covers this module on this model and backend, or None: the model's own
-    file (`calibration_path`) measured on the same backend and on the same model commit. A file that
-    cannot be read covers nothing (the calibration files' check names it)."""
-    path = calibration_path(module, _model_of(described))
-    try:
-        doc = read_calibration(path)
-    except ValueError:
-        return None
-    if doc is None:
-        return None
-    machine, model = doc.get("machine"), doc.get("model")
-    if not isinstance(machine, Mapping) or backend_of(str(machine.get("device", ""))) != backend:
-        return None
-    if not isinstance(model, Mapping):
-        return None
-    commit = described.get("commit")
-    if not commit or model.get("commit") != commit:
-        return None
-    return path
-
-
-def model_label(described: Mapping[str, Any]) -> str:
-    """How a verdict names the judged model: its built-in alias, else repo@commit as pinned."""
-    name = described.get("name")
-    if isinstance(name, str) and name in BUILT_MODELS:
-        return name
-    return str(described.get("pinned") or described.get("repo_id") or name or "the model")
+def inside_precision(bounds: Mapping[str, float], precision: Mapping[str, float]) -> list[str]:
+    """The absolute limits below the plain low-precision path's own distance from float32 (for agreement
+    rates: above its agreement): a limit there reads the precision's rounding, which a correct kernel adds
+    as much as a plain one, so its check can neither fail on it nor prove anything."""
+    out = []
+    for key, limit in bounds.items():
+        plain = precision.get(key)
+        if plain is None or not math.isfinite(plain):
+            continue
+        if (limit > plain) if key in AGREEMENT_METRICS else (limit < plain):
+            out.append(key)
+    return out
 
 
 @dataclass
@@ -142,7 +155,13 @@ class LimitsProof:
     known_bad: object | None
     unprovable: str | None = None  # why no known-bad can speak for these limits (None: one can)
     own_entry: bool = True  # the model's limits go in a `models=` entry (the embedded model's are the gate's own)
+    dtype: str | None = None  # the precision the judged model computes in (`--mlx-dtype`)
     _proof: Proof | None = field(default=None, repr=False)
+
+    @property
+    def where(self) -> str:
+        """The judged model as messages name it: `smollm2-135m (cpu, bfloat16)`."""
+        return f"{self.model} ({self.backend}, {self.dtype})" if self.dtype else f"{self.model} ({self.backend})"
 
     def vouch(self, conclusion: Conclusion) -> Conclusion:
         """`conclusion` with its `limits_from`, its KL checks read against this model's floor and its
@@ -162,12 +181,17 @@ class LimitsProof:
             return self._required(conclusion, entry)
         proof = self.proof()
         checks = list(conclusion.checks)
-        bounds = {str(k): float(v) for k, v in conclusion.bounds.items() if isinstance(v, (int, float))}
+        bounds = {str(k): float(v) for k, v in conclusion.bounds.items() if k in KL_KEYS}
         entry["floors"] = {k: float(v) for k, v in proof.floors.items() if k in bounds}
         noisy = inside_floor(bounds, proof.floors)
         if noisy:
             entry["inside_floor"] = noisy
             checks = [_at_floor(c, self.model, proof.floors) if c["key"] in noisy else c for c in checks]
+        rounding = inside_precision(bounds, proof.precision or {})
+        if rounding:
+            entry["precision_floor"] = {k: float(v) for k, v in (proof.precision or {}).items() if k in bounds}
+            entry["inside_precision"] = rounding
+            checks = [self._at_precision(c, proof.precision or {}) if c["key"] in rounding else c for c in checks]
         verdict = overall_verdict(checks)
         if self.unprovable is not None:
             entry |= {"status": "unproven", "why": self.unprovable}
@@ -180,10 +204,13 @@ class LimitsProof:
         if proof.non_finite is not None:
             entry |= {"status": "proven", "known_bad": {"value": bad, "verdict": "fail", "figures": ["non-finite"]}}
             return _with(replace(conclusion, checks=checks, verdict=verdict), entry)
-        bad_checks = kl_checks(proof.known_bad_stats or {}, bounds)
-        bad_verdict = overall_verdict(bad_checks)
+        bad_checks = kl_checks(proof.known_bad_stats or {}, bounds) + proof.oracle_checks(conclusion.checks)
+        bad_verdict = overall_verdict(bad_checks) if bad_checks else "inconclusive"  # nothing judged: nothing shown
         figures = [_figure(c) for c in bad_checks]
         entry["known_bad"] = {"value": bad, "verdict": bad_verdict, "figures": figures}
+        if bad_verdict == "fail" and rounding:
+            entry |= {"status": "unproven", "why": self._rounding_why(rounding, proof.precision or {})}
+            return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
         if bad_verdict == "fail":
             entry["status"] = "proven"
             return _with(replace(conclusion, checks=checks, verdict=verdict), entry)
@@ -200,6 +227,24 @@ class LimitsProof:
             verdict = "inconclusive"  # limits not shown to catch a broken variant here: a pass shows nothing
         return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
 
+    def _at_precision(self, check: Check, precision: Mapping[str, float]) -> Check:
+        """A check whose limit sits below the plain path's own distance from float32: a fail there is the
+        precision's rounding, not the kernel's, so it reads inconclusive; a pass stands."""
+        if check["verdict"] == "pass":
+            return check
+        method = (
+            f"limit inside {self.dtype}'s own distance from float32 on {self.model} (the plain path's "
+            f"{check['metric']} {figure(precision.get(check['key']))}): judge it with relative= against the oracle"
+        )
+        return Check(**{**check, "verdict": "inconclusive", "n_needed": None, "method": method})
+
+    def _rounding_why(self, keys: Sequence[str], precision: Mapping[str, float]) -> str:
+        shown = ", ".join(f"{k} {figure(precision.get(k))}" for k in keys)
+        return (
+            f"{', '.join(keys)} below {self.dtype}'s own distance from float32 ({shown}, the plain path's): such "
+            "limits read rounding, so the known-bad failing them proves nothing; use relative= (the float32 oracle)"
+        )
+
     def proof(self) -> Proof:
         """The A/A floor and the known-bad's drift on this model (once per module; cached beside the reference)."""
         if self._proof is None:
@@ -213,6 +258,8 @@ class LimitsProof:
             backend=self.backend,
             file=self.shown_file,
         )
+        if self.dtype:
+            entry["dtype"] = self.dtype
         models_entry = conclusion.fields.get("limits_for")
         if isinstance(models_entry, str):
             entry["models_entry"] = models_entry
@@ -223,7 +270,7 @@ class LimitsProof:
         if not self.require or conclusion.verdict == ERROR:
             return _with(conclusion, entry)
         message = (
-            f"limits unproven on {self.model} ({self.backend}): {entry.get('why')}; --mlx-require-proof makes "
+            f"limits unproven on {self.where}: {entry.get('why')}; --mlx-require-proof makes "
             f"this an error.\n  {self._calibrate_hint()}, or declare KNOWN_BAD in the module (a variant with a "
             "bug its limits must fail)"
         )
@@ -231,7 +278,7 @@ class LimitsProof:
 
     def _refuted(self, bad: str, figures: Sequence[str], noisy: Sequence[str]) -> str:
         lines = [
-            f"limits do not catch the known-bad on {self.model} ({self.backend}): {self.paired.nodeid}",
+            f"limits do not catch the known-bad on {self.where}: {self.paired.nodeid}",
             f"  KNOWN_BAD = {bad} passes every limit here:",
             *(f"    {f}" for f in figures),
             f"  limits that pass a broken variant on {self.model} would pass a broken kernel: they were sized on "
@@ -259,13 +306,13 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
     module = Path(item.path)
     described = dict(run.candidate.describe())
     backend = backend_of(run.machine.get("device", "cpu"))
-    covering = covering_file(module, described, backend)
+    covering = covering_file(module, described, backend, run.machine)
     if covering is not None and run.lever.two_models and run.reference is not None:
         ref = dict(run.reference.describe())
         doc_ref = ((read_calibration(covering) or {}).get("model") or {}).get("reference") or {}
         if doc_ref.get("commit") != ref.get("commit"):
             covering = None  # the file was measured against another reference model
-    path = covering or calibration_path(module, _model_of(described))
+    path = covering or calibration_path(module, model_of(described))
     root = item.config.rootpath
     shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
     shown_module = paired.nodeid.split("::")[0]
@@ -280,14 +327,15 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
         paired=paired,
         model=model_label(described),
         backend=backend,
+        dtype=str(described.get("dtype") or "") or None,
         file=covering,
         shown_file=shown,
-        calibrate_command=f"pytest {shown_module} --mlx-candidate {name} --mlx-calibrate",
+        calibrate_command=f"pytest {shown_module} --mlx-candidate {name}{dtype_option(described)} --mlx-calibrate",
         prove=prove == "auto" and covering is None,
         require=require,
         known_bad=known_bad,
         unprovable=unprovable,
-        own_entry=_model_of(described) is not None,
+        own_entry=model_of(described) is not None,
     )
 
 
@@ -420,18 +468,26 @@ def _measure(paired: Paired, known_bad: object | None) -> Proof:
             say=run.say,
             watch=run.watch,
         )
+        precision = precision_floor(run)
         if known_bad is None:
-            return Proof(floors=floors)
+            return Proof(floors=floors, precision=precision)
         run.say(f"limits proof: the known-bad variant KNOWN_BAD = {_named(paired, known_bad)}")
         try:
             bad = known_bad_paired(paired, known_bad)
             bad.run.phases = PhaseClock()  # its arms are this proof's time, charged once, here
-            stats = bad.kl().stats.to_json()
+            measured = bad.kl()
         except NonFiniteLogitsError as e:
-            return Proof(floors=floors, known_bad=known_bad, non_finite=str(e))
+            return Proof(floors=floors, known_bad=known_bad, non_finite=str(e), precision=precision)
         except MlxgateError as e:
-            return Proof(floors=floors, known_bad=known_bad, error=str(e))
-    return Proof(floors=floors, known_bad=known_bad, known_bad_stats=stats)
+            return Proof(floors=floors, known_bad=known_bad, error=str(e), precision=precision)
+    return Proof(
+        floors=floors,
+        known_bad=known_bad,
+        known_bad_stats=measured.stats.to_json(),
+        precision=precision,
+        known_bad_oracle=measured.oracle.state() if measured.oracle is not None else None,
+        known_bad_site=measured.site.state() if measured.site is not None else None,
+    )
 
 
 def _proof_line(proof: Proof) -> str:
@@ -454,10 +510,17 @@ def _load(cache: Any, key: Mapping[str, Any]) -> Proof | None:
         if entry.get("key") != json.loads(canonical_json(key)):
             return None
         data = entry["data"]
+        for part, state in ((OracleDistances, data.get("known_bad_oracle")), (SiteCheck, data.get("known_bad_site"))):
+            if state is not None:
+                part.from_state(state)  # ValueError: a damaged entry, measured again
+        precision = data.get("precision")
         return Proof(
             floors={str(k): float(v) for k, v in data["floors"].items()},
             known_bad_stats=data.get("known_bad_stats"),
             non_finite=data.get("non_finite"),
+            precision={str(k): float(v) for k, v in precision.items()} if precision is not None else None,
+            known_bad_oracle=data.get("known_bad_oracle"),
+            known_bad_site=data.get("known_bad_site"),
         )
 
     loaded: Proof | None = cache.files.load(_path(cache, key), decode)

@@ -28,6 +28,7 @@ __all__ = [
     "check_endpoint",
     "contexts_arg",
     "count_arg",
+    "dtype_arg",
     "endpoint_arg",
     "file_arg",
     "seconds_arg",
@@ -72,6 +73,16 @@ def endpoint_arg(value: str) -> str:
     try:
         return check_endpoint(value)
     except MlxgateUsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def dtype_arg(value: str) -> str:
+    """A precision (`dtypes.DTYPES`, short names like bf16 too), as its full name."""
+    from .dtypes import parse_dtype
+
+    try:
+        return parse_dtype(value)
+    except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
@@ -229,6 +240,15 @@ OPTIONS: tuple[Option, ...] = (
         "model",
         metavar="URL",
         type=endpoint_arg,
+    ),
+    Option(
+        "--mlx-dtype",
+        "the precision the arms compute in: auto (the model as shipped), bfloat16, float16 or float32 (every "
+        "floating parameter cast at load, as mlx_lm.convert --dtype does; quantized weights stay quantized). "
+        "Judge a kernel in the precision you ship it in. Default: auto",
+        "model",
+        metavar="DTYPE",
+        type=dtype_arg,
     ),
     Option(
         "--mlx-lever",

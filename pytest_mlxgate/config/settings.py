@@ -92,6 +92,7 @@ class Settings:
     tool_table: dict[str, object] | None  # its [tool.mlxgate], None when absent
     in_use: bool  # any mlxgate option/ini set, or a [tool.mlxgate] table exists
     gate: GateSettings | None = None
+    dtype: str = "auto"  # --mlx-dtype: the precision the arms compute in (`models.precision`)
 
 
 @dataclass(frozen=True)
@@ -359,6 +360,7 @@ def read_settings(config: pytest.Config) -> Settings:
             _ini(config, "mlx_reference", check_name_syntax),
             _ini(config, "mlx_endpoint", check_endpoint),
         )
+        ini_dtype = _ini(config, "mlx_dtype", _dtype)
     except MlxgateUsageError as e:
         raise pytest.UsageError(str(e)) from None
     inidir = config.inipath.parent if config.inipath else config.invocation_params.dir
@@ -393,7 +395,17 @@ def read_settings(config: pytest.Config) -> Settings:
         tool_table=tool_table,
         in_use=in_use,
         gate=gate,
+        dtype=cli["mlx_dtype"] or ini_dtype or "auto",
     )
+
+
+def _dtype(value: str) -> str:
+    from .dtypes import parse_dtype
+
+    try:
+        return parse_dtype(value)
+    except ValueError as e:
+        raise MlxgateUsageError(str(e)) from None
 
 
 def _ini(config: pytest.Config, name: str, check: Callable[[str], str]) -> str | None:

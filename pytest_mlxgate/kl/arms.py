@@ -34,7 +34,9 @@ __all__ = [
     "SERVING_BATCH_BYTES",
     "SequenceLogits",
     "run_candidate",
+    "run_candidate_against",
     "run_reference",
+    "run_reference_against",
     "sequence_logits",
     "serving_logits",
 ]
@@ -155,14 +157,37 @@ def run_reference(
     watch: ArmWatch | None = None,
 ) -> list[RefDistributions]:
     """The reference arm, compacted per sequence (what the reference cache stores)."""
+    refs, _ = run_reference_against(
+        model, sequences, shape, lever, None, counters=counters, arm=arm, on_sequence=on_sequence, watch=watch
+    )
+    return refs
+
+
+def run_reference_against(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    lever: Lever,
+    against: Sequence[RefDistributions] | None,
+    *,
+    counters: ArmCounters,
+    arm: Arm = "reference",
+    on_sequence: Callable[[int], None] | None = None,
+    watch: ArmWatch | None = None,
+) -> tuple[list[RefDistributions], list[TokenScores] | None]:
+    """`run_reference`, and in the same pass (`against`) its scores against other distributions (the float32
+    oracle's); None without them."""
     refs = []
+    scores: list[TokenScores] | None = None if against is None else []
     with lever.applied(arm, on_call=site_counter(lever, counters, arm)):
         kv = lever.kv_plan(arm)
         for seq, out in _each(model, sequences, shape, kv, arm, lever, counters, watch=watch):
             refs.append(compact_reference(out.logits, out.next_tokens, logits_dtype=out.dtype))
+            if against is not None and scores is not None:
+                scores.append(compare(against[seq.index], out.logits, out.next_tokens, out.positions))
             if on_sequence:
                 on_sequence(seq.index)
-    return refs
+    return refs, scores
 
 
 def run_candidate(
@@ -182,13 +207,35 @@ def run_candidate(
     `arm`/`override_shape` let the A/A calibration run the reference configuration again, or
     with another chunk size, through this same scoring path.
     """
-    if len(refs) != len(sequences):
-        raise ValueError(f"{len(refs)} reference sequences for {len(sequences)} candidate sequences")
-    scores = []
+    (scores,) = run_candidate_against(
+        model, sequences, shape, lever, [refs], counters=counters, arm=arm, override_shape=override_shape, watch=watch
+    )
+    return scores
+
+
+def run_candidate_against(
+    model: Any,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    lever: Lever,
+    ref_sets: Sequence[Sequence[RefDistributions]],
+    *,
+    counters: ArmCounters,
+    arm: Arm = "candidate",
+    override_shape: RunShape | None = None,
+    watch: ArmWatch | None = None,
+) -> list[list[TokenScores]]:
+    """`run_candidate` scored against several references in one pass (the reference arm's and the float32
+    oracle's): one list of scores per set, in order."""
+    for refs in ref_sets:
+        if len(refs) != len(sequences):
+            raise ValueError(f"{len(refs)} reference sequences for {len(sequences)} candidate sequences")
+    scores: list[list[TokenScores]] = [[] for _ in ref_sets]
     with lever.applied(arm, on_call=site_counter(lever, counters, arm)):
         kv = lever.kv_plan(arm)
         for seq, out in _each(model, sequences, override_shape or shape, kv, arm, lever, counters, watch=watch):
-            scores.append(compare(refs[seq.index], out.logits, out.next_tokens, out.positions))
+            for refs, into in zip(ref_sets, scores, strict=True):
+                into.append(compare(refs[seq.index], out.logits, out.next_tokens, out.positions))
     lever.require_exercised(arm, counters.lever_calls.get(arm), during=f"{(override_shape or shape).path} path")
     return scores
 

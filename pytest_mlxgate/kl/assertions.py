@@ -18,11 +18,13 @@ from typing import Any, Protocol
 
 from ..common.format import percent
 from ..config.names import DEFAULT_CANDIDATE, model_keys
+from ..errors import OracleNotMeasuredError
 from ..results.attribution_text import attribution_lines
 from ..results.speed_text import speed_lines
 from ..results.verdicts import Direction
 from ..results.wire import Check
-from ..verdicts.conclude import Target, check, conclude, given_limits
+from ..verdicts.conclude import Conclusion, Target, check, conclude, given_limits
+from .oracle import DEFAULT_RELATIVE_ATOL, RELATIVE, relative_check
 from .result import KLResult
 
 __all__ = ["KLSubject", "assert_kl_below", "kl_checks"]
@@ -54,7 +56,9 @@ class KLSubject(Target, Protocol):
 
 
 def _usable(key: str, value: float) -> bool:
-    """A KL limit is >= 0; an agreement rate (top-1) at most 1."""
+    """A KL limit is >= 0; an agreement rate (top-1) at most 1; the oracle's ratio (`relative`) above 0."""
+    if key == RELATIVE:
+        return value > 0
     return value >= 0 and not (_METRICS[key][1] == "min" and value > 1)
 
 
@@ -143,6 +147,8 @@ def assert_kl_below(
     top1: float | None = None,
     same_top: float | None = None,
     ln_ppl: float | None = None,
+    relative: float | None = None,
+    relative_atol: float = DEFAULT_RELATIVE_ATOL,
     models: Mapping[str, Mapping[str, float]] | None = None,
 ) -> KLResult:
     """Fail unless every named KL statistic is within its limit at 95% confidence.
@@ -155,23 +161,22 @@ def assert_kl_below(
 
     `models`: `{"gemma3-270m": {"p99": 0.5}}`, a model's own limits (from its calibration file), which
     replace the gate's on that candidate (`_for_model`; the record's `limits_for` names it).
+
+    `relative`: the precision-aware limit (`kl.oracle`, `kl.site`): the candidate's KL from the float32 oracle
+    at most `relative` times the plain reference arm's (+ `relative_atol`), and where the lever swaps a
+    function, the kernel's error at its site likewise; the module's source must name `relative=`.
     """
     __tracebackhide__ = True
     given = dict(mean=mean, median=median, p90=p90, p95=p95, p99=p99, p999=p999, max=max, top1=top1)
-    given.update(same_top=same_top, ln_ppl=ln_ppl)
+    given.update(same_top=same_top, ln_ppl=ln_ppl, relative=relative)
     example = "at least one limit, e.g. assert_kl_below(paired, mean=1e-3)"
     bounds = given_limits("assert_kl_below", given, example=example, usable=_usable)
+    ratio = bounds.pop("relative", None)
     per_model = _models_table(models)
     subject = None if isinstance(result, KLResult) else result
     kl = result if isinstance(result, KLResult) else result.kl()
     bounds, limits_for = _for_model(bounds, per_model, kl.candidate)
-    if kl.aa is not None:
-        checks = _floor_checks(kl.aa["floors"], bounds, kl.stats.n_prompts)
-        conclusion = kl.conclusion(
-            bounds=bounds, checks=checks, verdict="floor" if all(c["verdict"] == "pass" for c in checks) else "fail"
-        )
-    else:
-        conclusion = kl.conclusion(bounds=bounds, checks=kl_checks(kl.stats.to_json(), bounds))
+    conclusion = _concluded(kl, bounds, ratio, relative_atol)
     attribution = subject.explanation(kl, conclusion.verdict) if subject is not None else None
     extra: dict[str, Any] = {"limits_for": limits_for} if limits_for is not None else {}
     if attribution is not None:
@@ -189,6 +194,34 @@ def assert_kl_below(
 
     conclude(subject, conclusion, message)
     return kl
+
+
+def _concluded(kl: KLResult, bounds: dict[str, float], ratio: float | None, atol: float) -> Conclusion:
+    """The checks of every limit (A/A: against the noise floor) and, with `relative`, the oracle's two."""
+    if kl.aa is not None:
+        checks = _floor_checks(kl.aa["floors"], bounds, kl.stats.n_prompts)
+        floor = "floor" if all(c["verdict"] == "pass" for c in checks) else "fail"
+        return kl.conclusion(bounds=bounds, checks=checks, verdict=floor)
+    checks = kl_checks(kl.stats.to_json(), bounds)
+    if ratio is None:
+        return kl.conclusion(bounds=bounds, checks=checks)
+    if not (math.isfinite(atol) and atol >= 0):
+        raise ValueError(f"assert_kl_below: relative_atol={atol} is not a usable KL (a finite number >= 0)")
+    checks.append(_oracle_check(kl, ratio, atol))
+    if kl.site is not None:
+        checks.append(kl.site.check(ratio))
+    return kl.conclusion(bounds={**bounds, RELATIVE: ratio}, checks=checks)
+
+
+def _oracle_check(kl: KLResult, ratio: float, atol: float) -> Check:
+    """The relative rule's check (`kl.oracle.relative_check`); an error where no oracle arm ran."""
+    if kl.oracle is None:
+        raise OracleNotMeasuredError(
+            "assert_kl_below(relative=...) judges the candidate against the float32 oracle, but no oracle arm ran "
+            "for this module: its source must name relative= literally in an assert_kl_below call (the plugin reads "
+            "it before the arms run, so the oracle shares their passes). Write relative=2.0 in the call itself"
+        )
+    return relative_check(kl.oracle, ratio, atol)
 
 
 def _interval(stats: Mapping[str, Any], key: str) -> tuple[float, float | None, float | None]:

@@ -21,7 +21,8 @@ from ..serving.kv_plan import require_kv_difference
 from ..stats import divergence
 from ..stats.kl_profile import kl_profile
 from ..stats.kl_stats import KLStats, summarize
-from .arms import run_candidate, run_reference
+from .arms import run_candidate, run_candidate_against, run_reference_against
+from .oracle import OracleArm, OracleDistances
 from .prompts import texts_of
 from .refcache import CACHE_FORMAT, ReferenceCache
 from .result import KLResult, aa_floors
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ..stats.divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
-__all__ = ["aa_chunk", "chunked_floor", "check_same_vocabulary", "measure_kl", "reference_key"]
+__all__ = ["aa_chunk", "check_same_vocabulary", "chunked_floor", "computed_reference", "measure_kl", "reference_key"]
 
 
 def measure_kl(
@@ -53,9 +54,11 @@ def measure_kl(
     counters: ArmCounters,
     say: Callable[[str], None],
     watch: Watcher | None = None,
+    oracle: LoadedModel | None = None,
 ) -> KLResult:
     """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize.
-    `watch`: each arm's progress lines and time limit (none: silent, unlimited)."""
+    `watch`: each arm's progress lines and time limit (none: silent, unlimited). `oracle`: the reference
+    model computing in float32 (`kl.oracle`); both arms' distances from it come with the result."""
     if lever.kind == "kv" and not aa:
         require_kv_difference(
             lever.name,
@@ -68,6 +71,17 @@ def measure_kl(
     started = time.perf_counter()
     source = "cache"
     key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest, machine=machine)
+    judge: OracleArm | None = None
+    if oracle is not None and not aa:
+        oracle_key = reference_key(
+            model=oracle, lever=lever, shape=shape, sequences_digest=sequences_digest, machine=machine
+        )
+        judge = OracleArm(oracle=oracle, reference=reference, oracle_key=oracle_key, reference_key=key, cache=cache)
+        judge.prepare(
+            sequences,
+            lambda model, label: computed_reference(model, sequences, shape, lever, counters, say, watch, label)[0],
+            say,
+        )
     refs: list[RefDistributions] | None = None
     if cache is not None and not refresh_reference:
         refs = cache.load(key, len(sequences))
@@ -76,13 +90,24 @@ def measure_kl(
             if cache is not None and not refresh_reference:  # another worker may have stored it while we waited
                 refs = cache.load(key, len(sequences))
             if refs is None:
-                refs = _computed_reference(reference, sequences, shape, lever, counters, say, watch)
+                against = judge.refs if judge is not None and judge.wants_plain else None
+                refs, plain = computed_reference(
+                    reference, sequences, shape, lever, counters, say, watch, against=against
+                )
+                if judge is not None and plain is not None:
+                    judge.keep_plain(plain)  # scored in the reference arm's own pass
                 if cache is not None:
                     store_or_warn(cache, key, refs)
                 source = "computed"
+    if judge is not None and judge.wants_plain and judge.refs is not None:
+        say(f"plain {reference.dtype} reference arm against the float32 oracle")
+        judge.keep_plain(
+            run_candidate(reference.model, sequences, shape, lever, judge.refs, counters=counters, arm="reference")
+        )
     reference_s = time.perf_counter() - started
 
     aa_info: dict[str, Any] | None = None
+    distances: OracleDistances | None = None
     if aa:
         scores, aa_info = _aa(
             reference, refs, lever=lever, shape=shape, sequences=sequences, counters=counters, say=say, watch=watch
@@ -92,8 +117,14 @@ def measure_kl(
         arm_watch = _arm_watch(
             watch, f"candidate arm ({lever.name}={lever.describe_value('candidate')})", sequences, shape
         )
-        scores = run_candidate(candidate.model, sequences, shape, lever, refs, counters=counters, watch=arm_watch)
+        sets = [refs] if judge is None or judge.refs is None else [refs, judge.refs]
+        scored = run_candidate_against(
+            candidate.model, sequences, shape, lever, sets, counters=counters, watch=arm_watch
+        )
+        scores = scored[0]
         _finish(arm_watch)
+        if judge is not None:
+            distances = judge.distances(texts_of(sequences), scored[-1])
     stats = summarize(scores, texts=texts_of(sequences))
     profile = {**kl_profile(scores), "worst_context": _worst_contexts(candidate.tokenizer, sequences, stats)}
     total_s = time.perf_counter() - started
@@ -115,6 +146,7 @@ def measure_kl(
         scores=scores,
         aa=aa_info,
         profile=profile,
+        oracle=distances,
     )
 
 
@@ -137,12 +169,12 @@ def chunked_floor(
     key = reference_key(model=reference, lever=lever, shape=shape, sequences_digest=sequences_digest, machine=machine)
     refs = cache.load(key, len(sequences)) if cache is not None else None
     if refs is None:
-        refs = _computed_reference(reference, sequences, shape, lever, counters, say, watch)
+        refs = computed_reference(reference, sequences, shape, lever, counters, say, watch)[0]
     chunk, scores = _ReferenceAgain(reference, refs, lever, shape, sequences, counters, say, watch).chunked()
     return chunk, aa_floors([summarize(scores, texts=texts_of(sequences))])
 
 
-def _computed_reference(
+def computed_reference(
     reference: LoadedModel,
     sequences: Sequence[TokenSequence],
     shape: RunShape,
@@ -150,13 +182,20 @@ def _computed_reference(
     counters: ArmCounters,
     say: Callable[[str], None],
     watch: Watcher | None,
-) -> list[RefDistributions]:
-    label = f"reference arm ({lever.name}={lever.describe_value('reference')})"
+    label: str = "reference arm",
+    *,
+    against: Sequence[RefDistributions] | None = None,
+) -> tuple[list[RefDistributions], list[TokenScores] | None]:
+    """The reference arm's distributions, and (`against`) its scores against other distributions in the same
+    pass: the float32 oracle's, for the plain path's distance from it."""
+    label = f"{label} ({lever.name}={lever.describe_value('reference')})"
     say(f"{label}, {len(sequences)} sequences")
     arm_watch = _arm_watch(watch, label, sequences, shape)
-    refs = run_reference(reference.model, sequences, shape, lever, counters=counters, watch=arm_watch)
+    refs, scores = run_reference_against(
+        reference.model, sequences, shape, lever, against, counters=counters, watch=arm_watch
+    )
     _finish(arm_watch)
-    return refs
+    return refs, scores
 
 
 def _aa(

@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from ..levers.lever import Lever
     from ..stats.divergence import TokenScores
     from ..stats.kl_stats import KLStats
+    from .oracle import OracleDistances
     from .shape import ArmCounters, RunShape
+    from .site import SiteCheck
 
 __all__ = ["KLResult", "aa_floors"]
 
@@ -35,6 +37,9 @@ class KLResult:
     scores: list[TokenScores] = field(repr=False)
     aa: dict[str, Any] | None = None  # --mlx-aa: {"chunk": c, "repeat": stats, "chunked": stats, "floors": {...}}
     profile: dict[str, Any] | None = None  # the record's kl_profile: what the HTML report plots (stats.kl_profile)
+    oracle: OracleDistances | None = None  # both arms' distances from the float32 oracle, when the gate asks
+    site: SiteCheck | None = None  # the kernel at the lever's site against its float32 oracle (`kl.site`)
+    site_note: str | None = None  # why no site check ran where the oracle did (a lever with no function to judge)
 
     @property
     def mode(self) -> str:
@@ -56,6 +61,12 @@ class KLResult:
     def record_fields(self) -> dict[str, Any]:
         """The record's fields this measurement fills (`results.records.gate_record`'s keywords)."""
         extra: dict[str, Any] = {"kl_profile": self.profile} if self.profile is not None else {}
+        if self.oracle is not None:
+            extra["oracle"] = self.oracle.to_json()
+            if self.site is not None:
+                extra["oracle"]["site"] = self.site.to_json()
+            if self.site_note is not None:
+                extra["oracle"]["site_note"] = self.site_note
         if self.counters.lever_calls:
             extra["lever_calls"] = dict(self.counters.lever_calls)
         return dict(

@@ -260,6 +260,26 @@ def fast_ops(value: object) -> AbstractContextManager[None]:
     return _plain_fast_ops(names) if names else nullcontext()
 
 
+def _fast_ops_sites(reference: object, candidate: object) -> list[tuple[str, Any, Any]]:
+    """The functions `fast_ops` swaps, each as (target, the reference arm's, the candidate arm's): what the
+    site check (`kl.site`) judges against their float32 oracle."""
+    import mlx.core as mx
+
+    plain = {"rms_norm": rms_norm, "layer_norm": layer_norm, "rope": rope}
+    ref_names, cand_names = set(_fast_op_names(reference)), set(_fast_op_names(candidate))
+    return [
+        (
+            f"mlx.core.fast.{name}",
+            plain[name] if name in ref_names else getattr(mx.fast, name),
+            plain[name] if name in cand_names else getattr(mx.fast, name),
+        )
+        for name in FAST_OPS
+    ]
+
+
+fast_ops.sites = _fast_ops_sites  # type: ignore[attr-defined]  # read by kl.site.lever_sites
+
+
 def _fast_op_names(value: object) -> tuple[str, ...]:
     """The ops to patch: () for mlx's kernels, all of FAST_OPS for "plain", or the subset named."""
     if value is None:

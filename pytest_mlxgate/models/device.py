@@ -24,8 +24,11 @@ __all__ = [
     "mlx_device",
     "installed_versions",
     "machine_facts",
+    "mlx_chip",
     "openblas_preload_path",
+    "precision_facts",
     "reference_blas_warning",
+    "run_machine",
 ]
 
 #: How long the device probe of `machine_facts(in_subprocess=True)` may take (importing mlx: ~0.3 s).
@@ -64,6 +67,30 @@ def machine_facts(*, in_subprocess: bool = False) -> tuple[str, str]:
         return str(device), str(blas)
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return "unknown device", "unknown"
+
+
+def run_machine(device: str, blas: str) -> dict[str, str]:
+    """What a run's numbers depend on besides the model: device, BLAS, the chip and MLX's float32 switch
+    (`precision_facts`), the library versions. Reference arms and proofs are keyed by it."""
+    return {"device": device, "blas": blas, **precision_facts(), **installed_versions(("mlx", "mlx-lm"))}
+
+
+def precision_facts() -> dict[str, str]:
+    """{"chip", "tf32"}: the processor MLX computes on (rounding differs between chip generations: masked
+    SDPA in bf16 differs by 2^-8 between an M5 and an M3 Max) and `MLX_ENABLE_TF32` (on unless set to 0:
+    float32 matmuls then run at reduced precision on chips with matrix units)."""
+    return {"chip": mlx_chip(), "tf32": "off" if os.environ.get("MLX_ENABLE_TF32", "1").strip() == "0" else "on"}
+
+
+def mlx_chip() -> str:
+    """The default device's name as MLX reports it ('Apple M3 Max', 'NVIDIA H100 ...', a CPU's model)."""
+    try:
+        import mlx.core as mx
+
+        info = mx.device_info()
+    except (ImportError, AttributeError, RuntimeError):
+        return platform.machine() or "unknown"
+    return str(info.get("device_name") or info.get("architecture") or platform.machine() or "unknown")
 
 
 def mlx_device() -> str:

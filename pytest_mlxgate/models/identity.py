@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
-
-import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from .loaded import LoadedModel
 
-__all__ = ["model_dtype", "model_fingerprint", "model_identity", "tokenizer_fingerprint"]
+__all__ = ["model_fingerprint", "model_identity", "tokenizer_fingerprint"]
 
 _TOKENIZER_FILES = (
     "tokenizer.json",
@@ -57,13 +53,5 @@ def model_identity(model: LoadedModel) -> dict[str, str]:
     return {
         "model": model_fingerprint(snap.dir, snap.commit, snap.repo_id),
         "tokenizer": tokenizer_fingerprint(snap.dir),
-        "dtype": model_dtype(model.model),
+        "dtype": model.dtype,
     }
-
-
-def model_dtype(model: Any) -> str:
-    leaves: Any = tree_flatten(model.parameters())
-    for _, value in leaves:
-        if mx.issubdtype(value.dtype, mx.floating):  # quantized weights are uint32; their scales say
-            return str(value.dtype).rsplit(".", 1)[-1]
-    return "unknown"

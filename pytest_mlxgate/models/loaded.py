@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelUnavailableError
@@ -26,7 +27,14 @@ class LoadedModel:
 
     def describe(self) -> ModelRef:
         s = self.snapshot
-        return {"name": s.name, "repo_id": s.repo_id, "commit": s.commit, "pinned": s.pinned}
+        return {"name": s.name, "repo_id": s.repo_id, "commit": s.commit, "pinned": s.pinned, "dtype": self.dtype}
+
+    @cached_property
+    def dtype(self) -> str:
+        """The precision it computes in: its first floating parameter's dtype (`precision.model_dtype`)."""
+        from .precision import model_dtype
+
+        return model_dtype(self.model)
 
 
 def load_mlx(snapshot: ResolvedSnapshot, role: str = "candidate") -> tuple[Any, Any]:

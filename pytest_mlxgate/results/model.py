@@ -62,6 +62,7 @@ class ModelInfo(Flat):
     repo_id: str | None = None
     commit: str | None = None
     pinned: str | None = None  # repo@commit
+    dtype: str | None = None  # the precision its arms computed in
     left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
     more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
 
@@ -78,6 +79,7 @@ class LimitsFrom:
     status: str  # wire.LIMIT_SOURCES: calibrated, proven, unproven, refuted
     model: str
     backend: str
+    dtype: str | None = None  # the precision the judged model computed in (older records: not said)
     file: str | None = None
     models_entry: str | None = None
     why: str | None = None
@@ -86,6 +88,8 @@ class LimitsFrom:
     floors: Mapping[str, float] = field(default_factory=dict)
     inside_floor: tuple[str, ...] = ()
     note: str | None = None
+    precision_floor: Mapping[str, float] = field(default_factory=dict)
+    inside_precision: tuple[str, ...] = ()
     known_bad_more: Mapping[str, Any] = field(default_factory=dict)  # the known-bad's verdict..., as written
     left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
     more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
@@ -97,6 +101,7 @@ class LimitsFrom:
             "status": self.status,
             "model": self.model,
             "backend": self.backend,
+            "dtype": self.dtype,
             "file": self.file,
             "models_entry": self.models_entry,
             "why": self.why,
@@ -104,6 +109,8 @@ class LimitsFrom:
             "floors": dict(self.floors),
             "inside_floor": list(self.inside_floor),
             "note": self.note,
+            "precision_floor": dict(self.precision_floor),
+            "inside_precision": list(self.inside_precision),
         }
         return written(typed, self.left_out, self.more)
 
@@ -120,7 +127,7 @@ class LimitsFrom:
     @property
     def words(self) -> str:
         """One line, the same in every report: where the limits come from and what that showed."""
-        on = f"{self.model} ({self.backend})"
+        on = f"{self.model} ({self.backend}, {self.dtype})" if self.dtype else f"{self.model} ({self.backend})"
         own = f" (its models= entry {self.models_entry!r})" if self.models_entry else ""
         if self.status == "calibrated":
             text = f"limits{own} shown on {on} by {self.file or 'its calibration file'}"
@@ -133,6 +140,9 @@ class LimitsFrom:
             text = f"limits{own} unproven on {on}: {self.why or 'not calibrated'}"
         if self.inside_floor:
             text += f"; {', '.join(self.inside_floor)} inside {self.model}'s noise floor (inconclusive)"
+        if self.inside_precision:
+            rounding = f"{self.dtype or 'its precision'}'s own rounding"
+            text += f"; {', '.join(self.inside_precision)} inside {rounding} (inconclusive)"
         if self.note:
             text += f" · {self.note}"
         return text
@@ -367,12 +377,13 @@ RECORD_KEYS = tuple(f.name for f in fields(Record) if f.name not in ("left_out",
 )
 LEVER_KEYS = ("name", "kind", "target", "ref", "cand", "path")
 ERROR_KEYS = ("type", "message", "phase")
-MODEL_KEYS = ("name", "repo_id", "commit", "pinned")
+MODEL_KEYS = ("name", "repo_id", "commit", "pinned", "dtype")
 SIZES_KEYS = ("prompts", "tokens", "decode", "chunk")
 LIMITS_KEYS = (
     "status",
     "model",
     "backend",
+    "dtype",
     "file",
     "models_entry",
     "why",
@@ -380,6 +391,8 @@ LIMITS_KEYS = (
     "floors",
     "inside_floor",
     "note",
+    "precision_floor",
+    "inside_precision",
 )
 
 
@@ -397,6 +410,7 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
         status=status,
         model=model,
         backend=backend,
+        dtype=text(value.get("dtype")) or None,
         file=text(value.get("file")) or None,
         models_entry=text(value.get("models_entry")) or None,
         why=text(value.get("why")) or None,
@@ -405,6 +419,8 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
         floors={str(k): v for k, v in ((k, real(v)) for k, v in mapping(value.get("floors")).items()) if v is not None},
         inside_floor=tuple(str(k) for k in sequence(value.get("inside_floor"))),
         note=text(value.get("note")) or None,
+        precision_floor=_reals(value.get("precision_floor")),
+        inside_precision=tuple(str(k) for k in sequence(value.get("inside_precision"))),
         known_bad_more=rest(bad, ("value", "figures")),
         left_out=absent(value, LIMITS_KEYS),
         more=rest(value, LIMITS_KEYS),
@@ -426,6 +442,7 @@ def _model(value: Any) -> ModelInfo | None:
             repo_id=text(value.get("repo_id")),
             commit=text(value.get("commit")),
             pinned=text(value.get("pinned")),
+            dtype=text(value.get("dtype")),
             left_out=absent(value, MODEL_KEYS),
             more=rest(value, MODEL_KEYS),
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Required, TypedDict
+from typing import Any, Literal, NotRequired, Required, TypedDict
 
 from .fields import real
 from .verdicts import VERDICTS
@@ -38,6 +38,7 @@ class ModelRef(TypedDict):
     repo_id: str | None
     commit: str
     pinned: str
+    dtype: NotRequired[str]  # the precision its arms computed in (bfloat16, float32, ...); older records lack it
 
 
 class Check(TypedDict, total=False):
@@ -61,6 +62,8 @@ class Check(TypedDict, total=False):
     method: Required[str]
     p_value: float | None
     context: int  # a speed or memory check: the context (tokens) it holds at
+    ratio: float | None  # the relative rule (`kl.oracle`): the candidate's KL from the float32 oracle / the plain's
+    oracle: dict[str, float]  # the relative rule: both arms' mean KL from the oracle and the `relative` asked
 
 
 #: Where a gate's limits were shown to work on the judged model and backend (`LimitsFrom.status`):
@@ -76,12 +79,15 @@ class LimitsFrom(TypedDict, total=False):
     status: Required[Literal["calibrated", "proven", "unproven", "refuted"]]
     model: Required[str]  # the judged model: a built-in alias, else repo@commit
     backend: Required[str]  # cpu, metal, cuda
+    dtype: str  # the precision the judged model computed in (bfloat16, float32, ...); older records lack it
     file: str  # the calibration file (calibrated), or the one that would cover it (`--mlx-calibrate` writes it)
     models_entry: str  # the `models=` entry whose limits replaced the gate's on this model
     why: str  # unproven / refuted: the reason, in words
     known_bad: dict[str, Any]  # the proof's known-bad: value, verdict against these limits, its figures
     floors: dict[str, float]  # this model's A/A floor (a proof run measured it)
     inside_floor: list[str]  # the limits within the rule's multiple of that floor: their checks read inconclusive
+    precision_floor: dict[str, float]  # a low-precision run: the plain path's own distance from float32
+    inside_precision: list[str]  # the limits below it: they read rounding (inconclusive), never proven
     note: str  # what kind of limit this is: a drop margin in points (model-independent), a speed goal (not)
 
 
@@ -95,6 +101,7 @@ class GateRecord(TypedDict, total=False):
     nodeid: Required[str]
     gate: Required[str]
     mode: Required[Mode]
+    oracle: dict[str, Any]  # both arms' KL from the float32 oracle (`kl.oracle.OracleDistances.to_json`)
     verdict: Required[str]
     time: Required[str]
     record_version: int  # RECORD_VERSION; none: a version-1 record (`migrate_record` reads it)

@@ -40,6 +40,7 @@ class ModuleArms:
     watch: Watcher | None = None  # the arms' progress lines, time limit and the run's speed-trial lock
     counters: ArmCounters = field(default_factory=ArmCounters)
     phases: PhaseClock = field(default_factory=PhaseClock)  # where the module's time went (each record's share)
+    oracle: LoadedModel | None = None  # the reference model in float32, when the module's gates ask for it
 
     def reference_model(self) -> LoadedModel:
         """The reference arm's model: the candidate's own (one-model levers) or the second model."""

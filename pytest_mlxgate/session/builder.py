@@ -50,6 +50,36 @@ def _weights_arms(ctx: RunContext, lever: Lever, loaded: LoadedModel) -> tuple[L
     return arms[0], arms[1]
 
 
+#: The float32 twins of loaded models, per process: gate modules of one model share one (`oracle_of`).
+_ORACLES: dict[int, LoadedModel] = {}
+
+
+def oracle_of(reference: LoadedModel) -> LoadedModel:
+    """The reference model computing in float32: itself where it already does, else an upcast copy, once."""
+    from ..models.loaded import LoadedModel
+    from ..models.precision import ORACLE_DTYPE, float32_copy
+
+    if reference.dtype == ORACLE_DTYPE:
+        return reference
+    if id(reference.model) not in _ORACLES:
+        _ORACLES[id(reference.model)] = LoadedModel(
+            float32_copy(reference.model), reference.tokenizer, reference.snapshot
+        )
+    return _ORACLES[id(reference.model)]
+
+
+def asks_for_oracle(module: Path) -> bool:
+    """Does the module's source judge a KL gate against the float32 oracle (`assert_kl_below(relative=...)`)?
+    Read without importing it, before any arm runs, so the oracle is measured in the same passes."""
+    from ..common.gate_calls import declared_limits
+
+    try:
+        limits, not_literal = declared_limits(module, {"assert_kl_below"})
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(lim.key == "relative" for lim in limits) or any("(relative=" in text for text in not_literal)
+
+
 def check_plan_modules(spec: WeightsSpec, model: Any, where: str) -> None:
     """Refuse a weights plan whose entries this model cannot take: a path it lacks (a typo, another
     architecture's plan) or a module mlx_lm cannot quantize, or a group that does not divide the module's
@@ -147,6 +177,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         elif lever.kind == "weights":
             reference, candidate = _weights_arms(ctx, lever, candidate)
     lever = with_snapshot_plan(lever, candidate, ctx.progress)
+    oracle = oracle_of(reference or candidate) if asks_for_oracle(Path(str(item.path))) else None
 
     speed_shape = gate_speed_shape(item, gate, ctx.machine.get("device", "cpu"), sliding_window(candidate.model))
     for model in {id(m): m for m in (candidate, reference) if m is not None}.values():
@@ -162,6 +193,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         sequences_digest=sequences_digest(sequences),
         candidate=candidate,
         reference=reference,
+        oracle=oracle,
         machine=dict(ctx.machine),
         cache=(
             ReferenceCache(ctx.cache_dir, max_bytes=gate.reference_cache_max, report=ctx.progress)

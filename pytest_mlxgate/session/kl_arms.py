@@ -50,11 +50,12 @@ class KLArms:
         return found
 
     def measure(self, *, aa: bool) -> KLResult:
-        """One measurement, not remembered: the lever's arms, or (`aa`) the reference against itself."""
+        """One measurement, not remembered: the lever's arms, or (`aa`) the reference against itself; with the
+        float32 oracle (a module that asks for it), the kernel at the lever's site too (`kl.site`)."""
         from ..kl.measure import measure_kl
 
         arms = self.arms
-        return measure_kl(
+        found = measure_kl(
             lever=arms.lever,
             shape=arms.shape,
             sequences=arms.sequences,
@@ -69,7 +70,30 @@ class KLArms:
             counters=arms.counters,
             say=arms.say,
             watch=arms.watch,
+            oracle=None if aa else arms.oracle,
         )
+        if arms.oracle is not None and not aa:
+            self._judge_sites(found)
+        return found
+
+    def _judge_sites(self, found: KLResult) -> None:
+        """The lever's functions on a bounded capture of the reference arm, each call against its float32 oracle."""
+        from ..kl.site import lever_sites, measure_sites
+
+        arms = self.arms
+        sites = lever_sites(arms.lever)
+        if not sites:
+            found.site_note = (
+                "the lever swaps no function the plugin can call on its own (an environment flag, mx.compile, a KV "
+                "plan or weights): only the model-level check against the float32 oracle applies"
+            )
+            return
+        arms.say(f"site check: {', '.join(s.target for s in sites)} against float32 on the reference arm")
+        found.site = measure_sites(arms.reference_model().model, arms.sequences, arms.shape, arms.lever, sites)
+        # a capture of the reference arm: its time is the reference phase's (`_timed_run` reads reference_s)
+        found.durations["site_s"] = round(found.site.seconds, 3)
+        found.durations["reference_s"] = round(found.durations.get("reference_s", 0.0) + found.site.seconds, 3)
+        found.durations["total_s"] = round(found.durations.get("total_s", 0.0) + found.site.seconds, 3)
 
     def explanation(self, kl: KLResult, budget: float) -> dict[str, Any]:
         """Where `kl`'s drift comes from (`explain.attribute`), once per module, within `budget` seconds.

@@ -167,15 +167,17 @@ class ModelProvider:
         return {WORKERINPUT_KEYS[r]: s.to_json() for r, s in self._resolved.items()}
 
     def model(self, role: Role = "candidate") -> tuple[Any, Any]:
-        """(model, tokenizer) of the role through `mlx_lm.load`, once per process; weights that cannot be
-        read raise `ModelUnavailableError` naming the file and the fix (`models.loaded.load_mlx`)."""
+        """(model, tokenizer) of the role through `mlx_lm.load`, once per process, in `--mlx-dtype`'s precision;
+        weights that cannot be read raise `ModelUnavailableError` naming the file and the fix (`loaded.load_mlx`)."""
         if role not in self._models:
             snap = self.snapshot(role)
             if snap is None:
                 raise ModelUnavailableError(f"mlxgate: no {role} model configured (--mlx-{role} NAME)")
             from ..models.loaded import load_mlx
+            from ..models.precision import cast_model
 
-            self._models[role] = load_mlx(snap, role)
+            model, tokenizer = load_mlx(snap, role)
+            self._models[role] = cast_model(model, self.settings.dtype), tokenizer
         return self._models[role]
 
     def loaded_model(self, role: Role) -> LoadedModel | None:

@@ -166,7 +166,7 @@ class MlxgateSession:
         return Paired(run, item, rerun_command(self.config, item.nodeid))
 
     def _run_context(self) -> RunContext:
-        from ..models.device import installed_versions
+        from ..models.device import run_machine
         from .builder import RunContext
         from .workers import run_dir_of
 
@@ -177,7 +177,7 @@ class MlxgateSession:
             gate=gate,
             load_model=self.loaded_model,
             cache_dir=self.reference_cache.usable(),
-            machine={"device": device, "blas": blas, **installed_versions(("mlx", "mlx-lm"))},
+            machine=run_machine(device, blas),
             progress=self.progress.sink(),
             live=self.progress.live(),
             distributed=self.process.rank is not None,

@@ -890,13 +890,15 @@ def test_a_quantile_s_interval_is_read_from_quantile_ci(value: float, lower: flo
 
 def test_a_run_s_machine_facts_give_the_machine_and_the_versions() -> None:
     machine = {"device": "gpu", "blas": "accelerate", "mlx": "0.1", "mlx-lm": "0.2", "mlx_lm": "0.3", "ram": "x"}
+    machine |= {"chip": "Apple M3 Max", "tf32": "off"}
     versions = {
         "mlx": "0.1",
         "mlx_lm": "0.2",
         "python": platform.python_version(),
         "pytest_mlxgate": version("pytest-mlxgate"),
     }
-    assert machine_versions(machine) == ({"device": "gpu", "blas": "accelerate", **versions}, versions)
+    facts = {"device": "gpu", "blas": "accelerate", "chip": "Apple M3 Max", "tf32": "off"}
+    assert machine_versions(machine) == ({**facts, **versions}, versions)
 
 
 def test_facts_missing_read_unknown_and_mlx_lm_by_either_name() -> None:
@@ -906,6 +908,8 @@ def test_facts_missing_read_unknown_and_mlx_lm_by_either_name() -> None:
         {
             "device": "unknown",
             "blas": "unknown",
+            "chip": "unknown",
+            "tf32": "unknown",
             "mlx": "unknown",
             "mlx_lm": "unknown",
             "python": python,

@@ -23,7 +23,12 @@ from pytest_mlxgate.verdicts.calibration import CHECK_RULE
 
 ENV = Lever("flag", "env", "MLXGATE_FLAG", "0", "1")
 WEIGHTS = Lever("w", "weights", None, None, {"bits": 4, "group_size": 64})
-EMBEDDED = {"name": "smollm2-135m", "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32", "commit": "c0ffee"}
+EMBEDDED = {
+    "name": "smollm2-135m",
+    "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32",
+    "commit": "c0ffee",
+    "dtype": "bfloat16",
+}
 GEMMA = {"name": "gemma3-270m", "repo_id": "mlxgate/gemma-3-270m-Q4_K_M-f32", "commit": "beef"}
 
 
@@ -206,7 +211,12 @@ def _document(tmp_path: Path, **changes: Any) -> dict[str, Any]:
         "code": {"commit": "abc123", "dirty": True},
         "serving_code": {"digest": "serving"},
         "gate": {"digest": "d", "parts": {}},
-        "model": {"name": "smollm2-135m", "repo": "mlxgate/SmolLM2-135M-Instruct-f32", "commit": "c0ffee"},
+        "model": {
+            "name": "smollm2-135m",
+            "repo": "mlxgate/SmolLM2-135M-Instruct-f32",
+            "commit": "c0ffee",
+            "dtype": "bfloat16",
+        },
         "machine": {"of": {"device": "cpu", "chip": "x"}},
         "versions": {"mlx": "0.1"},
         "lever": ENV.to_json(),
@@ -255,7 +265,7 @@ def test_the_document_keeps_the_known_bad_and_another_model_s_limits(tmp_path: P
     doc = calibration_document(paired, CALIBRATION, _gate(tmp_path, LIMITS), known_bad)
     assert doc == _document(
         tmp_path,
-        model={"name": "gemma3-270m", "repo": "mlxgate/gemma-3-270m-Q4_K_M-f32", "commit": "beef"},
+        model={"name": "gemma3-270m", "repo": "mlxgate/gemma-3-270m-Q4_K_M-f32", "commit": "beef", "dtype": None},
         known_bad=known_bad,
         limits={"test_drift: assert_kl_below": {"mean": 9e-3}},
     )
@@ -269,6 +279,7 @@ def test_a_two_model_document_names_its_reference(tmp_path: Path, measured_here:
         "name": "smollm2-135m",
         "repo": "mlxgate/SmolLM2-135M-Instruct-f32",
         "commit": "c0ffee",
+        "dtype": "bfloat16",
         "reference": {"name": "ref", "repo": "org/ref", "commit": "r1"},
     }
     assert doc["lever"] == WEIGHTS.to_json()

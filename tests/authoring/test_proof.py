@@ -54,15 +54,29 @@ def test_an_agreement_limit_is_judged_on_its_disagreement(limit: float, floor: f
 # -- which calibration file covers -----------------------------------------------------------------
 
 
-def _calibration(folder: Path, *, device: str = "cpu", commit: str = "c0ffee") -> Path:
+def _calibration(
+    folder: Path,
+    *,
+    device: str = "cpu",
+    commit: str = "c0ffee",
+    dtype: str | None = None,
+    chip: dict[str, str] | None = None,
+    name: str = "smollm2-135m",
+) -> Path:
     path = folder / "calibration" / "test_gate.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"calibration_format": 1, "model": {"name": "smollm2-135m", "commit": commit}, "machine": {"device": device}}
+    model = {"name": name, "commit": commit} | ({"dtype": dtype} if dtype else {})
+    doc = {"calibration_format": 1, "model": model, "machine": {"device": device, **(chip or {})}}
     path.write_text(json.dumps(doc))
     return path
 
 
-EMBEDDED = {"name": "smollm2-135m", "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32", "commit": "c0ffee"}
+EMBEDDED = {
+    "name": "smollm2-135m",
+    "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32",
+    "commit": "c0ffee",
+    "dtype": "float32",
+}
 
 
 def test_a_file_covers_only_its_model_commit_on_its_backend(tmp_path: Path) -> None:
@@ -75,10 +89,59 @@ def test_a_file_covers_only_its_model_commit_on_its_backend(tmp_path: Path) -> N
     assert covering_file(module, {**EMBEDDED, "commit": None}, "cpu") is None  # weights it cannot name
     gemma = {"name": "gemma3-270m", "repo_id": "mlxgate/gemma-3-270m-f32", "commit": "c0ffee"}
     assert covering_file(module, gemma, "cpu") is None  # the embedded model's file is not gemma's
-    _calibration(tmp_path, device="gpu · Metal")
-    assert covering_file(module, EMBEDDED, "metal") is not None and covering_file(module, EMBEDDED, "cpu") is None
+    m3 = {"chip": "Apple M3 Max", "tf32": "on"}
+    _calibration(tmp_path, device="gpu · Metal", chip=m3)
+    assert covering_file(module, EMBEDDED, "metal", m3) is not None and covering_file(module, EMBEDDED, "cpu") is None
     path.write_text("{not json")
-    assert covering_file(module, EMBEDDED, "metal") is None  # unreadable: covers nothing
+    assert covering_file(module, EMBEDDED, "metal", m3) is None  # unreadable: covers nothing
+
+
+BF16 = {**EMBEDDED, "dtype": "bfloat16"}
+
+
+def test_a_file_covers_only_the_precision_it_was_measured_in(tmp_path: Path) -> None:
+    module = tmp_path / "test_gate.py"
+    _calibration(tmp_path, dtype="float32")
+    assert covering_file(module, EMBEDDED, "cpu") is not None
+    assert covering_file(module, BF16, "cpu") is None  # float32 limits say nothing of bfloat16's rounding
+    assert covering_file(module, {**EMBEDDED, "dtype": None}, "cpu") is None  # a run whose precision is unknown
+    _calibration(tmp_path, dtype="bfloat16")
+    assert covering_file(module, BF16, "cpu") is not None and covering_file(module, EMBEDDED, "cpu") is None
+
+
+def test_a_file_without_a_dtype_covers_a_float32_built_in_model_alone(tmp_path: Path) -> None:
+    module = tmp_path / "test_gate.py"
+    _calibration(tmp_path)  # written before precision was recorded: the built-in models ran in float32 only
+    assert covering_file(module, EMBEDDED, "cpu") is not None
+    assert covering_file(module, BF16, "cpu") is None
+    hub = {"name": None, "repo_id": "org/m", "commit": "c0ffee", "dtype": "float32"}
+    folder = tmp_path / "calibration" / "org--m"
+    folder.mkdir(parents=True)
+    (tmp_path / "calibration" / "test_gate.json").rename(folder / "test_gate.json")
+    json_doc = json.loads((folder / "test_gate.json").read_text())
+    json_doc["model"]["name"] = None
+    (folder / "test_gate.json").write_text(json.dumps(json_doc))
+    assert covering_file(module, hub, "cpu") is None  # a hub model's precision then was whatever it shipped in
+
+
+@pytest.mark.parametrize(
+    ("run", "covers"),
+    [
+        ({"chip": "Apple M3 Max", "tf32": "on"}, True),
+        ({"chip": "Apple M5", "tf32": "on"}, False),  # masked SDPA rounds otherwise on another chip generation
+        ({"chip": "Apple M3 Max", "tf32": "off"}, False),  # float32 matmuls at another precision
+        ({}, False),
+    ],
+)
+def test_on_a_gpu_a_file_covers_only_its_chip_and_tf32_setting(
+    tmp_path: Path, run: dict[str, str], covers: bool
+) -> None:
+    module = tmp_path / "test_gate.py"
+    _calibration(tmp_path, device="gpu · Metal", dtype="bfloat16", chip={"chip": "Apple M3 Max", "tf32": "on"})
+    assert (covering_file(module, BF16, "metal", run) is not None) is covers
+    # a CPU's rounding has no such switch: its file covers any CPU
+    _calibration(tmp_path, device="cpu", dtype="bfloat16", chip={"chip": "AMD EPYC", "tf32": "on"})
+    assert covering_file(module, BF16, "cpu", run) is not None
 
 
 # -- what a proof does to a verdict -----------------------------------------------------------------

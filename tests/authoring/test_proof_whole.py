@@ -394,8 +394,14 @@ def test_a_known_bad_is_named_as_json_a_repr_or_the_whole_lever_it_switches() ->
 
 # -- which file covers, and the LimitsProof a module gets -------------------------------------------
 
-EMBEDDED = {"name": "smollm2-135m", "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32", "commit": "c0ffee"}
-HUB = {"name": None, "repo_id": "org/tiny", "commit": "c0ffee", "pinned": "org/tiny@c0ffee"}
+EMBEDDED = {
+    "name": "smollm2-135m",
+    "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32",
+    "commit": "c0ffee",
+    "dtype": "float32",
+}
+HUB = {"name": None, "repo_id": "org/tiny", "commit": "c0ffee", "pinned": "org/tiny@c0ffee", "dtype": "float32"}
+CHIP = {"chip": "Apple M3 Max", "tf32": "on"}
 ENV_LEVER = Lever("flag", "env", "MLXGATE_FLAG", "0", "1")
 WEIGHTS_LEVER = Lever("w", "weights", None, None, {"bits": 4, "group_size": 64})
 MODEL_LEVER = Lever("model", "model", None, None, None)
@@ -413,7 +419,7 @@ def _arms(
     run = SimpleNamespace(
         candidate=SimpleNamespace(describe=lambda: described),
         reference=SimpleNamespace(describe=lambda: reference) if reference is not None else None,
-        machine={"device": device},
+        machine={"device": device, **CHIP},
         lever=lever,
     )
     item = SimpleNamespace(path=tmp_path / "gates" / "test_gate.py", config=SimpleNamespace(rootpath=tmp_path))
@@ -421,12 +427,14 @@ def _arms(
     return _Paired(nodeid="gates/test_gate.py::test_drift", run=run, item=item)
 
 
-def _write_calibration(path: Path, *, device: str = "cpu", commit: str = "c0ffee", ref: str | None = None) -> Path:
+def _write_calibration(
+    path: Path, *, device: str = "cpu", commit: str = "c0ffee", ref: str | None = None, dtype: str = "float32"
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    model: dict[str, Any] = {"name": "x", "commit": commit}
+    model: dict[str, Any] = {"name": "x", "commit": commit, "dtype": dtype}
     if ref is not None:
         model["reference"] = {"commit": ref}
-    path.write_text(json.dumps({"calibration_format": 1, "model": model, "machine": {"device": device}}))
+    path.write_text(json.dumps({"calibration_format": 1, "model": model, "machine": {"device": device, **CHIP}}))
     return path
 
 
@@ -441,7 +449,9 @@ def test_a_file_covers_only_a_model_commit_it_names_and_a_device_it_names(tmp_pa
     path.write_text(json.dumps({"calibration_format": 1, "model": {"name": "x"}, "machine": {"device": "cpu"}}))
     assert proof_module.covering_file(module, {**EMBEDDED, "commit": None}, "cpu") is None  # neither names one
     assert proof_module.covering_file(module, EMBEDDED, "cpu") is None
-    path.write_text(json.dumps({"calibration_format": 1, "model": {"commit": "c0ffee"}, "machine": {}}))
+    path.write_text(
+        json.dumps({"calibration_format": 1, "model": {"commit": "c0ffee", "dtype": "float32"}, "machine": {}})
+    )
     # a file that names no device covers only a run that names none either
     assert proof_module.covering_file(module, EMBEDDED, "") == path
     assert proof_module.covering_file(module, EMBEDDED, "cpu") is None
@@ -452,6 +462,7 @@ def test_an_embedded_model_with_no_file_proves_its_known_bad(tmp_path: Path) -> 
     made = limits_proof(paired, prove="auto", require=False)  # type: ignore[arg-type]
     assert made == _expected(
         paired,
+        dtype="float32",
         model="smollm2-135m",
         backend="cpu",
         file=None,
@@ -475,6 +486,7 @@ def test_a_hub_model_covered_by_its_own_file_runs_no_proof(tmp_path: Path) -> No
     made = limits_proof(paired, prove="auto", require=False)  # type: ignore[arg-type]
     assert made == _expected(
         paired,
+        dtype="float32",
         model="org/tiny@c0ffee",
         backend="cuda",
         file=path,
@@ -600,7 +612,7 @@ def test_a_proof_s_key_holds_the_reference_arm_the_candidate_commit_the_known_ba
         "reference": bad.key("reference"),
         "candidate": bad.key("candidate"),
     }
-    assert PROOF_FORMAT == 1
+    assert PROOF_FORMAT == 2  # 2: the precision floor and the known-bad's oracle checks
 
 
 @dataclass
@@ -676,7 +688,14 @@ def test_a_miss_is_measured_under_the_lock_stored_and_then_read_back(
     assert cache.files.writes == [path]
     assert json.loads(cache.files.stored[path]) == {
         "key": json.loads(canonical_json(key)),
-        "data": {"floors": {"mean": 2e-8, "p99": 1e-7}, "known_bad_stats": {"mean": 0.25}, "non_finite": None},
+        "data": {
+            "floors": {"mean": 2e-8, "p99": 1e-7},
+            "known_bad_stats": {"mean": 0.25},
+            "non_finite": None,
+            "precision": None,
+            "known_bad_oracle": None,
+            "known_bad_site": None,
+        },
     }
     assert paired.run.said == ["limits proof: A/A mean KL floor 2e-08; known-bad mean KL 0.25"]
 
@@ -847,6 +866,7 @@ def floor_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         return 512, {"mean": 1e-8}
 
     monkeypatch.setattr(proof_module, "chunked_floor", chunked_floor)
+    monkeypatch.setattr(proof_module, "precision_floor", lambda run: None)  # a float32 run: no precision floor
     return calls
 
 
@@ -862,7 +882,7 @@ def _bad_arm(monkeypatch: pytest.MonkeyPatch, outcome: object) -> list[Any]:
             assert arm.run.phases is not paired.run.phases and arm.run.phases.spent == {}
             if isinstance(outcome, Exception):
                 raise outcome
-            return SimpleNamespace(stats=SimpleNamespace(to_json=lambda: outcome))
+            return SimpleNamespace(stats=SimpleNamespace(to_json=lambda: outcome), oracle=None, site=None)
 
         arm = SimpleNamespace(run=SimpleNamespace(phases=paired.run.phases), kl=kl, bad=bad)
         made.append(arm)

@@ -1,0 +1,104 @@
+"""No proof inside the precision's own error: in bfloat16 a limit sized in float32 can sit below what the plain
+bf16 path already costs against the float32 oracle. Real sessions on the tiny model: such a limit's check reads
+inconclusive (never a fail on rounding) and its record never says proven; the oracle rules prove theirs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mlxgate.results.model import limits_from_words
+
+KNOWN_BAD_OPS = Path(__file__).resolve().parents[2] / "gates" / "known_bad_ops.py"
+
+GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever(
+        "fused_norms_rope", context="pytest_mlxgate.reference_ops:fast_ops", ref="plain", cand="fused", path="serving"
+    ),
+    pytest.mark.mlx_kl(prompts=4, tokens=32, decode=8),
+]
+
+KNOWN_BAD = pytest.mark.mlx_lever(
+    "rope_base_off", patch="mlx.core.fast.rope", ref=None, cand="known_bad_ops:rope_base_off", path="serving"
+)
+
+
+def test_drift(paired):
+    assert_kl_below(paired, {limits})
+"""
+
+
+@pytest.fixture
+def gates(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(known_bad_ops=KNOWN_BAD_OPS.read_text())
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict[str, Any]]:
+    report = tmp / "r.json"
+    result = p.runpytest_inprocess(
+        *more,
+        f"--mlx-candidate={model}",
+        "--mlx-db=off",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-allow-untrained",
+        "--mlx-prove=auto",
+        "--mlx-explain-budget=0",
+        "--mlx-speed=off",
+        f"--mlx-report={report}",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+    )
+    (record,) = json.loads(report.read_text())["gates"]
+    return result, record
+
+
+def test_a_float32_limit_below_bf16_s_own_rounding_is_inconclusive_and_never_proven(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_fused=GATE.format(limits="mean=3e-7, p99=3e-6, top1=0.5"))
+    result, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16", "--mlx-inconclusive=warn")
+    result.assert_outcomes(passed=1)  # warn: the record keeps what it is
+    limits = record["limits_from"]
+    assert limits["status"] == "unproven" and limits["dtype"] == "bfloat16"
+    assert {"mean", "p99"} <= set(limits["inside_precision"]) and "top1" not in limits["inside_precision"]
+    assert limits["precision_floor"]["mean"] > 3e-7  # plain bf16 sits this far from the float32 oracle
+    assert "own distance from float32" in limits["why"] and "relative=" in limits["why"]
+    assert record["verdict"] == "inconclusive"  # the candidate's drift is bf16's rounding: never a fail on it
+    mean = next(c for c in record["checks"] if c["key"] == "mean")
+    assert mean["verdict"] == "inconclusive" and "own distance from float32" in mean["method"]
+    assert "inside bfloat16's own rounding" in limits_from_words(limits)
+
+
+def test_the_oracle_rules_prove_themselves_on_the_known_bad_in_bfloat16(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_fused=GATE.format(limits="relative=2.0"))
+    result, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16")
+    result.assert_outcomes(passed=1)
+    limits = record["limits_from"]
+    assert limits["status"] == "proven", limits
+    assert limits["known_bad"]["verdict"] == "fail"
+    assert any(f.startswith("site error vs f32") for f in limits["known_bad"]["figures"])
+    assert record["verdict"] == "pass"
+
+
+def test_in_float32_a_proof_has_no_precision_floor(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_fused=GATE.format(limits="mean=3e-7, p99=3e-6, top1=0.5"))
+    _, record = _run(gates, tiny_model_dir, tmp_path)
+    limits = record["limits_from"]
+    assert "precision_floor" not in limits and "inside_precision" not in limits
+    assert limits["status"] in ("proven", "unproven", "refuted")

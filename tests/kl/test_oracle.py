@@ -1,0 +1,209 @@
+"""The float32 oracle (`kl.oracle`): the relative rule's arithmetic, its state, and real bf16 sessions on the
+tiny model where a correct kernel passes, a broken one fails, and float32 says it is the oracle."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_mlxgate.kl.oracle import OracleDistances, relative_check
+
+
+def _distances(
+    plain: list[float], cand: list[float], *, same: bool = False, texts: list[str] | None = None
+) -> OracleDistances:
+    n = len(plain)
+    return OracleDistances(
+        dtype="bfloat16",
+        same=same,
+        texts=tuple(texts or [f"t{i}" for i in range(n)]),
+        plain_sums=tuple(p * 10 for p in plain),
+        candidate_sums=tuple(c * 10 for c in cand),
+        counts=tuple(10 for _ in range(n)),
+    )
+
+
+finite = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(finite, finite), min_size=2, max_size=12), st.floats(1.0, 4.0), st.floats(0.0, 1e-2))
+def test_the_rule_passes_only_when_its_upper_bound_clears_atol_and_fails_only_past_its_lower(
+    pairs: list[tuple[float, float]], relative: float, atol: float
+) -> None:
+    plain, cand = [p for p, _ in pairs], [c for _, c in pairs]
+    made = relative_check(_distances(plain, cand), relative, atol)
+    excess = np.array(cand) - relative * np.array(plain)
+    assert math.isclose(made["value"], float(excess.mean()), rel_tol=1e-9, abs_tol=1e-12)
+    assert made["lower"] <= made["value"] <= made["upper"]
+    expected = "pass" if made["upper"] <= atol else "fail" if made["lower"] > atol else "inconclusive"
+    assert made["verdict"] == expected
+    assert made["n"] == len(pairs) and made["limit"] == atol
+
+
+def test_a_candidate_twice_as_far_as_plain_fails_a_rule_of_one_and_a_half_and_passes_one_of_three() -> None:
+    plain = [1e-3, 1.2e-3, 0.9e-3, 1.1e-3, 1e-3, 1.05e-3]
+    cand = [2 * p for p in plain]
+    assert relative_check(_distances(plain, cand), 1.5)["verdict"] == "fail"
+    passed = relative_check(_distances(plain, cand), 3.0)
+    assert passed["verdict"] == "pass" and math.isclose(passed["ratio"], 2.0)
+    assert passed["oracle"] == {
+        "plain": pytest.approx(np.mean(plain)),
+        "candidate": pytest.approx(np.mean(cand)),
+        "relative": 3.0,
+    }
+
+
+def test_sequences_of_one_text_are_one_unit() -> None:
+    split = _distances([1e-3, 1e-3, 5e-3], [1e-3, 1e-3, 5e-3], texts=["a", "a", "b"])
+    plain, cand, tokens = split.units()
+    assert plain.tolist() == pytest.approx([1e-3, 5e-3]) and tokens.tolist() == [20, 10]
+    assert relative_check(split, 2.0)["n"] == 2
+
+
+def test_a_float32_run_where_both_arms_are_the_oracle_says_so() -> None:
+    same = _distances([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], same=True)
+    made = relative_check(same, 2.0)
+    assert made["method"].startswith("identical to the float32 oracle") and made["ratio"] == 1.0
+    drifted = relative_check(_distances([0.0] * 4, [1e-3, 1.1e-3, 0.9e-3, 1e-3], same=True), 2.0)
+    assert drifted["verdict"] == "fail" and drifted["ratio"] is None  # 0 plain: no ratio, the atol alone judges
+
+
+def test_a_state_reads_back_and_a_damaged_one_is_refused() -> None:
+    made = _distances([1e-3, 2e-3], [1e-3, 3e-3])
+    back = OracleDistances.from_state(json.loads(json.dumps(made.state())))
+    assert back.state() == made.state() and back.source == "cache"
+    for broken in ({**made.state(), "counts": [10]}, {**made.state(), "counts": [0, 0]}, {"dtype": "bfloat16"}):
+        with pytest.raises(ValueError):
+            OracleDistances.from_state(broken)
+
+
+# -- real sessions on the tiny model, in bfloat16 ---------------------------------------------------------
+
+GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever("norm", patch="mlx.core.fast.rms_norm", ref=None, cand={cand!r}, path="serving"),
+    pytest.mark.mlx_kl(prompts=4, tokens=32, decode=8),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, relative=2.0)
+"""
+
+KERNELS = '''
+import mlx.core as mx
+
+_rms = mx.fast.rms_norm
+
+
+def f32_rms_norm(x, weight, eps):
+    """A correct kernel: mlx's own, accumulating in float32 and rounding once at the end."""
+    return _rms(x.astype(mx.float32), weight.astype(mx.float32), eps).astype(x.dtype)
+
+
+def eps_x100_rms_norm(x, weight, eps):
+    """A subtle bug: RMSNorm's epsilon 100x too large."""
+    return _rms(x, weight, eps * 100)
+'''
+
+
+@pytest.fixture
+def gates(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makepyfile(kernels=KERNELS)
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict[str, Any]]:
+    report = tmp / "r.json"
+    result = p.runpytest_inprocess(
+        *more,
+        f"--mlx-candidate={model}",
+        "--mlx-db=off",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-allow-untrained",
+        "--mlx-prove=off",
+        "--mlx-explain-budget=0",
+        f"--mlx-report={report}",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+    )
+    (record,) = json.loads(report.read_text())["gates"]
+    return result, record
+
+
+def _check(record: dict[str, Any], key: str) -> dict[str, Any]:
+    (found,) = [c for c in record["checks"] if c["key"] == key]
+    return found
+
+
+def test_in_bfloat16_a_correct_kernel_passes_both_oracle_rules_and_a_subtle_bug_fails_at_its_site(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_gate=GATE.format(cand="kernels:f32_rms_norm"))
+    good, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16")
+    good.assert_outcomes(passed=1)
+    oracle = record["oracle"]
+    assert oracle["dtype"] == "bfloat16" and not oracle["same"] and oracle["source"] == "computed"
+    assert oracle["plain"]["mean"] > 0  # plain bf16 is not the oracle
+    assert _check(record, "relative")["verdict"] == _check(record, "site")["verdict"] == "pass"
+    (site,) = oracle["site"]["sites"]
+    assert site["target"] == "mlx.core.fast.rms_norm" and site["calls"] > 0
+    assert [row["at"] for row in site["by_call"]] == list(range(len(site["by_call"])))  # every norm of a forward
+
+    gates.makepyfile(test_gate=GATE.format(cand="kernels:eps_x100_rms_norm"))
+    bad, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16")
+    bad.assert_outcomes(failed=1)
+    assert record["verdict"] == "fail" and _check(record, "site")["verdict"] == "fail"
+    assert _check(record, "site")["ratio"] > 2  # the bug's error at the site, many times plain rounding's
+    assert record["oracle"]["source"] == "cache"  # the oracle's distributions, kept beside the reference
+
+
+def test_in_float32_the_reference_is_the_oracle_and_an_identical_kernel_says_so(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_gate=GATE.format(cand="kernels:f32_rms_norm"))
+    result, record = _run(gates, tiny_model_dir, tmp_path)
+    result.assert_outcomes(passed=1)
+    assert record["oracle"]["same"] and record["oracle"]["source"] == "reference"
+    assert record["oracle"]["plain"]["mean"] == 0.0
+    relative = _check(record, "relative")
+    assert relative["verdict"] == "pass" and relative["method"].startswith(
+        ("identical to the float32 oracle", "the reference arm is the float32 oracle")
+    )
+
+
+def test_relative_without_the_oracle_arm_is_an_error_saying_how_to_ask_for_it(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(
+        test_gate=GATE.format(cand="kernels:f32_rms_norm").replace(
+            "assert_kl_below(paired, relative=2.0)", "limits = {'relative': 2.0}\n    assert_kl_below(paired, **limits)"
+        )
+    )
+    result = gates.runpytest_inprocess(
+        f"--mlx-candidate={tiny_model_dir}",
+        "--mlx-db=off",
+        "--mlx-allow-untrained",
+        "--mlx-prove=off",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no oracle arm ran*name relative= literally*"])
