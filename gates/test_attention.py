@@ -25,6 +25,13 @@ differs. A lost softmax scale (uniform attention) is a regression this shows
 Speed (`mlx_speed`: the default contexts, and 1.5x the window on a sliding-window model): reported
 beside the drift, so a slower attention kernel shows its figure; no goal is asserted, as on this CPU
 both arms are composed ops.
+
+In the precision it ships (`--mlx-dtype bfloat16`): `relative=2.0` judges the candidate against the float32
+oracle (the reference's weights upcast, every activation in float32): its KL from the oracle at most twice
+the plain bf16 path's, and, where the lever swaps a function, each call of it on the reference arm's
+activations likewise (FlashAttention's rule, `kl/site.py`). The absolute limits above were sized in float32;
+in bf16 those below plain bf16's own distance from float32 are set aside for these rules (the record says
+which). In float32 the reference arm is the oracle: the rule reads the candidate's KL against 1e-5.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ KNOWN_BAD = "known_bad_ops:attention_scale_off"  # the softmax scale 10% off (ga
 
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=1e-4, p99=1e-3, top1=0.98)
+    assert_kl_below(paired, mean=1e-4, p99=1e-3, top1=0.98, relative=2.0)
 
 
 def test_capability(paired: Paired) -> None:

@@ -21,6 +21,13 @@ Speed (`mlx_speed`: the default contexts, one on a CPU, 600 and 8192 tokens on a
 compiling the activations buys nothing for decode and may cost prefill (compiled CPU kernels are
 generated C++, not the vectorized fallbacks), so no goal is asserted here. On Metal fusion saves kernel
 launches: calibrate there for a goal.
+
+In the precision it ships (`--mlx-dtype bfloat16`): `relative=2.0` judges the candidate against the float32
+oracle (the reference's weights upcast, every activation in float32): its KL from the oracle at most twice
+the plain bf16 path's (`mx.compile` swaps no function the plugin can call on its own, so this model-level
+rule alone judges it). The absolute limits above were sized in float32; in bf16 those below plain bf16's own
+distance from float32 are set aside for this rule (the record says which). In float32 the reference arm is
+the oracle: the rule reads the candidate's KL against 1e-5.
 """
 
 from __future__ import annotations
@@ -44,4 +51,4 @@ KNOWN_BAD = pytest.mark.mlx_lever(
 
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=3e-7, p99=2e-6, top1=0.9)
+    assert_kl_below(paired, mean=3e-7, p99=2e-6, top1=0.9, relative=2.0)

@@ -73,7 +73,8 @@ KNOWN_BAD = "custom_rms_norm:rms_norm_half_row"  # the mean square over half of 
 
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=1e-4, p99=1e-3, top1=0.99)
+    # relative=2.0: in bf16 or fp16 the kernel against the float32 oracle, at its site call by call too
+    assert_kl_below(paired, mean=1e-4, p99=1e-3, top1=0.99, relative=2.0)
 
 
 def test_speed(paired: Paired) -> None:

@@ -21,6 +21,13 @@ the model outright: any limit fails that, so it would prove little about these o
 Speed (`mlx_speed`: the default contexts, one on a CPU, 600 and 8192 tokens on a GPU): not told apart on
 this CPU, as expected where both arms run the same composed ops; no goal asserted. On Metal the fused
 kernels are the point: calibrate there for a decode goal.
+
+In the precision it ships (`--mlx-dtype bfloat16`): `relative=2.0` judges the candidate against the float32
+oracle (the reference's weights upcast, every activation in float32): its KL from the oracle at most twice
+the plain bf16 path's, and, where the lever swaps a function, each call of it on the reference arm's
+activations likewise (FlashAttention's rule, `kl/site.py`). The absolute limits above were sized in float32;
+in bf16 those below plain bf16's own distance from float32 are set aside for these rules (the record says
+which). In float32 the reference arm is the oracle: the rule reads the candidate's KL against 1e-5.
 """
 
 from __future__ import annotations
@@ -44,4 +51,4 @@ KNOWN_BAD = pytest.mark.mlx_lever(
 
 
 def test_drift(paired: Paired) -> None:
-    assert_kl_below(paired, mean=3e-7, p99=3e-6, top1=0.9)
+    assert_kl_below(paired, mean=3e-7, p99=3e-6, top1=0.9, relative=2.0)

@@ -33,7 +33,7 @@ from ..errors import MlxgateError, NonFiniteLogitsError
 from ..kl.assertions import kl_checks
 from ..kl.measure import chunked_floor, reference_key
 from ..kl.oracle import RELATIVE, OracleDistances, relative_check
-from ..kl.site import SiteCheck
+from ..kl.site import SITE, SiteCheck
 from ..levers.lever import Lever
 from ..models.device import backend_of
 from ..results.verdicts import ERROR, overall_verdict
@@ -104,7 +104,7 @@ class Proof:
             if made["key"] == RELATIVE and self.known_bad_oracle is not None:
                 distances = OracleDistances.from_state(self.known_bad_oracle)
                 out.append(relative_check(distances, float(ratio), made["limit"]))
-            elif made["key"] == "site" and self.known_bad_site is not None:
+            elif made["key"] == SITE and self.known_bad_site is not None:
                 out.append(SiteCheck.from_state(self.known_bad_site).check(float(ratio), made["limit"]))
         return out
 
@@ -188,10 +188,16 @@ class LimitsProof:
             entry["inside_floor"] = noisy
             checks = [_at_floor(c, self.model, proof.floors) if c["key"] in noisy else c for c in checks]
         rounding = inside_precision(bounds, proof.precision or {})
+        by_oracle = any(c["key"] == RELATIVE for c in checks)  # the assertion also judges against the oracle
         if rounding:
             entry["precision_floor"] = {k: float(v) for k, v in (proof.precision or {}).items() if k in bounds}
             entry["inside_precision"] = rounding
-            checks = [self._at_precision(c, proof.precision or {}) if c["key"] in rounding else c for c in checks]
+            if by_oracle:  # limits that cannot speak in this precision leave the verdict to the oracle's rules
+                entry["set_aside"] = True
+                checks = [c for c in checks if c["key"] not in rounding]
+                bounds = {k: v for k, v in bounds.items() if k not in rounding}
+            else:
+                checks = [self._at_precision(c, proof.precision or {}) if c["key"] in rounding else c for c in checks]
         verdict = overall_verdict(checks)
         if self.unprovable is not None:
             entry |= {"status": "unproven", "why": self.unprovable}
@@ -208,7 +214,7 @@ class LimitsProof:
         bad_verdict = overall_verdict(bad_checks) if bad_checks else "inconclusive"  # nothing judged: nothing shown
         figures = [_figure(c) for c in bad_checks]
         entry["known_bad"] = {"value": bad, "verdict": bad_verdict, "figures": figures}
-        if bad_verdict == "fail" and rounding:
+        if bad_verdict == "fail" and rounding and not by_oracle:
             entry |= {"status": "unproven", "why": self._rounding_why(rounding, proof.precision or {})}
             return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
         if bad_verdict == "fail":

@@ -4,8 +4,10 @@ A whole-model comparison resolves a kernel defect only once it adds about as muc
 bfloat16 does (most of bf16's distance from float32 is the rounding of activations *between* kernels),
 so a kernel is also judged at the lever's site: each call of the patched function in a bounded capture
 of the reference arm (its first sequences, on the gate's path) is answered three times on the same
-inputs, by the candidate's function, by the plain (reference arm's) function, and by the plain function
-with every floating input upcast to float32, the oracle. FlashAttention's rule then reads
+inputs: by the candidate's function; by the plain low-precision path (the reference arm's function, or
+where that is one of `reference_ops`' float32-inside references, its twin in the inputs' precision:
+`reference_ops.low_precision`); and by the reference arm's function with every floating input upcast to
+float32, the oracle. FlashAttention's rule then reads
 |candidate - oracle| <= `relative` x |plain - oracle| + atol (max abs error per call, scaled by the
 oracle output's largest magnitude so layers compare), decided on a 95% bound over calls and reported
 per call position (which layer) with the max and mean of both errors.
@@ -27,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..levers.patching import patched, resolve_object
+from ..levers.reference_ops import low_precision
 from ..results.wire import Check
 from ..stats.intervals import mean_interval
 from ..verdicts.conclude import check
@@ -37,8 +40,10 @@ if TYPE_CHECKING:
     from .prompts import TokenSequence
     from .shape import RunShape
 
-__all__ = ["DEFAULT_SITE_ATOL", "SITE_SEQUENCES", "Site", "SiteCheck", "lever_sites", "measure_sites"]
+__all__ = ["DEFAULT_SITE_ATOL", "SITE", "SITE_SEQUENCES", "Site", "SiteCheck", "lever_sites", "measure_sites"]
 
+#: The site rule's key in a gate's checks.
+SITE = "site"
 #: The capture: this many of the gate's sequences through the reference arm (a bounded cost, not an arm).
 SITE_SEQUENCES = 2
 #: The rule's absolute term, relative to the oracle output's largest magnitude: where both errors are ~0
@@ -107,7 +112,7 @@ class SiteCheck:
         lower, upper = mean_interval(excess)
         made = check(
             metric=f"site error vs f32 - {relative:g}x plain's",
-            key="site",
+            key=SITE,
             value=float(excess.mean()),
             lower=lower,
             upper=upper,
@@ -237,11 +242,14 @@ class _Forwards:
 
 
 def _capturing(site: Site, forward: _Forwards, calls: list[_Call]) -> Callable[..., Any]:
+    plain_low = low_precision(site.plain)
+
     def capture(*args: Any, **kwargs: Any) -> Any:
         out = site.plain(*args, **kwargs)
         cand = site.candidate(*args, **kwargs)
+        plain = out if plain_low is site.plain else plain_low(*args, **kwargs)
         oracle = site.plain(*(_up(a) for a in args), **{k: _up(v) for k, v in kwargs.items()}).astype(mx.float32)
-        plain_err = mx.abs(out.astype(mx.float32) - oracle)
+        plain_err = mx.abs(plain.astype(mx.float32) - oracle)
         cand_err = mx.abs(cand.astype(mx.float32) - oracle)
         stats = mx.stack([cand_err.max(), plain_err.max(), cand_err.mean(), plain_err.mean(), mx.abs(oracle).max()])
         cm, pm, cmean, pmean, scale = (float(x) for x in np.asarray(stats))

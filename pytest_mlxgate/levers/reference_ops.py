@@ -55,14 +55,14 @@ def scaled_dot_product_attention(
     return _sdpa(mx, q, k, v, scale, mask, sinks)
 
 
-def _sdpa(mx: Any, q: Any, k: Any, v: Any, scale: float, mask: Any, sinks: Any) -> Any:
+def _sdpa(mx: Any, q: Any, k: Any, v: Any, scale: float, mask: Any, sinks: Any, *, low: bool = False) -> Any:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be [B, N, T, D]; got shapes {q.shape}, {k.shape}, {v.shape}")
     n_q, n_kv = q.shape[1], k.shape[1]
     if n_kv == 0 or n_q % n_kv or v.shape[1] != n_kv:
         raise ValueError(f"query heads ({n_q}) must be a multiple of key/value heads ({n_kv}, {v.shape[1]})")
     out_dtype = mx.result_type(q, k, v)  # what mx.fast returns
-    f32 = mx.float32
+    f32 = out_dtype if low else mx.float32  # `low`: every step in the inputs' precision (`low_precision`)
     if n_q != n_kv:
         k = mx.repeat(k, n_q // n_kv, axis=1)
         v = mx.repeat(v, n_q // n_kv, axis=1)
@@ -101,12 +101,13 @@ def rms_norm(x: Any, weight: Any, eps: float, *, stream: Any = None) -> Any:
     return _rms_norm(mx, x, weight, eps)
 
 
-def _rms_norm(mx: Any, x: Any, weight: Any, eps: float) -> Any:
+def _rms_norm(mx: Any, x: Any, weight: Any, eps: float, *, low: bool = False) -> Any:
     out_dtype = x.dtype if weight is None else mx.result_type(x, weight)
-    x32 = x.astype(mx.float32)
+    compute = out_dtype if low else mx.float32
+    x32 = x.astype(compute)
     y = x32 * mx.rsqrt(mx.mean(mx.square(x32), axis=-1, keepdims=True) + eps)
     if weight is not None:
-        y = y * weight.astype(mx.float32)
+        y = y * weight.astype(compute)
     return y.astype(out_dtype)
 
 
@@ -124,7 +125,7 @@ def layer_norm(x: Any, weight: Any, bias: Any, eps: float, *, stream: Any = None
     return _layer_norm(mx, x, weight, bias, eps)
 
 
-def _layer_norm(mx: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
+def _layer_norm(mx: Any, x: Any, weight: Any, bias: Any, eps: float, *, low: bool = False) -> Any:
     if x.ndim == 0:
         raise ValueError("layer_norm: x must have at least 1 dimension (the normalized last axis); got a scalar")
     for name, param in (("weight", weight), ("bias", bias)):
@@ -139,7 +140,7 @@ def _layer_norm(mx: Any, x: Any, weight: Any, bias: Any, eps: float) -> Any:
         out_dtype = mx.result_type(x, weight) if bias is None else mx.result_type(x, weight, bias)
     if not mx.issubdtype(out_dtype, mx.floating):
         raise ValueError(f"layer_norm: the result dtype {out_dtype} is not a floating type; pass floating arrays")
-    f32 = mx.float32
+    f32 = out_dtype if low else mx.float32
     x32 = x.astype(f32)
     centred = x32 - mx.mean(x32, axis=-1, keepdims=True)
     y = centred * mx.rsqrt(mx.mean(mx.square(centred), axis=-1, keepdims=True) + eps)
@@ -179,7 +180,16 @@ def rope(
 
 
 def _rope(
-    mx: Any, a: Any, dims: int, traditional: bool, base: float | None, scale: float, offset: Any, freqs: Any
+    mx: Any,
+    a: Any,
+    dims: int,
+    traditional: bool,
+    base: float | None,
+    scale: float,
+    offset: Any,
+    freqs: Any,
+    *,
+    low: bool = False,
 ) -> Any:
     if (base is None) == (freqs is None):
         given = "both were given" if base is not None else "both are None"
@@ -210,7 +220,9 @@ def _rope(
         positions = positions.reshape(batch, *([1] * (a.ndim - 3)), length)
     theta = positions[..., None] * inv_freqs  # (..., T, dims / 2)
     cos, sin = mx.cos(theta), mx.sin(theta)
-    x = a.astype(f32)
+    if low:  # the angles in float32 (a table, as composed RoPE keeps it), the rotation in the input's precision
+        cos, sin = cos.astype(a.dtype), sin.astype(a.dtype)
+    x = a if low else a.astype(f32)
     if traditional:
         x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
     else:
@@ -240,6 +252,51 @@ def _rope_offsets(mx: Any, offset: Any, batch: int) -> Any:
         raise ValueError(f"rope: offset must be an integer; got dtype {offset.dtype}")
     offsets = offset.astype(mx.float32)
     return offsets.reshape(()) if offset.size == 1 else offsets
+
+
+# --- the plain low-precision path: the same ops in the inputs' own precision ---------------------------
+
+
+def low_precision(fn: Any) -> Any:
+    """The plain low-precision twin of one of these references: the same composed ops with every step in the
+    inputs' precision (a bf16 composed norm, attention with bf16 scores and softmax; RoPE's angle table kept in
+    float32), what plain low-precision code costs, which the site check (`kl.site`) holds a kernel to. The
+    references themselves compute in float32 inside: near the oracle, no fair yardstick. Anything else: itself."""
+    return _LOW_PRECISION.get(fn, fn)
+
+
+def _sdpa_low(q: Any, k: Any, v: Any, *, scale: float, mask: Any = None, sinks: Any = None, **_: Any) -> Any:
+    import mlx.core as mx
+
+    return _sdpa(mx, q, k, v, scale, mask, sinks, low=True)
+
+
+def _rms_norm_low(x: Any, weight: Any, eps: float, **_: Any) -> Any:
+    import mlx.core as mx
+
+    return _rms_norm(mx, x, weight, eps, low=True)
+
+
+def _layer_norm_low(x: Any, weight: Any, bias: Any, eps: float, **_: Any) -> Any:
+    import mlx.core as mx
+
+    return _layer_norm(mx, x, weight, bias, eps, low=True)
+
+
+def _rope_low(
+    a: Any, dims: int, *, traditional: bool, base: float | None, scale: float, offset: Any, freqs: Any = None, **_: Any
+) -> Any:
+    import mlx.core as mx
+
+    return _rope(mx, a, dims, traditional, base, scale, offset, freqs, low=True)
+
+
+_LOW_PRECISION: dict[Any, Any] = {
+    scaled_dot_product_attention: _sdpa_low,
+    rms_norm: _rms_norm_low,
+    layer_norm: _layer_norm_low,
+    rope: _rope_low,
+}
 
 
 # --- the fast_ops lever: mlx's fused norms and RoPE, or these references --------------------------

@@ -90,6 +90,7 @@ class LimitsFrom:
     note: str | None = None
     precision_floor: Mapping[str, float] = field(default_factory=dict)
     inside_precision: tuple[str, ...] = ()
+    set_aside: bool = False  # those limits left the verdict to the oracle's rules (`relative=`)
     known_bad_more: Mapping[str, Any] = field(default_factory=dict)  # the known-bad's verdict..., as written
     left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
     more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
@@ -111,6 +112,7 @@ class LimitsFrom:
             "note": self.note,
             "precision_floor": dict(self.precision_floor),
             "inside_precision": list(self.inside_precision),
+            "set_aside": self.set_aside,
         }
         return written(typed, self.left_out, self.more)
 
@@ -142,7 +144,8 @@ class LimitsFrom:
             text += f"; {', '.join(self.inside_floor)} inside {self.model}'s noise floor (inconclusive)"
         if self.inside_precision:
             rounding = f"{self.dtype or 'its precision'}'s own rounding"
-            text += f"; {', '.join(self.inside_precision)} inside {rounding} (inconclusive)"
+            kept = "set aside: the float32 oracle's rules judge" if self.set_aside else "inconclusive"
+            text += f"; {', '.join(self.inside_precision)} inside {rounding} ({kept})"
         if self.note:
             text += f" · {self.note}"
         return text
@@ -393,6 +396,7 @@ LIMITS_KEYS = (
     "note",
     "precision_floor",
     "inside_precision",
+    "set_aside",
 )
 
 
@@ -421,6 +425,7 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
         note=text(value.get("note")) or None,
         precision_floor=_reals(value.get("precision_floor")),
         inside_precision=tuple(str(k) for k in sequence(value.get("inside_precision"))),
+        set_aside=value.get("set_aside") is True,
         known_bad_more=rest(bad, ("value", "figures")),
         left_out=absent(value, LIMITS_KEYS),
         more=rest(value, LIMITS_KEYS),

@@ -88,6 +88,7 @@ class LimitsFrom(TypedDict, total=False):
     inside_floor: list[str]  # the limits within the rule's multiple of that floor: their checks read inconclusive
     precision_floor: dict[str, float]  # a low-precision run: the plain path's own distance from float32
     inside_precision: list[str]  # the limits below it: they read rounding (inconclusive), never proven
+    set_aside: bool  # those limits left the verdict to the oracle's rules (the assertion names relative=)
     note: str  # what kind of limit this is: a drop margin in points (model-independent), a speed goal (not)
 
 

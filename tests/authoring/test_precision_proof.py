@@ -52,7 +52,6 @@ def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest
         f"--mlx-reference-cache={tmp / 'refcache'}",
         "--mlx-allow-untrained",
         "--mlx-prove=auto",
-        "--mlx-explain-budget=0",
         "--mlx-speed=off",
         f"--mlx-report={report}",
         "-p",
@@ -68,7 +67,9 @@ def test_a_float32_limit_below_bf16_s_own_rounding_is_inconclusive_and_never_pro
     gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     gates.makepyfile(test_fused=GATE.format(limits="mean=3e-7, p99=3e-6, top1=0.5"))
-    result, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16", "--mlx-inconclusive=warn")
+    result, record = _run(
+        gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16", "--mlx-inconclusive=warn", "--mlx-explain-budget=0"
+    )
     result.assert_outcomes(passed=1)  # warn: the record keeps what it is
     limits = record["limits_from"]
     assert limits["status"] == "unproven" and limits["dtype"] == "bfloat16"
@@ -94,11 +95,29 @@ def test_the_oracle_rules_prove_themselves_on_the_known_bad_in_bfloat16(
     assert record["verdict"] == "pass"
 
 
+def test_limits_inside_the_rounding_beside_relative_leave_the_verdict_to_the_oracle_and_say_so(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    gates.makepyfile(test_fused=GATE.format(limits="mean=3e-7, p99=3e-6, top1=0.5, relative=2.0"))
+    # a failing gate is explained within this budget (tests/conftest.py turns it off for the rest)
+    result, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16", "--mlx-explain-budget=3")
+    result.assert_outcomes(passed=1)
+    limits = record["limits_from"]
+    assert limits["set_aside"] is True and {"mean", "p99"} <= set(limits["inside_precision"])
+    assert limits["status"] == "proven"  # by the known-bad failing the rules that judged: the oracle's and top-1
+    keys = [c["key"] for c in record["checks"]]
+    assert "mean" not in keys and "p99" not in keys and {"relative", "site", "top1"} <= set(keys)
+    assert "(set aside: the float32 oracle's rules judge)" in limits_from_words(limits)
+    # the oracle's rules passed: the absolute limits' fails (inside the rounding) ask for no attribution
+    assert "attribution" not in record and not record["phases"].get("explain")
+
+
 def test_in_float32_a_proof_has_no_precision_floor(
     gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     gates.makepyfile(test_fused=GATE.format(limits="mean=3e-7, p99=3e-6, top1=0.5"))
-    _, record = _run(gates, tiny_model_dir, tmp_path)
+    _, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-explain-budget=0")
     limits = record["limits_from"]
     assert "precision_floor" not in limits and "inside_precision" not in limits
     assert limits["status"] in ("proven", "unproven", "refuted")
+
