@@ -120,4 +120,3 @@ def test_in_float32_a_proof_has_no_precision_floor(
     limits = record["limits_from"]
     assert "precision_floor" not in limits and "inside_precision" not in limits
     assert limits["status"] in ("proven", "unproven", "refuted")
-
