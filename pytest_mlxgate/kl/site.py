@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from ..errors import VacuousLeverError
 from ..levers.patching import patched, resolve_object
 from ..levers.reference_ops import low_precision
 from ..results.wire import Check
@@ -207,9 +208,10 @@ def measure_sites(
             sequence_logits(forward.wrap(model), seq.ids, shape, kv)
     found.seconds = time.perf_counter() - started
     if not found.calls:
-        raise ValueError(
+        raise VacuousLeverError(
             f"lever {lever.name!r}: none of {', '.join(s.target for s in sites)} was called in the reference arm's "
-            f"{shape.path} path, so no kernel could be judged at its site"
+            f"{shape.path} path, so no kernel could be judged at its site; the gate would pass without testing it. "
+            "Fix: patch the function the model calls (its module path as the model file imports it)"
         )
     return found
 

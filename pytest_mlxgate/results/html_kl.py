@@ -29,8 +29,33 @@ def kl_sections(record: Record) -> str:
             _per_prompt(record, profile.prompts),
             "<h3>Worst tokens in their context</h3>",
             _worst_tokens(record, profile.worst_context),
+            *_oracle_sections(record),
         ]
     )
+
+
+def _oracle_sections(record: Record) -> list[str]:
+    """Against the float32 oracle (`relative=`): both distances, and the kernel's error at its site per call
+    position (which layer), the candidate's beside the plain path's, each as a fraction of the largest output."""
+    oracle = record.oracle
+    if oracle is None:
+        return []
+    out = ["<h3>Against the float32 oracle</h3>", f'<p class="oracle">{esc(oracle.words)}</p>']
+    if oracle.site_note:
+        out.append(f'<p class="note">{esc(oracle.site_note)}</p>')
+    for entry in oracle.sites:
+        rows = [
+            f"<tr><td>{esc(row.at)}</td><td>{esc(row.calls)}</td><td>{_sci(row.cand_max)}</td>"
+            f"<td>{_sci(row.plain_max)}</td><td>{_sci(row.cand_mean)}</td><td>{_sci(row.plain_mean)}</td></tr>"
+            for row in entry.rows[:MAX_POINTS]
+        ]
+        out.append(
+            f"<h4>{esc(entry.target)}: {esc(entry.calls)} calls</h4>"
+            '<table class="site"><thead><tr><th>call in forward</th><th>calls</th><th>max |cand − f32|</th>'
+            "<th>max |plain − f32|</th><th>mean |cand − f32|</th><th>mean |plain − f32|</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>"
+        )
+    return out
 
 
 def attribution_sections(a: Attribution) -> str:

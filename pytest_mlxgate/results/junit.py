@@ -110,6 +110,11 @@ def _flat(record: Record) -> _Pairs:
         yield from _score(record.capability_score)
     if record.mode in ("gate", "aa") and record.stats.present:
         yield from _kl(record)
+    if record.oracle is not None:  # both arms' KL from the float32 oracle (`relative=`)
+        yield "mlxgate.oracle", record.oracle.words
+        yield "mlxgate.oracle.dtype", record.oracle.dtype
+        yield "mlxgate.oracle.plain_mean", record.oracle.plain
+        yield "mlxgate.oracle.candidate_mean", record.oracle.candidate
     if record.mode == "capability":
         yield from _capability(record)
     if record.speed is not None:
@@ -124,6 +129,7 @@ def _limits_from(limits: LimitsFrom) -> _Pairs:
     yield "mlxgate.limits_from.shown", limits.shown
     yield "mlxgate.limits_from.model", limits.model
     yield "mlxgate.limits_from.backend", limits.backend
+    yield "mlxgate.limits_from.dtype", limits.dtype
     yield "mlxgate.limits_from.file", limits.file
     yield "mlxgate.limits_from.known_bad", limits.known_bad
 

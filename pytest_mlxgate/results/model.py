@@ -32,9 +32,11 @@ from .record_kl import (
     AA,
     Attribution,
     KLProfile,
+    Oracle,
     Stats,
     parse_aa,
     parse_attribution,
+    parse_oracle,
     parse_profile,
     parse_stats,
 )
@@ -217,6 +219,7 @@ class Record:
     tokens: Mapping[str, str] = field(default_factory=dict)
     kl_profile: KLProfile = KLProfile()
     attribution: Attribution | None = None  # where the drift comes from (--mlx-explain, or a failing KL gate)
+    oracle: Oracle | None = None  # both arms against the float32 oracle (`assert_kl_below(relative=...)`)
     tasks: Mapping[str, Task] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     capability_score: CapabilityScore | None = None
@@ -260,6 +263,7 @@ class Record:
             "tokens": dict(self.tokens),
             "kl_profile": self.kl_profile.to_json(),
             "attribution": part(self.attribution),
+            "oracle": part(self.oracle),
             "tasks": {name: t.to_json() for name, t in self.tasks.items()},
             "skipped": dict(self.skipped),
             "capability_score": part(self.capability_score),
@@ -356,6 +360,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         tokens={str(k): v for k, v in mapping(r.get("tokens")).items() if isinstance(v, str)},
         kl_profile=parse_profile(mapping(r.get("kl_profile"))),
         attribution=parse_attribution(mapping(r.get("attribution"))) if r.get("attribution") else None,
+        oracle=parse_oracle(mapping(r.get("oracle"))) if r.get("oracle") else None,
         tasks={str(name): parse_task(str(name), mapping(t)) for name, t in mapping(r.get("tasks")).items()},
         skipped={str(k): str(v) for k, v in mapping(r.get("skipped")).items()},
         capability_score=parse_score(score) if score else None,

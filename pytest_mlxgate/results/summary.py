@@ -196,6 +196,8 @@ def n_parts(record: Record) -> list[str]:
         calls = record.lever_calls
         seen = f" ({calls:,} lever calls seen)" if calls else ""
         parts.append(f"identical on this backend{seen}")  # every distribution equal: nothing to bound
+    if record.oracle is not None:
+        parts.append(record.oracle.words)
     if record.reference_source:
         parts.append(f"ref: {record.reference_source}")
     if record.total_s is not None:

@@ -207,3 +207,36 @@ def test_relative_without_the_oracle_arm_is_an_error_saying_how_to_ask_for_it(
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*no oracle arm ran*name relative= literally*"])
+
+
+FAST_OPS_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [
+    pytest.mark.mlx_lever(
+        "fused_norms_rope", context="pytest_mlxgate.reference_ops:fast_ops", ref="plain", cand="fused", path="serving"
+    ),
+    pytest.mark.mlx_kl(prompts=12, tokens=40, decode=8),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, relative=2.0)
+"""
+
+
+def test_on_gemma_4_the_oracle_and_every_fused_op_s_site_are_judged_in_bfloat16(
+    pytester: pytest.Pytester, tiny_gemma4_dir: Path, tmp_path: Path
+) -> None:
+    """Sliding and full layers, KV-shared readers, softcapping: mlx's fused norms and RoPE against the plain
+    bf16 path, each site's calls numbered within a forward (gemma-4 norms q, k, v and more per layer)."""
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_gate=FAST_OPS_GATE)
+    result, record = _run(pytester, tiny_gemma4_dir, tmp_path, "--mlx-dtype=bfloat16")
+    result.assert_outcomes(passed=1)
+    assert record["candidate"]["dtype"] == "bfloat16" and not record["oracle"]["same"]
+    assert _check(record, "relative")["verdict"] == _check(record, "site")["verdict"] == "pass"
+    sites = {s["target"]: s for s in record["oracle"]["site"]["sites"]}
+    assert {"mlx.core.fast.rms_norm", "mlx.core.fast.rope"} <= set(sites)
+    assert all(row["plain_max"] > 0 for row in sites["mlx.core.fast.rms_norm"]["by_call"])  # bf16 rounds

@@ -1,0 +1,88 @@
+"""The CI lane in bfloat16: the project's kernel gates, as they are in gates/, run on the embedded model in
+bf16 at sizes that fit CI, and beside them each one's known-bad as its candidate. mlx's own kernels must pass
+the float32 oracle's rules; every known-bad must fail them (at the site where its lever has one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GATES = Path(__file__).resolve().parents[2] / "gates"
+KERNEL_GATES = ("test_attention.py", "test_fused_norms_rope.py", "test_compile.py")
+
+#: Each gate's KNOWN_BAD as a candidate of its own, judged by the same rule the gate names.
+KNOWN_BADS = {
+    "test_bad_attention.py": (
+        'pytest.mark.mlx_lever("attention", patch="mlx.core.fast.scaled_dot_product_attention", '
+        'ref="pytest_mlxgate.reference_ops:scaled_dot_product_attention", '
+        'cand="known_bad_ops:attention_scale_off", path="prefill")'
+    ),
+    "test_bad_rope.py": (
+        'pytest.mark.mlx_lever("rope_base_off", patch="mlx.core.fast.rope", ref=None, '
+        'cand="known_bad_ops:rope_base_off", path="serving")'
+    ),
+    "test_bad_compile.py": (
+        'pytest.mark.mlx_lever("activations_hard_sigmoid", context="known_bad_ops:hard_sigmoid_activations", '
+        'ref="off", cand="on", path="serving")'
+    ),
+}
+BAD_GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below
+
+pytestmark = [{lever}]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, relative=2.0)
+"""
+
+
+@pytest.mark.slow  # six gate modules in bf16 on the embedded model (~2 min on 2 cores)
+def test_in_bfloat16_mlx_s_kernels_pass_the_oracle_and_every_known_bad_fails_it(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    for name in (*KERNEL_GATES, "known_bad_ops.py"):
+        shutil.copy(GATES / name, pytester.path / name)
+    for name, lever in KNOWN_BADS.items():
+        (pytester.path / name).write_text(BAD_GATE.format(lever=lever))
+    pytester.makeini("[pytest]\n")
+    report = tmp_path / "bf16.json"
+    result = pytester.runpytest_subprocess(
+        "-k",
+        "drift",
+        "--mlx-dtype=bfloat16",
+        "--mlx-kl-prompts=6",
+        "--mlx-kl-tokens=32",
+        "--mlx-kl-decode=8",
+        "--mlx-prove=off",
+        "--mlx-speed=off",
+        "--mlx-explain-budget=0",
+        "--mlx-db=off",
+        f"--mlx-reference-cache={tmp_path / 'refcache'}",
+        f"--mlx-report={report}",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+        timeout=900,
+    )
+    records = {r["nodeid"].split("::")[0]: r for r in json.loads(report.read_text())["gates"]}
+    assert set(records) == {*KERNEL_GATES, *KNOWN_BADS}, result.stdout.str()[-3000:]
+
+    def checks(record: dict[str, Any]) -> dict[str, str]:
+        return {c["key"]: c["verdict"] for c in record["checks"] if c["key"] in ("relative", "site")}
+
+    for name in KERNEL_GATES:
+        assert records[name]["candidate"]["dtype"] == "bfloat16"
+        assert set(checks(records[name]).values()) == {"pass"}, (name, records[name]["checks"])
+    assert "site" in checks(records["test_attention.py"]) and "site" in checks(records["test_fused_norms_rope.py"])
+    assert "site" not in checks(records["test_compile.py"])  # mx.compile swaps no function: the model rule alone
+    for name in KNOWN_BADS:
+        assert records[name]["verdict"] == "fail", (name, records[name]["checks"])
+    assert checks(records["test_bad_rope.py"])["site"] == "fail"  # 10% off the base: only its site shows it
+    result.assert_outcomes(passed=len(KERNEL_GATES), failed=len(KNOWN_BADS))
