@@ -178,11 +178,13 @@ def _imported(tree: ast.Module) -> list[str]:
 # -- the file ---------------------------------------------------------------------------------------
 
 
-def calibration_path(module: Path, model: str | None = None) -> Path:
+def calibration_path(module: Path, model: str | None = None, dtype: str | None = None) -> Path:
     """Where a gate module's calibration lives: beside it, in `calibration/<stem>.json` for the embedded
-    model, `calibration/<model>/<stem>.json` for another (`calibration_model`)."""
+    model, `calibration/<model>/<stem>.json` for another (`calibration_model`); measured in another precision
+    than float32, `<stem>.<dtype>.json` beside it, so a bfloat16 calibration never replaces the float32 one."""
     folder = module.parent / CALIBRATION_DIR
-    return (folder / model if model else folder) / f"{module.stem}.json"
+    precision = f".{dtype}" if dtype and dtype != "float32" else ""
+    return (folder / model if model else folder) / f"{module.stem}{precision}.json"
 
 
 def calibration_model(name: str | None, repo_id: str | None) -> str | None:

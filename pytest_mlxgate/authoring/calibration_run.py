@@ -67,7 +67,7 @@ def keep_calibration(paired: Paired, calibration: dict[str, Any]) -> None:
     model = _model_of(paired)
     known_bad = _measure_known_bad(paired, gate, module, model)
     doc = calibration_document(paired, calibration, gate, known_bad)
-    path = calibration_path(module, model)
+    path = calibration_path(module, model, _dtype_of(paired))
     shown = _shown(path, item.config.rootpath)
     why_not = _not_the_gate(item.config) or unusable(doc)
     if why_not is None:
@@ -152,7 +152,7 @@ def _measure_known_bad(paired: Paired, gate: GateSource, module: Path, model: st
     bad = getattr(paired.item.module, "KNOWN_BAD", None) if paired.item.module is not None else None
     if bad is None:
         return None
-    shown = _shown(calibration_path(module, model), paired.item.config.rootpath)
+    shown = _shown(calibration_path(module, model, _dtype_of(paired)), paired.item.config.rootpath)
     try:
         bad_paired = known_bad_paired(paired, bad)
     except MlxgateError as e:
@@ -250,3 +250,9 @@ def check_before_aa(item: pytest.Item) -> None:
         warnings.warn(StaleCalibrationWarning(findings.stale_text()), stacklevel=2)
     if findings.problems:
         pytest.fail(findings.problem_text(), pytrace=False)
+
+
+def _dtype_of(paired: Paired) -> str | None:
+    """The precision the candidate computed in (its calibration file is named by it where not float32)."""
+    dtype = paired.run.candidate.describe().get("dtype")
+    return dtype if isinstance(dtype, str) else None

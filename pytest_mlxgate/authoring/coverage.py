@@ -27,7 +27,7 @@ def covering_file(
     """The calibration file that covers this module on this model and backend, or None: the model's own
     file (`calibration_path`) measured on the same backend, on the same model commit, in the same precision
     (`covers_precision`). A file that cannot be read covers nothing (the calibration files' check names it)."""
-    path = calibration_path(module, model_of(described))
+    path = calibration_path(module, model_of(described), _text(described.get("dtype")))
     try:
         doc = read_calibration(path)
     except ValueError:
@@ -89,3 +89,7 @@ def dtype_option(described: Mapping[str, Any]) -> str:
     """` --mlx-dtype D` for a run in another precision than the built-in models' float32 (calibrate in it)."""
     dtype = described.get("dtype")
     return f" --mlx-dtype {dtype}" if dtype and dtype != ORACLE_DTYPE else ""
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

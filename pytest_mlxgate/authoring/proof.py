@@ -318,7 +318,8 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
         doc_ref = ((read_calibration(covering) or {}).get("model") or {}).get("reference") or {}
         if doc_ref.get("commit") != ref.get("commit"):
             covering = None  # the file was measured against another reference model
-    path = covering or calibration_path(module, model_of(described))
+    dtype = described.get("dtype")
+    path = covering or calibration_path(module, model_of(described), dtype if isinstance(dtype, str) else None)
     root = item.config.rootpath
     shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
     shown_module = paired.nodeid.split("::")[0]

@@ -27,7 +27,7 @@ EMBEDDED = {
     "name": "smollm2-135m",
     "repo_id": "mlxgate/SmolLM2-135M-Instruct-f32",
     "commit": "c0ffee",
-    "dtype": "bfloat16",
+    "dtype": "float32",
 }
 GEMMA = {"name": "gemma3-270m", "repo_id": "mlxgate/gemma-3-270m-Q4_K_M-f32", "commit": "beef"}
 
@@ -215,7 +215,7 @@ def _document(tmp_path: Path, **changes: Any) -> dict[str, Any]:
             "name": "smollm2-135m",
             "repo": "mlxgate/SmolLM2-135M-Instruct-f32",
             "commit": "c0ffee",
-            "dtype": "bfloat16",
+            "dtype": "float32",
         },
         "machine": {"of": {"device": "cpu", "chip": "x"}},
         "versions": {"mlx": "0.1"},
@@ -279,7 +279,7 @@ def test_a_two_model_document_names_its_reference(tmp_path: Path, measured_here:
         "name": "smollm2-135m",
         "repo": "mlxgate/SmolLM2-135M-Instruct-f32",
         "commit": "c0ffee",
-        "dtype": "bfloat16",
+        "dtype": "float32",
         "reference": {"name": "ref", "repo": "org/ref", "commit": "r1"},
     }
     assert doc["lever"] == WEIGHTS.to_json()
@@ -523,6 +523,17 @@ def test_a_usable_measurement_of_the_gate_is_written(tmp_path: Path, kept: dict[
         "file": {"path": "gates/calibration/test_g.json", "written": True},
         "known_bad_result": {"declared": True, "value": "7"},
     }
+
+
+def test_a_bfloat16_calibration_is_written_beside_the_float32_one_never_over_it(
+    tmp_path: Path, kept: dict[str, Any]
+) -> None:
+    paired = _paired(tmp_path, _Run(candidate=_Arm({**EMBEDDED, "dtype": "bfloat16"})))
+    calibration: dict[str, Any] = {}
+    keep_calibration(paired, calibration)
+    ((path, _),) = kept["written"]
+    assert path == tmp_path / "gates" / "calibration" / "test_g.bfloat16.json"
+    assert calibration["file"] == {"path": "gates/calibration/test_g.bfloat16.json", "written": True}
 
 
 def test_another_model_s_calibration_goes_to_its_own_folder(tmp_path: Path, kept: dict[str, Any]) -> None:

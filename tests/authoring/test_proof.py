@@ -63,7 +63,7 @@ def _calibration(
     chip: dict[str, str] | None = None,
     name: str = "smollm2-135m",
 ) -> Path:
-    path = folder / "calibration" / "test_gate.json"
+    path = folder / "calibration" / (f"test_gate.{dtype}.json" if dtype not in (None, "float32") else "test_gate.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     model = {"name": name, "commit": commit} | ({"dtype": dtype} if dtype else {})
     doc = {"calibration_format": 1, "model": model, "machine": {"device": device, **(chip or {})}}
@@ -105,8 +105,12 @@ def test_a_file_covers_only_the_precision_it_was_measured_in(tmp_path: Path) -> 
     assert covering_file(module, EMBEDDED, "cpu") is not None
     assert covering_file(module, BF16, "cpu") is None  # float32 limits say nothing of bfloat16's rounding
     assert covering_file(module, {**EMBEDDED, "dtype": None}, "cpu") is None  # a run whose precision is unknown
-    _calibration(tmp_path, dtype="bfloat16")
-    assert covering_file(module, BF16, "cpu") is not None and covering_file(module, EMBEDDED, "cpu") is None
+    bf16 = _calibration(tmp_path, dtype="bfloat16")
+    assert bf16.name == "test_gate.bfloat16.json"  # beside the float32 file, never in its place
+    assert covering_file(module, BF16, "cpu") == bf16 and covering_file(module, EMBEDDED, "cpu") is not None
+    doc = json.loads(bf16.read_text())
+    bf16.write_text(json.dumps({**doc, "model": {**doc["model"], "dtype": "float32"}}))
+    assert covering_file(module, BF16, "cpu") is None  # its name is not what it says it measured
 
 
 def test_a_file_without_a_dtype_covers_a_float32_built_in_model_alone(tmp_path: Path) -> None:
