@@ -17,15 +17,11 @@ from ..kl.measure import computed_reference, reference_key
 from ..kl.oracle import OracleArm
 from ..kl.prompts import texts_of
 from ..session.builder import oracle_of
-from ..stats.kl_stats import summarize
 
 if TYPE_CHECKING:
     from ..session.paired_run import PairedRun
 
 __all__ = ["precision_floor"]
-
-#: The plain path's figures a limit is read against (point values: what plain rounding costs, not a bound).
-_FIGURES = ("mean", "median", "p90", "p95", "p99", "p999", "max", "top1", "same_top")
 
 
 def precision_floor(run: PairedRun) -> dict[str, float] | None:
@@ -53,10 +49,10 @@ def precision_floor(run: PairedRun) -> dict[str, float] | None:
         run.say,
     )
     assert arm.refs is not None  # not the oracle itself (float32 returned above)
+    if arm.plain is not None:  # kept beside the oracle by the gate's own measurement (or an earlier proof)
+        return dict(arm.plain.figures)
     run.say(f"limits proof: the plain {reference.dtype} path against the float32 oracle (its own rounding)")
     scores = run_candidate(
         reference.model, run.sequences, run.shape, run.lever, arm.refs, counters=counters, arm="reference"
     )
-    arm.keep_plain(scores)
-    stats = summarize(scores, texts=texts_of(run.sequences)).to_json()
-    return {k: float(stats[k]) for k in _FIGURES if isinstance(stats.get(k), (int, float))}
+    return dict(arm.keep_plain(scores, texts_of(run.sequences)).figures)

@@ -32,8 +32,8 @@ from ..common.keys import canonical_json, key_digest
 from ..errors import MlxgateError, NonFiniteLogitsError
 from ..kl.assertions import kl_checks
 from ..kl.measure import chunked_floor, reference_key
-from ..kl.oracle import RELATIVE, OracleDistances, relative_check
-from ..kl.site import SITE, SiteCheck
+from ..kl.oracle import RELATIVE, OracleDistances, inside_precision, relative_check
+from ..kl.site import SITE, SITE_FLOAT32, SiteCheck
 from ..levers.lever import Lever
 from ..models.device import backend_of
 from ..results.verdicts import ERROR, overall_verdict
@@ -106,6 +106,12 @@ class Proof:
                 out.append(relative_check(distances, float(ratio), made["limit"]))
             elif made["key"] == SITE and self.known_bad_site is not None:
                 out.append(SiteCheck.from_state(self.known_bad_site).check(float(ratio), made["limit"]))
+        for made in checks:  # the float32 leg names no ratio: its tolerance is its limit
+            logic = SiteCheck.from_state(self.known_bad_site) if self.known_bad_site is not None else None
+            if made["key"] == SITE_FLOAT32 and logic is not None:
+                found = logic.check_float32(made["limit"])
+                if found is not None:
+                    out.append(found)
         return out
 
 
@@ -121,20 +127,6 @@ def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> li
             if 1.0 - limit < FLOOR_FACTOR * (1.0 - floor):
                 out.append(key)
         elif limit < FLOOR_FACTOR * floor:
-            out.append(key)
-    return out
-
-
-def inside_precision(bounds: Mapping[str, float], precision: Mapping[str, float]) -> list[str]:
-    """The absolute limits below the plain low-precision path's own distance from float32 (for agreement
-    rates: above its agreement): a limit there reads the precision's rounding, which a correct kernel adds
-    as much as a plain one, so its check can neither fail on it nor prove anything."""
-    out = []
-    for key, limit in bounds.items():
-        plain = precision.get(key)
-        if plain is None or not math.isfinite(plain):
-            continue
-        if (limit > plain) if key in AGREEMENT_METRICS else (limit < plain):
             out.append(key)
     return out
 

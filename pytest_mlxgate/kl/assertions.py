@@ -24,9 +24,9 @@ from ..results.speed_text import speed_lines
 from ..results.verdicts import Direction, overall_verdict
 from ..results.wire import Check
 from ..verdicts.conclude import Conclusion, Target, check, conclude, given_limits
-from .oracle import DEFAULT_RELATIVE_ATOL, RELATIVE, relative_check
+from .oracle import DEFAULT_RELATIVE_ATOL, RELATIVE, inside_precision, relative_check
 from .result import KLResult
-from .site import SITE
+from .site import SITE, SITE_FLOAT32
 
 __all__ = ["KLSubject", "assert_kl_below", "kl_checks"]
 
@@ -208,17 +208,27 @@ def _concluded(kl: KLResult, bounds: dict[str, float], ratio: float | None, atol
         return kl.conclusion(bounds=bounds, checks=checks)
     if not (math.isfinite(atol) and atol >= 0):
         raise ValueError(f"assert_kl_below: relative_atol={atol} is not a usable KL (a finite number >= 0)")
-    checks.append(_oracle_check(kl, ratio, atol))
+    relative = _oracle_check(kl, ratio, atol)
+    assert kl.oracle is not None  # `_oracle_check` refused a measurement without one
+    # limits below plain low precision's own distance from float32 read its rounding: the oracle's rules judge
+    aside = [] if kl.oracle.same else inside_precision(bounds, kl.oracle.plain_figures)
+    checks = [c for c in checks if c["key"] not in aside] + [relative]
     if kl.site is not None:
         checks.append(kl.site.check(ratio))
-    return kl.conclusion(bounds={**bounds, RELATIVE: ratio}, checks=checks)
+        logic = kl.site.check_float32()
+        if logic is not None:
+            checks.append(logic)
+    made = kl.conclusion(bounds={**bounds, RELATIVE: ratio}, checks=checks)
+    if not aside:
+        return made
+    return replace(made, fields={**made.fields, "oracle": {**made.fields["oracle"], "set_aside": aside}})
 
 
 def _explained(conclusion: Conclusion, kl: KLResult) -> str:
     """The verdict attribution is asked to explain. In a low-precision run judged against the oracle, absolute
     limits inside the precision's rounding may yet be set aside (`authoring.proof`): the oracle's rules decide
     whether the drift is the kernel's, so theirs is the verdict that calls for an explanation."""
-    oracle = [c for c in conclusion.checks if c["key"] in (RELATIVE, SITE)]
+    oracle = [c for c in conclusion.checks if c["key"] in (RELATIVE, SITE, SITE_FLOAT32)]
     if not oracle or kl.oracle is None or kl.oracle.same:
         return conclusion.verdict
     return overall_verdict(oracle)

@@ -95,14 +95,15 @@ def measure_kl(
                     reference, sequences, shape, lever, counters, say, watch, against=against
                 )
                 if judge is not None and plain is not None:
-                    judge.keep_plain(plain)  # scored in the reference arm's own pass
+                    judge.keep_plain(plain, texts_of(sequences))  # scored in the reference arm's own pass
                 if cache is not None:
                     store_or_warn(cache, key, refs)
                 source = "computed"
     if judge is not None and judge.wants_plain and judge.refs is not None:
         say(f"plain {reference.dtype} reference arm against the float32 oracle")
         judge.keep_plain(
-            run_candidate(reference.model, sequences, shape, lever, judge.refs, counters=counters, arm="reference")
+            run_candidate(reference.model, sequences, shape, lever, judge.refs, counters=counters, arm="reference"),
+            texts_of(sequences),
         )
     reference_s = time.perf_counter() - started
 

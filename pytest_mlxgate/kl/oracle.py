@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from ..common.refstore import store_or_warn
 from ..config.dtypes import ORACLE_DTYPE
 from ..results.wire import Check
 from ..stats.intervals import mean_interval
+from ..stats.kl_stats import summarize
 from ..verdicts.conclude import check
 
 if TYPE_CHECKING:
@@ -40,20 +41,60 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_RELATIVE_ATOL",
     "ORACLE_FORMAT",
+    "PRECISION_FIGURES",
     "RELATIVE",
     "OracleArm",
     "OracleDistances",
+    "PlainDistance",
+    "inside_precision",
     "relative_check",
     "unit_sums",
 ]
 
 #: Bump when what a cached distance entry holds changes meaning: an older entry is then a miss.
-ORACLE_FORMAT = 1
+ORACLE_FORMAT = 2
 #: The limit's key in a gate's bounds and the checks: `assert_kl_below(paired, relative=2.0)`.
 RELATIVE = "relative"
 #: The absolute term of the relative rule (mean KL, nats): where both distances are ~0 (a float32 run, or a
 #: model that rounds alike in both precisions) a kernel may add this much and still pass.
 DEFAULT_RELATIVE_ATOL = 1e-5
+
+
+#: The plain path's figures an absolute limit is read against (point values: what plain rounding costs).
+PRECISION_FIGURES = ("mean", "median", "p90", "p95", "p99", "p999", "max", "top1", "same_top")
+#: Agreement rates among them: a limit there reads rounding when it asks for *more* agreement than plain has.
+_AGREEMENT = ("top1", "same_top")
+
+
+@dataclass(frozen=True)
+class PlainDistance:
+    """The plain reference arm's KL from the oracle: per sequence token sums and counts, and its statistics'
+    point values (`PRECISION_FIGURES`): what is kept beside the oracle's distributions."""
+
+    sums: tuple[float, ...]
+    counts: tuple[int, ...]
+    figures: Mapping[str, float]
+
+    @classmethod
+    def of(cls, scores: Sequence[TokenScores], texts: Sequence[str]) -> PlainDistance:
+        sums, counts = unit_sums(scores)
+        stats = summarize(scores, texts=list(texts)).to_json()
+        figures = {k: float(stats[k]) for k in PRECISION_FIGURES if isinstance(stats.get(k), (int, float))}
+        return cls(sums, counts, figures)
+
+
+def inside_precision(bounds: Mapping[str, float], figures: Mapping[str, float]) -> list[str]:
+    """The absolute limits below the plain low-precision path's own distance from float32 (for agreement
+    rates: above its agreement): a limit there reads the precision's rounding, which a correct kernel adds as
+    much as a plain one, so its check can neither fail on it nor prove anything."""
+    out = []
+    for key, limit in bounds.items():
+        plain = figures.get(key)
+        if plain is None or not math.isfinite(plain):
+            continue
+        if (limit > plain) if key in _AGREEMENT else (limit < plain):
+            out.append(key)
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,6 +109,7 @@ class OracleDistances:
     candidate_sums: tuple[float, ...]
     counts: tuple[int, ...]
     source: str = "computed"  # the oracle's distributions: "computed" | "cache" | "reference" (same)
+    plain_figures: Mapping[str, float] = field(default_factory=dict)  # `PlainDistance.figures` ({}: same)
 
     def units(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(plain mean, candidate mean, tokens) per text."""
@@ -91,6 +133,7 @@ class OracleDistances:
             "plain_sums": list(self.plain_sums),
             "candidate_sums": list(self.candidate_sums),
             "counts": list(self.counts),
+            "plain_figures": dict(self.plain_figures),
         }
 
     @classmethod
@@ -105,6 +148,7 @@ class OracleDistances:
                 candidate_sums=tuple(float(x) for x in data["candidate_sums"]),
                 counts=tuple(int(x) for x in data["counts"]),
                 source="cache",
+                plain_figures={str(k): float(v) for k, v in dict(data.get("plain_figures") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an oracle distances state: {e}") from None
@@ -130,6 +174,7 @@ class OracleDistances:
             "n": int(plain.size),
             "plain": distance(plain),
             "candidate": distance(cand),
+            "plain_figures": dict(self.plain_figures),
         }
 
 
@@ -204,7 +249,7 @@ class OracleArm:
         self.cache = cache
         self.refs: list[RefDistributions] | None = None
         self.source = "reference" if self.same else "cache"
-        self.plain: tuple[tuple[float, ...], tuple[int, ...]] | None = None
+        self.plain: PlainDistance | None = None
 
     def prepare(
         self,
@@ -229,14 +274,15 @@ class OracleArm:
         """The plain arm's distance is still to be scored (the reference arm's pass may do it)."""
         return not self.same and self.plain is None
 
-    def keep_plain(self, scores: Sequence[TokenScores]) -> None:
-        self.plain = unit_sums(scores)
+    def keep_plain(self, scores: Sequence[TokenScores], texts: Sequence[str]) -> PlainDistance:
+        self.plain = PlainDistance.of(scores, texts)
         if self.cache is not None:
             _store(self.cache, self.entry_key, self.plain)
+        return self.plain
 
     def distances(self, texts: Sequence[str], candidate_scores: Sequence[TokenScores]) -> OracleDistances:
         cand_sums, counts = unit_sums(candidate_scores)
-        plain_sums = self.plain[0] if self.plain is not None else tuple(0.0 for _ in counts)
+        plain_sums = self.plain.sums if self.plain is not None else tuple(0.0 for _ in counts)
         return OracleDistances(
             dtype=self.reference.dtype,
             same=self.same,
@@ -245,6 +291,7 @@ class OracleArm:
             candidate_sums=cand_sums,
             counts=counts,
             source=self.source,
+            plain_figures=dict(self.plain.figures) if self.plain is not None else {},
         )
 
 
@@ -252,23 +299,25 @@ def _path(cache: Any, key: Mapping[str, Any]) -> Path:
     return Path(cache.directory) / "oracle" / f"{key_digest(key)}.json"
 
 
-def _load(cache: Any, key: Mapping[str, Any]) -> tuple[tuple[float, ...], tuple[int, ...]] | None:
-    def decode(payload: bytes) -> tuple[tuple[float, ...], tuple[int, ...]] | None:
+def _load(cache: Any, key: Mapping[str, Any]) -> PlainDistance | None:
+    def decode(payload: bytes) -> PlainDistance | None:
         entry = json.loads(payload)
         if entry.get("key") != json.loads(canonical_json(key)):
             return None
-        sums = tuple(float(x) for x in entry["data"]["sums"])
-        counts = tuple(int(x) for x in entry["data"]["counts"])
-        if len(sums) != len(counts) or not all(math.isfinite(x) and x >= 0 for x in sums):
+        data = entry["data"]
+        sums = tuple(float(x) for x in data["sums"])
+        counts = tuple(int(x) for x in data["counts"])
+        figures = {str(k): float(v) for k, v in data["figures"].items()}
+        if len(sums) != len(counts) or not all(math.isfinite(x) and x >= 0 for x in (*sums, *figures.values())):
             return None
-        return sums, counts
+        return PlainDistance(sums, counts, figures)
 
-    loaded: tuple[tuple[float, ...], tuple[int, ...]] | None = cache.files.load(_path(cache, key), decode)
+    loaded: PlainDistance | None = cache.files.load(_path(cache, key), decode)
     return loaded
 
 
-def _store(cache: Any, key: Mapping[str, Any], sums: tuple[tuple[float, ...], tuple[int, ...]]) -> None:
-    data = {"sums": list(sums[0]), "counts": list(sums[1])}
+def _store(cache: Any, key: Mapping[str, Any], plain: PlainDistance) -> None:
+    data = {"sums": list(plain.sums), "counts": list(plain.counts), "figures": dict(plain.figures)}
     payload = json.dumps({"key": json.loads(canonical_json(key)), "data": data}, allow_nan=False)
     try:
         cache.files.write(_path(cache, key), payload.encode())

@@ -514,6 +514,7 @@ class Oracle:
     plain: float | None = None  # the plain reference arm's mean KL from the oracle
     candidate: float | None = None  # the candidate's
     site_note: str | None = None
+    set_aside: tuple[str, ...] = ()  # absolute limits inside the precision's rounding: the oracle's rules judged
     sites: tuple[SiteErrors, ...] = ()
     as_written: Mapping[str, Any] = field(default_factory=dict)
 
@@ -526,7 +527,10 @@ class Oracle:
         if self.same:
             return "the reference arm is the float32 oracle"
         ratio = f" ({self.candidate / self.plain:.2f}x)" if self.plain and self.candidate is not None else ""
-        return f"f32 oracle: plain {self.dtype} {_sci(self.plain)}, candidate {_sci(self.candidate)}{ratio}"
+        text = f"f32 oracle: plain {self.dtype} {_sci(self.plain)}, candidate {_sci(self.candidate)}{ratio}"
+        if self.set_aside:
+            text += f"; {', '.join(self.set_aside)} set aside (inside {self.dtype}'s own rounding)"
+        return text
 
 
 def _sci(x: float | None) -> str:
@@ -542,6 +546,7 @@ def parse_oracle(o: Mapping[str, Any]) -> Oracle:
         plain=real(mapping(o.get("plain")).get("mean")),
         candidate=real(mapping(o.get("candidate")).get("mean")),
         site_note=text(o.get("site_note")),
+        set_aside=tuple(str(k) for k in sequence(o.get("set_aside"))),
         sites=tuple(_site(mapping(e)) for e in sequence(mapping(o.get("site")).get("sites"))),
         as_written=jsonable(dict(o)),
     )

@@ -14,7 +14,9 @@ import pytest
 GATES = Path(__file__).resolve().parents[2] / "gates"
 KERNEL_GATES = ("test_attention.py", "test_fused_norms_rope.py", "test_compile.py")
 
-#: Each gate's KNOWN_BAD as a candidate of its own, judged by the same rule the gate names.
+#: Known-bads as candidates of their own, judged by the rule the gates name: the attention gate's, and the
+#: fused-norms gate's RoPE base 10% off, which only its site shows (tests/authoring/test_precision_proof.py
+#: proves the compile gate's hard sigmoid, which fails by orders of magnitude, on the tiny model).
 KNOWN_BADS = {
     "test_bad_attention.py": (
         'pytest.mark.mlx_lever("attention", patch="mlx.core.fast.scaled_dot_product_attention", '
@@ -24,10 +26,6 @@ KNOWN_BADS = {
     "test_bad_rope.py": (
         'pytest.mark.mlx_lever("rope_base_off", patch="mlx.core.fast.rope", ref=None, '
         'cand="known_bad_ops:rope_base_off", path="serving")'
-    ),
-    "test_bad_compile.py": (
-        'pytest.mark.mlx_lever("activations_hard_sigmoid", context="known_bad_ops:hard_sigmoid_activations", '
-        'ref="off", cand="on", path="serving")'
     ),
 }
 BAD_GATE = """
@@ -42,7 +40,7 @@ def test_drift(paired):
 """
 
 
-@pytest.mark.slow  # six gate modules in bf16 on the embedded model (~2 min on 2 cores)
+@pytest.mark.slow  # five gate modules in bf16 on the embedded model (~2.5 min on one core)
 def test_in_bfloat16_mlx_s_kernels_pass_the_oracle_and_every_known_bad_fails_it(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
@@ -56,9 +54,9 @@ def test_in_bfloat16_mlx_s_kernels_pass_the_oracle_and_every_known_bad_fails_it(
         "-k",
         "drift",
         "--mlx-dtype=bfloat16",
-        "--mlx-kl-prompts=6",
+        "--mlx-kl-prompts=8",
         "--mlx-kl-tokens=32",
-        "--mlx-kl-decode=8",
+        "--mlx-kl-decode=16",
         "--mlx-prove=off",
         "--mlx-speed=off",
         "--mlx-explain-budget=0",

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.kl.oracle import OracleDistances, relative_check
+from pytest_mlxgate.results.model import parse_record
 
 
 def _distances(
@@ -240,3 +241,23 @@ def test_on_gemma_4_the_oracle_and_every_fused_op_s_site_are_judged_in_bfloat16(
     sites = {s["target"]: s for s in record["oracle"]["site"]["sites"]}
     assert {"mlx.core.fast.rms_norm", "mlx.core.fast.rope"} <= set(sites)
     assert all(row["plain_max"] > 0 for row in sites["mlx.core.fast.rms_norm"]["by_call"])  # bf16 rounds
+
+
+def test_without_a_proof_absolute_limits_inside_bf16_s_rounding_are_set_aside_beside_relative(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The plain path's own distance from float32 comes with the oracle arm: no proof is needed to know a
+    float32-sized limit cannot speak in bf16. Alone (no relative=) such a limit still judges, and fails."""
+    gates.makepyfile(
+        test_gate=GATE.format(cand="kernels:f32_rms_norm").replace("relative=2.0", "mean=1e-9, top1=0.01, relative=2.0")
+    )
+    result, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16")
+    result.assert_outcomes(passed=1)
+    assert record["oracle"]["set_aside"] == ["mean"]  # top1 0.01 asks less agreement than plain bf16 has: it speaks
+    assert record["oracle"]["plain_figures"]["mean"] > 1e-9
+    assert [c["key"] for c in record["checks"]] == ["top1", "relative", "site", "site_f32"]
+    assert "mean set aside (inside bfloat16's own rounding)" in parse_record(record).oracle.words  # type: ignore[union-attr]
+    gates.makepyfile(test_gate=GATE.format(cand="kernels:eps_x100_rms_norm").replace("relative=2.0", "mean=1e-9"))
+    alone, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16")
+    alone.assert_outcomes(failed=1)
+    assert "oracle" not in record and record["checks"][0]["verdict"] == "fail"
