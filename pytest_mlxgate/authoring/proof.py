@@ -94,25 +94,20 @@ class Proof:
         }
 
     def oracle_checks(self, checks: Sequence[Check]) -> list[Check]:
-        """The known-bad's checks of the gate's oracle rules (`relative=`: the model's, and the site's), each
-        at the limit and ratio the gate's own check used; none where the proof holds no such measurement."""
-        out: list[Check] = []
+        """The known-bad's checks of the gate's oracle rules (`relative=`: the model's, and the site's two),
+        each at the limit (and ratio) the gate's own check used; none where the proof holds no such measurement."""
+        distances = OracleDistances.from_state(self.known_bad_oracle) if self.known_bad_oracle is not None else None
+        site = SiteCheck.from_state(self.known_bad_site) if self.known_bad_site is not None else None
+        out: list[Check | None] = []
         for made in checks:
-            ratio = (made.get("oracle") or {}).get("relative")
-            if ratio is None:
-                continue
-            if made["key"] == RELATIVE and self.known_bad_oracle is not None:
-                distances = OracleDistances.from_state(self.known_bad_oracle)
-                out.append(relative_check(distances, float(ratio), made["limit"]))
-            elif made["key"] == SITE and self.known_bad_site is not None:
-                out.append(SiteCheck.from_state(self.known_bad_site).check(float(ratio), made["limit"]))
-        for made in checks:  # the float32 leg names no ratio: its tolerance is its limit
-            logic = SiteCheck.from_state(self.known_bad_site) if self.known_bad_site is not None else None
-            if made["key"] == SITE_FLOAT32 and logic is not None:
-                found = logic.check_float32(made["limit"])
-                if found is not None:
-                    out.append(found)
-        return out
+            ratio = float((made.get("oracle") or {}).get("relative") or 0.0)
+            if made["key"] == RELATIVE and distances is not None and ratio:
+                out.append(relative_check(distances, ratio, made["limit"]))
+            elif made["key"] == SITE and site is not None and ratio:
+                out.append(site.check(ratio, made["limit"]))
+            elif made["key"] == SITE_FLOAT32 and site is not None:  # its tolerance is its limit: no ratio
+                out.append(site.check_float32(made["limit"]))
+        return [c for c in out if c is not None]
 
 
 def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> list[str]:

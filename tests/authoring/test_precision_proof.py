@@ -120,3 +120,21 @@ def test_in_float32_a_proof_has_no_precision_floor(
     limits = record["limits_from"]
     assert "precision_floor" not in limits and "inside_precision" not in limits
     assert limits["status"] in ("proven", "unproven", "refuted")
+
+
+def test_a_known_bad_is_judged_on_each_oracle_rule_the_gate_asked_at_the_gate_s_own_limits() -> None:
+    from pytest_mlxgate.authoring.proof import Proof
+    from pytest_mlxgate.kl.oracle import OracleDistances, relative_check
+    from pytest_mlxgate.kl.site import SiteCheck, _Call
+
+    plain, bad = [1e-3, 1.1e-3, 0.9e-3, 1e-3], [5e-3, 6e-3, 4e-3, 5e-3]
+    distances = OracleDistances("bfloat16", False, ("a", "b", "c", "d"), tuple(plain), tuple(bad), (1, 1, 1, 1))
+    calls = [_Call("mlx.core.fast.rope", at, f, (0.05, 0.06), (0.01, 0.012), (0.02, 0.03), 0.0, 0.0, 1.0)
+             for at in range(2) for f in range(3)]  # fmt: skip
+    site = SiteCheck(1, calls)
+    gate = [relative_check(distances, 2.0, 1e-5), site.check(2.0), site.check_float32()]
+    assert all(c is not None for c in gate)
+    proof = Proof(floors={}, known_bad_oracle=distances.state(), known_bad_site=site.state())
+    judged = proof.oracle_checks([c for c in gate if c is not None])
+    assert [(c["key"], c["verdict"]) for c in judged] == [("relative", "fail"), ("site", "fail"), ("site_f32", "fail")]
+    assert Proof(floors={}).oracle_checks([c for c in gate if c is not None]) == []  # nothing measured: nothing judged
