@@ -199,6 +199,10 @@ def relative_check(distances: OracleDistances, relative: float, atol: float = DE
     cand_mean = float(np.sum(cand * tokens) / np.sum(tokens))
     if distances.same and cand_mean == 0.0:
         method = "identical to the float32 oracle: both arms compute its very distributions"
+    elif not distances.same and distances.candidate_sums == distances.plain_sums:
+        # the candidate computed the reference arm's very distributions: as far from the oracle, text by text
+        lower = upper = mean
+        method = "identical to the plain path: the candidate's distributions are the reference arm's, as far from f32"
     elif distances.same:
         method = "the reference arm is the float32 oracle (a float32 run): the candidate's KL from it, at most atol"
     else:

@@ -261,3 +261,15 @@ def test_without_a_proof_absolute_limits_inside_bf16_s_rounding_are_set_aside_be
     alone, record = _run(gates, tiny_model_dir, tmp_path, "--mlx-dtype=bfloat16")
     alone.assert_outcomes(failed=1)
     assert "oracle" not in record and record["checks"][0]["verdict"] == "fail"
+
+
+def test_a_candidate_identical_to_the_plain_path_is_shown_as_far_from_the_oracle_not_estimated() -> None:
+    """gemma3-270m in bf16, 8 prompts: mx.compile changes nothing there, yet the t interval of c - 2p = -p
+    over 8 heavy-tailed texts reached +5.7e-4 (inconclusive). Text by text equal distances need no interval."""
+    plain = [1e-4, 2e-3, 9e-3, 3e-4, 5e-4, 1.5e-2, 2e-4, 7e-4]
+    equal = relative_check(_distances(plain, list(plain)), 2.0)
+    assert equal["verdict"] == "pass" and equal["lower"] == equal["upper"] == equal["value"] < 0
+    assert equal["method"].startswith("identical to the plain path")
+    assert relative_check(_distances(plain, list(plain)), 0.5)["verdict"] == "fail"  # r < 1: shown beyond
+    nearly = relative_check(_distances(plain, [p * 1.0001 for p in plain]), 2.0)
+    assert nearly["verdict"] == "inconclusive" and nearly["n_needed"] is not None  # not equal: the interval decides
