@@ -135,6 +135,10 @@ class LimitsFrom:
         own = f" (its models= entry {self.models_entry!r})" if self.models_entry else ""
         if self.status == "calibrated":
             text = f"limits{own} shown on {on} by {self.file or 'its calibration file'}"
+        elif self.status == "proven" and self.set_aside and self.inside_precision:
+            bad = f"known-bad {self.known_bad}" if self.known_bad else "its known-bad"
+            aside = ", ".join(self.inside_precision)
+            text = f"limits{own} but {aside} proven on {on}: {bad} fails them"
         elif self.status == "proven":
             bad = f"known-bad {self.known_bad}" if self.known_bad else "its known-bad"
             text = f"limits{own} proven on {on}: {bad} fails them"
