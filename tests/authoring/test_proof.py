@@ -365,7 +365,10 @@ def test_limits_that_pass_the_known_bad_never_read_pass_anywhere_and_caught_ones
     # the same lever, sizes and known-bad as the probe's: its proof is theirs, read from the cache
     assert result.stdout.str().count("limits proof: from the reference cache") == 2
     result.stdout.fnmatch_lines(
-        ["*limits do not catch the known-bad on *(cpu)*", '*KNOWN_BAD = "kernels:broken_rms_norm" passes every limit*']
+        [
+            "*limits do not catch the known-bad on *(cpu, float32)*",
+            '*KNOWN_BAD = "kernels:broken_rms_norm" passes every limit*',
+        ]
     )
     result.stdout.fnmatch_lines(["*limits proven on *"])  # the summary's line (wrapped where the path is long)
     assert "limits proven on" in parse_record(tight_record).limits_from.words  # type: ignore[union-attr]
@@ -387,7 +390,7 @@ def test_limits_that_pass_the_known_bad_never_read_pass_anywhere_and_caught_ones
     off = _run(gates, tiny_model_dir, tmp_path, "--mlx-prove=off", "-k", "loose", f"--mlx-report={report}")
     off.assert_outcomes(passed=1)
     unproven = parse_record(json.loads(report.read_text())["gates"][0]).limits_from
-    assert unproven is not None and unproven.words.endswith("(cpu): --mlx-prove off"), unproven
+    assert unproven is not None and unproven.words.endswith("(cpu, float32): --mlx-prove off"), unproven
     assert "--mlx-prove off" in off.stdout.str()  # the summary says so beside the pass
     both = _run(gates, tiny_model_dir, tmp_path, "--mlx-prove=off", "--mlx-require-proof")
     assert both.ret == pytest.ExitCode.USAGE_ERROR
