@@ -1,19 +1,44 @@
 """Which calibration file covers a run: the judged model's own file, measured on the same model commit, on
 the same backend, in the same precision (and on a GPU, on the same chip with the same TF32 setting). Where
-none does, the limits proof (`proof`) shows the limits work there first."""
+none does, the limits proof (`proof`) shows the limits work there first.
+
+A file covers only what it measured, checked at every run without measuring anything: it must be this
+module's (its name, its lever, its gate digest: the lever, KNOWN_BAD and the local modules they import),
+and today's limits must still fail the known-bad figures it recorded and sit above its A/A floor. A file
+copied from another gate, or limits loosened after calibrating, would otherwise lend a pass to limits
+nothing ever showed catch a broken kernel (issue 55)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..common.gate_calls import DeclaredLimit
 from ..config.dtypes import ORACLE_DTYPE
 from ..config.names import BUILT_MODELS
 from ..models.device import backend_of
-from .calibration_file import calibration_model, calibration_path, read_calibration
+from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR
+from .calibration_file import (
+    KL_ASSERTION,
+    GateSource,
+    calibration_model,
+    calibration_path,
+    known_bad_verdict,
+    read_calibration,
+)
 
-__all__ = ["covering_file", "covers_precision", "dtype_option", "model_label", "model_of"]
+__all__ = [
+    "covering_file",
+    "covers_precision",
+    "dtype_option",
+    "inside_floor",
+    "limits_not_shown",
+    "model_label",
+    "model_of",
+    "not_this_modules",
+]
 
 
 def model_of(described: Mapping[str, Any]) -> str | None:
@@ -75,6 +100,72 @@ def covers_precision(
                 f"measured with {fact} {held.get(fact) or 'unrecorded'}, this run has {machine.get(fact) or 'unknown'}"
             )
     return None
+
+
+def not_this_modules(doc: Mapping[str, Any], module: Path, lever: str | None) -> str | None:
+    """Why the calibration `doc` beside `module` was not measured on it (None: it was): another module's
+    file (copied or renamed), another lever, or the gate's lever, KNOWN_BAD or their local modules changed
+    since (its gate digest, `GateSource`)."""
+    named = doc.get("module")
+    if isinstance(named, str) and Path(named).name != module.name:
+        return f"it is the calibration of {named}, not of {module.name}"
+    held = doc.get("lever")
+    if lever is not None and isinstance(held, Mapping) and held.get("name") not in (None, lever):
+        return f"it measured lever {held.get('name')!r}, this module's is {lever!r}"
+    then = doc.get("gate")
+    then_parts = then.get("parts") if isinstance(then, Mapping) else None
+    now = GateSource.read(module).digest
+    if not isinstance(then, Mapping) or then.get("digest") != now["digest"]:
+        parts = then_parts if isinstance(then_parts, Mapping) else {}
+        changed = sorted(n for n in set(parts) | set(now["parts"]) if parts.get(n) != now["parts"].get(n))
+        what = ", ".join(changed) or "its gate digest"
+        return f"the module's lever, KNOWN_BAD or their modules changed since it was measured ({what})"
+    return None
+
+
+def limits_not_shown(doc: Mapping[str, Any], bounds: Mapping[str, float], known_bad: bool) -> str | None:
+    """Why the calibration `doc` does not show these KL limits (None: it does): one inside its A/A floor
+    (`inside_floor`), or, where the module declares a known-bad (`known_bad`), the known-bad figures it
+    recorded not shown to fail them (`known_bad_verdict`: the limits were loosened since, or the file holds
+    no measurement of it)."""
+    floors = doc.get("aa_floor")
+    held = {str(k): float(v) for k, v in (floors.items() if isinstance(floors, Mapping) else ()) if _real(v)}
+    noisy = inside_floor(bounds, held)
+    if noisy:
+        return f"{', '.join(noisy)} within {FLOOR_FACTOR:g}x its A/A floor"
+    if not known_bad or not bounds:
+        return None
+    bad = doc.get("known_bad")
+    if isinstance(bad, Mapping) and bad.get("non_finite"):
+        return None  # NaN or inf logits: red whatever the limits
+    drift = bad.get("drift") if isinstance(bad, Mapping) else None
+    if not isinstance(drift, Mapping):
+        return "it holds no measurement of the module's KNOWN_BAD"
+    limits = [DeclaredLimit("", KL_ASSERTION, key, value) for key, value in bounds.items()]
+    verdict, figures = known_bad_verdict(drift, limits)
+    if verdict == "fail":
+        return None
+    return f"the known-bad it measured is not shown to fail these limits ({verdict}: {'; '.join(figures)})"
+
+
+def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> list[str]:
+    """The limits that sit within `FLOOR_FACTOR` x the floor (for agreement rates: whose disagreement
+    does): a check against them would tell noise, not the lever."""
+    out = []
+    for key, limit in bounds.items():
+        floor = floors.get(key)
+        if floor is None or not math.isfinite(floor):
+            continue
+        if key in AGREEMENT_METRICS:
+            if 1.0 - limit < FLOOR_FACTOR * (1.0 - floor):
+                out.append(key)
+        elif limit < FLOOR_FACTOR * floor:
+            out.append(key)
+    return out
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def model_label(described: Mapping[str, Any]) -> str:

@@ -21,7 +21,6 @@ their records say whether a calibration covers them and what kind of limit they 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,10 +39,19 @@ from ..results.verdicts import ERROR, overall_verdict
 from ..results.wire import Check, LimitsFrom
 from ..session.paired import Paired
 from ..session.phases import PhaseClock
-from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR
+from ..verdicts.calibration import FLOOR_FACTOR
 from ..verdicts.conclude import Conclusion
 from .calibration_file import KL_KEYS, calibration_path, read_calibration
-from .coverage import covering_file, covers_precision, dtype_option, model_label, model_of
+from .coverage import (
+    covering_file,
+    covers_precision,
+    dtype_option,
+    inside_floor,
+    limits_not_shown,
+    model_label,
+    model_of,
+    not_this_modules,
+)
 from .known_bad import is_whole_lever, known_bad_lever, known_bad_paired, known_bad_shown
 from .precision_floor import precision_floor
 from .serving_code import serving_code
@@ -110,22 +118,6 @@ class Proof:
         return [c for c in out if c is not None]
 
 
-def inside_floor(bounds: Mapping[str, float], floors: Mapping[str, float]) -> list[str]:
-    """The limits that sit within `FLOOR_FACTOR` x the floor (for agreement rates: whose disagreement
-    does): a check against them would tell noise, not the lever."""
-    out = []
-    for key, limit in bounds.items():
-        floor = floors.get(key)
-        if floor is None or not math.isfinite(floor):
-            continue
-        if key in AGREEMENT_METRICS:
-            if 1.0 - limit < FLOOR_FACTOR * (1.0 - floor):
-                out.append(key)
-        elif limit < FLOOR_FACTOR * floor:
-            out.append(key)
-    return out
-
-
 @dataclass
 class LimitsProof:
     """One gate module's `limits_from`: made once per module by `limits_proof`, asked by every assertion
@@ -137,12 +129,14 @@ class LimitsProof:
     file: Path | None  # the covering calibration file (None: none covers)
     shown_file: str  # the file as the run names it (covering, or where --mlx-calibrate would write it)
     calibrate_command: str
-    prove: bool  # --mlx-prove auto and nothing covers: measure a proof on first use
+    prove: bool  # --mlx-prove auto: measure a proof on first use where no file covers the limits
     require: bool  # --mlx-require-proof
     known_bad: object | None
     unprovable: str | None = None  # why no known-bad can speak for these limits (None: one can)
     own_entry: bool = True  # the model's limits go in a `models=` entry (the embedded model's are the gate's own)
     dtype: str | None = None  # the precision the judged model computes in (`--mlx-dtype`)
+    calibration: Mapping[str, Any] | None = None  # the covering file as read
+    not_this_modules: str | None = None  # why that file was not measured on this module (None: it was)
     _proof: Proof | None = field(default=None, repr=False)
 
     @property
@@ -162,7 +156,10 @@ class LimitsProof:
                 entry["why"] = "not calibrated"
             return _with(conclusion, entry)
         if self.file is not None:
-            return _with(conclusion, entry)
+            stale = self._stale_for(conclusion)
+            if stale is None:
+                return _with(conclusion, entry)
+            entry |= {"status": "unproven", "stale_file": stale}
         if not self.prove:
             entry |= {"status": "unproven", "why": "--mlx-prove off"}
             return self._required(conclusion, entry)
@@ -219,6 +216,14 @@ class LimitsProof:
         if verdict == "pass":
             verdict = "inconclusive"  # limits not shown to catch a broken variant here: a pass shows nothing
         return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
+
+    def _stale_for(self, conclusion: Conclusion) -> str | None:
+        """Why the covering file does not show these limits (None: it does): not this module's file, or the
+        limits no longer fail the known-bad figures it recorded or sit inside its floor (`coverage`)."""
+        if self.not_this_modules is not None:
+            return self.not_this_modules
+        bounds = {str(k): float(v) for k, v in conclusion.bounds.items() if k in KL_KEYS}
+        return limits_not_shown(self.calibration or {}, bounds, known_bad=self.known_bad is not None)
 
     def _at_precision(self, check: Check, precision: Mapping[str, float]) -> Check:
         """A check whose limit sits below the plain path's own distance from float32: a fail there is the
@@ -305,6 +310,7 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
         doc_ref = ((read_calibration(covering) or {}).get("model") or {}).get("reference") or {}
         if doc_ref.get("commit") != ref.get("commit"):
             covering = None  # the file was measured against another reference model
+    calibration = read_calibration(covering) if covering is not None else None
     dtype = described.get("dtype")
     path = covering or calibration_path(module, model_of(described), dtype if isinstance(dtype, str) else None)
     root = item.config.rootpath
@@ -325,11 +331,13 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
         file=covering,
         shown_file=shown,
         calibrate_command=f"pytest {shown_module} --mlx-candidate {name}{dtype_option(described)} --mlx-calibrate",
-        prove=prove == "auto" and covering is None,
+        prove=prove == "auto",
         require=require,
         known_bad=known_bad,
         unprovable=unprovable,
         own_entry=model_of(described) is not None,
+        calibration=calibration,
+        not_this_modules=not_this_modules(calibration, module, run.lever.name) if calibration is not None else None,
     )
 
 

@@ -83,6 +83,7 @@ class LimitsFrom:
     backend: str
     dtype: str | None = None  # the precision the judged model computed in (older records: not said)
     file: str | None = None
+    stale_file: str | None = None  # why that file does not show these limits (`coverage.not_this_modules`, ...)
     models_entry: str | None = None
     why: str | None = None
     known_bad_value: Any = None  # the known-bad value, as written (JSON: a string, or a KV config)
@@ -106,6 +107,7 @@ class LimitsFrom:
             "backend": self.backend,
             "dtype": self.dtype,
             "file": self.file,
+            "stale_file": self.stale_file,
             "models_entry": self.models_entry,
             "why": self.why,
             "known_bad": bad,
@@ -146,6 +148,8 @@ class LimitsFrom:
             text = f"limits{own} do not catch the known-bad on {on}: {self.why or 'it passes them'}"
         else:
             text = f"limits{own} unproven on {on}: {self.why or 'not calibrated'}"
+        if self.stale_file:
+            text += f"; {self.file or 'its calibration file'} does not show them: {self.stale_file}"
         if self.inside_floor:
             text += f"; {', '.join(self.inside_floor)} inside {self.model}'s noise floor (inconclusive)"
         if self.inside_precision:
@@ -397,6 +401,7 @@ LIMITS_KEYS = (
     "backend",
     "dtype",
     "file",
+    "stale_file",
     "models_entry",
     "why",
     "known_bad",
@@ -425,6 +430,7 @@ def _limits_from(value: Mapping[str, Any]) -> LimitsFrom | None:
         backend=backend,
         dtype=text(value.get("dtype")) or None,
         file=text(value.get("file")) or None,
+        stale_file=text(value.get("stale_file")) or None,
         models_entry=text(value.get("models_entry")) or None,
         why=text(value.get("why")) or None,
         known_bad_value=bad.get("value"),

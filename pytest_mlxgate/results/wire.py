@@ -81,6 +81,7 @@ class LimitsFrom(TypedDict, total=False):
     backend: Required[str]  # cpu, metal, cuda
     dtype: str  # the precision the judged model computed in (bfloat16, float32, ...); older records lack it
     file: str  # the calibration file (calibrated), or the one that would cover it (`--mlx-calibrate` writes it)
+    stale_file: str  # why that file, though beside the module, does not show these limits (another module's, ...)
     models_entry: str  # the `models=` entry whose limits replaced the gate's on this model
     why: str  # unproven / refuted: the reason, in words
     known_bad: dict[str, Any]  # the proof's known-bad: value, verdict against these limits, its figures

@@ -242,12 +242,84 @@ def test_a_limit_inside_the_model_s_floor_turns_a_fail_inconclusive_never_a_pass
     assert passing.verdict == "pass"  # the bound cleared even that limit: shown
 
 
+def _covering(bad: tuple[float, float] | None = (0.05, 0.08), floor: float = 1e-6) -> dict[str, Any]:
+    """A calibration file's figures as `--mlx-calibrate` writes them: the A/A floor and the known-bad's drift."""
+    drift = {"metrics": {"mean": {"value": sum(bad) / 2, "lower": bad[0], "upper": bad[1]}}} if bad else None
+    return {"aa_floor": {"mean": floor}, "known_bad": {"declared": True, "drift": drift}}
+
+
 def test_where_a_file_covers_no_proof_runs_and_the_record_names_the_file(tmp_path: Path) -> None:
     proof = _proof(bad=None, file=tmp_path / "c.json")
+    proof.calibration = _covering()
     proof._proof = None  # a proof measured here would need a model: none must be asked for
     vouched = proof.vouch(_gate((1e-4, 2e-4)))
     assert vouched.verdict == "pass" and vouched.fields["limits_from"]["status"] == "calibrated"
+    assert "stale_file" not in vouched.fields["limits_from"]
     assert proof._proof is None
+
+
+@pytest.mark.parametrize(
+    ("calibration", "limit", "why"),
+    [
+        # the limits loosened past the known-bad figures the file recorded
+        (_covering(bad=(0.05, 0.08)), 0.1, "not shown to fail these limits (pass: mean [0.05, 0.08] vs limit 0.1)"),
+        (_covering(bad=(0.05, 0.08)), 0.06, "not shown to fail these limits (inconclusive"),
+        (_covering(bad=None), 1e-3, "holds no measurement of the module's KNOWN_BAD"),
+        (_covering(floor=2e-4), 1e-3, "mean within 10x its A/A floor"),
+    ],
+)
+def test_a_file_whose_figures_do_not_show_today_s_limits_covers_nothing_and_the_proof_runs(
+    tmp_path: Path, calibration: dict[str, Any], limit: float, why: str
+) -> None:
+    """Checked at every run from the file's own figures: limits that no longer fail its known-bad, or sit in
+    its floor, are not calibrated by it; the proof runs (here: its known-bad passes them: refuted)."""
+    proof = _proof(bad=_stats((2e-4, 5e-4)), file=tmp_path / "c.json")
+    proof.calibration = calibration
+    vouched = proof.vouch(_gate((1e-5, 2e-5), {"mean": limit}))
+    entry = vouched.fields["limits_from"]
+    assert entry["status"] != "calibrated" and why in entry["stale_file"], entry
+    assert vouched.verdict != "pass"
+    assert (
+        "does not show them: " + entry["stale_file"]
+        in parse_record({"nodeid": "a::b", "limits_from": entry}).limits_from.words
+    )  # type: ignore[union-attr]
+    off = _proof(bad=None, file=tmp_path / "c.json", prove=False, require=True)
+    off.calibration = calibration
+    required = off.vouch(_gate((1e-5, 2e-5), {"mean": limit}))
+    assert required.verdict == "error" and required.fields["limits_from"]["status"] == "unproven"
+
+
+def test_a_file_is_this_module_s_only_by_its_name_lever_and_gate_digest(tmp_path: Path) -> None:
+    from pytest_mlxgate.authoring.calibration_file import GateSource
+    from pytest_mlxgate.authoring.coverage import not_this_modules
+
+    module = tmp_path / "test_mine.py"
+    module.write_text(GATE.format(limits="mean=1e-3"))
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    doc = {"module": "gates/test_mine.py", "lever": {"name": "norm"}, "gate": GateSource.read(module).digest}
+    assert not_this_modules(doc, module, "norm") is None
+    assert not_this_modules({**doc, "module": "gates/test_kv_cache.py"}, module, "norm") == (
+        "it is the calibration of gates/test_kv_cache.py, not of test_mine.py"
+    )
+    assert not_this_modules(doc, module, "kv_cache") == "it measured lever 'norm', this module's is 'kv_cache'"
+    module.write_text(GATE.format(limits="mean=5.0"))  # limits are judged per assertion, not by the digest
+    assert not_this_modules(doc, module, "norm") is None
+    module.write_text(GATE.format(limits="mean=1e-3").replace("broken_rms_norm", "scaled_rms_norm"))
+    assert "changed since it was measured (KNOWN_BAD)" in str(not_this_modules(doc, module, "norm"))
+    module.write_text(GATE.format(limits="mean=1e-3"))
+    (tmp_path / "kernels.py").write_text(KERNELS.replace("2.0", "3.0"))
+    assert "changed since it was measured (kernels.py)" in str(not_this_modules(doc, module, "norm"))
+    no_digest = not_this_modules({**doc, "gate": None}, module, "norm")  # a file written before gate digests
+    assert str(no_digest).endswith("(KNOWN_BAD, kernels.py, pytestmark)")
+
+
+def test_a_file_that_is_not_this_module_s_covers_nothing(tmp_path: Path) -> None:
+    proof = _proof(bad=_stats((0.05, 0.08)), file=tmp_path / "c.json")
+    proof.calibration = _covering()
+    proof.not_this_modules = "it is the calibration of gates/test_kv_cache.py, not of test_mine.py"
+    vouched = proof.vouch(_gate((1e-4, 2e-4)))
+    entry = vouched.fields["limits_from"]
+    assert entry["status"] == "proven" and entry["stale_file"] == proof.not_this_modules  # proven here instead
 
 
 def test_unproven_reads_as_such_and_is_an_error_only_when_proof_is_required() -> None:
@@ -484,6 +556,44 @@ def test_in_process_a_refuted_and_a_proven_gate_and_the_proof_read_back_from_the
     third = _inprocess(gates, tiny_model_dir, tmp_path, report)
     assert "limits proof: from the reference cache" not in third.stdout.str()
     assert len(list((tmp_path / "refcache" / "proof").glob("*.json"))) == 2
+
+
+def test_in_process_a_copied_or_outgrown_calibration_file_lends_no_pass(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 55: a gate whose known-bad passes its limits reads error; another gate's calibration file copied
+    beside it must not make it pass, nor may a gate's own file once its limits are loosened past the
+    known-bad figures the file recorded. Each time the proof runs instead, and the record says why."""
+    report = tmp_path / "r.json"
+    gates.makepyfile(test_loose=GATE.format(limits="mean=1e9"))
+    _inprocess(gates, tiny_model_dir, tmp_path, report).assert_outcomes(failed=1)
+    (loose,) = json.loads(report.read_text())["gates"]
+    bad_bound = float(loose["limits_from"]["known_bad"]["figures"][0].split("bound ")[1].split()[0])
+    tight_limit = f"mean={(loose['stats']['mean_ci'][1] * bad_bound) ** 0.5:.3g}"
+    gates.makepyfile(test_tight=GATE.format(limits=tight_limit))
+    _inprocess(gates, tiny_model_dir, tmp_path, report, "test_tight.py", "--mlx-calibrate").assert_outcomes(skipped=1)
+    own = gates.path / "calibration" / "test_tight.json"
+    _inprocess(gates, tiny_model_dir, tmp_path, report, "test_tight.py").assert_outcomes(passed=1)
+    (tight,) = json.loads(report.read_text())["gates"]
+    assert tight["limits_from"]["status"] == "calibrated" and "stale_file" not in tight["limits_from"]
+
+    (gates.path / "calibration" / "test_loose.json").write_bytes(own.read_bytes())  # the copied file
+    copied = _inprocess(gates, tiny_model_dir, tmp_path, report, "test_loose.py")
+    copied.assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    entry = record["limits_from"]
+    assert record["verdict"] == "error" and entry["status"] == "refuted", entry
+    assert entry["stale_file"] == "it is the calibration of test_tight.py, not of test_loose.py"
+    said = " ".join(copied.stdout.str().split())  # the summary's line, wrapped where the path is long
+    assert "calibration/test_loose.json does not show them: it is the calibration of test_tight.py" in said
+
+    gates.makepyfile(test_tight=GATE.format(limits="mean=1e9"))  # loosened after calibrating
+    loosened = _inprocess(gates, tiny_model_dir, tmp_path, report, "test_tight.py")
+    loosened.assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    entry = record["limits_from"]
+    assert record["verdict"] == "error" and entry["status"] == "refuted", entry
+    assert entry["stale_file"].startswith("the known-bad it measured is not shown to fail these limits (pass: mean [")
 
 
 def test_in_process_a_known_bad_with_non_finite_logits_proves_the_limits_and_keeps_the_model(

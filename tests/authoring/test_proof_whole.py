@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.authoring import proof as proof_module
+from pytest_mlxgate.authoring.calibration_file import GateSource
 from pytest_mlxgate.authoring.proof import NOTES, PROOF_FORMAT, LimitsProof, Proof, limits_proof
 from pytest_mlxgate.common.keys import canonical_json, key_digest
 from pytest_mlxgate.kl.assertions import kl_checks
@@ -137,6 +138,7 @@ def test_capability_and_speed_limits_carry_their_note_and_whether_a_file_covers_
 
 def test_a_covered_gate_keeps_its_verdict_and_names_the_file_without_measuring(tmp_path: Path) -> None:
     proof = _limits(file=tmp_path / "c.json")
+    proof.calibration = {"aa_floor": {"mean": 1e-6}, "known_bad": {"drift": {"metrics": {"mean": {"lower": 0.1}}}}}
     proof._proof = None
     gate = _gate((2e-3, 3e-3), limits_for=7)  # a models entry that is not text is not named
     vouched = proof.vouch(gate)
@@ -430,11 +432,17 @@ def _arms(
 def _write_calibration(
     path: Path, *, device: str = "cpu", commit: str = "c0ffee", ref: str | None = None, dtype: str = "float32"
 ) -> Path:
+    """A calibration file of `gates/test_gate.py` (written too, declaring nothing) as measured on `model`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    module = next(p for p in path.parents if p.name == "calibration").parent / "test_gate.py"
+    if not module.exists():
+        module.write_text("def test_drift(paired):\n    pass\n")
     model: dict[str, Any] = {"name": "x", "commit": commit, "dtype": dtype}
     if ref is not None:
         model["reference"] = {"commit": ref}
-    path.write_text(json.dumps({"calibration_format": 1, "model": model, "machine": {"device": device, **CHIP}}))
+    doc = {"calibration_format": 1, "module": "gates/test_gate.py", "model": model}
+    doc |= {"machine": {"device": device, **CHIP}, "gate": GateSource.read(module).digest}
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -492,11 +500,12 @@ def test_a_hub_model_covered_by_its_own_file_runs_no_proof(tmp_path: Path) -> No
         file=path,
         shown_file="gates/calibration/org--tiny/test_gate.json",
         calibrate_command="pytest gates/test_gate.py --mlx-candidate org/tiny --mlx-calibrate",
-        prove=False,
+        prove=True,  # --mlx-prove auto: a proof runs where the file turns out not to show an assertion's limits
         require=False,
         known_bad=None,
         unprovable="no known-bad",
         own_entry=True,
+        calibration=json.loads(path.read_text()),
     )
 
 
@@ -516,7 +525,7 @@ def test_a_machine_with_no_device_is_taken_for_the_cpu_and_an_item_with_no_modul
     del paired.item.module  # a test item that is no Python function
     _write_calibration(tmp_path / "gates" / "calibration" / "test_gate.json", device="cpu")
     made = limits_proof(paired, prove="auto", require=False)  # type: ignore[arg-type]
-    assert made.backend == "cpu" and made.file is not None and made.prove is False
+    assert made.backend == "cpu" and made.file is not None and made.prove is True
     assert (made.known_bad, made.unprovable) == (None, "no known-bad")
 
 
@@ -530,7 +539,7 @@ def test_a_two_model_gate_is_covered_only_by_a_file_measured_against_its_referen
     assert other.known_bad == {"bits": 2, "group_size": 64}
     _write_calibration(path, ref="ref1")
     same = limits_proof(paired, prove="auto", require=False)  # type: ignore[arg-type]
-    assert (same.file, same.prove, same.shown_file) == (path, False, "gates/calibration/test_gate.json")
+    assert (same.file, same.prove, same.shown_file) == (path, True, "gates/calibration/test_gate.json")
     # no reference arm to compare: the file covers as any other does
     no_ref = _arms(tmp_path, described=EMBEDDED, lever=WEIGHTS_LEVER)
     _write_calibration(path, ref="ref0")
