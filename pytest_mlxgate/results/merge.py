@@ -25,6 +25,7 @@ from .runs import RunFacts, Shard, report_contents, run_facts
 from .score import SCORE_NODEID
 from .tasks import TASK_NAMES
 from .verdicts import RECORD_VERDICTS, bounds_verdict, verdict_rank
+from .wire import LIMIT_SOURCES
 
 __all__ = [
     "MergeError",
@@ -192,7 +193,7 @@ def _problems(reports: Sequence[Report]) -> list[str]:
                     f"{where}: {record.nodeid} has verdict {record.verdict!r}, not one mlxgate writes "
                     f"({', '.join(RECORD_VERDICTS)}): no pass"
                 )
-            contradiction = pass_contradicted(record)
+            contradiction = pass_contradicted(record, require_proof=_setting(report.run.config, "gate.require_proof"))
             if contradiction is not None:
                 out.append(f"{where}: {record.nodeid} reads pass, but {contradiction}: no pass")
     return out
@@ -202,9 +203,11 @@ def _problems(reports: Sequence[Report]) -> list[str]:
 _CHECKED_MODES = frozenset({"gate", "capability", "speed"})
 
 
-def pass_contradicted(record: Record) -> str | None:
-    """Why a record's pass is not what its own checks show, derived again from their numbers; None when they
-    show it (or the record is no pass). A shard's verdict is its word; its checks are the evidence."""
+def pass_contradicted(record: Record, *, require_proof: object = False) -> str | None:
+    """Why a record's pass is not what its own checks and its `limits_from` show, derived again from them; None
+    when they show it (or the record is no pass). A shard's verdict is its word; its checks are the evidence,
+    and so is where its limits come from: refuted limits never pass, nor unproven ones in a run that required
+    proof (`--mlx-require-proof`, as its settings say)."""
     if record.verdict != "pass":
         return None
     if record.mode in _CHECKED_MODES and not record.checks:
@@ -213,6 +216,25 @@ def pass_contradicted(record: Record) -> str | None:
         why = _check_contradicted(check)
         if why is not None:
             return f"its check {check.label} {why}"
+    return _limits_contradicted(record, require_proof is True)
+
+
+def _limits_contradicted(record: Record, require_proof: bool) -> str | None:
+    """Why a KL gate's `limits_from` denies its pass (None: it does not)."""
+    limits = record.limits_from
+    if record.mode != "gate":
+        return None  # capability and speed limits are not proven by a known-bad (`authoring.proof`)
+    if limits is None:
+        return "it says nowhere where its limits come from, and the run required proof" if require_proof else None
+    if limits.status not in LIMIT_SOURCES:
+        return f"its limits_from status {limits.status!r} is not one mlxgate writes ({', '.join(LIMIT_SOURCES)})"
+    if limits.status == "refuted":
+        return f"its limits are refuted ({limits.words})"
+    bad = limits.known_bad_verdict
+    if limits.status == "proven" and bad != "fail":
+        return f"its limits read proven, but its known-bad's verdict against them is {bad or 'not given'}"
+    if limits.status == "unproven" and require_proof:
+        return f"its limits are unproven ({limits.words}) and the run required proof (--mlx-require-proof)"
     return None
 
 

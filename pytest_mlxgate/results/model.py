@@ -126,6 +126,11 @@ class LimitsFrom:
         return text(self.known_bad_value)
 
     @property
+    def known_bad_verdict(self) -> str | None:
+        """The known-bad's verdict against these limits (a proof's: "fail" is what proves them)."""
+        return text(self.known_bad_more.get("verdict")) or None
+
+    @property
     def shown(self) -> bool:
         """The limits were shown to catch a broken variant on this model and backend."""
         return self.status in ("calibrated", "proven")

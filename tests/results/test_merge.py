@@ -304,6 +304,44 @@ def test_a_pass_its_own_checks_contradict_fails_the_merge(
     assert "a.py::x reads pass, but" in err and said in err, err
 
 
+def limits(status: str, **more: Any) -> dict[str, Any]:
+    return {"limits_from": {"status": status, "model": "smollm2-135m", "backend": "cpu", **more}}
+
+
+PROVEN = limits("proven", known_bad={"value": "m:bad", "verdict": "fail", "figures": ["mean KL > 1e-3"]})
+
+
+@pytest.mark.parametrize(
+    ("edit", "require", "said"),
+    [
+        (limits("refuted", why="known-bad m:bad passes them"), False, "its limits are refuted (limits do not catch"),
+        (limits("unproven", why="no known-bad"), True, "its limits are unproven (limits unproven on smollm2-135m"),
+        ({}, True, "it says nowhere where its limits come from, and the run required proof"),
+        (limits("proven", known_bad={"value": "m:bad", "verdict": "pass"}), False, "known-bad's verdict against"),
+        (limits("proven"), False, "its known-bad's verdict against them is not given"),
+        (limits("shown"), False, "limits_from status 'shown' is not one mlxgate writes"),
+    ],
+)
+def test_a_pass_its_own_limits_from_denies_fails_the_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, Any], require: bool, said: str
+) -> None:
+    """Issue 55: merge derives `limits_from` again as it does the checks: refuted limits never pass, nor
+    unproven ones in shards run with --mlx-require-proof (their settings say so)."""
+    run = run_info("1" * 32, gate={"shard": None, "inconclusive": "fail", "require_proof": require})
+    for honest in (PROVEN, limits("calibrated", file="calibration/a.json"), limits("unproven") if not require else {}):
+        if honest:
+            good = write(tmp_path / "good.json", run, [record("a.py::x", **honest)])
+            assert main(["merge", str(good)]) == 0, honest
+    capsys.readouterr()
+    forged = write(tmp_path / "forged.json", run, [record("a.py::x", **edit), record("b.py::y", **edit)])
+    assert main(["merge", str(forged)]) == 1
+    err = capsys.readouterr().err
+    assert "a.py::x reads pass, but" in err and "b.py::y reads pass, but" in err and said in err, err
+    # a capability or speed record's limits are not proven by a known-bad: its status is no contradiction
+    other = write(tmp_path / "cap.json", run, [record("c.py::z", mode="speed", **limits("unproven"))])
+    assert main(["merge", str(other)]) == 0
+
+
 @pytest.mark.parametrize(
     ("where", "value"),
     [
