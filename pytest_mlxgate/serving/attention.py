@@ -19,10 +19,27 @@ from mlx_lm.models import base
 
 from ..errors import LeverError
 
-__all__ = ["packed_width", "read_widths_in_attention", "width_reading_attention"]
+__all__ = ["is_mlx_lms_own", "packed_width", "read_widths_in_attention", "width_reading_attention"]
 
-#: mlx_lm's own quantized attention, as imported (one width for keys and values).
-_ONE_WIDTH: Any = base.quantized_scaled_dot_product_attention
+#: The name of mlx_lm's own quantized attention (one width for keys and values) in `mlx_lm.models.base`.
+_NAME = "quantized_scaled_dot_product_attention"
+
+
+def is_mlx_lms_own(function: object) -> bool:
+    """`function` is mlx_lm's own quantized attention: the function defined under that name in
+    `mlx_lm.models.base`'s own source file, not whatever that name was bound to when this module was
+    imported (a conftest's kernel installed before then would otherwise pass for mlx_lm's)."""
+    code = getattr(function, "__code__", None)
+    return (
+        code is not None
+        and getattr(function, "__module__", None) == base.__name__
+        and getattr(function, "__qualname__", None) == _NAME
+        and code.co_filename == base.__file__
+    )
+
+
+#: mlx_lm's own quantized attention, where it is bound at import (else found when first replaced).
+_ONE_WIDTH: Any = getattr(base, _NAME) if is_mlx_lms_own(getattr(base, _NAME)) else None
 
 
 def packed_width(parts: tuple[Any, Any, Any], group_size: int) -> int:
@@ -80,14 +97,20 @@ def _masked(scores: Any, mask: Any, *, grouped: bool) -> Any:
 
 def read_widths_in_attention() -> None:
     """Put `width_reading_attention` in mlx_lm's place (once; a no-op after). Called by each cache that
-    stores keys and values at different widths, before any attention can read it. LeverError where
-    something else (a lever's own kernel) holds the place: it would read both at one width."""
+        stores keys and values at different widths, before any attention can read it. LeverError where
+        something else (a lever's own kernel) holds the place, however early it was put there (`is_mlx_lms_own`):
+    it would read both at one width, or be displaced by this one unseen."""
+    global _ONE_WIDTH
     now = base.quantized_scaled_dot_product_attention
-    if now is _ONE_WIDTH:
-        base.quantized_scaled_dot_product_attention = width_reading_attention
-    elif now is not width_reading_attention:
+    if now is width_reading_attention:
+        return
+    if not is_mlx_lms_own(now):
+        where = f"{getattr(now, '__module__', '?')}.{getattr(now, '__qualname__', now)}"
         raise LeverError(
-            f"mlx_lm.models.base.quantized_scaled_dot_product_attention is {getattr(now, '__qualname__', now)!r}, "
-            "not mlx_lm's: a KV plan with keys and values at different widths (k_bits != v_bits) needs "
-            "mlxgate's width-reading attention there; run that lever with a plan of one width per layer"
+            f"mlx_lm.models.base.quantized_scaled_dot_product_attention is {where!r}, not mlx_lm's own: a KV "
+            "plan with keys and values at different widths (k_bits != v_bits) needs mlxgate's width-reading "
+            "attention there, which would displace that kernel unseen. Run that lever with a plan of one width "
+            "per layer, or gate that kernel in a run of its own"
         )
+    _ONE_WIDTH = now
+    base.quantized_scaled_dot_product_attention = width_reading_attention
