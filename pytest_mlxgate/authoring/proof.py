@@ -20,25 +20,18 @@ their records say whether a calibration covers them and what kind of limit they 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..common.format import figure
-from ..common.keys import canonical_json, key_digest
-from ..errors import MlxgateError, NonFiniteLogitsError
 from ..kl.assertions import kl_checks
-from ..kl.measure import chunked_floor, reference_key
-from ..kl.oracle import RELATIVE, OracleDistances, inside_precision, relative_check
-from ..kl.site import SITE, SITE_FLOAT32, SiteCheck
-from ..levers.lever import Lever
+from ..kl.oracle import RELATIVE, inside_precision
 from ..models.device import backend_of
 from ..results.verdicts import ERROR, overall_verdict
 from ..results.wire import Check, LimitsFrom
 from ..session.paired import Paired
-from ..session.phases import PhaseClock
 from ..verdicts.calibration import FLOOR_FACTOR
 from ..verdicts.conclude import Conclusion
 from .calibration_file import KL_KEYS, calibration_path, read_calibration
@@ -52,9 +45,7 @@ from .coverage import (
     model_of,
     not_this_modules,
 )
-from .known_bad import is_whole_lever, known_bad_lever, known_bad_paired, known_bad_shown
-from .precision_floor import precision_floor
-from .serving_code import serving_code
+from .proof_measure import PROOF_FORMAT, Proof, cached_or_measured, named
 
 __all__ = [
     "PROOF_FORMAT",
@@ -67,55 +58,11 @@ __all__ = [
     "limits_proof",
 ]
 
-#: Bump when what a cached proof holds changes meaning: an older entry is then a miss.
-PROOF_FORMAT = 2
 #: What a record's note says of each kind of limit: whether it means the same on every model.
 NOTES = {
     "capability": "a drop margin in points: the same on every model",
     "speed": "a speed or memory goal: sized on the model and machine it was calibrated on",
 }
-
-
-@dataclass(frozen=True)
-class Proof:
-    """What a proof run measured on the judged model: its A/A floor and its known-bad's KL statistics."""
-
-    floors: Mapping[str, float]
-    known_bad: object | None = None  # the module's KNOWN_BAD (None: none declared)
-    known_bad_stats: Mapping[str, Any] | None = None  # KLStats.to_json() of the known-bad arm
-    non_finite: str | None = None  # the known-bad gave NaN or inf logits: caught whatever the limits
-    error: str | None = None  # the known-bad could not be measured
-    source: str = "measured"  # or "cache"
-    # the plain path's own distance from the float32 oracle (point values, a low-precision run only)
-    precision: Mapping[str, float] | None = None
-    known_bad_oracle: Mapping[str, Any] | None = None  # its OracleDistances.state(), where the gate asks relative=
-    known_bad_site: Mapping[str, Any] | None = None  # its SiteCheck.state(), where its lever has a site
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "floors": dict(self.floors),
-            "known_bad_stats": dict(self.known_bad_stats) if self.known_bad_stats is not None else None,
-            "non_finite": self.non_finite,
-            "precision": dict(self.precision) if self.precision is not None else None,
-            "known_bad_oracle": dict(self.known_bad_oracle) if self.known_bad_oracle is not None else None,
-            "known_bad_site": dict(self.known_bad_site) if self.known_bad_site is not None else None,
-        }
-
-    def oracle_checks(self, checks: Sequence[Check]) -> list[Check]:
-        """The known-bad's checks of the gate's oracle rules (`relative=`: the model's, and the site's two),
-        each at the limit (and ratio) the gate's own check used; none where the proof holds no such measurement."""
-        distances = OracleDistances.from_state(self.known_bad_oracle) if self.known_bad_oracle is not None else None
-        site = SiteCheck.from_state(self.known_bad_site) if self.known_bad_site is not None else None
-        out: list[Check | None] = []
-        for made in checks:
-            ratio = float((made.get("oracle") or {}).get("relative") or 0.0)
-            if made["key"] == RELATIVE and distances is not None and ratio:
-                out.append(relative_check(distances, ratio, made["limit"]))
-            elif made["key"] == SITE and site is not None and ratio:
-                out.append(site.check(ratio, made["limit"]))
-            elif made["key"] == SITE_FLOAT32 and site is not None:  # its tolerance is its limit: no ratio
-                out.append(site.check_float32(made["limit"]))
-        return [c for c in out if c is not None]
 
 
 @dataclass
@@ -186,11 +133,10 @@ class LimitsProof:
         if self.unprovable is not None:
             entry |= {"status": "unproven", "why": self.unprovable}
             return self._required(replace(conclusion, checks=checks, verdict=verdict), entry)
+        bad = named(self.paired, self.known_bad)
         if proof.error is not None:
-            entry |= {"status": "unproven", "why": f"the known-bad could not be measured: {proof.error}"}
-            message = f"{entry['why']}\n  {self._calibrate_hint()}"
-            return _with(replace(conclusion, checks=checks, verdict=ERROR), entry, error=message)
-        bad = _named(self.paired, self.known_bad)
+            entry |= {"status": "unproven", "why": f"known-bad {bad} could not be measured: {proof.error}"}
+            return _with(replace(conclusion, checks=checks, verdict=ERROR), entry, error=self._unmeasured(bad, proof))
         if proof.non_finite is not None:
             entry |= {"status": "proven", "known_bad": {"value": bad, "verdict": "fail", "figures": ["non-finite"]}}
             return _with(replace(conclusion, checks=checks, verdict=verdict), entry)
@@ -246,7 +192,7 @@ class LimitsProof:
     def proof(self) -> Proof:
         """The A/A floor and the known-bad's drift on this model (once per module; cached beside the reference)."""
         if self._proof is None:
-            self._proof = _cached_or_measured(self.paired, self.known_bad if self.unprovable is None else None)
+            self._proof = cached_or_measured(self.paired, self.known_bad if self.unprovable is None else None)
         return self._proof
 
     def _base(self, conclusion: Conclusion) -> LimitsFrom:
@@ -287,6 +233,17 @@ class LimitsProof:
             lines.append(f"  ({', '.join(noisy)}: inside {self.model}'s noise floor as well)")
         lines.append(f"  re-run: {self.paired.rerun}")
         return "\n".join(lines)
+
+    def _unmeasured(self, bad: str, proof: Proof) -> str:
+        return "\n".join(
+            [
+                f"the limits proof on {self.where} could not measure KNOWN_BAD = {bad}: {proof.error}",
+                f"  {self.paired.nodeid}: the proof runs the module's known-bad variant to show its limits fail it "
+                "here; a known-bad must run and make the model worse (a kernel with a bug), not stop",
+                f"  fix KNOWN_BAD (or the kernel it names), or {self._calibrate_hint()}",
+                f"  re-run: {self.paired.rerun}",
+            ]
+        )
 
     def _calibrate_hint(self) -> str:
         own = (
@@ -375,163 +332,3 @@ def _figure(check: Check) -> str:
         if at_most
         else f"{name} 95% upper bound {upper} < limit {limit}"
     )
-
-
-def _named(paired: Paired, bad: object) -> str:
-    """`_shown`, a whole lever by what it switches (as built on this module, when it can be)."""
-    try:
-        lever = known_bad_lever(paired, bad) if is_whole_lever(bad) else None
-    except MlxgateError:
-        lever = None
-    return _shown(bad, lever)
-
-
-def _shown(bad: object, lever: Lever | None = None) -> str:
-    """The known-bad as a verdict line names it: a whole lever as the calibration file does, a value as JSON."""
-    if is_whole_lever(bad):
-        return known_bad_shown(bad, lever)
-    try:
-        return json.dumps(bad, sort_keys=True)
-    except TypeError:
-        return repr(bad)
-
-
-# -- measuring, and the cache beside the reference --------------------------------------------------
-
-
-def _key(paired: Paired, known_bad: object | None) -> dict[str, Any]:
-    """What a proof depends on: everything the reference arm does (model commit, machine, sequences,
-    sizes, the reference lever), the known-bad as declared, and the serving code."""
-    run = paired.run
-    return {
-        "proof": PROOF_FORMAT,
-        "reference": reference_key(
-            model=run.reference_model(),
-            lever=run.lever,
-            shape=run.shape,
-            sequences_digest=run.sequences_digest,
-            machine=run.machine,
-        ),
-        "candidate": run.candidate.describe()["commit"],
-        "known_bad": _known_bad_key(paired, known_bad),
-        "serving_code": serving_code()["digest"],
-    }
-
-
-def _known_bad_key(paired: Paired, known_bad: object | None) -> object:
-    """Both arms of the known-bad's lever as a cache key names them (a callable by its source's digest, so
-    an edited known-bad kernel is measured again); one that cannot be built is never stored (it errors)."""
-    if known_bad is None:
-        return None
-    try:
-        lever = known_bad_lever(paired, known_bad)
-    except MlxgateError:
-        return _shown(known_bad)
-    return {"reference": lever.key("reference"), "candidate": lever.key("candidate")}
-
-
-def _cached_or_measured(paired: Paired, known_bad: object | None) -> Proof:
-    """The proof from the cache beside the reference, else measured (under the entry's lock, so two xdist
-    workers whose modules share it measure it once) and stored."""
-    run = paired.run
-    if run.cache is None:
-        found = _measure(paired, known_bad)
-    else:
-        key = _key(paired, known_bad)
-        hit = _load(run.cache, key)
-        if hit is None:
-            with run.cache.computing(key_digest(key)):
-                hit = _load(run.cache, key)  # another worker may have stored it while this one waited
-                if hit is None:
-                    found = _measure(paired, known_bad)
-                    if found.error is None:
-                        _store(run.cache, key, found)
-        if hit is not None:
-            run.say(f"limits proof: from the reference cache ({_proof_line(hit)})")
-            return replace(hit, known_bad=known_bad, source="cache")
-    run.say(f"limits proof: {_proof_line(found)}")
-    return found
-
-
-def _measure(paired: Paired, known_bad: object | None) -> Proof:
-    """The A/A arm (the reference against itself, another prefill chunk) and the known-bad arm."""
-    run = paired.run
-    run.say("limits proof: no calibration covers this model here; the A/A floor first")
-    with run.phases.timing("proof"):
-        _, floors = chunked_floor(
-            reference=run.reference_model(),
-            lever=run.lever,
-            shape=run.shape,
-            sequences=run.sequences,
-            sequences_digest=run.sequences_digest,
-            machine=run.machine,
-            cache=run.cache,
-            counters=type(run.counters)(),
-            say=run.say,
-            watch=run.watch,
-        )
-        precision = precision_floor(run)
-        if known_bad is None:
-            return Proof(floors=floors, precision=precision)
-        run.say(f"limits proof: the known-bad variant KNOWN_BAD = {_named(paired, known_bad)}")
-        try:
-            bad = known_bad_paired(paired, known_bad)
-            bad.run.phases = PhaseClock()  # its arms are this proof's time, charged once, here
-            measured = bad.kl()
-        except NonFiniteLogitsError as e:
-            return Proof(floors=floors, known_bad=known_bad, non_finite=str(e), precision=precision)
-        except MlxgateError as e:
-            return Proof(floors=floors, known_bad=known_bad, error=str(e), precision=precision)
-    return Proof(
-        floors=floors,
-        known_bad=known_bad,
-        known_bad_stats=measured.stats.to_json(),
-        precision=precision,
-        known_bad_oracle=measured.oracle.state() if measured.oracle is not None else None,
-        known_bad_site=measured.site.state() if measured.site is not None else None,
-    )
-
-
-def _proof_line(proof: Proof) -> str:
-    mean = proof.floors.get("mean")
-    text = f"A/A mean KL floor {figure(mean)}"
-    if proof.known_bad_stats is not None:
-        text += f"; known-bad mean KL {figure(proof.known_bad_stats.get('mean'))}"
-    elif proof.non_finite is not None:
-        text += "; known-bad gives non-finite logits"
-    return text
-
-
-def _path(cache: Any, key: Mapping[str, Any]) -> Path:
-    return Path(cache.directory) / "proof" / f"{key_digest(key)}.json"
-
-
-def _load(cache: Any, key: Mapping[str, Any]) -> Proof | None:
-    def decode(payload: bytes) -> Proof | None:
-        entry = json.loads(payload)
-        if entry.get("key") != json.loads(canonical_json(key)):
-            return None
-        data = entry["data"]
-        for part, state in ((OracleDistances, data.get("known_bad_oracle")), (SiteCheck, data.get("known_bad_site"))):
-            if state is not None:
-                part.from_state(state)  # ValueError: a damaged entry, measured again
-        precision = data.get("precision")
-        return Proof(
-            floors={str(k): float(v) for k, v in data["floors"].items()},
-            known_bad_stats=data.get("known_bad_stats"),
-            non_finite=data.get("non_finite"),
-            precision={str(k): float(v) for k, v in precision.items()} if precision is not None else None,
-            known_bad_oracle=data.get("known_bad_oracle"),
-            known_bad_site=data.get("known_bad_site"),
-        )
-
-    loaded: Proof | None = cache.files.load(_path(cache, key), decode)
-    return loaded
-
-
-def _store(cache: Any, key: Mapping[str, Any], proof: Proof) -> None:
-    payload = json.dumps({"key": json.loads(canonical_json(key)), "data": proof.to_json()}, allow_nan=False)
-    try:
-        cache.files.write(_path(cache, key), payload.encode())
-    except (OSError, ValueError):
-        pass  # a by-product: the next run measures it again

@@ -596,6 +596,52 @@ def test_in_process_a_copied_or_outgrown_calibration_file_lends_no_pass(
     assert entry["stale_file"].startswith("the known-bad it measured is not shown to fail these limits (pass: mean [")
 
 
+CRASHING = '''
+def rms_norm(x, weight, eps):
+    """A known-bad kernel that cannot run here."""
+    raise RuntimeError("no kernel built for this shape")
+'''
+
+
+def test_in_process_a_forged_proof_entry_is_measured_again_and_a_crashing_known_bad_is_an_error(
+    gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 55: a proof entry whose seal is valid but whose statistics are empty (or contradict themselves)
+    is not believed: it is measured again, never a KeyError; a KNOWN_BAD kernel that raises is an error
+    record naming KNOWN_BAD, the proof and the fix, with its limits_from, never a traceback."""
+    from pytest_mlxgate.common.refstore import seal, unseal
+
+    report = tmp_path / "r.json"
+    gates.makepyfile(test_gate=GATE.format(limits="mean=1e9"))
+    _inprocess(gates, tiny_model_dir, tmp_path, report).assert_outcomes(failed=1)  # refuted: the proof stored
+    (entry,) = (tmp_path / "refcache" / "proof").glob("*.json")
+    stored = json.loads(unseal(entry.read_bytes()))
+    stored["data"]["known_bad_stats"] = {}  # empty statistics under a valid seal
+    entry.write_bytes(seal(json.dumps(stored).encode()))
+    again = _inprocess(gates, tiny_model_dir, tmp_path, report)
+    again.assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert record["limits_from"]["status"] == "refuted" and record["phases"]["proof"] > 0  # measured again
+    said = " ".join((again.stdout.str() + again.stderr.str()).split())
+    assert "is damaged (ValueError: not a proof this code can trust (known_bad_stats do not read back" in said
+
+    gates.makepyfile(
+        crashing=CRASHING,
+        test_gate=GATE.format(limits="mean=1e9").replace("kernels:broken_rms_norm", "crashing:rms_norm"),
+    )
+    crashed = _inprocess(gates, tiny_model_dir, tmp_path, report)
+    crashed.assert_outcomes(failed=1)
+    (record,) = json.loads(report.read_text())["gates"]
+    assert record["verdict"] == "error" and record["error"]["type"] == "LimitsNotShown"
+    assert record["limits_from"]["status"] == "unproven"
+    assert record["limits_from"]["why"] == (
+        'known-bad "crashing:rms_norm" could not be measured: it raised RuntimeError: no kernel built for this shape'
+    )
+    message = record["error"]["message"]
+    assert 'could not measure KNOWN_BAD = "crashing:rms_norm"' in message and "fix KNOWN_BAD" in message
+    assert "Traceback" not in crashed.stdout.str()
+
+
 def test_in_process_a_known_bad_with_non_finite_logits_proves_the_limits_and_keeps_the_model(
     gates: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -672,7 +718,7 @@ def test_in_process_a_two_model_gate_is_unprovable_until_calibrated_against_its_
 def test_a_known_bad_is_named_as_json_or_as_the_whole_lever_it_is() -> None:
     """A verdict's `limits_from.known_bad.value`: a value as JSON (the form the calibration file keeps), a
     whole lever by what it switches, once built; before, by its name."""
-    from pytest_mlxgate.authoring.proof import _shown
+    from pytest_mlxgate.authoring.proof_measure import _shown
     from pytest_mlxgate.levers.lever import Lever
 
     assert _shown({"bits": 4, "group_size": 64}) == '{"bits": 4, "group_size": 64}'
@@ -713,7 +759,7 @@ def test_in_process_a_known_bad_that_cannot_be_measured_is_an_error_saying_so(
     (record,) = json.loads(report.read_text())["gates"]
     assert record["verdict"] == "error" and record["error"]["type"] == "LimitsNotShown"
     assert record["limits_from"]["status"] == "unproven"
-    assert record["limits_from"]["why"].startswith("the known-bad could not be measured: ")
+    assert record["limits_from"]["why"].startswith('known-bad {"bits": 2, "group_size": 64, "start": 100000} could not')
     assert "the lever changes nothing the gate measures" in record["limits_from"]["why"]
     assert "--mlx-calibrate" in record["error"]["message"]
     gates.makepyfile(

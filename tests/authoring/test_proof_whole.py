@@ -15,14 +15,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from report_records import synthetic_scores
 
 from pytest_mlxgate.authoring import proof as proof_module
+from pytest_mlxgate.authoring import proof_measure
 from pytest_mlxgate.authoring.calibration_file import GateSource
 from pytest_mlxgate.authoring.proof import NOTES, PROOF_FORMAT, LimitsProof, Proof, limits_proof
+from pytest_mlxgate.common.format import figure
 from pytest_mlxgate.common.keys import canonical_json, key_digest
 from pytest_mlxgate.kl.assertions import kl_checks
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.results.wire import Check
+from pytest_mlxgate.stats.kl_stats import summarize
 from pytest_mlxgate.verdicts.conclude import Conclusion
 
 MODEL, BACKEND = "e4b", "metal"
@@ -204,11 +208,16 @@ def test_a_limit_inside_the_floor_reads_inconclusive_and_an_unprovable_gate_keep
 
 
 def test_a_known_bad_that_cannot_be_measured_makes_the_gate_an_error_saying_why() -> None:
-    vouched = _limits(error="boom").vouch(_gate((1e-4, 2e-4)))
-    why = "the known-bad could not be measured: boom"
+    vouched = _limits(error="it raised RuntimeError: boom").vouch(_gate((1e-4, 2e-4)))
+    why = 'known-bad "kernels:broken" could not be measured: it raised RuntimeError: boom'
     assert vouched.fields["limits_from"] == _base(floors={"mean": 1e-8}, why=why)
     assert vouched.verdict == "error" and [c["verdict"] for c in vouched.checks] == ["pass"]
-    assert vouched.fields["error"] == {"type": "LimitsNotShown", "phase": "call", "message": f"{why}\n  {HINT}"}
+    message = vouched.fields["error"]["message"]
+    assert vouched.fields["error"]["type"] == "LimitsNotShown" and message.splitlines()[0] == (
+        f'the limits proof on {MODEL} ({BACKEND}) could not measure KNOWN_BAD = "kernels:broken": it raised '
+        "RuntimeError: boom"
+    )
+    assert f"fix KNOWN_BAD (or the kernel it names), or {HINT}" in message and "re-run: " in message
 
 
 def test_a_known_bad_with_non_finite_logits_proves_the_limits() -> None:
@@ -303,7 +312,7 @@ def test_the_proof_is_measured_once_and_without_a_known_bad_when_unprovable(monk
         asked.append(known_bad)
         return Proof(floors={"mean": 1.0})
 
-    monkeypatch.setattr(proof_module, "_cached_or_measured", measured)
+    monkeypatch.setattr(proof_module, "cached_or_measured", measured)
     proof = _limits()
     proof._proof = None
     first = proof.proof()
@@ -383,15 +392,15 @@ def _lever_paired(lever: Lever, folder: Path | None = None) -> _Paired:
 def test_a_known_bad_is_named_as_json_a_repr_or_the_whole_lever_it_switches() -> None:
     context = Lever("fused", "context", "pytest_mlxgate.reference_ops:fast_ops", "plain", "fused", "serving")
     paired = _lever_paired(context)
-    assert proof_module._named(paired, "m:broken") == '"m:broken"'  # type: ignore[arg-type]
-    assert proof_module._named(paired, {"z": 1, "a": [2]}) == '{"a": [2], "z": 1}'  # type: ignore[arg-type]
-    assert proof_module._named(paired, {1, 2}) == "{1, 2}"  # type: ignore[arg-type]
-    assert proof_module._named(paired, ROPE) == (  # type: ignore[arg-type]
+    assert proof_measure.named(paired, "m:broken") == '"m:broken"'  # type: ignore[arg-type]
+    assert proof_measure.named(paired, {"z": 1, "a": [2]}) == '{"a": [2], "z": 1}'  # type: ignore[arg-type]
+    assert proof_measure.named(paired, {1, 2}) == "{1, 2}"  # type: ignore[arg-type]
+    assert proof_measure.named(paired, ROPE) == (  # type: ignore[arg-type]
         "mlx_lever 'rope' (patch mlx.core.fast.rope: original → m:broken, path=serving)"
     )
     # a whole lever that cannot be built on this module (another path): by its name, before it is parsed
     prefill = Lever("fused", "context", "pytest_mlxgate.reference_ops:fast_ops", "plain", "fused", "prefill")
-    assert proof_module._named(_lever_paired(prefill), ROPE) == "pytest.mark.mlx_lever('rope', ...)"  # type: ignore[arg-type]
+    assert proof_measure.named(_lever_paired(prefill), ROPE) == "pytest.mark.mlx_lever('rope', ...)"  # type: ignore[arg-type]
 
 
 # -- which file covers, and the LimitsProof a module gets -------------------------------------------
@@ -592,8 +601,8 @@ def _keyed_run(lever: Lever = ENV_LEVER, cache: object = None) -> Any:
 
 @pytest.fixture
 def keyed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(proof_module, "reference_key", lambda **kw: {"reference_key": kw})
-    monkeypatch.setattr(proof_module, "serving_code", lambda: {"digest": "serving", "files": {}})
+    monkeypatch.setattr(proof_measure, "reference_key", lambda **kw: {"reference_key": kw})
+    monkeypatch.setattr(proof_measure, "serving_code", lambda: {"digest": "serving", "files": {}})
 
 
 @pytest.mark.usefixtures("keyed")
@@ -609,7 +618,7 @@ def test_a_proof_s_key_holds_the_reference_arm_the_candidate_commit_the_known_ba
             "machine": {"device": "cpu"},
         }
     }
-    assert proof_module._key(paired, None) == {  # type: ignore[arg-type]
+    assert proof_measure._key(paired, None) == {  # type: ignore[arg-type]
         "proof": PROOF_FORMAT,
         "reference": reference,
         "candidate": "cand-commit",
@@ -617,7 +626,7 @@ def test_a_proof_s_key_holds_the_reference_arm_the_candidate_commit_the_known_ba
         "serving_code": "serving",
     }
     bad = Lever("flag", "env", "MLXGATE_FLAG", "0", "7")
-    assert proof_module._key(paired, "7")["known_bad"] == {  # type: ignore[arg-type]
+    assert proof_measure._key(paired, "7")["known_bad"] == {  # type: ignore[arg-type]
         "reference": bad.key("reference"),
         "candidate": bad.key("candidate"),
     }
@@ -668,19 +677,24 @@ def _measuring(monkeypatch: pytest.MonkeyPatch, found: Proof) -> list[object]:
         asked.append(known_bad)
         return found
 
-    monkeypatch.setattr(proof_module, "_measure", measure)
+    monkeypatch.setattr(proof_measure, "_measure", measure)
     return asked
 
 
-FOUND = Proof(floors={"mean": 2e-8, "p99": 1e-7}, known_bad=None, known_bad_stats={"mean": 0.25})
+#: A known-bad's statistics as `summarize` makes them (a proof entry read back is checked as such).
+BAD_STATS = summarize(synthetic_scores(4, 16, scale=0.25)).to_json()
+BAD_MEAN = figure(BAD_STATS["mean"])
+FOUND = Proof(floors={"mean": 2e-8, "p99": 1e-7}, known_bad=None, known_bad_stats=BAD_STATS)
 
 
 @pytest.mark.usefixtures("keyed")
 def test_with_no_cache_the_proof_is_measured_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _measuring(monkeypatch, FOUND)
     paired = _cached_paired(None)
-    assert proof_module._cached_or_measured(paired, "1") is FOUND  # type: ignore[arg-type]
-    assert asked == ["1"] and paired.run.said == ["limits proof: A/A mean KL floor 2e-08; known-bad mean KL 0.25"]
+    assert proof_measure.cached_or_measured(paired, "1") is FOUND  # type: ignore[arg-type]
+    assert asked == ["1"] and paired.run.said == [
+        f"limits proof: A/A mean KL floor 2e-08; known-bad mean KL {BAD_MEAN}"
+    ]
 
 
 @pytest.mark.usefixtures("keyed")
@@ -690,8 +704,8 @@ def test_a_miss_is_measured_under_the_lock_stored_and_then_read_back(
     asked = _measuring(monkeypatch, FOUND)
     cache = _Cache(tmp_path)
     paired = _cached_paired(cache)
-    key = proof_module._key(paired, "1")  # type: ignore[arg-type]
-    assert proof_module._cached_or_measured(paired, "1") is FOUND  # type: ignore[arg-type]
+    key = proof_measure._key(paired, "1")  # type: ignore[arg-type]
+    assert proof_measure.cached_or_measured(paired, "1") is FOUND  # type: ignore[arg-type]
     assert asked == ["1"] and cache.locked == [key_digest(key)] and cache.files.loads == 2
     path = tmp_path / "proof" / f"{key_digest(key)}.json"
     assert cache.files.writes == [path]
@@ -699,23 +713,21 @@ def test_a_miss_is_measured_under_the_lock_stored_and_then_read_back(
         "key": json.loads(canonical_json(key)),
         "data": {
             "floors": {"mean": 2e-8, "p99": 1e-7},
-            "known_bad_stats": {"mean": 0.25},
+            "known_bad_stats": BAD_STATS,
             "non_finite": None,
             "precision": None,
             "known_bad_oracle": None,
             "known_bad_site": None,
         },
     }
-    assert paired.run.said == ["limits proof: A/A mean KL floor 2e-08; known-bad mean KL 0.25"]
+    assert paired.run.said == [f"limits proof: A/A mean KL floor 2e-08; known-bad mean KL {BAD_MEAN}"]
 
     again = _cached_paired(cache)
-    hit = proof_module._cached_or_measured(again, "1")  # type: ignore[arg-type]
-    assert hit == Proof(
-        floors={"mean": 2e-8, "p99": 1e-7}, known_bad="1", known_bad_stats={"mean": 0.25}, source="cache"
-    )
+    hit = proof_measure.cached_or_measured(again, "1")  # type: ignore[arg-type]
+    assert hit == Proof(floors={"mean": 2e-8, "p99": 1e-7}, known_bad="1", known_bad_stats=BAD_STATS, source="cache")
     assert asked == ["1"] and cache.locked == [key_digest(key)]  # no lock taken for a hit
     assert again.run.said == [
-        "limits proof: from the reference cache (A/A mean KL floor 2e-08; known-bad mean KL 0.25)"
+        f"limits proof: from the reference cache (A/A mean KL floor 2e-08; known-bad mean KL {BAD_MEAN})"
     ]
 
 
@@ -725,7 +737,7 @@ def test_a_proof_whose_known_bad_errored_is_never_stored(monkeypatch: pytest.Mon
     _measuring(monkeypatch, errored)
     cache = _Cache(tmp_path)
     paired = _cached_paired(cache)
-    assert proof_module._cached_or_measured(paired, "1") is errored  # type: ignore[arg-type]
+    assert proof_measure.cached_or_measured(paired, "1") is errored  # type: ignore[arg-type]
     assert cache.files.writes == [] and paired.run.said == ["limits proof: A/A mean KL floor 1e-08"]
 
 
@@ -736,10 +748,10 @@ def test_a_proof_another_worker_stored_while_this_one_waited_is_read_not_measure
     asked = _measuring(monkeypatch, FOUND)
     cache = _Cache(tmp_path)
     paired = _cached_paired(cache)
-    key = proof_module._key(paired, None)  # type: ignore[arg-type]
+    key = proof_measure._key(paired, None)  # type: ignore[arg-type]
     stored = Proof(floors={"mean": 3e-8}, non_finite="NaN")
-    cache.on_lock = lambda: proof_module._store(cache, key, stored)
-    hit = proof_module._cached_or_measured(paired, None)  # type: ignore[arg-type]
+    cache.on_lock = lambda: proof_measure._store(cache, key, stored)
+    hit = proof_measure.cached_or_measured(paired, None)  # type: ignore[arg-type]
     assert hit == Proof(floors={"mean": 3e-8}, non_finite="NaN", source="cache")
     assert asked == [] and cache.files.loads == 2 and len(cache.files.writes) == 1
     assert paired.run.said == [
@@ -815,15 +827,15 @@ def test_limits_inside_the_floor_are_all_named_in_the_refutation() -> None:
 
 def test_a_known_bad_that_cannot_be_built_is_keyed_by_its_name() -> None:
     paired = _Paired(run=SimpleNamespace(lever=MODEL_LEVER), item=SimpleNamespace(path=Path("/g/test_g.py")))
-    assert proof_module._known_bad_key(paired, "x") == '"x"'  # type: ignore[arg-type]
+    assert proof_measure._known_bad_key(paired, "x") == '"x"'  # type: ignore[arg-type]
 
 
 def test_a_proof_with_a_figure_json_cannot_hold_is_not_stored(tmp_path: Path) -> None:
     cache = _Cache(tmp_path)
     with contextlib.suppress(ValueError):  # json.dumps(allow_nan=False) refuses it (today before the try)
-        proof_module._store(cache, {"k": 1}, Proof(floors={"mean": float("nan")}))
+        proof_measure._store(cache, {"k": 1}, Proof(floors={"mean": float("nan")}))
     assert cache.files.writes == []  # never a file with NaN in it
-    proof_module._store(cache, {"k": 1}, Proof(floors={"mean": 1.0}))
+    proof_measure._store(cache, {"k": 1}, Proof(floors={"mean": 1.0}))
     assert len(cache.files.writes) == 1
 
 
@@ -874,8 +886,8 @@ def floor_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append(kw)
         return 512, {"mean": 1e-8}
 
-    monkeypatch.setattr(proof_module, "chunked_floor", chunked_floor)
-    monkeypatch.setattr(proof_module, "precision_floor", lambda run: None)  # a float32 run: no precision floor
+    monkeypatch.setattr(proof_measure, "chunked_floor", chunked_floor)
+    monkeypatch.setattr(proof_measure, "precision_floor", lambda run: None)  # a float32 run: no precision floor
     return calls
 
 
@@ -897,14 +909,14 @@ def _bad_arm(monkeypatch: pytest.MonkeyPatch, outcome: object) -> list[Any]:
         made.append(arm)
         return arm
 
-    monkeypatch.setattr(proof_module, "known_bad_paired", known_bad_paired)
+    monkeypatch.setattr(proof_measure, "known_bad_paired", known_bad_paired)
     return made
 
 
 def test_a_proof_without_a_known_bad_measures_the_floor_alone(floor_calls: list[dict[str, Any]]) -> None:
     paired = _measured_paired()
     run = paired.run
-    assert proof_module._measure(paired, None) == Proof(floors={"mean": 1e-8})  # type: ignore[arg-type]
+    assert proof_measure._measure(paired, None) == Proof(floors={"mean": 1e-8})  # type: ignore[arg-type]
     (call,) = floor_calls
     counters = call.pop("counters")
     assert isinstance(counters, _Counters) and counters is not run.counters  # its own counters
@@ -927,7 +939,7 @@ def test_a_proof_without_a_known_bad_measures_the_floor_alone(floor_calls: list[
 def test_a_proof_measures_the_known_bad_on_its_own_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     made = _bad_arm(monkeypatch, {"mean": 0.5})
     paired = _measured_paired()
-    found = proof_module._measure(paired, {"bits": 2})  # type: ignore[arg-type]
+    found = proof_measure._measure(paired, {"bits": 2})  # type: ignore[arg-type]
     assert found == Proof(floors={"mean": 1e-8}, known_bad={"bits": 2}, known_bad_stats={"mean": 0.5})
     assert [arm.bad for arm in made] == [{"bits": 2}]
     assert type(made[0].run.phases).__name__ == "PhaseClock"
@@ -943,11 +955,11 @@ def test_a_known_bad_that_errors_is_kept_as_its_message(monkeypatch: pytest.Monk
     from pytest_mlxgate.errors import LeverError, NonFiniteLogitsError
 
     _bad_arm(monkeypatch, LeverError("no such kernel"))
-    assert proof_module._measure(_measured_paired(), bad) == Proof(  # type: ignore[arg-type]
+    assert proof_measure._measure(_measured_paired(), bad) == Proof(  # type: ignore[arg-type]
         floors={"mean": 1e-8}, known_bad=bad, error="no such kernel"
     )
     _bad_arm(monkeypatch, NonFiniteLogitsError("NaN logits at token 3"))
-    assert proof_module._measure(_measured_paired(), bad) == Proof(  # type: ignore[arg-type]
+    assert proof_measure._measure(_measured_paired(), bad) == Proof(  # type: ignore[arg-type]
         floors={"mean": 1e-8}, known_bad=bad, non_finite="NaN logits at token 3"
     )
 
@@ -957,8 +969,57 @@ def test_a_whole_lever_known_bad_is_said_as_the_module_builds_it(monkeypatch: py
     _bad_arm(monkeypatch, {"mean": 0.5})
     paired = _measured_paired()
     paired.run.lever = Lever("fused", "context", "pytest_mlxgate.reference_ops:fast_ops", "plain", "fused", "serving")
-    proof_module._measure(paired, ROPE)  # type: ignore[arg-type]
+    proof_measure._measure(paired, ROPE)  # type: ignore[arg-type]
     assert paired.run.said[-1] == (
         "limits proof: the known-bad variant KNOWN_BAD = mlx_lever 'rope' (patch mlx.core.fast.rope: original → "
         "m:broken, path=serving)"
     )
+
+
+# -- a stored proof read back: checked as a calibration file is ------------------------------------
+
+
+def _data(**edit: Any) -> dict[str, Any]:
+    return {**Proof(floors={"mean": 2e-8, "top1": 0.999}, known_bad_stats=BAD_STATS).to_json(), **edit}
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"known_bad_stats": {}}, "known_bad_stats do not read back as KL statistics (KeyError"),
+        ({"known_bad_stats": {**BAD_STATS, "mean": -0.1}}, "known_bad_stats.mean -0.1 is no figure in range"),
+        ({"known_bad_stats": {**BAD_STATS, "mean_ci": [0.5, 0.6]}}, "outside its own interval [0.5, 0.6]"),
+        ({"known_bad_stats": {**BAD_STATS, "top1": 1.5, "top1_ci": [0, 2]}}, "known_bad_stats.top1 1.5 is no figure"),
+        ({"known_bad_stats": {**BAD_STATS, "n_prompts": 0}}, "known_bad_stats.n_prompts 0 < 1"),
+        ({"floors": {"mean": "x"}}, "floors.mean 'x' is no figure in range"),
+        ({"floors": {"top1": 1.2}}, "floors.top1 1.2 is no figure in range"),
+        ({"floors": None}, "floors is NoneType, not an object"),
+        ({"precision": {"mean": -1}}, "precision.mean -1 is no figure in range"),
+        ({"non_finite": 3}, "non_finite is not text"),
+        ({"known_bad_oracle": {"x": 1}}, "known_bad_oracle does not read back"),
+        ({"known_bad_site": [1]}, "known_bad_site does not read back"),
+    ],
+)
+def test_a_stored_proof_whose_figures_are_not_what_a_proof_writes_is_named_and_not_believed(
+    edit: dict[str, Any], said: str, tmp_path: Path
+) -> None:
+    """Its seal vouches only for the bytes: what they say is checked (issue 55: empty statistics under a
+    valid seal were a KeyError at the verdict)."""
+    assert proof_measure.entry_problems(_data()) == []
+    problems = proof_measure.entry_problems(_data(**edit))
+    assert any(said in p for p in problems), problems
+    cache = _Cache(tmp_path)
+    key = {"k": 1}
+    path = proof_measure._path(cache, key)
+    cache.files.stored[path] = json.dumps({"key": key, "data": _data(**edit)}).encode()
+    with pytest.raises(ValueError, match="not a proof this code can trust"):  # the store: a miss, said once
+        proof_measure._load(cache, key)
+    cache.files.stored[path] = json.dumps({"key": key, "data": _data()}).encode()
+    assert proof_measure._load(cache, key) is not None
+
+
+def test_a_stored_proof_with_figures_not_measured_reads_back() -> None:
+    """A quantile too few tokens could not give is None in the JSON: nothing to judge, not damage."""
+    sparse = {**BAD_STATS, "p999": None, "quantile_ci": {**BAD_STATS["quantile_ci"], "p999": [None, None]}}
+    assert proof_measure.entry_problems(_data(known_bad_stats=sparse, precision=None)) == []
+    assert proof_measure.entry_problems([]) == ["data is list, not an object"]
