@@ -6,6 +6,7 @@ verification that runs the gate (`plan_verify`)."""
 from __future__ import annotations
 
 import importlib.util
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import zip_longest
@@ -55,7 +56,10 @@ def read_gate(path: Path, *, model: str | None = None, kind: Literal["kv", "weig
     spec = importlib.util.spec_from_file_location(f"_mlxgate_plan_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's module: whatever it raises is its own fault, said as such
+        raise MlxgateUsageError(_import_failure(path, e)) from None
     marks = getattr(module, "pytestmark", [])
     marks = marks if isinstance(marks, list) else [marks]
     lever_mark = next((m.mark for m in marks if getattr(m, "name", "") == "mlx_lever"), None)
@@ -141,3 +145,20 @@ def selection_sequences(tokenizer: Any, gate: GateSpec, n: int, *, reserve: int 
             f"lower --selection (default {SELECTION_SEQUENCES})"
         )
     return chosen[:n]
+
+
+def _import_failure(path: Path, e: Exception) -> str:
+    """Why the gate module did not import, where (its file and line, or the line of the gate that reached it),
+    and how to see it again: the search reads the gate's marks by importing it, as pytest would."""
+    if isinstance(e, SyntaxError):
+        where = f"{e.filename or path}, line {e.lineno}"
+        what = f"{type(e).__name__}: {e.msg}" + (f": {e.text.strip()}" if e.text and e.text.strip() else "")
+    else:
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+        where = f"{path}, line {lines[-1]}" if lines else str(path)
+        what = f"{type(e).__name__}: {e}"
+    return (
+        f"--gate {path}: the gate module does not import ({what}, at {where}); the search reads its lever and "
+        f"limits by importing it, as pytest does: fix it (`python -m pytest --collect-only {path}` shows the "
+        "same error), then run the plan again"
+    )
