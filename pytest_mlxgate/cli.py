@@ -178,7 +178,7 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="measure plans along the whole trade of bytes against drift; the answer is the cheapest that passes",
     )
-    p.add_argument("--points", metavar="N", type=int, default=8, help="plans measured along the frontier (default 8)")
+    p.add_argument("--points", metavar="N", type=int, help="with --frontier: plans measured along it (default 8)")
     p.add_argument(
         "--budget-bytes",
         metavar="B",

@@ -35,14 +35,14 @@ def main(args: argparse.Namespace) -> int:
     bits_text, groups_text, out, selection = _DEFAULTS[args.kind]
     args.out = args.out or Path(out)
     args.selection = selection if args.selection is None else args.selection
-    try:
-        bits = tuple(int(b) for b in (args.bits or bits_text).split(","))
-        groups = tuple(int(g) for g in (args.group_sizes or groups_text).split(","))
-    except ValueError:
-        return _usage("--bits and --group-sizes take comma-separated whole numbers, e.g. 4,8")
     problem = _out_problem(args.out) or _option_problem(args)
     if problem is not None:  # found now, not after a search of many minutes
         return _usage(problem)
+    try:
+        bits = _numbers("--bits", args.bits, bits_text, args.kind)
+        groups = _numbers("--group-sizes", args.group_sizes, groups_text, args.kind)
+    except MlxgateUsageError as e:
+        return _usage(str(e))
     try:
         return plan_kv(args, bits, groups) if args.kind == "kv" else plan_weights(args, bits, groups)
     except MlxgateUsageError as e:
@@ -59,6 +59,24 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
+def _numbers(flag: str, given: str | None, default: str, kind: str) -> tuple[int, ...]:
+    """A comma-separated option's whole numbers; left out, the kind's default. Given empty (`--bits ''`, an
+    unset shell variable) it is refused, never read as the default: the search would run what was not asked."""
+    if given is None:
+        given = default
+    try:
+        return tuple(int(p) for p in given.split(","))
+    except ValueError:
+        if given.strip():
+            what = f"{given}: not comma-separated whole numbers"
+        else:
+            what = f"{given!r}: empty (an empty value is not the default)"
+        raise MlxgateUsageError(
+            f"{flag} {what}; give comma-separated whole numbers, e.g. {flag} {default} (`plan {kind}`'s default), "
+            f"or leave {flag} out for the default"
+        ) from None
+
+
 def _out_problem(out: Path) -> str | None:
     why = unwritable(out)
     return f"--out {out}: {why}; give a file in a folder you can write" if why is not None else None
@@ -71,12 +89,22 @@ def _option_problem(args: argparse.Namespace) -> str | None:
             return "--apart is a KV plan's option: `plan weights` searches bits and group sizes per module"
         if args.save is not None and args.save.exists():
             return f"--save {args.save}: it exists; give a new folder (a saved model is never overwritten)"
+        if args.save is not None and args.no_verify:
+            return (
+                "--save writes the model of a plan its gate verified, and --no-verify skips the verification: "
+                "drop one (a plan written with --no-verify says so inside; quantize from it once its gate passes it)"
+            )
     elif args.save is not None or args.no_compare:
         return "--save and --no-compare are `plan weights` options"
     if args.budget_bytes is not None and not args.frontier:
         return "--budget-bytes picks a plan from the frontier: add --frontier"
-    if args.frontier and args.points < 1:
-        return f"--points {args.points}: give at least 1 plan to measure along the frontier (default 8)"
+    if args.points is not None and not args.frontier:
+        return (
+            f"--points {args.points}: --points is how many plans --frontier measures, and no --frontier was asked "
+            "for; add --frontier (with --points 1 or more), or leave --points out"
+        )
+    if args.frontier and args.points is not None and args.points < 1:
+        return f"--points {args.points}: give at least 1 plan to measure along the frontier, or leave --points out (8)"
     if args.long_tokens is not None and args.long_tokens < 0:
         return f"--long-tokens {args.long_tokens}: give the long verification's tokens, or 0 for none"
     if args.budget_bytes is not None and not args.budget_bytes > 0:
@@ -137,7 +165,7 @@ def _expected(e: Exception) -> bool:
 
 
 def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
-    from .explain.plan_frontier import frontier_page, frontier_table, search_frontier
+    from .explain.plan_frontier import DEFAULT_POINTS, frontier_page, frontier_table, search_frontier
     from .explain.plan_gate import read_gate
     from .explain.plan_kv import check_search_options, plan_summary, search_kv_plan
     from .explain.plan_verify import long_context
@@ -154,7 +182,15 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
         cache=_search_cache(args, model, tokenizer, snap),
     )
     result: Any = (
-        search_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, say=_say, **asked)
+        search_frontier(
+            model,
+            tokenizer,
+            gate,
+            points=DEFAULT_POINTS if args.points is None else args.points,
+            budget_bytes=args.budget_bytes,
+            say=_say,
+            **asked,
+        )
         if args.frontier
         else search_kv_plan(model, tokenizer, gate, say=_say, **asked)
     )
@@ -171,7 +207,7 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
 
 
 def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
-    from .explain.plan_frontier import frontier_page, frontier_table
+    from .explain.plan_frontier import DEFAULT_POINTS, frontier_page, frontier_table
     from .explain.plan_gate import read_gate
     from .explain.plan_verify import long_context
     from .explain.plan_weights import check_weight_options
@@ -189,7 +225,14 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
         bits=bits, groups=groups, selection=args.selection, long=long or None, say=_say, cache=cache
     )
     result: Any = (
-        search_weights_frontier(model, tokenizer, gate, points=args.points, budget_bytes=args.budget_bytes, **asked)
+        search_weights_frontier(
+            model,
+            tokenizer,
+            gate,
+            points=DEFAULT_POINTS if args.points is None else args.points,
+            budget_bytes=args.budget_bytes,
+            **asked,
+        )
         if args.frontier
         else search_weights_plan(model, tokenizer, gate, compare=not args.no_compare, **asked)
     )

@@ -493,10 +493,12 @@ def _spec_from_mapping(raw: Mapping[Any, Any], *, where: str, start: int = 0) ->
         )
     k_raw, v_raw = raw.get("k_bits", raw.get("bits")), raw.get("v_bits", raw.get("bits"))
     if k_raw is None or v_raw is None:
-        missing = "'bits'" if "k_bits" not in raw and "v_bits" not in raw else "'k_bits' or 'v_bits' (or 'bits')"
+        halves = (("k", "keys", k_raw), ("v", "values", v_raw))
+        half = [f"'{k}_bits' (the {w}' width)" for k, w, x in halves if x is None]
+        missing = "'bits'" if "k_bits" not in raw and "v_bits" not in raw else " and ".join(half)
         raise LeverError(
-            f"{where} lacks {missing}; give one of {list(KV_BITS)} for keys and values alike (bits), or each "
-            "its own (k_bits, v_bits); null for a plain cache"
+            f"{where} lacks {missing}; a valid spec: {{'bits': 8, 'group_size': 64}} (keys and values alike, bits one "
+            f"of {list(KV_BITS)}), or {{'k_bits': 8, 'v_bits': 4, 'group_size': 64}} (each its own); null: plain"
         )
     k_bits = _check_int(k_raw, "k_bits" if "k_bits" in raw else "bits", KV_BITS, where=where)
     v_bits = _check_int(v_raw, "v_bits" if "v_bits" in raw else "bits", KV_BITS, where=where)

@@ -59,8 +59,11 @@ def test_keys_and_values_apart_in_every_value_form(value: Any, k_bits: int, v_bi
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ({"v_bits": 4}, "lacks 'k_bits' or 'v_bits'"),
-        ({"k_bits": 8}, "lacks 'k_bits' or 'v_bits'"),
+        # the one missing, by name, and a spec that works
+        ({"v_bits": 4}, "lacks 'k_bits' (the keys' width); a valid spec: {'bits': 8, 'group_size': 64}"),
+        ({"k_bits": 8}, "lacks 'v_bits' (the values' width); a valid spec: {'bits': 8, 'group_size': 64}"),
+        ({"k_bits": 8, "v_bits": None}, "lacks 'v_bits' (the values' width)"),
+        ({"group_size": 64}, "lacks 'bits'; a valid spec"),
         ({"bits": 8, "k_bits": 8, "v_bits": 4}, "bits would go unread"),
         ({"k_bits": 8, "v_bits": 7}, "v_bits=7 is not supported"),
         ("K9V4", "k_bits=9 is not supported"),
