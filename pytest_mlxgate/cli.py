@@ -202,7 +202,12 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="verify on the gate's KL tests only, not its capability tests (HashHop: minutes); the summary says so",
     )
-    p.add_argument("--no-verify", action="store_true", help="skip running the gate on the plan (not a verdict)")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help='skip running the gate on the plan (not a verdict): the plan file says "verified": false, and so does '
+        "every lever that reads it",
+    )
 
 
 def _spec(args: argparse.Namespace) -> CandidateSpec:

@@ -3,7 +3,9 @@ gate verify it on its own prompts (`pytest_mlxgate.explain.plan_kv`, `.plan_fron
 
 --out holds a verified plan or none: the plan is written beside it (`NAME.unverified.json`), the gate
 runs on that file, and only a plan it passes is moved to --out (an interrupted or failed verification
-leaves --out as it was). The search's whole record goes to `NAME.search.json`, the words to stderr.
+leaves --out as it was). With --no-verify no gate runs, and the plan at --out says so inside
+(`"verified": false`, `common.plan_mark`), as every lever that reads it does. The search's whole record
+goes to `NAME.search.json`, the words to stderr.
 """
 
 from __future__ import annotations
@@ -265,10 +267,18 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
 def _verify(args: argparse.Namespace, gate: Any, result: Any, plan: dict[str, Any], *, found: bool, long: int) -> Path:
     """Write the plan beside --out, have the gate verify it (unless --no-verify or none was found), and
     write the search's record; the unverified file's path."""
+    from .common.plan_mark import mark_unverified
     from .explain.plan_verify import verify_plan
 
     out: Path = args.out
     unverified = out.with_name(f"{out.stem}.unverified{out.suffix or '.json'}")
+    if args.no_verify:  # the file itself says no gate ran on it, and every lever that reads it says so
+        plan = mark_unverified(
+            plan,
+            f"`mlxgate plan {args.kind} --no-verify` chose it on {result.selection} selection sequences; its gate "
+            f"{gate.path.name} never ran on it; run it before use: pytest {gate.path.name} "
+            f"--mlx-lever={gate.lever.name} --mlx-ref-value=plain --mlx-cand-value={out.name}",
+        )
     atomic_write_bytes(unverified, (json.dumps(plan, indent=1) + "\n").encode())
     if not args.no_verify and found:
         tasks = f", then {', '.join(gate.capability_tests)}" if gate.capability_tests and not args.no_capability else ""

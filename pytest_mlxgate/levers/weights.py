@@ -9,7 +9,8 @@ snapshot, so the reference's weights are never touched.
 Values: None / "float" (as loaded), a bit count (group 64), "bits=4,group_size=64", a dict, or a
 per-layer plan: a JSON file holding mlx_lm's own `quantization` block (a config.json, or the block alone,
 as `mlxgate plan weights` writes it): a default bits and group size, and an entry per module path, its
-own `{"bits": 6, "group_size": 64}` or `false` (kept as loaded).
+own `{"bits": 6, "group_size": 64}` or `false` (kept as loaded); `"verified": false` and `"verification"`
+beside them: the mark of a plan no gate verified (`--no-verify`, `common.plan_mark`), said in its description.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..common.plan_mark import MARK_KEYS, unverified_reason
 from ..errors import LeverError, LeverNotApplicableError
 from ..models.loaded import LoadedModel, load_mlx
 
@@ -51,8 +53,13 @@ class WeightsSpec:
     group_size: int = 64
     layers: tuple[tuple[str, Entry], ...] = ()
     source: str | None = None
+    unverified: str | None = None  # why the plan file says no gate verified it (`common.plan_mark`)
 
     def describe(self) -> str:
+        mark = f" [NOT verified: {self.unverified}]" if self.unverified is not None else ""
+        return self._quantization() + mark
+
+    def _quantization(self) -> str:
         if not self.layers:
             return f"{self.bits}-bit g{self.group_size} weights"
         counts: dict[str, int] = {}
@@ -67,7 +74,7 @@ class WeightsSpec:
     def stable(self) -> str:
         """What a cache key holds: the quantization, a plan by the sha256 of its entries (not its file name)."""
         if not self.layers:
-            return self.describe()
+            return self._quantization()
         return "sha256:" + hashlib.sha256(json.dumps(quantization_block(self), sort_keys=True).encode()).hexdigest()
 
     def predicate(self, path: str) -> bool | dict[str, Any]:
@@ -136,6 +143,8 @@ def _read_plan(path: Path) -> WeightsSpec:
             "writes one"
         )
     where = f"weights plan {path}"
+    unverified = unverified_reason(block, where)
+    block = {k: v for k, v in block.items() if k not in MARK_KEYS}
     default = _entry({k: v for k, v in block.items() if k in ("bits", "group_size", "mode")}, where)
     layers: list[tuple[str, Entry]] = []
     for key, entry in block.items():
@@ -147,7 +156,7 @@ def _read_plan(path: Path) -> WeightsSpec:
             layers.append((key, _entry(entry, f"{where}, {key!r}")))
         else:
             raise LeverError(f"{where}: {key!r} is {entry!r}; give {{'bits': B, 'group_size': G}} or false")
-    return WeightsSpec(default[0], default[1], tuple(sorted(layers)), str(path))
+    return WeightsSpec(default[0], default[1], tuple(sorted(layers)), str(path), unverified)
 
 
 def _entry(raw: Mapping[str, object], where: str) -> tuple[int, int]:

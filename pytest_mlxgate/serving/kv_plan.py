@@ -19,7 +19,8 @@ The kv_config.json format::
     {
       "default": {"bits": 8, "group_size": 64} | null,   # layers not named below; null = plain
       "quantized_kv_start": 0,                           # start for every spec without its own
-      "layers": {"0": {"bits": 4, "group_size": 32}, "3": null}
+      "layers": {"0": {"bits": 4, "group_size": 32}, "3": null},
+      "verified": false, "verification": "why"           # optional: `mlxgate plan --no-verify`'s mark
     }
 
 `"types"` (optional) sets a spec per attention type, for models with sliding-window and full
@@ -53,6 +54,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from ..common.plan_mark import MARK_KEYS, unverified_reason
 from ..errors import LeverError, VacuousLeverError
 
 __all__ = [
@@ -78,7 +80,7 @@ _VALUE_FORMS = (
     "a dict {'bits': 8, 'group_size': 64, 'start': 0}, or a path to a kv_config.json"
 )
 _SPEC_KEYS = frozenset({"bits", "k_bits", "v_bits", "group_size", "start"})
-_CONFIG_KEYS = frozenset({"default", "quantized_kv_start", "layers", "types"})
+_CONFIG_KEYS = frozenset({"default", "quantized_kv_start", "layers", "types"}) | MARK_KEYS
 _BITS_TEXT = re.compile(r"(?:q)?(\d+)(?:-?bits?)?", re.IGNORECASE)
 _KV_TEXT = re.compile(r"k(\d+)[/_-]?v(\d+)", re.IGNORECASE)  # K8V4, k8/v4: keys and values apart
 
@@ -164,6 +166,7 @@ class KVPlan:
     n_layers: int | None = None  # the layer count a list-form kv_config.json declares
     types: Mapping[str, KVSpec | None] = field(default_factory=lambda: MappingProxyType({}))
     fake: bool = False  # quantize -> dequantize into float caches (see `fake_quant`)
+    unverified: str | None = None  # why the file says no gate verified it (`common.plan_mark`)
 
     def for_layer(self, i: int, attention: str | None = None) -> KVSpec | None:
         """Layer `i`'s spec (its attention type, when known, for `types`); None means a plain cache."""
@@ -252,7 +255,8 @@ class KVPlan:
         if self.digest is None:
             return ("fake-quant " if self.fake else "") + _spec_label(self.default)
         name = self.source.removeprefix("fake-quant ").split(" sha256:")[0]  # fake_quant() marks the source too
-        return ("fake-quant " if self.fake else "") + f"{name} ({self._summary()})"
+        mark = f" [NOT verified: {self.unverified}]" if self.unverified is not None else ""
+        return ("fake-quant " if self.fake else "") + f"{name} ({self._summary()}){mark}"
 
     def _summary(self) -> str:
         if self.n_layers is not None:
@@ -589,4 +593,5 @@ def _load_config(path: Path, base_dir: Path | None) -> KVPlan:
         digest=digest,
         n_layers=n_layers,
         types=MappingProxyType(types),
+        unverified=unverified_reason(config, where),
     )
