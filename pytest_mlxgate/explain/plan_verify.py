@@ -120,15 +120,33 @@ def _run_gate(
     records = [r for r in _report_records(report) if r.nodeid.split("::")[-1].split("[")[0] in tests]
     verdicts = {r.nodeid: r.verdict for r in records}
     reported = {r.nodeid.split("::")[-1].split("[")[0] for r in records}
-    verified = reported == set(tests) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
+    silent = sorted(set(tests) - reported) if tests else ["(none asked)"]
+    verified = not silent and bool(records) and all(v == "pass" for v in verdicts.values()) and done.returncode == 0
     return {
         "command": " ".join(command[2:]),
         "verdicts": verdicts,
         "verified": verified,
+        "reason": None if verified else _unverdicted(silent, done.returncode, tests, verdicts),
         "checks": [c.to_json() for r in records for c in r.checks],
         "exit": done.returncode,
         "output_tail": done.stdout[-2000:] if not verified else "",
     }
+
+
+def _unverdicted(silent: Sequence[str], code: int, tests: Sequence[str], verdicts: Mapping[str, Any]) -> str | None:
+    """Why a run is no verdict on the plan beyond its own failing verdicts: an asked test that left no record
+    (none selected, skipped, ended before its assertion), or a run that failed with every record a pass."""
+    if silent:
+        why = (
+            f"pytest selected none of them (exit 5: -k {' or '.join(tests)}); a limit's assert_kl_below belongs "
+            "in the test function itself, not in a helper it calls"
+            if code == 5
+            else f"skipped, deselected, or ended before its assertion (exit {code})"
+        )
+        return f"the gate's {', '.join(silent)} left no record: {why}; a test that never judged the plan passes nothing"
+    if code != 0 and all(v == "pass" for v in verdicts.values()):
+        return f"every record passes, but the gate's run exited {code}: an error outside its KL checks (its output)"
+    return None
 
 
 def _report_records(report: Path) -> list[Record]:
@@ -164,6 +182,7 @@ def verification_lines(v: Mapping[str, Any]) -> list[str]:
             f"  NOT verified: passes the gate's KL tests{at}{also} but not its capability tests: "
             f"{tasks['verdicts'] or 'no verdict'}",
             f"    {check_figures(tasks.get('checks', []))}",
+            *_why(tasks),
         ]
     if v["verified"]:
         line = f"  VERIFIED: passes the gate on its own (held-out) prompts{at}: {v['verdicts']}"
@@ -180,13 +199,20 @@ def verification_lines(v: Mapping[str, Any]) -> list[str]:
         return [
             f"  NOT verified: does not pass the gate on its own (held-out) prompts{at}: {v['verdicts']}",
             f"    {check_figures(v.get('checks', []))}",
+            *_why(v),
         ]
     return [
         f"  NOT verified: passes the gate{at} but not at {long['tokens']} tokens: a plan for short contexts "
         "only, not returned",
         f"    at {short_tokens} tokens: {check_figures(v.get('checks', []))}",
         f"    at {long['tokens']} tokens: {check_figures(long.get('checks', []))}",
+        *_why(long),
     ]
+
+
+def _why(run: Mapping[str, Any]) -> list[str]:
+    """A run's reason it is no verdict (`_unverdicted`), as a line; none where its verdicts say it."""
+    return [f"    why: {run['reason']}"] if run.get("reason") else []
 
 
 def round_lines(rounds: Sequence[Mapping[str, Any]], selection: int) -> list[str]:

@@ -5,12 +5,14 @@ does not import, an option that would be ignored or read as its default) is refu
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,3 +205,140 @@ def test_the_mark_is_read_never_a_claim_and_changes_no_weight_a_plan_quantizes(t
             path.write_text(json.dumps(content))
             with pytest.raises(LeverError, match="never a claim that it passed"):
                 (parse_weights_value if path is plain else parse_kv_value)(path)
+
+
+# --- D1: a failed verification is no success, for every plan command ----------------------------------------
+
+
+def _results(verification: dict[str, Any] | None) -> dict[str, Any]:
+    """Each plan command's result (plan kv, plan kv --frontier, plan weights, plan weights --frontier), its plan
+    passing on the selection, with `verification`."""
+    from pytest_mlxgate.explain.plan_frontier import KV_WORDS, Frontier, FrontierPoint
+    from pytest_mlxgate.explain.plan_kv import Option, PlanSearch
+    from pytest_mlxgate.explain.plan_weights import WeightsPlanSearch
+    from pytest_mlxgate.explain.plan_weights_compare import WEIGHT_WORDS
+    from pytest_mlxgate.levers.weights import WeightsSpec
+
+    eight = Option(8, 64)
+    kv = PlanSearch({0: eight}, 100.0, 200.0, [], [], {0: 1e-3}, True, "mixed", 3.0, 2, verification)
+    weights = WeightsPlanSearch(
+        {"m": eight}, WeightsSpec(8, 64), 100.0, 200.0, [], [], "8-bit", True, "mixed", 2, 3.0,
+        verification=verification,
+    )  # fmt: skip
+
+    def frontier(words: Any, layer: Any) -> Frontier:
+        point = FrontierPoint("uniform 8-bit g64", {layer: eight}, 100.0, None, 1e-3, (5e-4, 2e-3), None, None, "pass")
+        return Frontier([point], point, 200.0, {"mean": 1e-2}, verification=verification, words=words, selection=2)
+
+    return {
+        "kv": kv,
+        "kv --frontier": frontier(KV_WORDS, 0),
+        "weights": weights,
+        "weights --frontier": frontier(WEIGHT_WORDS, "m"),
+    }
+
+
+def _words(command: str, result: Any) -> list[str]:
+    from pytest_mlxgate.explain.plan_frontier import frontier_table
+    from pytest_mlxgate.explain.plan_kv import plan_summary
+    from pytest_mlxgate.explain.plan_weights_compare import weights_summary
+
+    if command.endswith("--frontier"):
+        return frontier_table(result)
+    return plan_summary(result) if command == "kv" else weights_summary(result)
+
+
+FAILED = {"verified": False, "verdicts": {"g.py::test_drift": "fail"}, "tokens": 8, "checks": [], "reason": None}
+SILENT = {
+    "verified": False,
+    "verdicts": {},
+    "tokens": 8,
+    "checks": [],
+    "reason": "the gate's test_drift left no record",
+}
+
+
+@pytest.mark.parametrize("command", ["kv", "kv --frontier", "weights", "weights --frontier"])
+@pytest.mark.parametrize("verification", [FAILED, SILENT], ids=["failed", "silent"])
+def test_a_failed_verification_never_exits_0_writes_out_or_reads_verified_whatever_the_selection_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, verification: dict[str, Any]
+) -> None:
+    from pytest_mlxgate.plan_cli import _settle
+
+    assert _results(None)[command].succeeded  # the selection passed it: --no-verify's answer
+    result = _results(verification)[command]
+    assert not result.succeeded
+    words = _words(command, result)
+    assert any("NOT verified" in line for line in words) and not any("VERIFIED" in line for line in words), words
+    out = tmp_path / "plan.json"
+    unverified = tmp_path / "plan.unverified.json"
+    unverified.write_text("{}")
+    args = argparse.Namespace(out=out, kind=command.split()[0])
+    assert _settle(args, result, unverified, found=True) == 1
+    assert not out.exists() and unverified.is_file()
+    captured = capsys.readouterr()
+    assert captured.out == "" and "not verified: the plan stays at" in captured.err
+
+
+@pytest.mark.parametrize("kind", ["kv", "weights"])
+@pytest.mark.parametrize("frontier", [False, True], ids=["search", "frontier"])
+def test_every_plan_command_exits_1_and_writes_no_out_when_its_gate_fails_the_plan(
+    tiny_kv_model_dir: Path, tmp_path: Path, kind: str, frontier: bool
+) -> None:
+    """The whole command, on the tiny llama: the selection passes the plan, its gate does not."""
+    sizes = "prompts=2, tokens=16" + (", decode=4" if kind == "kv" else "")
+    gate = _gate(tmp_path, kind, FAILS_ON_ITS_OWN_PROMPTS, sizes=sizes)
+    out = tmp_path / f"{kind}_config.json"
+    extra = ["--long-tokens", "0", *(["--frontier", "--points", "1"] if frontier else [])]
+    done = _plan(kind, gate, tiny_kv_model_dir, out, *extra, *(["--no-compare"] if kind == "weights" else []))
+    record = json.loads(out.with_suffix(".search.json").read_text())
+    assert record["verification"] is not None and record["verification"]["verified"] is False, done.stderr
+    assert done.returncode == 1 and done.stdout == "" and not out.exists(), done.stderr
+    assert "NOT verified" in done.stderr and "VERIFIED" not in done.stderr.replace("NOT verified", "")
+    assert f"not verified: the plan stays at {out.with_name(f'{kind}_config.unverified.json')}" in done.stderr
+
+
+# --- D2: a verification whose asked tests left no record is no verification -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "why"),
+    [
+        (  # the limit sits in a helper: -k selects no test
+            "def check(paired):\n    assert_kl_below(paired, mean=10.0)\n\n\n"
+            "def test_drift(paired):\n    check(paired)\n",
+            5,
+            "the gate's check left no record: pytest selected none of them (exit 5: -k check); a limit's "
+            "assert_kl_below belongs in the test function itself",
+        ),
+        (  # skipped before it judged anything: pytest exits 0
+            "def test_drift(paired):\n    pytest.skip('not today')\n    assert_kl_below(paired, mean=10.0)\n",
+            0,
+            "the gate's test_drift left no record: skipped, deselected, or ended before its assertion (exit 0)",
+        ),
+        (  # returns before its assertion: a pass to pytest, no record of the plan
+            "def test_drift(paired):\n    if paired is not None:\n        return\n"
+            "    assert_kl_below(paired, mean=10.0)\n",
+            0,
+            "the gate's test_drift left no record: skipped, deselected, or ended before its assertion (exit 0)",
+        ),
+    ],
+    ids=["selects-nothing", "skipped", "returns-early"],
+)
+def test_a_verification_whose_tests_left_no_record_is_not_verified_and_says_why(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, code: int, why: str
+) -> None:
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import verification_lines, verify_plan
+
+    gate = _gate(tmp_path, "kv", body)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    got = verify_plan(read_gate(gate), plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json", long=32)
+    assert got["exit"] == code and got["verdicts"] == {}, got["output_tail"]
+    assert got["verified"] is False and "long" not in got  # nothing judged: no long run either
+    assert got["reason"].startswith(why), got["reason"]
+    lines = verification_lines(got)
+    assert lines[0].startswith("  NOT verified") and lines[-1] == f"    why: {got['reason']}"
