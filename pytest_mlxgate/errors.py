@@ -28,6 +28,7 @@ __all__ = [
     "ContextLengthError",
     "ChatTemplateMissingError",
     "OracleNotMeasuredError",
+    "ServerArmError",
     "CalibrationError",
     "StaleCalibrationWarning",
 ]
@@ -102,6 +103,11 @@ class OracleNotMeasuredError(MlxgateUsageError):
 class ChatTemplateMissingError(LeverNotApplicableError):
     """The gate's prompts are chat conversations and the model's tokenizer has no chat template to
     render them: the gate skips on this model, saying which prompts and what would make it run."""
+
+
+class ServerArmError(GateRunError):
+    """An arm served over HTTP could not be asked, or answered what is no distribution of the gate's tokens:
+    the message names the server (never its key), the request or position, and what to do."""
 
 
 class MlxgateWarning(pytest.PytestWarning):

@@ -30,6 +30,7 @@ LAYERS = (
     "pytest_mlxgate.hub",
     "pytest_mlxgate.models",
     "pytest_mlxgate.serving",  # the KV plans, their caches and the batched loop over them
+    "pytest_mlxgate.remote",  # arms served over HTTP: a server asked, its answers checked
     "pytest_mlxgate.levers",
     "pytest_mlxgate.kl",
     "pytest_mlxgate.speed",

@@ -1,0 +1,187 @@
+"""Faults of a server arm, each a clear ServerArmError (or usage error), never a completion believed: a real
+HTTP server on loopback that answers what it is told to (500 and 429 with recovery and without, malformed
+and truncated JSON, fewer top-k than asked, lists and text that disagree, a redirect, a stall, a server that
+is down), and the key: sent to the server's own origin alone, never in a message."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from mlx_server import free_port
+
+from pytest_mlxgate.errors import MlxgateUsageError, ServerArmError
+from pytest_mlxgate.remote.client import ServerClient
+from pytest_mlxgate.remote.endpoint import Endpoint
+
+VOCAB = {1: "A", 2: "B", 3: "C", 4: " D"}
+
+
+def decode(ids: Any) -> str:
+    return "".join(VOCAB[i] for i in ids)
+
+
+def completion(text: str, lists: list[list[tuple[int, float]]], chosen: list[int] | None = None) -> dict[str, Any]:
+    content = [
+        {"id": (chosen or [top[0][0] for top in lists])[i], "top_logprobs": [{"id": t, "logprob": lp} for t, lp in top]}
+        for i, top in enumerate(lists)
+    ]
+    return {"model": "m", "choices": [{"text": text, "logprobs": {"content": content}}], "usage": {"prompt_tokens": 3}}
+
+
+GOOD = completion("AB", [[(2, -1.5), (1, -0.3)], [(2, -0.1), (3, -2.5)]], chosen=[2, 2])
+
+
+@dataclass
+class Script:
+    """What the loopback server answers, in order (the last one repeats): (status, headers, body bytes)."""
+
+    answers: list[tuple[int, dict[str, str], bytes]] = field(default_factory=list)
+    seen: list[dict[str, str]] = field(default_factory=list)  # each request's headers
+    stall: float = 0.0
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Script]]:
+    script = Script()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            script.seen.append(dict(self.headers))
+            length = int(self.headers.get("content-length") or 0)
+            self.rfile.read(length)
+            if script.stall:
+                threading.Event().wait(script.stall)
+            status, headers, body = script.answers.pop(0) if len(script.answers) > 1 else script.answers[0]
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", script
+    httpd.shutdown()
+
+
+def _json(doc: Any, status: int = 200, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    return status, {"content-type": "application/json", **headers}, json.dumps(doc).encode()
+
+
+def _ask(url: str, **kw: Any) -> Any:
+    client = ServerClient(Endpoint.parse(url, key_env=kw.pop("key_env", None)), **kw)
+    try:
+        return client.complete("p", max_tokens=2, top_k=2, decode=decode)
+    finally:
+        client.close()
+
+
+def test_a_good_answer_is_read_and_its_disagreeing_chosen_entry_counted(server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers = [_json(GOOD)]
+    got = _ask(url)
+    assert got.tokens == (1, 2) and got.text == "AB" and got.chosen_disagreed == 1  # position 0's entry said 2
+    assert got.positions[0].ids == (1, 2) and got.model == "m" and got.prompt_tokens == 3
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_transient_status_is_retried_and_then_answered(server: tuple[str, Script], status: int) -> None:
+    url, script = server
+    script.answers = [_json({"error": "busy"}, status, **{"retry-after": "0"}), _json(GOOD)]
+    assert _ask(url).tokens == (1, 2)
+    assert len(script.seen) == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (_json({"error": "boom"}, 500), 'answered HTTP 500: {"error": "boom"}'),
+        (_json({"error": "slow down"}, 429), "answered HTTP 429"),
+        (_json({"error": "no"}, 404), "answered HTTP 404"),
+        ((200, {}, b"<html>oops"), "answered what is not JSON"),
+        ((200, {}, json.dumps(GOOD).encode()[:40]), "answered what is not JSON"),  # truncated
+        (_json({"choices": []}), "answered no choices"),
+        (_json({"choices": [{"text": "AB"}]}), "answered no text or no logprobs.content"),
+        (_json(completion("AB", [[(1, -0.3)], [(2, -0.1)]])), "1 top log-probabilities where 2 were asked"),
+        (_json(completion("AB", [[(1, -0.3), (1, -0.3)], [(2, -0.1), (3, -2)]])), "a token id appears twice"),
+        (_json(completion("AB", [[(1, 0.5), (2, -3)], [(2, -0.1), (3, -2)]])), "above 0"),
+        (_json(completion("AC", [[(1, -0.3), (2, -2)], [(2, -0.1), (3, -2.5)]])), "at generated position 1 the most"),
+        (_json(completion("ABC", [[(1, -0.3), (2, -2)], [(2, -0.1), (3, -2.5)]])), "is not what its 2 tokens spell"),
+        ((302, {"location": "http://elsewhere.example/v1/completions"}, b""), "redirected (302) to http://elsewhere"),
+    ],
+)
+def test_a_fault_is_an_error_naming_the_server_and_what_it_did(
+    server: tuple[str, Script], answer: tuple[int, dict[str, str], bytes], said: str
+) -> None:
+    url, script = server
+    script.answers = [answer]
+    with pytest.raises(ServerArmError) as e:
+        _ask(url, retries=1)
+    assert said in str(e.value) and url in str(e.value), str(e.value)
+
+
+def test_a_server_that_is_down_or_stalls_is_an_error_in_bounded_time(server: tuple[str, Script]) -> None:
+    with pytest.raises(ServerArmError, match="cannot be reached .* is it running, and on that port"):
+        _ask(f"http://127.0.0.1:{free_port()}")
+    url, script = server
+    script.answers, script.stall = [_json(GOOD)], 2.0
+    with pytest.raises(ServerArmError, match="did not answer within 0.3 s"):
+        _ask(url, timeout=0.3)
+
+
+def test_the_key_goes_to_the_server_s_origin_alone_and_into_no_message(
+    server: tuple[str, Script], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, script = server
+    monkeypatch.setenv("MY_SERVER_KEY", "sk-secret-4242")
+    script.answers = [_json(GOOD)]
+    _ask(url, key_env="MY_SERVER_KEY")
+    assert script.seen[-1].get("Authorization") == "Bearer sk-secret-4242"
+    endpoint = Endpoint.parse(url, key_env="MY_SERVER_KEY")
+    assert endpoint.headers_for("http://elsewhere.example/v1/completions") == {}  # another origin: no key
+    assert endpoint.headers_for(url.replace("127.0.0.1", "localhost")) == {}  # another host name, too
+    script.answers = [(302, {"location": "http://elsewhere.example/x"}, b""), _json({"error": "sk-secret-4242"}, 500)]
+    with pytest.raises(ServerArmError) as e:
+        _ask(url, key_env="MY_SERVER_KEY", retries=0)
+    assert len(script.seen) == 2  # the redirect was not followed
+    script.answers = [_json({"error": "bad key sk-secret-4242", "auth": "Bearer sk-secret-4242"}, 401)]
+    with pytest.raises(ServerArmError) as echoed:
+        _ask(url, key_env="MY_SERVER_KEY", retries=0)
+    assert "answered HTTP 401" in str(echoed.value) and "sk-secret-4242" not in str(echoed.value)
+    monkeypatch.delenv("MY_SERVER_KEY")
+    with pytest.raises(MlxgateUsageError, match=r"needs the key in \$MY_SERVER_KEY, which is not set"):
+        _ask(url, key_env="MY_SERVER_KEY")
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("http://user:hunter2@127.0.0.1:8080", "carries a user name or password"),
+        ("ftp://127.0.0.1", "is not an http(s) URL with a host"),
+        ("127.0.0.1:8080", "is not an http(s) URL with a host"),
+        ("http://127.0.0.1:8080/v1?x=1", "has a query or fragment"),
+    ],
+)
+def test_a_url_that_cannot_work_or_would_leak_is_refused_with_the_fix(text: str, said: str) -> None:
+    with pytest.raises(MlxgateUsageError) as e:
+        Endpoint.parse(text)
+    assert said in str(e.value) and "hunter2" not in str(e.value)
+
+
+def test_a_base_url_reads_the_same_with_or_without_v1() -> None:
+    assert Endpoint.parse("http://127.0.0.1:8080/v1/").api("completions") == "http://127.0.0.1:8080/v1/completions"
+    assert Endpoint.parse("https://h.example/proxy").api("models") == "https://h.example/proxy/v1/models"
+    assert Endpoint.parse("http://h:80").origin == ("http", "h", 80) == Endpoint.parse("http://H").origin

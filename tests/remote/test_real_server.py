@@ -1,0 +1,108 @@
+"""The server arm's client against real mlx_lm.server processes on the embedded model (issue 56).
+
+What a server says is checked: mlx_lm.server's per-position "chosen" entry is the first of an unsorted
+argpartition, not the token generated; the client scores the head of each list, sorted here, and checks it
+spells the returned text. Then the bound the arm rests on: at every generated position, the KL from the
+server's top-k (plus a tail bin) is at most the full KL computed in process on the same tokens, and a plain
+server matches the model in process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mlx_server import mlx_server
+
+from pytest_mlxgate.remote.client import ServerClient
+from pytest_mlxgate.remote.endpoint import Endpoint
+from pytest_mlxgate.stats.topk import topk_kl
+
+pytestmark = pytest.mark.slow  # mlx_lm.server processes (~10 s each to come up)
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Path:
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    return Path(ensure_embedded_snapshot())
+
+
+@pytest.fixture(scope="module")
+def loaded(embedded: Path) -> Any:
+    from mlx_lm import load
+
+    return load(str(embedded))
+
+
+@pytest.fixture(scope="module")
+def plain_server(embedded: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with mlx_server(embedded, tmp_path_factory.mktemp("logs")) as url:
+        yield url
+
+
+def _client(url: str) -> ServerClient:
+    return ServerClient(Endpoint.parse(url))
+
+
+def _full_rows(model: Any, ids: list[int]) -> np.ndarray:
+    """log-softmax rows of one forward over `ids`, float64."""
+    import mlx.core as mx
+
+    logits = model(mx.array([ids]))[0].astype(mx.float32)
+    rows = np.array(logits, dtype=np.float64)
+    rows -= rows.max(axis=-1, keepdims=True)
+    return rows - np.log(np.exp(rows).sum(axis=-1, keepdims=True))
+
+
+def test_the_token_scored_is_the_one_generated_not_the_server_s_chosen_entry(plain_server: str, loaded: Any) -> None:
+    model, tokenizer = loaded
+    got = _client(plain_server).complete(PROMPT, max_tokens=6, top_k=5, decode=tokenizer.decode)
+    paris = tokenizer.encode(" Paris")[0]
+    assert got.tokens[0] == paris  # " Paris" at -0.26, though the server's entry says " the" at -2.72
+    assert got.chosen_disagreed >= 1  # and that is kept for the record to say
+    assert all(list(p.logprobs) == sorted(p.logprobs, reverse=True) for p in got.positions)  # sorted here
+    assert got.text.lstrip().startswith("Paris")
+    prompt = tokenizer.encode(PROMPT)
+    assert got.prompt_tokens == len(prompt)
+    # the plain server is the model in process: the same greedy tokens, the same distributions (bound ~ 0)
+    rows = _full_rows(model, prompt + list(got.tokens))
+    for i, top in enumerate(got.positions):
+        row = rows[len(prompt) - 1 + i]
+        assert int(np.argmax(row)) == got.tokens[i]
+        assert topk_kl(row, top).kl < 1e-4
+
+
+def test_at_every_position_the_top_k_bound_is_at_most_the_full_kl_in_process(
+    embedded: Path, loaded: Any, tmp_path: Path
+) -> None:
+    """A 4-bit KV cache from token 0, served (`--kv-bits 4 --quantized-kv-start 0`) and in process through
+    mlx_lm's own generate_step with the same settings: the server's top-k KL from the plain model is a lower
+    bound of the in-process full KL at every position, and not vacuous (the cache moves the distribution)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = loaded
+    prompt = tokenizer.encode(PROMPT)
+    with mlx_server(embedded, tmp_path, "--kv-bits", "4", "--quantized-kv-start", "0") as url:
+        got = _client(url).complete(PROMPT, max_tokens=12, top_k=11, decode=tokenizer.decode)
+    steps = list(
+        generate_step(mx.array(prompt), model, max_tokens=12, kv_bits=4, kv_group_size=64, quantized_kv_start=0)
+    )
+    assert [int(t) for t, _ in steps] == list(got.tokens)  # the server is mlx_lm: the same greedy path
+    reference = _full_rows(model, prompt + list(got.tokens))
+    bounds, fulls = [], []
+    for i, (top, (_, logprobs)) in enumerate(zip(got.positions, steps, strict=True)):
+        ref = reference[len(prompt) - 1 + i]
+        cand = np.array(logprobs.astype(mx.float32), dtype=np.float64)
+        full = float(np.sum(np.exp(ref) * (ref - cand)))
+        bound = topk_kl(ref, top).kl
+        assert bound <= full * (1 + 1e-3) + 1e-6, (i, bound, full)
+        bounds.append(bound)
+        fulls.append(full)
+    assert max(bounds) > 1e-4, bounds  # the 4-bit cache shows through the top-k

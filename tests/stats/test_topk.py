@@ -1,0 +1,118 @@
+"""KL from a server's top-k (`stats.topk`): a lower bound of the full KL at every k, exact with the whole
+vocabulary, never below 0, rising as more tokens are shared (a finer grouping), and lists checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_mlxgate.stats.topk import TopK, TopKError, topk_kl
+
+
+def _logsoftmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def _full_kl(lp: np.ndarray, lq: np.ndarray) -> float:
+    return float(np.sum(np.exp(lp) * (lp - lq)))
+
+
+def _topk(row: np.ndarray, k: int) -> TopK:
+    ids = np.argsort(-row)[:k]
+    rng = np.random.default_rng(k)
+    shuffled = rng.permutation(ids)  # as mlx_lm.server sends them: an unsorted argpartition
+    return TopK.read(((int(t), float(row[t])) for t in shuffled), where="test")
+
+
+rows = st.tuples(
+    st.integers(min_value=2, max_value=60),
+    st.integers(min_value=0, max_value=2**32 - 1),
+    st.floats(min_value=0.01, max_value=6.0),
+    st.floats(min_value=0.0, max_value=3.0),
+)
+
+
+def _pair(spec: tuple[int, int, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    vocab, seed, sharpness, drift = spec
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=vocab) * sharpness
+    return _logsoftmax(logits), _logsoftmax(logits + rng.normal(size=vocab) * drift)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=rows, k=st.integers(min_value=1, max_value=11), both=st.booleans())
+def test_the_top_k_kl_is_a_lower_bound_of_the_full_kl_at_every_k(
+    spec: tuple[int, int, float, float], k: int, both: bool
+) -> None:
+    lp, lq = _pair(spec)
+    exact = _full_kl(lp, lq)
+    reference = _topk(lp, k) if both else lp  # a server on both sides, or the reference in process
+    got = topk_kl(reference, _topk(lq, k))
+    assert 0.0 <= got.kl <= exact + 1e-9
+    assert got.same_top == (int(np.argmax(lp)) == int(np.argmax(lq)))  # top-1 agreement is exact
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=rows)
+def test_with_the_whole_vocabulary_the_bound_is_the_full_kl(spec: tuple[int, int, float, float]) -> None:
+    lp, lq = _pair(spec)
+    vocab = len(lp)
+    got = topk_kl(lp, _topk(lq, vocab), resolution=0.0)
+    assert got.kl == pytest.approx(_full_kl(lp, lq), rel=1e-6, abs=1e-9)
+    assert topk_kl(lp, lq).kl == pytest.approx(_full_kl(lp, lq), rel=1e-6, abs=1e-9)  # both in process
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=rows, k=st.integers(min_value=1, max_value=10))
+def test_sharing_more_tokens_never_lowers_the_bound(spec: tuple[int, int, float, float], k: int) -> None:
+    """A finer grouping (one more token its own bin) can only raise a coarse KL: the bound tightens with k."""
+    lp, lq = _pair(spec)
+    fewer, more = topk_kl(lp, _topk(lq, k), resolution=0.0), topk_kl(lp, _topk(lq, k + 1), resolution=0.0)
+    assert more.kl >= fewer.kl - 1e-12
+    assert more.shared == min(k + 1, len(lp)) and fewer.shared == min(k, len(lp))
+
+
+@given(spec=rows, k=st.integers(min_value=1, max_value=11))
+def test_identical_distributions_are_zero_apart(spec: tuple[int, int, float, float], k: int) -> None:
+    lp, _ = _pair(spec)
+    got = topk_kl(_topk(lp, k), _topk(lp, k))
+    assert got.kl == pytest.approx(0.0, abs=1e-12) and got.same_top
+
+
+def test_a_tail_rounded_to_nothing_is_merged_not_divided_by() -> None:
+    """A candidate whose listed mass rounds to 1 (no tail) where the reference keeps some: no infinity, a
+    coarser grouping instead, and still at most the full KL."""
+    lp = np.log(np.array([0.5, 0.3, 0.2 - 1e-9, 1e-9]))
+    lq = np.log(np.array([0.6, 0.3, 0.1 - 1e-12, 1e-12]))
+    cand = TopK.read([(0, float(lq[0])), (1, float(lq[1])), (2, float(lq[2]))], where="p")
+    got = topk_kl(lp, cand)
+    assert np.isfinite(got.kl) and got.kl <= _full_kl(lp, lq)
+    assert got.shared == 2 and got.cand_tail == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("entries", "said"),
+    [
+        ([], "an empty top-k list"),
+        ([(1, -0.1), (1, -2.0)], "a token id appears twice"),
+        ([("7", -0.1)], "token id '7' is not a whole number"),
+        ([(True, -0.1)], "token id True is not a whole number"),
+        ([(-1, -0.1)], "token id -1 is not a whole number"),
+        ([(3, float("nan"))], "log-probability nan is not a finite number"),
+        ([(3, None)], "log-probability None is not a finite number"),
+        ([(3, 0.5)], "is above 0 (a probability > 1)"),
+        ([(3, -0.1), (4, -0.2), (5, -0.3)], "add up to 2."),
+    ],
+)
+def test_a_list_that_is_no_part_of_a_distribution_is_refused_naming_where(entries: list, said: str) -> None:
+    with pytest.raises(TopKError, match="position 4: ") as e:
+        TopK.read(entries, where="position 4")
+    assert said in str(e.value)
+
+
+def test_a_list_is_sorted_here_most_likely_first() -> None:
+    read = TopK.read([(9, -3.0), (2, -0.7), (5, -1.5)], where="p")
+    assert read.ids == (2, 5, 9) and read.logprobs == (-0.7, -1.5, -3.0) and read.top == 2

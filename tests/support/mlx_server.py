@@ -1,0 +1,60 @@
+"""Real mlx_lm.server processes for the server-arm tests: on 127.0.0.1, a free port, a readiness probe
+(`/v1/models`), stopped at teardown, and the log's tail in the error when one does not come up."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+READY_WITHIN = 120.0  # seconds: ~10 s here for the embedded model, more under a busy xdist worker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def mlx_server(model: Path, log_dir: Path, *args: str) -> Iterator[str]:
+    """`python -m mlx_lm server --model MODEL ARGS` on a free port; yields its base URL (no /v1)."""
+    port = free_port()
+    log = log_dir / f"mlx_lm-server-{port}.log"
+    command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--host", "127.0.0.1"]
+    command += ["--port", str(port), *args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_WITHIN
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlx_lm.server exited {proc.returncode} before it was ready: {_tail(log)}")
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mlx_lm.server not ready within {READY_WITHIN:g} s: {_tail(log)}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:]
