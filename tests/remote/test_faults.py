@@ -154,7 +154,7 @@ def test_the_key_goes_to_the_server_s_origin_alone_and_into_no_message(
     assert endpoint.headers_for("http://elsewhere.example/v1/completions") == {}  # another origin: no key
     assert endpoint.headers_for(url.replace("127.0.0.1", "localhost")) == {}  # another host name, too
     script.answers = [(302, {"location": "http://elsewhere.example/x"}, b""), _json({"error": "sk-secret-4242"}, 500)]
-    with pytest.raises(ServerArmError) as e:
+    with pytest.raises(ServerArmError, match="redirected"):
         _ask(url, key_env="MY_SERVER_KEY", retries=0)
     assert len(script.seen) == 2  # the redirect was not followed
     script.answers = [_json({"error": "bad key sk-secret-4242", "auth": "Bearer sk-secret-4242"}, 401)]
