@@ -106,3 +106,55 @@ def test_at_every_position_the_top_k_bound_is_at_most_the_full_kl_in_process(
         bounds.append(bound)
         fulls.append(full)
     assert max(bounds) > 1e-4, bounds  # the 4-bit cache shows through the top-k
+
+
+def _sequences(tokenizer: Any, n: int, tokens: int) -> list[list[int]]:
+    import json
+
+    from pytest_mlxgate.kl import prompts
+
+    lines = (Path(prompts.__file__).parent / "prompts_default.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines if '"text"' in line]
+    return [tokenizer.encode(text)[:tokens] for text in texts[:: max(1, len(texts) // n)][:n]]
+
+
+def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_mean_limit(
+    embedded: Path, loaded: Any, tmp_path: Path
+) -> None:
+    """The KV gate's mean limit (2e-3, gates/test_kv_cache.py) through servers, teacher-forced on fixed token
+    sequences against the model in process: a plain server and a --kv-bits 4 server left at mlx_lm's default
+    --quantized-kv-start (5000: it quantizes nothing here) read identical to it; --kv-bits 8 from token 0 stays
+    under the limit, --kv-bits 4 from token 0 is beyond it on a lower bound (a sound fail), as in process
+    (calibration: 8-bit mean 4.4e-4, 4-bit 0.118 at 16 x 128)."""
+    from pytest_mlxgate.remote.teacher import teacher_forced
+
+    model, tokenizer = loaded
+    sequences = _sequences(tokenizer, 3, 40)
+    asked = list(range(24, 40))
+
+    def decode(ids: Any) -> str:
+        return str(tokenizer.decode(list(ids)))
+
+    means: dict[str, float] = {}
+    for name, args in {
+        "plain": (),
+        "4-bit, default start": ("--kv-bits", "4"),
+        "8-bit": ("--kv-bits", "8", "--quantized-kv-start", "0"),
+        "4-bit": ("--kv-bits", "4", "--quantized-kv-start", "0"),
+    }.items():
+        kls, unaskable = [], 0
+        with mlx_server(embedded, tmp_path, *args) as url:
+            client = _client(url)
+            for ids in sequences:
+                rows = _full_rows(model, ids)
+                got = teacher_forced(client, ids, asked, top_k=11, encode=tokenizer.encode, decode=decode)
+                unaskable += got.unaskable
+                kls += [
+                    topk_kl(rows[t - 1], top).kl
+                    for t, top in zip(got.positions, got.lists, strict=True)
+                    if top is not None
+                ]
+        assert unaskable <= len(asked) * len(sequences) // 4, (name, unaskable)  # counted, and few here
+        means[name] = float(np.mean(kls))
+    assert means["plain"] < 1e-4 and means["4-bit, default start"] == pytest.approx(means["plain"], abs=1e-6)
+    assert means["8-bit"] < 2e-3 < means["4-bit"], means
