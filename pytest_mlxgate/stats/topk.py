@@ -17,12 +17,14 @@ grouping, still a lower bound, never a division by a rounded zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MASS_SLACK", "TAIL_RESOLUTION", "CoarseKL", "TopK", "TopKError", "topk_kl"]
+from .divergence import RefDistributions, TokenScores
+
+__all__ = ["MASS_SLACK", "TAIL_RESOLUTION", "CoarseKL", "TopK", "TopKError", "TopKScores", "compare_topk", "topk_kl"]
 
 #: A tail mass below this is not told from zero by a server's float32 log-probabilities (their sum is off by
 #: about 1e-7 of the mass): such a tail is merged into the least likely shared token's bin.
@@ -141,3 +143,61 @@ def _logprobs_at(side: TopK | np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def _top(side: TopK | np.ndarray) -> int:
     return side.top if isinstance(side, TopK) else int(np.argmax(np.asarray(side)))
+
+
+@dataclass(frozen=True)
+class TopKScores:
+    """A sequence scored against a server's top-k: the scores of the positions it could ask, and what they
+    rest on. `scores.kl` holds lower bounds; `scores.cand_next_logprob` is NaN where the text's next token
+    was not in the server's list (its log-probability is not known, only that it is below the list's)."""
+
+    scores: TokenScores
+    k: int  # the fewest tokens a list gave
+    ref_tail: np.ndarray  # (T,) each scored position's reference mass outside the shared tokens
+    cand_tail: np.ndarray  # (T,) the candidate's
+    unaskable: int  # positions not asked: their prompt's text encodes to other tokens
+    next_unlisted: int  # scored positions whose next token the candidate's list does not hold
+
+
+def compare_topk(
+    ref: RefDistributions,
+    lists: Sequence[TopK | None],
+    next_tokens: np.ndarray,
+    positions: np.ndarray,
+    *,
+    resolution: float = TAIL_RESOLUTION,
+) -> TopKScores:
+    """Score a server's lists (one a reference row; None: not asked) against the reference's compact rows
+    (each its most likely tokens and a tail): `topk_kl` over the tokens both hold, top-1 exact, rows not
+    asked left out and counted."""
+    if len(lists) != len(ref):
+        raise ValueError(f"{len(lists)} lists for {len(ref)} reference rows")
+    kept = [i for i, top in enumerate(lists) if top is not None]
+    kl = np.zeros(len(kept), dtype=np.float64)
+    cand_top1 = np.zeros(len(kept), dtype=np.int32)
+    cand_next = np.full(len(kept), np.nan, dtype=np.float32)
+    ref_tail, cand_tail = np.zeros(len(kept)), np.zeros(len(kept))
+    for j, i in enumerate(kept):
+        top = lists[i]
+        assert top is not None
+        start, end = int(ref.offsets[i]), int(ref.offsets[i + 1])
+        row = TopK(tuple(int(t) for t in ref.ids[start:end]), tuple(float(v) for v in ref.logprobs[start:end]))
+        got = topk_kl(row, top, resolution=resolution)
+        kl[j], ref_tail[j], cand_tail[j] = got.kl, got.ref_tail, got.cand_tail
+        cand_top1[j] = top.top
+        listed = top.logprob_of().get(int(next_tokens[i]))
+        if listed is not None:
+            cand_next[j] = listed
+    index = np.array(kept, dtype=np.int64)
+    scores = TokenScores(
+        kl=kl,
+        ref_top1=ref.top1[index].astype(np.int32),
+        cand_top1=cand_top1,
+        near_tie=ref.near_tie[index],
+        ref_next_logprob=ref.next_logprob[index],
+        cand_next_logprob=cand_next,
+        next_tokens=np.asarray(next_tokens)[index].astype(np.int32),
+        positions=np.asarray(positions)[index].astype(np.int32),
+    )
+    k = min((len(top.ids) for top in lists if top is not None), default=0)
+    return TopKScores(scores, k, ref_tail, cand_tail, len(lists) - len(kept), int(np.isnan(cand_next).sum()))

@@ -122,15 +122,23 @@ def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_me
     embedded: Path, loaded: Any, tmp_path: Path
 ) -> None:
     """The KV gate's mean limit (2e-3, gates/test_kv_cache.py) through servers, teacher-forced on fixed token
-    sequences against the model in process: a plain server and a --kv-bits 4 server left at mlx_lm's default
-    --quantized-kv-start (5000: it quantizes nothing here) read identical to it; --kv-bits 8 from token 0 stays
-    under the limit, --kv-bits 4 from token 0 is beyond it on a lower bound (a sound fail), as in process
-    (calibration: 8-bit mean 4.4e-4, 4-bit 0.118 at 16 x 128)."""
-    from pytest_mlxgate.remote.teacher import teacher_forced
+    sequences and scored against the model in process as the gate's reference arm keeps it (compact rows): a
+    plain server and a --kv-bits 4 server left at mlx_lm's default --quantized-kv-start (5000: it quantizes
+    nothing here) read the same; --kv-bits 8 from token 0 stays under the limit, --kv-bits 4 from token 0 is
+    beyond it on a lower bound (a sound fail), as in process (calibration: 8-bit mean 4.4e-4, 4-bit 0.118 at
+    16 x 128). Top-1 agreement is exact; what the figures rest on is counted."""
+    from pytest_mlxgate.remote.arm import run_server_against, scored_positions
+    from pytest_mlxgate.stats.divergence import compact_reference
+    from pytest_mlxgate.stats.kl_stats import summarize
 
     model, tokenizer = loaded
-    sequences = _sequences(tokenizer, 3, 40)
-    asked = list(range(24, 40))
+    tokens, decode_n = 40, 16
+    sequences = [ids[: tokens + 1] for ids in _sequences(tokenizer, 3, tokens + 1)]
+    positions = scored_positions(tokens, "serving", decode_n)
+    refs = [
+        compact_reference(_full_rows(model, ids[:tokens]).astype(np.float32)[positions], np.array(ids[1:])[positions])
+        for ids in sequences
+    ]
 
     def decode(ids: Any) -> str:
         return str(tokenizer.decode(list(ids)))
@@ -142,19 +150,15 @@ def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_me
         "8-bit": ("--kv-bits", "8", "--quantized-kv-start", "0"),
         "4-bit": ("--kv-bits", "4", "--quantized-kv-start", "0"),
     }.items():
-        kls, unaskable = [], 0
         with mlx_server(embedded, tmp_path, *args) as url:
-            client = _client(url)
-            for ids in sequences:
-                rows = _full_rows(model, ids)
-                got = teacher_forced(client, ids, asked, top_k=11, encode=tokenizer.encode, decode=decode)
-                unaskable += got.unaskable
-                kls += [
-                    topk_kl(rows[t - 1], top).kl
-                    for t, top in zip(got.positions, got.lists, strict=True)
-                    if top is not None
-                ]
-        assert unaskable <= len(asked) * len(sequences) // 4, (name, unaskable)  # counted, and few here
-        means[name] = float(np.mean(kls))
+            got = run_server_against(
+                _client(url), sequences, refs, positions, top_k=11, encode=tokenizer.encode, decode=decode
+            )
+        assert got.k == 11 and got.unaskable <= len(positions) * len(sequences) // 4, (name, got.unaskable)
+        assert got.chosen_disagreed > 0  # mlx_lm.server's chosen entries: counted, never believed
+        stats = summarize([s.scores for s in got.sequences])
+        means[name] = stats.mean
+        ref_tail, cand_tail = got.mean_tails()
+        assert 0 <= ref_tail < 0.5 and 0 <= cand_tail < 0.5  # what the bound leaves out, said
     assert means["plain"] < 1e-4 and means["4-bit, default start"] == pytest.approx(means["plain"], abs=1e-6)
     assert means["8-bit"] < 2e-3 < means["4-bit"], means

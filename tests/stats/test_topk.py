@@ -116,3 +116,41 @@ def test_a_list_that_is_no_part_of_a_distribution_is_refused_naming_where(entrie
 def test_a_list_is_sorted_here_most_likely_first() -> None:
     read = TopK.read([(9, -3.0), (2, -0.7), (5, -1.5)], where="p")
     assert read.ids == (2, 5, 9) and read.logprobs == (-0.7, -1.5, -3.0) and read.top == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    k=st.integers(min_value=1, max_value=11),
+    drift=st.floats(min_value=0.0, max_value=2.0),
+)
+def test_a_sequence_scored_on_top_k_lists_is_bounded_by_the_full_comparison_row_by_row(
+    seed: int, k: int, drift: float
+) -> None:
+    """`compare_topk` against `compare` (the candidate's whole logits) on one sequence: every row's KL at most
+    the full one, top-1 exact, the next token's log-probability where the list holds it, NaN where not; rows
+    not asked are left out and counted."""
+    from pytest_mlxgate.stats.divergence import compact_reference, compare
+    from pytest_mlxgate.stats.topk import compare_topk
+
+    rng = np.random.default_rng(seed)
+    t, v = 8, 300
+    ref_logits = (rng.normal(size=(t, v)) * 3).astype(np.float32)
+    cand_logits = (ref_logits + rng.normal(size=(t, v)) * drift).astype(np.float32)
+    nxt = rng.integers(0, v, size=t)
+    positions = np.arange(t)
+    ref = compact_reference(ref_logits, nxt)
+    full = compare(ref, cand_logits, nxt, positions)
+    rows = [_logsoftmax(r.astype(np.float64)) for r in cand_logits]
+    lists: list[TopK | None] = [_topk(r, k) for r in rows]
+    lists[3] = None  # a position whose prompt could not be asked
+    got = compare_topk(ref, lists, nxt, positions)
+    kept = [i for i in range(t) if i != 3]
+    assert got.unaskable == 1 and list(got.scores.positions) == kept and got.k == k
+    assert np.all(got.scores.kl <= full.kl[kept] + 1e-6)
+    assert np.array_equal(got.scores.cand_top1, full.cand_top1[kept])
+    assert np.array_equal(got.scores.ref_top1, full.ref_top1[kept])
+    listed = np.array([int(nxt[i]) in lists[i].ids for i in kept])  # type: ignore[union-attr]
+    assert got.next_unlisted == int((~listed).sum())
+    np.testing.assert_allclose(got.scores.cand_next_logprob[listed], full.cand_next_logprob[kept][listed], atol=1e-5)
+    assert np.isnan(got.scores.cand_next_logprob[~listed]).all()

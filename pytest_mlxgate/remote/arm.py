@@ -1,0 +1,78 @@
+"""A candidate arm served over HTTP, scored against the gate's reference arm computed in process.
+
+Each sequence's scored positions are asked of the server teacher-forced (`teacher`), and its top-k lists
+are scored against the reference's compact rows (`stats.topk.compare_topk`): per position a lower bound of
+the full KL, top-1 exact. Positions follow the gate's path as the in-process arms score them: every
+position on the prefill path, the last `decode` on the serving path (where a server's cache is read back,
+every position asked of a server is one decode step). What the scores rest on (k, tail masses, positions
+not askable, next tokens the lists do not hold, disagreeing "chosen" entries) comes with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..stats.divergence import RefDistributions
+from ..stats.topk import TopKScores, compare_topk
+from .client import ServerClient
+from .teacher import teacher_forced
+
+__all__ = ["ServerScores", "run_server_against", "scored_positions"]
+
+
+@dataclass(frozen=True)
+class ServerScores:
+    """Every sequence's scores against one server, and what a record says they rest on."""
+
+    sequences: tuple[TopKScores, ...]
+    chosen_disagreed: int
+
+    @property
+    def k(self) -> int:
+        return min((s.k for s in self.sequences if s.k), default=0)
+
+    @property
+    def unaskable(self) -> int:
+        return sum(s.unaskable for s in self.sequences)
+
+    @property
+    def next_unlisted(self) -> int:
+        return sum(s.next_unlisted for s in self.sequences)
+
+    def mean_tails(self) -> tuple[float, float]:
+        """The mean mass outside the shared tokens over every scored position: the reference's, the server's."""
+        ref = np.concatenate([s.ref_tail for s in self.sequences]) if self.sequences else np.zeros(0)
+        cand = np.concatenate([s.cand_tail for s in self.sequences]) if self.sequences else np.zeros(0)
+        return (float(ref.mean()) if ref.size else 0.0, float(cand.mean()) if cand.size else 0.0)
+
+
+def scored_positions(tokens: int, path: str, decode: int) -> np.ndarray:
+    """The positions the in-process arms score on `path`: all `tokens`, or the last `decode` when serving."""
+    start = tokens - decode if path == "serving" else 0
+    return np.arange(start, tokens, dtype=np.int32)
+
+
+def run_server_against(
+    client: ServerClient,
+    sequences: Sequence[Sequence[int]],
+    refs: Sequence[RefDistributions],
+    positions: np.ndarray,
+    *,
+    top_k: int,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[Sequence[int]], str],
+    tick: Callable[[int], None] | None = None,
+) -> ServerScores:
+    """Each sequence (`tokens + 1` ids) asked of the server at `positions` and scored against its row set."""
+    out, disagreed = [], 0
+    for ids, ref in zip(sequences, refs, strict=True):
+        next_tokens = np.asarray([ids[p + 1] for p in positions], dtype=np.int32)
+        asked = teacher_forced(client, ids, [int(p) + 1 for p in positions], top_k=top_k, encode=encode, decode=decode)
+        out.append(compare_topk(ref, asked.lists, next_tokens, positions))
+        disagreed += asked.chosen_disagreed
+        if tick is not None:
+            tick(len(positions))
+    return ServerScores(tuple(out), disagreed)
