@@ -42,8 +42,8 @@ def loaded(embedded: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def plain_server(embedded: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with mlx_server(embedded, tmp_path_factory.mktemp("logs")) as url:
-        yield url
+    with mlx_server(embedded, tmp_path_factory.mktemp("logs")) as server:
+        yield server.url
 
 
 def _client(url: str) -> ServerClient:
@@ -89,8 +89,8 @@ def test_at_every_position_the_top_k_bound_is_at_most_the_full_kl_in_process(
 
     model, tokenizer = loaded
     prompt = tokenizer.encode(PROMPT)
-    with mlx_server(embedded, tmp_path, "--kv-bits", "4", "--quantized-kv-start", "0") as url:
-        got = _client(url).complete(PROMPT, max_tokens=12, top_k=11, decode=tokenizer.decode)
+    with mlx_server(embedded, tmp_path, "--kv-bits", "4", "--quantized-kv-start", "0") as server:
+        got = _client(server.url).complete(PROMPT, max_tokens=12, top_k=11, decode=tokenizer.decode)
     steps = list(
         generate_step(mx.array(prompt), model, max_tokens=12, kv_bits=4, kv_group_size=64, quantized_kv_start=0)
     )
@@ -150,9 +150,9 @@ def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_me
         "8-bit": ("--kv-bits", "8", "--quantized-kv-start", "0"),
         "4-bit": ("--kv-bits", "4", "--quantized-kv-start", "0"),
     }.items():
-        with mlx_server(embedded, tmp_path, *args) as url:
+        with mlx_server(embedded, tmp_path, *args) as server:
             got = run_server_against(
-                _client(url), sequences, refs, positions, top_k=11, encode=tokenizer.encode, decode=decode
+                _client(server.url), sequences, refs, positions, top_k=11, encode=tokenizer.encode, decode=decode
             )
         assert got.k == 11 and got.unaskable <= len(positions) * len(sequences) // 4, (name, got.unaskable)
         assert got.chosen_disagreed > 0  # mlx_lm.server's chosen entries: counted, never believed
@@ -162,3 +162,62 @@ def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_me
         assert 0 <= ref_tail < 0.5 and 0 <= cand_tail < 0.5  # what the bound leaves out, said
     assert means["plain"] < 1e-4 and means["4-bit, default start"] == pytest.approx(means["plain"], abs=1e-6)
     assert means["8-bit"] < 2e-3 < means["4-bit"], means
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time"]
+
+
+def _greedy(url: str, tokenizer: Any, max_tokens: int = 12) -> list[tuple[int, ...]]:
+    client = _client(url)
+    return [client.complete(p, max_tokens=max_tokens, top_k=2, decode=tokenizer.decode).tokens for p in PROMPTS]
+
+
+def test_speculative_decoding_with_the_model_as_its_own_draft_changes_no_greedy_token(
+    embedded: Path, loaded: Any, plain_server: str, tmp_path: Path
+) -> None:
+    """`--draft-model` (the model drafting for itself) must leave every greedy token as it is: a server lever
+    that changes tokens here is a bug in the speculative path, which this arm would catch."""
+    _, tokenizer = loaded
+    plain = _greedy(plain_server, tokenizer)
+    with mlx_server(embedded, tmp_path, "--draft-model", str(embedded), "--num-draft-tokens", "3") as server:
+        assert _greedy(server.url, tokenizer) == plain
+
+
+def test_concurrent_requests_to_a_batching_server_give_the_tokens_one_at_a_time_gives(
+    embedded: Path, loaded: Any, plain_server: str, tmp_path: Path
+) -> None:
+    """`--decode-concurrency 4` with four requests in flight at once, against the same requests one at a time:
+    the same greedy tokens (batching changes how a server schedules, not what it says at this precision)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, tokenizer = loaded
+    alone = _greedy(plain_server, tokenizer)
+    with mlx_server(embedded, tmp_path, "--decode-concurrency", "4") as server:
+        client = _client(server.url)
+
+        def one(prompt: str) -> tuple[int, ...]:
+            return client.complete(prompt, max_tokens=12, top_k=2, decode=tokenizer.decode).tokens
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            together = list(pool.map(one, PROMPTS))
+    assert together == alone
+
+
+def test_a_server_that_goes_down_in_the_middle_of_a_run_is_an_error_naming_it(
+    embedded: Path, loaded: Any, tmp_path: Path
+) -> None:
+    """Teacher-forced positions asked of a server that is stopped after the first answers: a ServerArmError
+    naming the server and what to check, never a partial result read as a verdict."""
+    from pytest_mlxgate.errors import ServerArmError
+    from pytest_mlxgate.remote.teacher import teacher_forced
+
+    _, tokenizer = loaded
+    ids = tokenizer.encode("The capital of France is Paris. The capital of Italy is Rome.")
+    with mlx_server(embedded, tmp_path) as server:
+        client = _client(server.url)
+        first = teacher_forced(client, ids, [len(ids)], top_k=3, encode=tokenizer.encode, decode=tokenizer.decode)
+        assert first.lists[0] is not None
+        server.process.terminate()
+        server.process.wait(timeout=10)
+        with pytest.raises(ServerArmError, match=f"server {server.url} .*cannot be reached"):
+            teacher_forced(client, ids, [len(ids) - 1], top_k=3, encode=tokenizer.encode, decode=tokenizer.decode)

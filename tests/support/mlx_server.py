@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,9 +24,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class RunningServer:
+    """A started server: its base URL (no /v1), its process (to stop it mid-run) and its log."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextlib.contextmanager
-def mlx_server(model: Path, log_dir: Path, *args: str) -> Iterator[str]:
-    """`python -m mlx_lm server --model MODEL ARGS` on a free port; yields its base URL (no /v1)."""
+def mlx_server(model: Path, log_dir: Path, *args: str) -> Iterator[RunningServer]:
+    """`python -m mlx_lm server --model MODEL ARGS` on a free port, ready; stopped on exit."""
     port = free_port()
     log = log_dir / f"mlx_lm-server-{port}.log"
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--host", "127.0.0.1"]
@@ -46,7 +56,7 @@ def mlx_server(model: Path, log_dir: Path, *args: str) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"mlx_lm.server not ready within {READY_WITHIN:g} s: {_tail(log)}")
             time.sleep(0.3)
-        yield url
+        yield RunningServer(url, proc, log)
     finally:
         proc.terminate()
         try:
