@@ -158,6 +158,24 @@ def seconds_arg(value: str) -> float:
     return seconds
 
 
+def server_url_arg(value: str) -> str:
+    """A server arm's base URL: http(s), a host, no password in it (`common.server_endpoint`)."""
+    from ..common.server_endpoint import Endpoint
+
+    try:
+        return Endpoint.parse(value).url
+    except MlxgateUsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def top_k_arg(value: str) -> int:
+    """A number of top log-probabilities to ask a server for: 1 to 11."""
+    k = count_arg(value)
+    if k > 11:
+        raise argparse.ArgumentTypeError(f"must be at most 11 (mlx_lm.server's bound), got {k}")
+    return k
+
+
 def times_arg(value: str) -> float:
     """A multiple, 0 or more (`3`, `1.5`): how many times a cost may be spent."""
     try:
@@ -439,6 +457,30 @@ OPTIONS: tuple[Option, ...] = (
         "a gate whose limits are neither calibrated nor proven on the judged model (no KNOWN_BAD, a "
         "two-model lever) is an error, not a pass: for CI required checks",
         "gate",
+    ),
+    Option(
+        "--mlx-cand-server",
+        "the candidate arm is the model served at URL (mlx_lm.server or any OpenAI-compatible server with "
+        "logprobs): each KL gate's positions are asked of it teacher-forced and scored against the reference "
+        "arm in process; its KL is a lower bound from the server's top-k (docs/server-arm.md)",
+        "gate",
+        metavar="URL",
+        type=server_url_arg,
+    ),
+    Option(
+        "--mlx-server-key-env",
+        "the environment variable holding the --mlx-cand-server key: sent as a bearer header to that server's "
+        "origin alone, written nowhere",
+        "gate",
+        metavar="NAME",
+    ),
+    Option(
+        "--mlx-server-top-k",
+        "how many log-probabilities per position to ask of --mlx-cand-server (1-11; mlx_lm.server's bound). "
+        "Default: 11",
+        "gate",
+        metavar="K",
+        type=top_k_arg,
     ),
     Option(
         "--mlx-allow-untrained",

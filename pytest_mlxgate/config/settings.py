@@ -138,6 +138,9 @@ class GateSettings:
     explain_budget: float = 3.0  # --mlx-explain-budget TIMES the gate's two arms; 0: no automatic attribution
     prove: str = "auto"  # --mlx-prove: auto (prove limits where no calibration covers the model) | off
     require_proof: bool = False  # --mlx-require-proof: limits unproven on the judged model are an error
+    cand_server: str | None = None  # --mlx-cand-server URL: the candidate arm served over HTTP
+    server_key_env: str | None = None  # --mlx-server-key-env NAME: where that server's key is
+    server_top_k: int = 11  # --mlx-server-top-k K
 
 
 def _ini_count(config: pytest.Config, name: str) -> int | None:
@@ -208,6 +211,15 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
             "--mlx-require-proof with --mlx-prove off: a proof is required but none may run; drop one of them "
             "(MLXGATE_PROVE=off counts as --mlx-prove off)"
         )
+    cand_server = cli["mlx_cand_server"] or _ini_server(config)
+    if cand_server and (aa or calibrate):
+        raise MlxgateUsageError(
+            f"--mlx-cand-server with {'--mlx-aa' if aa else '--mlx-calibrate'}: a calibration measures the lever's "
+            "arms in process; calibrate the gate as it is, then judge the server against its limits"
+        )
+    server_key_env = cli["mlx_server_key_env"] or config.getini("mlx_server_key_env") or None
+    if server_key_env and not cand_server:
+        raise MlxgateUsageError("--mlx-server-key-env names a key for --mlx-cand-server, which is not given")
     return GateSettings(
         lever=lever,
         ref_value=ref_value,
@@ -249,12 +261,36 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         explain_budget=_explain_budget(cli["mlx_explain_budget"], config),
         prove=prove,
         require_proof=require_proof,
+        cand_server=cand_server,
+        server_key_env=server_key_env,
+        server_top_k=cli["mlx_server_top_k"] or _ini_top_k(config),
         progress_interval=(
             cli["mlx_progress_interval"]
             if cli["mlx_progress_interval"] is not None
             else _ini_seconds(config, "mlx_progress_interval", seconds_arg)
         ),
     )
+
+
+def _ini_server(config: pytest.Config) -> str | None:
+    value = config.getini("mlx_cand_server")
+    if not value:
+        return None
+    from ..common.server_endpoint import Endpoint
+
+    return Endpoint.parse(str(value)).url
+
+
+def _ini_top_k(config: pytest.Config) -> int:
+    value = config.getini("mlx_server_top_k")
+    if value in (None, ""):
+        return 11
+    from .options import top_k_arg
+
+    try:
+        return top_k_arg(str(value))
+    except argparse.ArgumentTypeError as e:
+        raise MlxgateUsageError(f"mlx_server_top_k in {config.inipath or 'the ini file'}: {e}") from None
 
 
 def _ini_seconds(config: pytest.Config, name: str, parse: Callable[[str], float]) -> float | None:

@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..common.refstore import store_or_warn
-from ..errors import VocabularyMismatchError
+from ..errors import ServerArmError, VocabularyMismatchError
 from ..levers.naming import source_digest
 from ..models.identity import model_identity
+from ..remote.arm import ServerCandidate, ServerScores, run_server_against, scored_positions
+from ..remote.client import ServerClient
 from ..serving.kv_plan import require_kv_difference
 from ..stats import divergence
 from ..stats.kl_profile import kl_profile
@@ -55,11 +57,15 @@ def measure_kl(
     say: Callable[[str], None],
     watch: Watcher | None = None,
     oracle: LoadedModel | None = None,
+    server: ServerCandidate | None = None,
 ) -> KLResult:
     """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize.
     `watch`: each arm's progress lines and time limit (none: silent, unlimited). `oracle`: the reference
-    model computing in float32 (`kl.oracle`); both arms' distances from it come with the result."""
-    if lever.kind == "kv" and not aa:
+    model computing in float32 (`kl.oracle`); both arms' distances from it come with the result. `server`:
+    the candidate arm is that server's, asked teacher-forced (`remote.arm`); its KL a lower bound."""
+    if server is not None:
+        oracle = None  # the oracle's rules judge a kernel in process: a server's is out of reach
+    if lever.kind == "kv" and not aa and server is None:
         require_kv_difference(
             lever.name,
             lever.kv_plan("reference"),
@@ -109,10 +115,18 @@ def measure_kl(
 
     aa_info: dict[str, Any] | None = None
     distances: OracleDistances | None = None
+    server_facts: dict[str, Any] | None = None
     if aa:
         scores, aa_info = _aa(
             reference, refs, lever=lever, shape=shape, sequences=sequences, counters=counters, say=say, watch=watch
         )
+    elif server is not None:
+        say(f"candidate arm: the server at {server.endpoint.url} (top-{server.top_k}, teacher-forced)")
+        arm_watch = _arm_watch(watch, f"candidate arm (server {server.endpoint.url})", sequences, shape)
+        served = _served(server, candidate, sequences, shape, refs, arm_watch)
+        _finish(arm_watch)
+        scores = [s.scores for s in served.sequences]
+        server_facts = served.facts(server)
     else:
         say(f"candidate arm ({lever.name}={lever.describe_value('candidate')})")
         arm_watch = _arm_watch(
@@ -148,7 +162,48 @@ def measure_kl(
         aa=aa_info,
         profile=profile,
         oracle=distances,
+        server=server_facts,
     )
+
+
+def _served(
+    server: ServerCandidate,
+    candidate: LoadedModel,
+    sequences: Sequence[TokenSequence],
+    shape: RunShape,
+    refs: Sequence[RefDistributions],
+    arm_watch: ArmWatch | None,
+) -> ServerScores:
+    """The candidate arm asked of `server`: the model it says it serves checked first, then every sequence's
+    scored positions teacher-forced, scored against the reference rows."""
+    tokenizer = candidate.tokenizer
+    client = ServerClient(server.endpoint)
+    try:
+        try:
+            served: list[str] | None = client.served_models()
+        except ServerArmError:
+            served = None  # mlx_lm.server's listing breaks without a hub cache: the tokenizer check still runs
+        local = {str(v) for v in (candidate.snapshot.path, candidate.snapshot.repo_id, candidate.snapshot.name) if v}
+        if served and not local & set(served):
+            raise ServerArmError(
+                f"server {server.endpoint.url} serves {', '.join(served)}, not the candidate "
+                f"{', '.join(sorted(local))}: its answers would be another model's. Serve the same snapshot "
+                "(mlx_lm.server --model "
+                f"{candidate.snapshot.path}), or pass that model as --mlx-candidate"
+            )
+        scored = run_server_against(
+            client,
+            [s.ids for s in sequences],
+            refs,
+            scored_positions(shape.tokens, shape.path, shape.decode),
+            top_k=server.top_k,
+            encode=tokenizer.encode,
+            decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
+            tick=(lambda _: arm_watch.advance(shape.tokens)) if arm_watch is not None else None,  # one sequence done
+        )
+        return dataclasses.replace(scored, served=tuple(served) if served is not None else None)
+    finally:
+        client.close()
 
 
 def chunked_floor(

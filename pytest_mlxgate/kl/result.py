@@ -40,6 +40,7 @@ class KLResult:
     oracle: OracleDistances | None = None  # both arms' distances from the float32 oracle, when the gate asks
     site: SiteCheck | None = None  # the kernel at the lever's site against its float32 oracle (`kl.site`)
     site_note: str | None = None  # why no site check ran where the oracle did (a lever with no function to judge)
+    server: dict[str, Any] | None = None  # a candidate served over HTTP: where, and what its lower-bound KL rests on
 
     @property
     def mode(self) -> str:
@@ -69,10 +70,14 @@ class KLResult:
                 extra["oracle"]["site_note"] = self.site_note
         if self.counters.lever_calls:
             extra["lever_calls"] = dict(self.counters.lever_calls)
+        lever = self.lever.to_json()
+        if self.server is not None:  # the candidate arm was the server, not the module's candidate value
+            extra["server"] = dict(self.server)
+            lever["cand"] = f"served at {self.server['url']}"
         return dict(
             candidate=self.candidate,
             reference_model=self.reference_model,
-            lever=self.lever.to_json(),
+            lever=lever,
             path=self.shape.path,
             sizes={
                 "prompts": self.stats.n_prompts,

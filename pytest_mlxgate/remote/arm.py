@@ -15,12 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..common.server_endpoint import Endpoint
 from ..stats.divergence import RefDistributions
 from ..stats.topk import TopKScores, compare_topk
 from .client import ServerClient
 from .teacher import teacher_forced
 
-__all__ = ["ServerScores", "run_server_against", "scored_positions"]
+__all__ = ["ServerCandidate", "ServerScores", "run_server_against", "scored_positions"]
+
+
+@dataclass(frozen=True)
+class ServerCandidate:
+    """The candidate arm of a run served over HTTP (`--mlx-cand-server`): where, and how many log-probabilities
+    per position to ask for."""
+
+    endpoint: Endpoint
+    top_k: int = 11
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class ServerScores:
 
     sequences: tuple[TopKScores, ...]
     chosen_disagreed: int
+    served: tuple[str, ...] | None = None  # the models it lists (None: it could not say)
 
     @property
     def k(self) -> int:
@@ -41,6 +52,24 @@ class ServerScores:
     @property
     def next_unlisted(self) -> int:
         return sum(s.next_unlisted for s in self.sequences)
+
+    def facts(self, server: ServerCandidate) -> dict[str, object]:
+        """The record's `server` part (`results.record_server`): where, and what the KL rests on."""
+        ref_tail, cand_tail = self.mean_tails()
+        return {
+            "url": server.endpoint.url,
+            "top_k": server.top_k,
+            "k": self.k,
+            "bound": "lower",
+            "asked": sum(len(s.scores) + s.unaskable for s in self.sequences),
+            "unaskable": self.unaskable,
+            "next_unlisted": self.next_unlisted,
+            "chosen_disagreed": self.chosen_disagreed,
+            "ref_tail": round(ref_tail, 6),
+            "cand_tail": round(cand_tail, 6),
+            "served": list(self.served) if self.served is not None else None,
+            "max_kl": max((float(s.scores.kl.max()) for s in self.sequences if len(s.scores)), default=0.0),
+        }
 
     def mean_tails(self) -> tuple[float, float]:
         """The mean mass outside the shared tokens over every scored position: the reference's, the server's."""

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 
 from ..common.redact import redact
+from ..common.server_endpoint import Endpoint
 from ..errors import ServerArmError
 from ..stats.topk import TopK, TopKError
-from .endpoint import Endpoint
 
 __all__ = ["MAX_TOP_LOGPROBS", "Completion", "ServerClient", "reconcile"]
 

@@ -192,6 +192,7 @@ def _gate_section(
         f'<section class="gate v-{esc(verdict)}" id="{anchor}" data-mode="{esc(mode)}">',
         f"<h2>{esc(record.name)} {verdict_badge(verdict)}</h2>",
         _meta(record),
+        _server_line(record),
         _limits_line(record),
         "<h3>Verdict</h3>",
         _verdict_table(record),
@@ -242,6 +243,13 @@ def _meta(record: Record) -> str:
     parts += [esc(p) for p in n_parts(record)]
     rerun = f'<p class="rerun">re-run: <code>{esc(record.rerun)}</code></p>' if record.rerun else ""
     return f'<p class="meta">{" · ".join(parts)}</p>{rerun}'
+
+
+def _server_line(record: Record) -> str:
+    """A candidate served over HTTP: its KL figures are lower bounds from the server's top-k."""
+    if record.server is None:
+        return ""
+    return f'<p class="server" data-bound="{esc(record.server.bound or "")}">{esc(record.server.words)}</p>'
 
 
 def _limits_line(record: Record) -> str:

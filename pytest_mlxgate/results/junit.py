@@ -115,6 +115,11 @@ def _flat(record: Record) -> _Pairs:
         yield "mlxgate.oracle.dtype", record.oracle.dtype
         yield "mlxgate.oracle.plain_mean", record.oracle.plain
         yield "mlxgate.oracle.candidate_mean", record.oracle.candidate
+    if record.server is not None:  # a candidate served over HTTP: its KL a lower bound from the top-k
+        yield "mlxgate.server", record.server.words
+        yield "mlxgate.server.url", record.server.url
+        yield "mlxgate.server.k", record.server.k
+        yield "mlxgate.server.bound", record.server.bound
     if record.mode == "capability":
         yield from _capability(record)
     if record.speed is not None:

@@ -276,6 +276,8 @@ _SAME_GATE_SETTINGS = (
     "allow_untrained",
     "prove",
     "require_proof",
+    "cand_server",
+    "server_top_k",
 )
 
 

@@ -40,6 +40,7 @@ from .record_kl import (
     parse_profile,
     parse_stats,
 )
+from .record_server import ServerArm, parse_server
 from .record_speed import Speed, parse_speed
 from .wire import RECORD_VERSION, migrate_record
 
@@ -233,6 +234,7 @@ class Record:
     kl_profile: KLProfile = KLProfile()
     attribution: Attribution | None = None  # where the drift comes from (--mlx-explain, or a failing KL gate)
     oracle: Oracle | None = None  # both arms against the float32 oracle (`assert_kl_below(relative=...)`)
+    server: ServerArm | None = None  # the candidate served over HTTP (`--mlx-cand-server`): its KL is a lower bound
     tasks: Mapping[str, Task] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     capability_score: CapabilityScore | None = None
@@ -277,6 +279,7 @@ class Record:
             "kl_profile": self.kl_profile.to_json(),
             "attribution": part(self.attribution),
             "oracle": part(self.oracle),
+            "server": part(self.server),
             "tasks": {name: t.to_json() for name, t in self.tasks.items()},
             "skipped": dict(self.skipped),
             "capability_score": part(self.capability_score),
@@ -374,6 +377,7 @@ def parse_record(record: Mapping[str, Any]) -> Record:
         kl_profile=parse_profile(mapping(r.get("kl_profile"))),
         attribution=parse_attribution(mapping(r.get("attribution"))) if r.get("attribution") else None,
         oracle=parse_oracle(mapping(r.get("oracle"))) if r.get("oracle") else None,
+        server=parse_server(r.get("server")),
         tasks={str(name): parse_task(str(name), mapping(t)) for name, t in mapping(r.get("tasks")).items()},
         skipped={str(k): str(v) for k, v in mapping(r.get("skipped")).items()},
         capability_score=parse_score(score) if score else None,

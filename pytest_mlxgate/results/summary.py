@@ -255,6 +255,11 @@ def _limits_parts(record: Record) -> list[str]:
     return [text] if text is not None else []
 
 
+def _server_parts(record: Record) -> list[str]:
+    """A candidate served over HTTP: where, and that its KL is a lower bound from its top-k."""
+    return [record.server.words] if record.server is not None else []
+
+
 def _pack(parts: Sequence[str], width: int, sep: str = " · ") -> list[str]:
     """Join parts into lines of at most `width`, breaking only between parts (clipping a lone giant)."""
     lines: list[str] = []
@@ -301,7 +306,7 @@ def summary_lines(records: Sequence[Record], *, width: int = 120) -> list[str]:
                 _gate_rows(record),
                 n_parts(record),
                 speed_parts(record, speeds_shown),
-                _error_parts(record) + _limits_parts(record) + _attribution_parts(record),
+                _error_parts(record) + _server_parts(record) + _limits_parts(record) + _attribution_parts(record),
             )
         )
 

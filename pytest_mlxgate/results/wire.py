@@ -104,6 +104,7 @@ class GateRecord(TypedDict, total=False):
     gate: Required[str]
     mode: Required[Mode]
     oracle: dict[str, Any]  # both arms' KL from the float32 oracle (`kl.oracle.OracleDistances.to_json`)
+    server: dict[str, Any]  # a candidate served over HTTP: where, and what its lower-bound KL rests on
     verdict: Required[str]
     time: Required[str]
     record_version: int  # RECORD_VERSION; none: a version-1 record (`migrate_record` reads it)

@@ -149,9 +149,11 @@ class RunContext:
 
 def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
     """The module's run, made once: gates of one module share their arms' results."""
+    from ..common.server_endpoint import Endpoint
     from ..common.watch import Watcher, progress_interval
     from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
+    from ..remote.arm import ServerCandidate
     from ..serving.caches import sliding_window
     from ..speed.load import wait_for_siblings
     from .paired_run import PairedRun
@@ -194,6 +196,11 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         candidate=candidate,
         reference=reference,
         oracle=oracle,
+        server=(
+            ServerCandidate(Endpoint.parse(gate.cand_server, key_env=gate.server_key_env), gate.server_top_k)
+            if gate.cand_server
+            else None
+        ),
         machine=dict(ctx.machine),
         cache=(
             ReferenceCache(ctx.cache_dir, max_bytes=gate.reference_cache_max, report=ctx.progress)

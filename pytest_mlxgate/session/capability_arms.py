@@ -46,6 +46,7 @@ class CapabilityArms:
         tier = tier or self.options.get("tier", "smoke")
         seq = tuple(sorted((sequential or {}).items())) if isinstance(n, Budget) else ()
         key = (task, str(tier), n, seq)
+        self.arms.refuse_server(f"capability task {task}")
         if key not in self._runs:
             with self.arms.phases.timing("capability"):
                 self._runs[key] = self._run(task, tier, n, sequential)

@@ -71,8 +71,9 @@ class KLArms:
             say=arms.say,
             watch=arms.watch,
             oracle=None if aa else arms.oracle,
+            server=None if aa else arms.server,
         )
-        if arms.oracle is not None and not aa:
+        if arms.oracle is not None and not aa and arms.server is None:
             self._judge_sites(found)
         return found
 
@@ -106,6 +107,14 @@ class KLArms:
         """Where `kl`'s drift comes from (`explain.attribute`), once per module, within `budget` seconds.
         Attribution is a by-product: an error in it becomes a note, never the gate's verdict."""
         if self._attribution is not None:  # the module's arms, explained once for all its KL tests
+            return self._attribution
+        if self.arms.server is not None:  # layer by layer in process would explain the module's lever, not the server
+            self._attribution = {
+                "version": 0,
+                "scopes": [],
+                "residual": {"layers": []},
+                "notes": ["attribution runs the candidate in process, layer by layer: not for a server arm"],
+            }
             return self._attribution
         from ..explain.attribute import attribute
         from ..kl.measure import reference_key

@@ -26,6 +26,7 @@ class SpeedArms:
         """Both arms' speed and memory, as a record carries it. Untrained models are fine here: speed
         does not depend on what the weights predict."""
         if self.measured is None:
+            self.arms.refuse_server("speed and memory")
             import uuid
 
             from ..serving.caches import sliding_window

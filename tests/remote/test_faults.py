@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from mlx_server import free_port
 
+from pytest_mlxgate.common.server_endpoint import Endpoint
 from pytest_mlxgate.errors import MlxgateUsageError, ServerArmError
 from pytest_mlxgate.remote.client import ServerClient
-from pytest_mlxgate.remote.endpoint import Endpoint
 
 VOCAB = {1: "A", 2: "B", 3: "C", 4: " D"}
 

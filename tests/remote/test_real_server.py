@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from mlx_server import mlx_server
 
+from pytest_mlxgate.common.server_endpoint import Endpoint
 from pytest_mlxgate.remote.client import ServerClient
-from pytest_mlxgate.remote.endpoint import Endpoint
 from pytest_mlxgate.stats.topk import topk_kl
 
 pytestmark = pytest.mark.slow  # mlx_lm.server processes (~10 s each to come up)

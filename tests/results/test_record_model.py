@@ -687,6 +687,7 @@ _READERS_ALLOWED = {
     "record_kl.py": None,
     "record_capability.py": None,
     "record_speed.py": None,
+    "record_server.py": None,
     "runs.py": None,
     "wire.py": {"migrate_check", "migrate_record", "_flipped_from_items", "score", "_without_flipped"},
     "verdicts.py": {"check_verdict"},

@@ -1,0 +1,105 @@
+"""`--mlx-cand-server`: a KL gate whose candidate arm is a real mlx_lm.server (issue 56), run as a user runs
+it. The KV gate's shape and mean limit (2e-3) on the embedded model: an 8-bit KV server passes, a 4-bit one
+fails (its lower bound beyond the limit: sound), a --kv-bits 4 server at mlx_lm's default start (it quantizes
+nothing here) passes only saying it differs in nothing; every record says the KL is a lower bound from the
+server's top-k, in the JSON, the summary and JUnit; a speed test under a server is an error, never a pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlx_server import mlx_server
+from report_records import junit_gate_properties
+
+pytestmark = pytest.mark.slow  # mlx_lm.server processes and pytester sessions on the embedded model
+
+GATE = """
+import pytest
+from pytest_mlxgate import assert_kl_below, assert_smaller
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}),
+    pytest.mark.mlx_kl(prompts=4, tokens=48, decode=16),
+]
+
+
+def test_drift(paired):
+    assert_kl_below(paired, mean=2e-3)
+
+
+def test_memory(paired):
+    assert_smaller(paired, kv=0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def embedded() -> Path:
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    return Path(ensure_embedded_snapshot())
+
+
+def _hub(tmp: Path) -> dict[str, str]:
+    """A hub cache folder for the server's /v1/models to scan (the test's HOME has none)."""
+    (tmp / "hub").mkdir(exist_ok=True)
+    return {"HF_HUB_CACHE": str(tmp / "hub")}
+
+
+def _session(pytester: pytest.Pytester, model: Path, url: str, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict]:
+    report, xml = tmp / "r.json", tmp / "r.xml"
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={model}",
+        f"--mlx-cand-server={url}",
+        "--mlx-db=off",
+        f"--mlx-reference-cache={tmp / 'refcache'}",
+        "--mlx-prove=off",
+        f"--mlx-report={report}",
+        f"--junit-xml={xml}",
+        "-p",
+        "no:randomly",
+        *more,
+    )
+    records = {g["nodeid"].split("::")[-1]: g for g in json.loads(report.read_text())["gates"]}
+    return result, {"records": records, "junit": junit_gate_properties(xml)}
+
+
+@pytest.mark.parametrize(
+    ("args", "verdict"),
+    [
+        (("--kv-bits", "8", "--quantized-kv-start", "0"), "pass"),
+        (("--kv-bits", "4", "--quantized-kv-start", "0"), "fail"),
+        (("--kv-bits", "4"), "pass"),  # quantizes from token 5000: nothing here, and it says so
+    ],
+)
+def test_the_kv_gate_through_a_server_reads_as_it_does_in_process(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, args: tuple[str, ...], verdict: str
+) -> None:
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    with mlx_server(embedded, tmp_path, *args, env=_hub(tmp_path)) as server:
+        result, got = _session(pytester, embedded, server.url, tmp_path)
+    drift, memory = got["records"]["test_drift"], got["records"]["test_memory"]
+    assert drift["verdict"] == verdict, drift.get("checks")
+    part = drift["server"]
+    assert part["url"] == server.url and part["bound"] == "lower" and part["k"] == 11
+    assert drift["lever"]["cand"] == f"served at {server.url}"
+    said = " ".join(result.stdout.str().split())
+    assert f"candidate served at {server.url}: KL a lower bound from its top-11" in said
+    assert got["junit"]["test_kv.py::test_drift"]["mlxgate.server.bound"] == "lower"
+    unchanged = "changed nothing scored here" in said
+    assert unchanged == (args == ("--kv-bits", "4")), said  # the vacuous server setting is named as such
+    assert memory["verdict"] == "error" and "not measured through a server yet" in memory["error"]["message"]
+
+
+def test_a_server_of_another_model_is_an_error_naming_both(
+    pytester: pytest.Pytester, embedded: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    with mlx_server(tiny_model_dir, tmp_path, env=_hub(tmp_path)) as server:
+        _, got = _session(pytester, embedded, server.url, tmp_path, "-k", "drift")
+    drift = got["records"]["test_drift"]
+    assert drift["verdict"] == "error"
+    assert f"serves {tiny_model_dir}, not the candidate" in drift["error"]["message"]
