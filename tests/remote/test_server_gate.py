@@ -103,3 +103,39 @@ def test_a_server_of_another_model_is_an_error_naming_both(
     drift = got["records"]["test_drift"]
     assert drift["verdict"] == "error"
     assert f"serves {tiny_model_dir}, not the candidate" in drift["error"]["message"]
+
+
+def test_the_key_reaches_no_record_report_log_or_database(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server behind a key (mlx_lm.server ignores it; the bearer header is sent all the same): the key's
+    value is in none of what the run writes, the history DB included."""
+    import sqlite3
+
+    key = "sk-mlxgate-test-7f3a9c"
+    monkeypatch.setenv("MY_SERVER_KEY", key)
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    db, html = tmp_path / "history.sqlite", tmp_path / "r.html"
+    with mlx_server(embedded, tmp_path, "--kv-bits", "8", "--quantized-kv-start", "0", env=_hub(tmp_path)) as server:
+        report, xml = tmp_path / "r.json", tmp_path / "r.xml"
+        result = pytester.runpytest_subprocess(
+            f"--mlx-candidate={embedded}",
+            f"--mlx-cand-server={server.url}",
+            "--mlx-server-key-env=MY_SERVER_KEY",
+            f"--mlx-db={db}",
+            f"--mlx-html={html}",
+            f"--mlx-reference-cache={tmp_path / 'refcache'}",
+            "--mlx-prove=off",
+            f"--mlx-report={report}",
+            f"--junit-xml={xml}",
+            "-k",
+            "drift",
+        )
+    assert json.loads(report.read_text())["gates"][0]["verdict"] == "pass"
+    written = [report.read_text(), xml.read_text(), html.read_text(), result.stdout.str(), result.stderr.str()]
+    with sqlite3.connect(db) as conn:
+        written += [repr(row) for table in ("quality_runs",) for row in conn.execute(f"SELECT * FROM {table}")]
+    written += [p.read_text(errors="replace") for p in tmp_path.glob("*.log")]
+    assert all(key not in text for text in written)
+    assert "MY_SERVER_KEY" in report.read_text()  # the variable's name is said; its value nowhere
