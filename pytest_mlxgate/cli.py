@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return history_main(args)
     if args.command == "new-gate":
         return _new_gate(args)
+    if args.command == "server-check":
+        return _server_check(args)
     if args.command == "plan":
         from .plan_cli import main as plan_main
 
@@ -60,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Verified model snapshots, new gates, and the results history, for pytest-mlxgate.",
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{get,verify,new-gate,plan,history,compare,report,merge}"
+        dest="command", required=True, metavar="{get,verify,new-gate,plan,server-check,history,compare,report,merge}"
     )
     for name, help_ in (
         ("get", "download (or build) a snapshot and print its path"),
@@ -91,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
             )
     _add_new_gate(sub)
     _add_plan(sub)
+    help_ = "check a server's mlxgate log-probability protocol (docs/server-protocol.md) before a gate believes it"
+    check = sub.add_parser("server-check", help=help_, description=help_ + "; exit 0 when every check passes")
+    check.add_argument("url", metavar="URL", help="the server's base URL, e.g. http://127.0.0.1:8090")
+    check.add_argument("--key-env", metavar="NAME", help="the environment variable holding its key")
     from .history_cli import add_parsers
 
     add_parsers(sub)
@@ -306,3 +312,29 @@ def _is_expected(e: Exception) -> bool:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _server_check(args: argparse.Namespace) -> int:
+    """`mlxgate server-check URL`: each conformance check, one line, PASS or FAIL; exit 1 on any fail."""
+    from .common.server_endpoint import Endpoint
+    from .remote.client import ServerClient
+    from .remote.conformance import check_server
+
+    try:
+        endpoint = Endpoint.parse(args.url, key_env=args.key_env)
+    except MlxgateUsageError as e:
+        print(f"mlxgate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    client = ServerClient(endpoint)
+    try:
+        checks = check_server(client)
+    finally:
+        client.close()
+    for check in checks:
+        print(f"{'PASS' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+    failed = [c.name for c in checks if not c.ok]
+    print(
+        f"mlxgate server-check {endpoint.url}: "
+        + (f"{len(failed)} failed ({', '.join(failed)})" if failed else "conforms")
+    )
+    return 1 if failed else 0

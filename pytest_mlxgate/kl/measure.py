@@ -17,7 +17,13 @@ from ..common.refstore import store_or_warn
 from ..errors import ServerArmError, VocabularyMismatchError
 from ..levers.naming import source_digest
 from ..models.identity import model_identity
-from ..remote.arm import ServerCandidate, ServerScores, run_server_against, scored_positions
+from ..remote.arm import (
+    ServerCandidate,
+    ServerScores,
+    run_protocol_against,
+    run_server_against,
+    scored_positions,
+)
 from ..remote.client import ServerClient
 from ..serving.kv_plan import require_kv_difference
 from ..stats import divergence
@@ -191,6 +197,22 @@ def _served(
                 "(mlx_lm.server --model "
                 f"{candidate.snapshot.path}), or pass that model as --mlx-candidate"
             )
+        info = client.protocol_info()
+        if info is not None:
+            if info["vocab_size"] != refs[0].vocab_size:
+                raise ServerArmError(
+                    f"server {server.endpoint.url} has a vocabulary of {info['vocab_size']}, the candidate "
+                    f"{refs[0].vocab_size}: another model or tokenizer"
+                )
+            scored = run_protocol_against(
+                client,
+                [s.ids for s in sequences],
+                refs,
+                scored_positions(shape.tokens, shape.path, shape.decode),
+                vocab_size=int(info["vocab_size"]),
+                tick=(lambda _: arm_watch.advance(shape.tokens)) if arm_watch is not None else None,
+            )
+            return dataclasses.replace(scored, served=tuple(served) if served is not None else None)
         scored = run_server_against(
             client,
             [s.ids for s in sequences],

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..common.server_endpoint import Endpoint
-from ..stats.divergence import RefDistributions
+from ..stats.divergence import RefDistributions, compare
 from ..stats.topk import TopKScores, compare_topk
 from .client import ServerClient
 from .teacher import teacher_forced
 
-__all__ = ["ServerCandidate", "ServerScores", "run_server_against", "scored_positions"]
+__all__ = ["ServerCandidate", "ServerScores", "run_protocol_against", "run_server_against", "scored_positions"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class ServerScores:
     sequences: tuple[TopKScores, ...]
     chosen_disagreed: int
     served: tuple[str, ...] | None = None  # the models it lists (None: it could not say)
+    exact: bool = False  # whole distributions (the mlxgate protocol): the KL is the statistic itself
 
     @property
     def k(self) -> int:
@@ -60,7 +61,7 @@ class ServerScores:
             "url": server.endpoint.url,
             "top_k": server.top_k,
             "k": self.k,
-            "bound": "lower",
+            "bound": "exact" if self.exact else "lower",
             "asked": sum(len(s.scores) + s.unaskable for s in self.sequences),
             "unaskable": self.unaskable,
             "next_unlisted": self.next_unlisted,
@@ -82,6 +83,31 @@ def scored_positions(tokens: int, path: str, decode: int) -> np.ndarray:
     """The positions the in-process arms score on `path`: all `tokens`, or the last `decode` when serving."""
     start = tokens - decode if path == "serving" else 0
     return np.arange(start, tokens, dtype=np.int32)
+
+
+def run_protocol_against(
+    client: ServerClient,
+    sequences: Sequence[Sequence[int]],
+    refs: Sequence[RefDistributions],
+    positions: np.ndarray,
+    *,
+    vocab_size: int,
+    tick: Callable[[int], None] | None = None,
+) -> ServerScores:
+    """Each sequence's whole distributions at `positions` by the mlxgate protocol (`remote.protocol`), one
+    request a sequence, scored by `compare` exactly as an in-process arm is: the same statistic, no bound."""
+    out = []
+    for ids, ref in zip(sequences, refs, strict=True):
+        tokens = list(ids[:-1])  # the last id is only predicted
+        rows = client.logprobs_at(tokens, [int(p) for p in positions], top_k=None, vocab_size=vocab_size)
+        logits = np.array([row.logprobs for row in rows], dtype=np.float32)
+        next_tokens = np.asarray([ids[p + 1] for p in positions], dtype=np.int32)
+        scores = compare(ref, logits, next_tokens, positions)
+        n = len(positions)
+        out.append(TopKScores(scores, vocab_size, np.zeros(n), np.zeros(n), 0, 0))
+        if tick is not None:
+            tick(n)
+    return ServerScores(tuple(out), 0, exact=True)
 
 
 def run_server_against(

@@ -27,6 +27,7 @@ from ..common.redact import redact
 from ..common.server_endpoint import Endpoint
 from ..errors import ServerArmError
 from ..stats.topk import TopK, TopKError
+from .protocol import INFO_ROUTE, LOGPROBS_ROUTE, ProtocolError, Row, parse_info, parse_rows
 
 __all__ = ["MAX_TOP_LOGPROBS", "Completion", "ServerClient", "reconcile"]
 
@@ -72,6 +73,28 @@ class ServerClient:
         if not isinstance(data, list):
             raise self._error("GET /v1/models", "answered no model list ('data')")
         return [str(m.get("id")) for m in data if isinstance(m, Mapping)]
+
+    def protocol_info(self) -> dict[str, Any] | None:
+        """What the server says of the mlxgate log-probability protocol (`remote.protocol`); None where it
+        does not speak it (404)."""
+        doc = self._call("GET", INFO_ROUTE, None, missing_ok=True)
+        if doc is None:
+            return None
+        try:
+            return parse_info(doc)
+        except ProtocolError as e:
+            raise self._error(f"GET /v1/{INFO_ROUTE}", str(e)) from None
+
+    def logprobs_at(
+        self, tokens: Sequence[int], positions: Sequence[int], *, top_k: int | None, vocab_size: int
+    ) -> list[Row]:
+        """The protocol's rows at `positions` of `tokens` (top_k None: whole distributions), checked."""
+        body = {"tokens": list(tokens), "positions": list(positions), "top_k": top_k}
+        doc = self._call("POST", LOGPROBS_ROUTE, body)
+        try:
+            return parse_rows(doc, positions=positions, top_k=top_k, vocab_size=vocab_size)
+        except ProtocolError as e:
+            raise ServerArmError(self.endpoint.scrub(f"server {self.endpoint.url}: {e}")) from None
 
     def complete(
         self, prompt: str, *, max_tokens: int, top_k: int, decode: Callable[[Sequence[int]], str]
@@ -129,7 +152,7 @@ class ServerClient:
 
     # -- one request, its faults -----------------------------------------------------------------------
 
-    def _call(self, method: str, route: str, body: Mapping[str, Any] | None) -> Any:
+    def _call(self, method: str, route: str, body: Mapping[str, Any] | None, *, missing_ok: bool = False) -> Any:
         url = self.endpoint.api(route)
         what = f"{method} /v1/{route}"
         for attempt in range(self.retries + 1):
@@ -150,6 +173,8 @@ class ServerClient:
                     f"redirected ({response.status_code}) to {response.headers.get('location', '?')}: not followed "
                     "(a key must not leave the server's origin); give the final URL",
                 )
+            if missing_ok and response.status_code == 404:
+                return None
             if response.status_code >= 400:
                 raise self._error(what, f"answered HTTP {response.status_code}: {_snippet(response.text)}")
             try:

@@ -39,7 +39,7 @@ class ServerArm:
     url: str | None = None
     top_k: int | None = None
     k: int | None = None
-    bound: str | None = None  # "lower": the KL figures are lower bounds of the full KL
+    bound: str | None = None  # "lower": the KL figures are lower bounds of the full KL; "exact": whole rows
     asked: int | None = None
     unaskable: int | None = None  # their prompt's text encodes to other tokens: not asked, not scored
     next_unlisted: int | None = None  # scored positions whose next token the server's list did not hold
@@ -59,8 +59,11 @@ class ServerArm:
     def words(self) -> str:
         """One line: `candidate served at URL: KL a lower bound from its top-11 (mass left out: reference
         0.12, server 0.13); 2 of 96 positions not askable; its "chosen" entries disagreed at 40 (not believed)`."""
-        tails = f"mass left out: reference {_f(self.ref_tail)}, server {_f(self.cand_tail)}"
-        text = f"candidate served at {self.url}: KL a lower bound from its top-{self.k} ({tails})"
+        if self.bound == "exact":
+            text = f"candidate served at {self.url}: whole distributions by the mlxgate protocol (KL exact)"
+        else:
+            tails = f"mass left out: reference {_f(self.ref_tail)}, server {_f(self.cand_tail)}"
+            text = f"candidate served at {self.url}: KL a lower bound from its top-{self.k} ({tails})"
         if self.max_kl is not None and self.max_kl <= NO_DIFFERENCE:
             text += (
                 f"; no difference from the reference arm at any position (max {_f(self.max_kl)}): whatever the "

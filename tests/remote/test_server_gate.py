@@ -139,3 +139,21 @@ def test_the_key_reaches_no_record_report_log_or_database(
     written += [p.read_text(errors="replace") for p in tmp_path.glob("*.log")]
     assert all(key not in text for text in written)
     assert "MY_SERVER_KEY" in report.read_text()  # the variable's name is said; its value nowhere
+
+
+def test_a_server_speaking_the_protocol_is_scored_exactly(
+    pytester: pytest.Pytester, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The protocol's reference server (`python -m pytest_mlxgate.remote.reference_server`) as the candidate:
+    whole distributions, so the record's KL is exact (no top-k bound), and a plain server matches the
+    reference arm at every position and says so."""
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    with mlx_server(tiny_model_dir, tmp_path, "--mlxgate-reference") as server:
+        result, got = _session(pytester, tiny_model_dir, server.url, tmp_path, "-k", "drift", "--mlx-allow-untrained")
+    drift = got["records"]["test_drift"]
+    assert drift["verdict"] == "pass" and drift["server"]["bound"] == "exact", drift
+    assert drift["server"]["served"] == [str(tiny_model_dir)] and drift["server"]["unaskable"] == 0
+    said = " ".join(result.stdout.str().split())
+    assert "whole distributions by the mlxgate protocol (KL exact)" in said
+    assert "no difference from the reference arm at any position" in said

@@ -35,11 +35,15 @@ class RunningServer:
 
 @contextlib.contextmanager
 def mlx_server(model: Path, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
-    """`python -m mlx_lm server --model MODEL ARGS` on a free port, ready; stopped on exit. `env`: variables
-    set for it (mlx_lm.server's /v1/models scans the hub cache and breaks where there is none)."""
+    """`python -m mlx_lm server --model MODEL ARGS` on a free port, ready; stopped on exit (ARGS starting
+    `--mlxgate-reference`: the mlxgate protocol's reference server instead). `env`: variables set for it
+    (mlx_lm.server's /v1/models scans the hub cache and breaks where there is none)."""
     port = free_port()
     log = log_dir / f"mlx_lm-server-{port}.log"
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--host", "127.0.0.1"]
+    if args[:1] == ("--mlxgate-reference",):  # the mlxgate protocol's reference implementation instead
+        command = [sys.executable, "-m", "pytest_mlxgate.remote.reference_server", "--model", str(model)]
+        args = args[1:]
     command += ["--port", str(port), *args]
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
