@@ -310,10 +310,6 @@ def _is_expected(e: Exception) -> bool:
     return isinstance(e, HubError)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _server_check(args: argparse.Namespace) -> int:
     """`mlxgate server-check URL`: each conformance check, one line, PASS or FAIL; exit 1 on any fail."""
     from .common.server_endpoint import Endpoint
@@ -328,6 +324,9 @@ def _server_check(args: argparse.Namespace) -> int:
     client = ServerClient(endpoint)
     try:
         checks = check_server(client)
+    except MlxgateUsageError as e:  # its key's variable unset
+        print(f"mlxgate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         client.close()
     for check in checks:
@@ -338,3 +337,7 @@ def _server_check(args: argparse.Namespace) -> int:
         + (f"{len(failed)} failed ({', '.join(failed)})" if failed else "conforms")
     )
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

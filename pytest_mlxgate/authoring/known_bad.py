@@ -109,6 +109,7 @@ def known_bad_paired(paired: Paired, bad: object) -> _KnownBadPaired:
         reference=reference,
         speed_shape=None,
         counters=type(run.counters)(),
+        server=None,  # the known-bad runs in process: under --mlx-cand-server, never the server asked again
     )
     return _KnownBadPaired(bad_run, paired.item, paired.rerun)
 

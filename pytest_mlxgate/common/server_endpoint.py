@@ -27,7 +27,13 @@ class Endpoint:
     @classmethod
     def parse(cls, text: str, *, key_env: str | None = None) -> Endpoint:
         """`http(s)://host:port[/prefix]` as given, or MlxgateUsageError saying what and how to fix it."""
-        parts = urlsplit(text.strip())
+        try:
+            parts = urlsplit(text.strip())
+            parts.port  # noqa: B018 - raises ValueError on a port that is no number in 0-65535
+        except ValueError as e:
+            raise MlxgateUsageError(
+                f"server URL {text!r} cannot be read ({e}): give it as http://HOST:PORT, e.g. http://127.0.0.1:8080"
+            ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise MlxgateUsageError(
                 f"server URL {text!r} is not an http(s) URL with a host: give it as http://HOST:PORT "

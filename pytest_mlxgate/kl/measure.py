@@ -198,6 +198,11 @@ def _served(
                 f"{candidate.snapshot.path}), or pass that model as --mlx-candidate"
             )
         info = client.protocol_info()
+        if info is not None and str(info["model"]) not in local:
+            raise ServerArmError(
+                f"server {server.endpoint.url} answers the mlxgate protocol for {info['model']}, not the candidate "
+                f"{', '.join(sorted(local))}: serve the same snapshot, or pass that model as --mlx-candidate"
+            )
         if info is not None:
             if info["vocab_size"] != refs[0].vocab_size:
                 raise ServerArmError(
@@ -220,7 +225,8 @@ def _served(
             scored_positions(shape.tokens, shape.path, shape.decode),
             top_k=server.top_k,
             encode=tokenizer.encode,
-            decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
+            decode=lambda ids: str(tokenizer.decode(list(ids))),  # special tokens kept: they encode back
+            text_decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
             tick=(lambda _: arm_watch.advance(shape.tokens)) if arm_watch is not None else None,  # one sequence done
         )
         return dataclasses.replace(scored, served=tuple(served) if served is not None else None)

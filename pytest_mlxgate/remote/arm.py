@@ -16,10 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..common.server_endpoint import Endpoint
+from ..errors import ServerArmError
 from ..stats.divergence import RefDistributions, compare
 from ..stats.topk import TopKScores, compare_topk
 from .client import ServerClient
 from .teacher import teacher_forced
+
+#: The share of a gate's positions that may be left unasked (their text does not encode back) before the arm
+#: refuses to give a figure.
+MAX_UNASKABLE = 0.1
 
 __all__ = ["ServerCandidate", "ServerScores", "run_protocol_against", "run_server_against", "scored_positions"]
 
@@ -119,15 +124,36 @@ def run_server_against(
     top_k: int,
     encode: Callable[[str], list[int]],
     decode: Callable[[Sequence[int]], str],
+    text_decode: Callable[[Sequence[int]], str] | None = None,
     tick: Callable[[int], None] | None = None,
 ) -> ServerScores:
-    """Each sequence (`tokens + 1` ids) asked of the server at `positions` and scored against its row set."""
+    """Each sequence (`tokens + 1` ids) asked of the server at `positions` and scored against its row set.
+    ServerArmError where more than `MAX_UNASKABLE` of the positions cannot be asked: a figure over the few
+    left would not be the gate's."""
     out, disagreed = [], 0
     for ids, ref in zip(sequences, refs, strict=True):
         next_tokens = np.asarray([ids[p + 1] for p in positions], dtype=np.int32)
-        asked = teacher_forced(client, ids, [int(p) + 1 for p in positions], top_k=top_k, encode=encode, decode=decode)
+        asked = teacher_forced(
+            client,
+            ids,
+            [int(p) + 1 for p in positions],
+            top_k=top_k,
+            encode=encode,
+            decode=decode,
+            text_decode=text_decode,
+        )
         out.append(compare_topk(ref, asked.lists, next_tokens, positions))
         disagreed += asked.chosen_disagreed
         if tick is not None:
             tick(len(positions))
-    return ServerScores(tuple(out), disagreed)
+    scores = ServerScores(tuple(out), disagreed)
+    total = len(positions) * len(sequences)
+    if scores.unaskable > MAX_UNASKABLE * total:
+        raise ServerArmError(
+            f"server {client.endpoint.url}: {scores.unaskable} of the gate's {total} positions cannot be asked: the "
+            "text of their prompt encodes to other tokens, so a server reading text would score another sequence. "
+            f"More than {MAX_UNASKABLE:.0%} left out is no measurement of the gate's prompts: serve the model by "
+            "the mlxgate protocol (docs/server-protocol.md), which takes token ids, or use prompts that survive "
+            "the round trip"
+        )
+    return scores

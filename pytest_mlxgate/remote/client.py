@@ -100,7 +100,16 @@ class ServerClient:
         self, prompt: str, *, max_tokens: int, top_k: int, decode: Callable[[Sequence[int]], str]
     ) -> Completion:
         """The greedy continuation of `prompt` (`max_tokens` at most) with each position's top `top_k`,
-        reconciled with the text through the local tokenizer's `decode`."""
+        reconciled with the text through the local tokenizer's `decode`. Every error's message is scrubbed
+        of the server's key (a server may echo anything back)."""
+        try:
+            return self._complete(prompt, max_tokens=max_tokens, top_k=top_k, decode=decode)
+        except ServerArmError as e:
+            raise ServerArmError(self.endpoint.scrub(str(e))) from None
+
+    def _complete(
+        self, prompt: str, *, max_tokens: int, top_k: int, decode: Callable[[Sequence[int]], str]
+    ) -> Completion:
         if not 1 <= top_k <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_k {top_k} outside 1..{MAX_TOP_LOGPROBS}")
         body = {
@@ -164,6 +173,8 @@ class ServerClient:
                 raise self._error(
                     what, f"cannot be reached ({type(e).__name__}: {e}): is it running, and on that port?"
                 ) from None
+            except httpx.HTTPError as e:  # an answer httpx cannot decode, a URL it cannot use
+                raise self._error(what, f"could not be asked ({type(e).__name__}: {e})") from None
             if response.status_code in RETRIED and attempt < self.retries:
                 time.sleep(_retry_after(response, attempt))
                 continue

@@ -90,7 +90,7 @@ def parse_rows(doc: Any, *, positions: Sequence[int], top_k: int | None, vocab_s
             continue
         if not isinstance(ids, list) or len(ids) != len(logprobs) or len(ids) != min(top_k, vocab_size):
             raise ProtocolError(f"{where}: {top_k} ids and logprobs asked, got {_len(ids)} and {len(logprobs)}")
-        if not all(_whole(t) and 0 <= t < vocab_size for t in ids) or len(set(ids)) != len(ids):
+        if not all(_whole(t) and 0 <= t < vocab_size for t in ids) or len(set(ids)) != len(ids):  # vocab < 2**31
             raise ProtocolError(f"{where}: ids are not unique token ids inside the vocabulary ({vocab_size})")
         if any(a < b for a, b in zip(logprobs, logprobs[1:], strict=False)):
             raise ProtocolError(f"{where}: the top {top_k} are not sorted most likely first")
@@ -105,7 +105,12 @@ def _whole(x: object) -> bool:
 
 
 def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
 
 
 def _get(doc: object, key: str) -> object:

@@ -49,8 +49,11 @@ def teacher_forced(
     top_k: int,
     encode: Callable[[str], list[int]],
     decode: Callable[[Sequence[int]], str],
+    text_decode: Callable[[Sequence[int]], str] | None = None,
 ) -> TeacherForced:
-    """The server's top-`top_k` at each of `positions` (each >= 1) of the token sequence `ids`."""
+    """The server's top-`top_k` at each of `positions` (each >= 1) of the token sequence `ids`. `decode` makes
+    each prompt's text (special tokens kept, so they encode back); `text_decode` (default: `decode`) reads
+    what the server generated (its text has them stripped)."""
     found: dict[int, TopK | None] = {}
     disagreed = 0
     for t in sorted(set(positions), reverse=True):  # the longest prompt first (the module's docstring)
@@ -60,7 +63,7 @@ def teacher_forced(
         if encode(prompt) != list(ids[:t]):
             found[t] = None  # its text encodes to other tokens: asking would score another sequence
             continue
-        got = client.complete(prompt, max_tokens=1, top_k=top_k, decode=decode)
+        got = client.complete(prompt, max_tokens=1, top_k=top_k, decode=text_decode or decode)
         if got.prompt_tokens is not None and got.prompt_tokens != t:
             raise ServerArmError(
                 f"server {client.endpoint.url}: a prompt of {t} tokens here is {got.prompt_tokens} tokens there "

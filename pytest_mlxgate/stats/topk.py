@@ -1,17 +1,17 @@
-"""KL from what a server says: each position's top-k log-probabilities, the rest merged into one tail bin.
+"""KL from what a server says: each position's top-k log-probabilities, and a sound bound for the rest.
 
 A server (mlx_lm.server, any OpenAI-compatible endpoint) gives at most its top-k tokens' log-probabilities
-per generated position, not the whole distribution. Grouping the vocabulary into the tokens both sides give
-and one bin for the rest is a coarse-graining, and coarse-graining never raises KL (the data-processing
-inequality): the figure here is a *lower bound* of the full KL(reference || candidate). A fail measured on
-it is sound; a pass rests on the top-k, so its k and tail masses travel with it. Top-1 agreement is exact:
-each side's most likely token is at the head of its list.
+per generated position, not the whole distribution. The tokens both sides give are bins of their own; the
+server's mass outside its list is spread over the rest as favourably to it as the facts allow (a token its
+top k leaves out has at most its k-th probability, and together no more than the mass it left unlisted),
+and the least KL over every such spread is taken (`topk_kl`). Grouping never raises KL (the data-processing
+inequality) and the true spread is one of those considered, so the figure is a *lower bound* of the full
+KL(reference || candidate): a fail on it is sound; a pass rests on the top-k, so its k and tail masses travel
+with it. Top-1 agreement is exact: each side's most likely token is at the head of its list.
 
 The lists are checked, never believed (`TopK.read`): ids unique whole numbers, log-probabilities finite and
-at most 0, their mass at most 1; and sorted here (mlx_lm.server sends an unsorted argpartition). A tail the
-float rounding of a server's log-probabilities cannot resolve (`TAIL_RESOLUTION`) on the candidate's side,
-where the reference's holds mass, is merged with the least likely shared tokens' bins until it can: a coarser
-grouping, still a lower bound, never a division by a rounded zero.
+at most 0, their mass at most 1; and sorted here (mlx_lm.server sends an unsorted argpartition). The rounding
+of a server's log-probabilities is room given to it (`MASS_SLACK`): more room only lowers the bound.
 """
 
 from __future__ import annotations
@@ -24,15 +24,33 @@ import numpy as np
 
 from .divergence import RefDistributions, TokenScores
 
-__all__ = ["MASS_SLACK", "TAIL_RESOLUTION", "CoarseKL", "TopK", "TopKError", "TopKScores", "compare_topk", "topk_kl"]
+__all__ = ["MASS_SLACK", "CoarseKL", "TopK", "TopKError", "TopKScores", "compare_topk", "topk_kl"]
 
-#: A tail mass below this is not told from zero by a server's float32 log-probabilities (their sum is off by
-#: about 1e-7 of the mass): such a tail is merged into the least likely shared token's bin.
-TAIL_RESOLUTION = 1e-6
 #: A reference tail this small is the float64 rounding of 1 - (the listed mass): no mass at all.
 FLOAT_NOISE = 1e-12
-#: How far past 1 a list's mass may add up (float32 rounding of each entry) before it is no distribution.
+#: How far past 1 a list's mass may add up (float32 rounding of each entry) before it is no distribution; also
+#: the room given to the candidate's mass outside its list (a larger room only lowers the bound).
 MASS_SLACK = 1e-4
+
+
+#: Token ids are int32 in every array here.
+MAX_TOKEN_ID = 2**31
+
+
+def _finite(x: object) -> bool:
+    """A finite real number (an integer too large for a float is not one)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
+def _short(x: object) -> str:
+    """`repr(x)`, cut to 40 characters: a server's value quoted in a message."""
+    text = repr(x)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 class TopKError(ValueError):
@@ -54,14 +72,15 @@ class TopK:
             raise TopKError(f"{where}: an empty top-k list")
         ids, logprobs = [], []
         for token, logprob in pairs:
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise TopKError(f"{where}: token id {token!r} is not a whole number >= 0")
-            if isinstance(logprob, bool) or not isinstance(logprob, (int, float)) or not math.isfinite(logprob):
-                raise TopKError(f"{where}: token {token}'s log-probability {logprob!r} is not a finite number")
-            if logprob > MASS_SLACK:
-                raise TopKError(f"{where}: token {token}'s log-probability {logprob} is above 0 (a probability > 1)")
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < MAX_TOKEN_ID:
+                raise TopKError(f"{where}: token id {_short(token)} is not a whole number in [0, 2**31)")
+            if not _finite(logprob):
+                raise TopKError(f"{where}: token {token}'s log-probability {_short(logprob)} is not a finite number")
+            value = float(logprob)  # type: ignore[arg-type]  # a finite int or float (`_finite`)
+            if value > MASS_SLACK:
+                raise TopKError(f"{where}: token {token}'s log-probability {value} is above 0 (a probability > 1)")
             ids.append(token)
-            logprobs.append(min(float(logprob), 0.0))
+            logprobs.append(min(value, 0.0))
         if len(set(ids)) != len(ids):
             raise TopKError(f"{where}: a token id appears twice in one list ({sorted(ids)})")
         mass = float(np.exp(np.array(logprobs)).sum())
@@ -90,36 +109,95 @@ class CoarseKL:
     same_top: bool  # the two sides' most likely tokens agree (exact: read from the heads of the lists)
 
 
-def topk_kl(
-    reference: TopK | np.ndarray, candidate: TopK | np.ndarray, *, resolution: float = TAIL_RESOLUTION
-) -> CoarseKL:
-    """The coarse KL of one position. Either side is a `TopK` (a server's) or a full row of log-probabilities
-    over the vocabulary (an arm in process): the bins are the tokens both give (a full row gives every one),
-    plus the tail. Where the candidate's tail is at most `resolution` and the reference's holds mass, the least
-    likely shared bins join the tail until it is resolved: a coarser grouping, so still a lower bound."""
+def topk_kl(reference: TopK | np.ndarray, candidate: TopK | np.ndarray, *, slack: float = MASS_SLACK) -> CoarseKL:
+    """A lower bound of KL(reference || candidate) at one position. Either side is a `TopK` (a server's) or a
+    full row of log-probabilities over the vocabulary (an arm in process).
+
+    The tokens both sides give are bins of their own. The candidate's mass outside them (`q_out`, widened by
+    `slack` for the rounding of a server's log-probabilities: more room only lowers the bound) is spread over
+    the rest as favourably to the candidate as the facts allow: a token the reference knows but the
+    candidate's top k leaves out has at most the candidate's k-th probability (it is not in its top k), and
+    whatever else the reference holds is one bin. The least KL over every such spread (water-filling, exact)
+    is at most the KL of the true spread, which is at most the full KL (grouping never raises it)."""
     ids = _shared(reference, candidate)
-    p = np.exp(_logprobs_at(reference, ids))
-    q = np.exp(_logprobs_at(candidate, ids))
-    p_tail, q_tail = max(0.0, 1.0 - float(p.sum())), max(0.0, 1.0 - float(q.sum()))
+    lp, lq = _logprobs_at(reference, ids), _logprobs_at(candidate, ids)
+    p_shared = float(np.exp(lp).sum()) if len(lp) else 0.0
+    q_shared = float(np.exp(lq).sum()) if len(lq) else 0.0
+    q_out = min(1.0, max(0.0, 1.0 - q_shared) + 2 * slack)  # the candidate's mass outside the shared tokens
+    capped = np.zeros(0)
+    cap, tail = None, q_out
+    if isinstance(candidate, TopK):
+        capped = _known_outside(reference, ids)
+        cap = candidate.logprobs[-1] + math.log1p(slack)  # log of the k-th probability, rounding allowed
+        # what the candidate left unlisted: the most the reference's tokens outside its list can share
+        tail = min(q_out, max(0.0, 1.0 - float(np.exp(np.array(candidate.logprobs)).sum())) + slack)
+    p_capped = float(np.exp(capped).sum()) if len(capped) else 0.0
+    p_rest = max(0.0, 1.0 - p_shared - p_capped)
+    if p_rest <= FLOAT_NOISE:
+        p_rest = 0.0  # the reference's remainder is rounding: no mass there
+    live = lp > -np.inf
+    kl = float(np.sum(np.exp(lp[live]) * (lp[live] - lq[live])))
+    kl += _least(capped, p_rest, q_out, tail, cap)
     same_top = _top(reference) == _top(candidate)
-    order = np.argsort(-p, kind="stable")
-    p, q = p[order], q[order]
-    if p_tail <= FLOAT_NOISE:
-        p_tail = 0.0  # the reference's tail is rounding: its term is 0 whatever the candidate's
-    while len(p) and p_tail > 0 and q_tail <= resolution:
-        p_tail, q_tail = p_tail + float(p[-1]), q_tail + float(q[-1])  # the least likely bin joins the tail
-        p, q = p[:-1], q[:-1]
-    kl = float(np.sum(_terms(p, q))) + float(_terms(np.array([p_tail]), np.array([q_tail]))[0])
-    return CoarseKL(max(kl, 0.0), len(p), p_tail, q_tail, same_top)
+    return CoarseKL(max(kl, 0.0), len(ids), p_rest + p_capped, max(q_out - 2 * slack, 0.0), same_top)
 
 
-def _terms(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """p log(p / q) per bin: 0 where p is 0; +inf where q is 0 and p is not (the candidate rules it out)."""
-    out = np.zeros_like(p, dtype=np.float64)
-    live = p > 0
-    with np.errstate(divide="ignore"):
-        out[live] = p[live] * (np.log(p[live]) - np.log(q[live]))
-    return out
+def _least(capped: np.ndarray, p_rest: float, q_out: float, tail: float, cap: float | None) -> float:
+    """The least KL of the reference's mass outside the shared tokens (`capped`: log p of the tokens it knows
+    there, each at most exp(cap) on the candidate's side; `p_rest` the rest) against the candidate's `q_out`,
+    of which the candidate's own unlisted `tail` is all the capped tokens can have (its other listed tokens
+    are in the reference's rest)."""
+    capped = capped[capped > -np.inf]
+    value, given = _spread(capped, p_rest, q_out, cap)
+    if given <= tail or p_rest <= 0:
+        return value
+    # the capped tokens may hold no more than the tail: they share it, the rest keeps what is left
+    alone, _ = _spread(capped, 0.0, tail, cap)
+    return alone + p_rest * (math.log(p_rest) - math.log(max(q_out - tail, 1e-300)))
+
+
+def _spread(capped: np.ndarray, p_rest: float, q_out: float, cap: float | None) -> tuple[float, float]:
+    """min over q of sum_i p_i log(p_i / q_i) + p_rest log(p_rest / q_rest), with sum_i q_i + q_rest <= q_out
+    (mass on tokens the reference does not hold is free), each q_i <= exp(cap): q_i = min(cap, lambda p_i),
+    q_rest = lambda p_rest (KKT), lambda found on the sorted breakpoints. `capped` holds the log p_i. Returns
+    the least KL and the mass the capped tokens get at it."""
+    if not len(capped) and p_rest <= 0:
+        return 0.0, 0.0
+    if q_out <= 0:
+        return math.inf, 0.0  # the candidate leaves no mass where the reference holds some
+    if cap is None or not len(capped):
+        return (p_rest * (math.log(p_rest) - math.log(q_out)) if p_rest > 0 else 0.0), 0.0
+    lps = np.sort(capped)[::-1]  # bins reach their cap in order of p_i descending: at lambda = u / p_i
+    ps = np.exp(lps)
+    u = math.exp(cap)
+    n = len(ps)
+    uncapped = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]]) + p_rest  # mass of bins j.. not capped
+    log_lambda = math.inf  # every bin at its cap with mass to spare: the rest goes to tokens it holds none of
+    for j in range(n + 1):  # j: how many bins are at their cap
+        room = q_out - j * u
+        if room <= 0 or uncapped[j] <= 0:
+            break
+        lam = room / uncapped[j]
+        high = u / ps[j] if j < n else math.inf
+        if lam <= high:
+            log_lambda = math.log(lam)
+            break
+    log_q = np.minimum(cap, log_lambda + lps)
+    total = float(np.sum(ps * (lps - log_q)))
+    if p_rest > 0:
+        total += p_rest * (math.log(p_rest) - min(log_lambda + math.log(p_rest), math.log(q_out)))
+    return total, float(np.exp(log_q).sum())
+
+
+def _known_outside(reference: TopK | np.ndarray, shared: np.ndarray) -> np.ndarray:
+    """The log-probabilities of the tokens the reference knows (its list, or its whole row) outside `shared`."""
+    if isinstance(reference, TopK):
+        inside = {int(t) for t in shared}
+        return np.array([lp for t, lp in zip(reference.ids, reference.logprobs, strict=True) if t not in inside])
+    row = np.asarray(reference, dtype=np.float64)
+    mask = np.ones(len(row), dtype=bool)
+    mask[shared] = False
+    return row[mask]
 
 
 def _shared(reference: TopK | np.ndarray, candidate: TopK | np.ndarray) -> np.ndarray:
@@ -165,7 +243,7 @@ def compare_topk(
     next_tokens: np.ndarray,
     positions: np.ndarray,
     *,
-    resolution: float = TAIL_RESOLUTION,
+    slack: float = MASS_SLACK,
 ) -> TopKScores:
     """Score a server's lists (one a reference row; None: not asked) against the reference's compact rows
     (each its most likely tokens and a tail): `topk_kl` over the tokens both hold, top-1 exact, rows not
@@ -182,7 +260,7 @@ def compare_topk(
         assert top is not None
         start, end = int(ref.offsets[i]), int(ref.offsets[i + 1])
         row = TopK(tuple(int(t) for t in ref.ids[start:end]), tuple(float(v) for v in ref.logprobs[start:end]))
-        got = topk_kl(row, top, resolution=resolution)
+        got = topk_kl(row, top, slack=slack)
         kl[j], ref_tail[j], cand_tail[j] = got.kl, got.ref_tail, got.cand_tail
         cand_top1[j] = top.top
         listed = top.logprob_of().get(int(next_tokens[i]))

@@ -185,3 +185,66 @@ def test_a_base_url_reads_the_same_with_or_without_v1() -> None:
     assert Endpoint.parse("http://127.0.0.1:8080/v1/").api("completions") == "http://127.0.0.1:8080/v1/completions"
     assert Endpoint.parse("https://h.example/proxy").api("models") == "https://h.example/proxy/v1/models"
     assert Endpoint.parse("http://h:80").origin == ("http", "h", 80) == Endpoint.parse("http://H").origin
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (_json(completion("AB", [[(1, 10**400), (2, -3.0)], [(2, -0.1), (3, -2)]])), "is not a finite number"),
+        (
+            _json(completion("AB", [[(2**40, -0.3), (2, -3.0)], [(2, -0.1), (3, -2)]])),
+            "not a whole number in [0, 2**31)",
+        ),
+    ],
+)
+def test_numbers_no_float_holds_are_refused_not_overflowed(
+    server: tuple[str, Script], answer: tuple[int, dict[str, str], bytes], said: str
+) -> None:
+    url, script = server
+    script.answers = [answer]
+    with pytest.raises(ServerArmError) as e:
+        _ask(url)
+    assert said in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["http://127.0.0.1:abc", "http://[::1", "http://127.0.0.1:99999"])
+def test_a_url_whose_port_or_host_cannot_be_read_is_a_usage_error(text: str) -> None:
+    with pytest.raises(MlxgateUsageError, match="cannot be read .* give it as http://HOST:PORT"):
+        Endpoint.parse(text)
+
+
+def test_too_many_positions_that_cannot_be_asked_is_an_error_not_a_figure_over_the_rest(
+    server: tuple[str, Script],
+) -> None:
+    """A tokenizer whose text does not encode back to the gate's ids: every position left unasked would leave
+    a figure over nothing (or a few); more than a tenth is refused, naming the cause and the protocol."""
+    import numpy as np
+
+    from pytest_mlxgate.remote.arm import run_server_against
+    from pytest_mlxgate.stats.divergence import compact_reference
+
+    url, script = server
+    script.answers = [_json({**completion("A", [[(1, -0.3), (2, -3.0)]]), "usage": {}})]
+    ids = [1, 2, 1, 2, 1]
+    logits = np.zeros((4, 5), dtype=np.float32)
+    positions = np.arange(4, dtype=np.int32)
+    ref = compact_reference(logits, np.array(ids[1:]))
+
+    def merging(text: str) -> list[int]:
+        return [9] if len(text) > 2 else [{"A": 1, "B": 2}[c] for c in text]  # longer texts encode otherwise
+
+    with pytest.raises(ServerArmError, match=r"2 of the gate's 4 positions cannot be asked.*mlxgate protocol"):
+        run_server_against(
+            ServerClient(Endpoint.parse(url)), [ids], [ref], positions, top_k=2, encode=merging, decode=decode
+        )
+
+
+def test_server_check_with_its_key_unset_is_a_usage_error(
+    server: tuple[str, Script], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_mlxgate.cli import main
+
+    url, _ = server
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    assert main(["server-check", url, "--key-env", "NO_SUCH_KEY"]) == 2
+    assert "needs the key in $NO_SUCH_KEY" in capsys.readouterr().err

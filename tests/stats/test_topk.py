@@ -60,7 +60,7 @@ def test_the_top_k_kl_is_a_lower_bound_of_the_full_kl_at_every_k(
 def test_with_the_whole_vocabulary_the_bound_is_the_full_kl(spec: tuple[int, int, float, float]) -> None:
     lp, lq = _pair(spec)
     vocab = len(lp)
-    got = topk_kl(lp, _topk(lq, vocab), resolution=0.0)
+    got = topk_kl(lp, _topk(lq, vocab), slack=0.0)
     assert got.kl == pytest.approx(_full_kl(lp, lq), rel=1e-6, abs=1e-9)
     assert topk_kl(lp, lq).kl == pytest.approx(_full_kl(lp, lq), rel=1e-6, abs=1e-9)  # both in process
 
@@ -70,7 +70,7 @@ def test_with_the_whole_vocabulary_the_bound_is_the_full_kl(spec: tuple[int, int
 def test_sharing_more_tokens_never_lowers_the_bound(spec: tuple[int, int, float, float], k: int) -> None:
     """A finer grouping (one more token its own bin) can only raise a coarse KL: the bound tightens with k."""
     lp, lq = _pair(spec)
-    fewer, more = topk_kl(lp, _topk(lq, k), resolution=0.0), topk_kl(lp, _topk(lq, k + 1), resolution=0.0)
+    fewer, more = topk_kl(lp, _topk(lq, k), slack=0.0), topk_kl(lp, _topk(lq, k + 1), slack=0.0)
     assert more.kl >= fewer.kl - 1e-12
     assert more.shared == min(k + 1, len(lp)) and fewer.shared == min(k, len(lp))
 
@@ -82,15 +82,40 @@ def test_identical_distributions_are_zero_apart(spec: tuple[int, int, float, flo
     assert got.kl == pytest.approx(0.0, abs=1e-12) and got.same_top
 
 
-def test_a_tail_rounded_to_nothing_is_merged_not_divided_by() -> None:
-    """A candidate whose listed mass rounds to 1 (no tail) where the reference keeps some: no infinity, a
-    coarser grouping instead, and still at most the full KL."""
+def test_a_candidate_tail_rounded_to_nothing_is_room_not_a_division_by_zero() -> None:
+    """A candidate whose listed mass rounds to 1 (no tail) where the reference keeps some: no infinity (the
+    rounding slack is room for it), and still at most the full KL."""
     lp = np.log(np.array([0.5, 0.3, 0.2 - 1e-9, 1e-9]))
     lq = np.log(np.array([0.6, 0.3, 0.1 - 1e-12, 1e-12]))
     cand = TopK.read([(0, float(lq[0])), (1, float(lq[1])), (2, float(lq[2]))], where="p")
     got = topk_kl(lp, cand)
     assert np.isfinite(got.kl) and got.kl <= _full_kl(lp, lq)
-    assert got.shared == 2 and got.cand_tail == pytest.approx(0.1)
+    assert got.shared == 3 and got.cand_tail == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_reference_s_likely_tokens_left_out_of_the_candidate_s_top_k_are_not_free() -> None:
+    """Two top-k lists that share no token: a token the candidate's top k leaves out has at most its k-th
+    probability, so the reference's likely tokens cost KL however the rest is spread (issue 56's review: a
+    disjoint server read 0.0 and 'no difference')."""
+    ref = TopK.read([(1, np.log(0.6)), (2, np.log(0.3))], where="ref")
+    cand = TopK.read([(7, np.log(0.5)), (8, np.log(0.4))], where="cand")
+    got = topk_kl(ref, cand)
+    # the best the candidate can do: tokens 1 and 2 share its unlisted 0.1, in proportion: 0.9 ln 9 - 0.1 ln 9
+    assert got.kl == pytest.approx(0.8 * np.log(9), rel=1e-3) and not got.same_top
+    full_p = np.array([0.6, 0.3, 0.05, 0.05, 0.0])  # one world consistent with both lists
+    full_q = np.array([0.05, 0.04, 0.01, 0.5, 0.4])
+    live = full_p > 0
+    assert got.kl <= float(np.sum(full_p[live] * np.log(full_p[live] / full_q[live])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=rows, k=st.integers(min_value=1, max_value=11), both=st.booleans(), slack=st.sampled_from([0.0, 1e-4]))
+def test_the_bound_never_passes_the_full_kl_with_or_without_slack(
+    spec: tuple[int, int, float, float], k: int, both: bool, slack: float
+) -> None:
+    lp, lq = _pair(spec)
+    reference = _topk(lp, k + 3) if both else lp
+    assert topk_kl(reference, _topk(lq, k), slack=slack).kl <= _full_kl(lp, lq) + 1e-9
 
 
 @pytest.mark.parametrize(
