@@ -18,7 +18,6 @@ import pytest
 
 from pytest_mlxgate.serving.attention import is_mlx_lms_own
 
-pytestmark = pytest.mark.slow  # fresh interpreters and a pytester session on the tiny model
 
 #: A kernel under test in mlx_lm's place, installed at import: it counts its calls and defers to mlx_lm's.
 KERNEL = """
@@ -60,6 +59,7 @@ def test_only_mlx_lm_s_own_definition_is_mlx_lm_s() -> None:
     assert not is_mlx_lms_own(None) and not is_mlx_lms_own(print)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_kernel_installed_before_mlxgate_is_imported_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "my_kernel.py").write_text(KERNEL)
     script = (
@@ -101,6 +101,7 @@ def test_one_width(paired):
 """
 
 
+@pytest.mark.slow  # a pytester session in a subprocess on the tiny model
 def test_in_a_session_a_conftest_kernel_makes_the_k_v_apart_gate_an_error_naming_it(
     pytester: pytest.Pytester, tiny_kv_model_dir: Path, tmp_path: Path
 ) -> None:
