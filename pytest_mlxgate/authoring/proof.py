@@ -106,7 +106,7 @@ class LimitsProof:
             stale = self._stale_for(conclusion)
             if stale is None:
                 return _with(conclusion, entry)
-            entry |= {"status": "unproven", "stale_file": stale}
+            entry["stale_file"] = stale  # the status the proof below settles (or --mlx-prove off's unproven)
         if not self.prove:
             entry |= {"status": "unproven", "why": "--mlx-prove off"}
             return self._required(conclusion, entry)

@@ -770,3 +770,10 @@ def test_in_process_a_known_bad_that_cannot_be_measured_is_an_error_saying_so(
     _inprocess(gates, tiny_kv_model_dir, tmp_path, report).assert_outcomes(failed=1)
     (record,) = json.loads(report.read_text())["gates"]
     assert record["verdict"] == "error" and "no_such" in record["error"]["message"]
+
+
+def test_the_calibrate_command_names_the_precision_only_where_it_is_not_float32() -> None:
+    from pytest_mlxgate.authoring.coverage import dtype_option
+
+    assert dtype_option({"dtype": "bfloat16"}) == " --mlx-dtype bfloat16"
+    assert dtype_option({"dtype": "float32"}) == "" and dtype_option({}) == ""

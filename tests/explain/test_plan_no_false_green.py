@@ -342,3 +342,31 @@ def test_a_verification_whose_tests_left_no_record_is_not_verified_and_says_why(
     assert got["reason"].startswith(why), got["reason"]
     lines = verification_lines(got)
     assert lines[0].startswith("  NOT verified") and lines[-1] == f"    why: {got['reason']}"
+
+
+def test_a_round_and_a_check_read_in_words_with_what_they_measured_and_what_they_lack() -> None:
+    """The summary lines a plan prints: a round with its long-context figure and verdict, a check whose value
+    was not measured shown as '-', never a crash or a figure it does not have."""
+    from pytest_mlxgate.explain.plan_verify import check_figures, round_lines
+
+    rounds = [
+        {"predicted": 1e-3, "target": 2e-3, "mean": 1.5e-3, "mean_ci": [1e-3, 2e-3], "verdict": "pass"},
+        {
+            "predicted": 5e-4,
+            "target": 2e-3,
+            "mean": 3e-3,
+            "mean_ci": [2e-3, 4e-3],
+            "checks": {"mean": "fail", "top1": "pass"},
+            "long": {"mean": 0.0123, "verdict": "fail"},
+            "verdict": "fail",
+        },
+    ]
+    first, second = round_lines(rounds, 3)
+    assert first.endswith("measured mean KL 0.0015 [0.001, 0.002] -> pass on 3 selection sequences")
+    assert "(mean fail), at the long context 0.0123 (fail) -> fail" in second and "top1" not in second
+    checks = [
+        {"key": "mean", "value": None, "upper": 2e-3, "direction": "max", "limit": 1e-3, "verdict": "inconclusive"},
+        {"key": "top1", "value": 0.91, "lower": 0.9, "direction": "min", "limit": 0.95, "verdict": "fail"},
+    ]
+    assert check_figures(checks) == "mean - [bound 0.002 vs 0.001] inconclusive; top1 0.91 [bound 0.9 vs 0.95] fail"
+    assert check_figures([]) == "no checks"

@@ -445,3 +445,35 @@ def test_a_weights_gate_names_a_plan_file_beside_itself(tmp_path: Path, monkeypa
     read = read_gate(gate, kind="weights").lever.weights_spec("candidate")
     assert read is not None and read.layers == spec.layers and read.source == str(tmp_path / "weights_config.json")
     assert read.describe() == "weights plan (weights_config.json): 1 × as loaded, 1 × 6-bit g64; others 8-bit g64"
+
+
+def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir: Path) -> None:
+    """The search's middle on the tiny llama, small: every uniform option measured with its bytes (the model's
+    plan priced as `plan_bytes` prices it), each module's quantization error at every option it may take,
+    each module alone at the probe; the plan it chooses carries its spec, and its JSON every figure it rests
+    on (the sensitivities sorted, the comparisons list). The fast lane's reach into plan_weights."""
+    import mlx_lm
+    from plan_gates import weights_gate_spec
+
+    from pytest_mlxgate.explain.plan_weights import (
+        choose_weights_plan,
+        measure_weight_sensitivities,
+        weight_arms,
+        weights_spec,
+    )
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    gate = weights_gate_spec(tiny_kv_model_dir.parent)
+    with weight_arms(model, tokenizer, gate, bits=(4, 8), groups=(64,), selection=2, say=lambda _: None) as arms:
+        sens = measure_weight_sensitivities(arms, gate.limits)
+        assert [u["option"] for u in sens.uniform] == [o.label for o in arms.options]
+        assert all(
+            u["bytes"] == arms.plan_bytes(arms.uniform(o)) for u, o in zip(sens.uniform, arms.options, strict=True)
+        )
+        assert {p for p, _ in sens.errors} == set(arms.units) and all(e >= 0 for e in sens.errors.values())
+        assert set(sens.sensitivity) == {p for p, u in arms.units.items() if u.allows(sens.probe)}
+        found = choose_weights_plan(arms, sens, gate.limits)
+        assert found.spec == weights_spec(found.plan, arms.units)
+    doc = found.to_json()
+    assert doc["comparisons"] == found.comparisons and list(doc["sensitivity"]) == sorted(sens.sensitivity)
+    assert doc["sensitivity"] == sens.sensitivity and doc["probe"] == sens.probe.label

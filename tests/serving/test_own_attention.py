@@ -18,7 +18,6 @@ import pytest
 
 from pytest_mlxgate.serving.attention import is_mlx_lms_own
 
-
 #: A kernel under test in mlx_lm's place, installed at import: it counts its calls and defers to mlx_lm's.
 KERNEL = """
 from mlx_lm.models import base
