@@ -777,3 +777,23 @@ def test_the_calibrate_command_names_the_precision_only_where_it_is_not_float32(
 
     assert dtype_option({"dtype": "bfloat16"}) == " --mlx-dtype bfloat16"
     assert dtype_option({"dtype": "float32"}) == "" and dtype_option({}) == ""
+
+
+def test_a_gate_source_that_does_not_parse_names_its_file(tmp_path: Path) -> None:
+    from pytest_mlxgate.authoring.calibration_file import GateSource
+
+    module = tmp_path / "test_broken.py"
+    module.write_text("def test_drift(paired)\n    pass\n")
+    with pytest.raises(SyntaxError) as e:
+        GateSource.read(module)
+    assert e.value.filename == str(module)
+
+
+def test_a_floor_that_is_no_number_is_no_floor() -> None:
+    """`limits_not_shown` reads only finite numbers as floors (a flag or text in the file's floors is none)."""
+    from pytest_mlxgate.authoring.coverage import limits_not_shown
+
+    assert limits_not_shown({"aa_floor": {"mean": True}}, {"mean": 1e-3}, known_bad=False) is None
+    assert limits_not_shown({"aa_floor": {"mean": 1e-3}}, {"mean": 1e-3}, known_bad=False) == (
+        "mean within 10x its A/A floor"
+    )

@@ -218,6 +218,10 @@ def test_a_known_bad_that_cannot_be_measured_makes_the_gate_an_error_saying_why(
         "RuntimeError: boom"
     )
     assert f"fix KNOWN_BAD (or the kernel it names), or {HINT}" in message and "re-run: " in message
+    assert message.splitlines()[1].endswith(
+        "the proof runs the module's known-bad variant to show its limits fail it here; a known-bad must run "
+        "and make the model worse (a kernel with a bug), not stop"
+    )
 
 
 def test_a_known_bad_with_non_finite_logits_proves_the_limits() -> None:
@@ -1023,3 +1027,12 @@ def test_a_stored_proof_with_figures_not_measured_reads_back() -> None:
     sparse = {**BAD_STATS, "p999": None, "quantile_ci": {**BAD_STATS["quantile_ci"], "p999": [None, None]}}
     assert proof_measure.entry_problems(_data(known_bad_stats=sparse, precision=None)) == []
     assert proof_measure.entry_problems([]) == ["data is list, not an object"]
+
+
+def test_a_low_precision_run_names_the_file_its_calibration_would_write(tmp_path: Path) -> None:
+    """Uncovered in bfloat16, the record names `<stem>.bfloat16.json` (never the float32 file) and the command
+    that writes it."""
+    paired = _arms(tmp_path, described={**EMBEDDED, "dtype": "bfloat16"})
+    made = limits_proof(paired, prove="auto", require=False)  # type: ignore[arg-type]
+    assert made.shown_file == "gates/calibration/test_gate.bfloat16.json"
+    assert made.calibrate_command.endswith("--mlx-dtype bfloat16 --mlx-calibrate")

@@ -370,3 +370,15 @@ def test_a_round_and_a_check_read_in_words_with_what_they_measured_and_what_they
     ]
     assert check_figures(checks) == "mean - [bound 0.002 vs 0.001] inconclusive; top1 0.91 [bound 0.9 vs 0.95] fail"
     assert check_figures([]) == "no checks"
+
+
+def test_a_plan_that_fails_only_its_capability_tests_says_so_with_their_figures() -> None:
+    from pytest_mlxgate.explain.plan_verify import verification_lines
+
+    check = {"key": "gsm8k", "value": 0.4, "lower": 0.3, "direction": "min", "limit": 0.5, "verdict": "fail"}
+    tasks = {"verified": False, "verdicts": {"g.py::test_gsm8k": "fail"}, "checks": [check]}
+    lines = verification_lines({"tokens": 128, "long": {"tokens": 1024}, "capability": tasks, "verified": False})
+    assert lines[0].startswith("  NOT verified: passes the gate's KL tests at 128 tokens and at 1024 tokens but not")
+    assert lines[1] == "    gsm8k 0.4 [bound 0.3 vs 0.5] fail"
+    short = verification_lines({"tokens": 128, "long": None, "capability": tasks, "verified": False})
+    assert "at 128 tokens but not its capability tests" in short[0]

@@ -474,6 +474,11 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         assert set(sens.sensitivity) == {p for p, u in arms.units.items() if u.allows(sens.probe)}
         found = choose_weights_plan(arms, sens, gate.limits)
         assert found.spec == weights_spec(found.plan, arms.units)
+        strict = {"mean": 1e-30, "top1": 1.0}  # nothing passes: it says so, and what to do
+        nothing = choose_weights_plan(arms, measure_weight_sensitivities(arms, strict), strict)
+        assert nothing.chosen == "none" and nothing.notes[-1].startswith("no plan among 4-bit g64, 8-bit g64")
+        assert nothing.notes[-1].endswith("keep the weights as loaded, or widen the options (--bits, --group-sizes)")
     doc = found.to_json()
+    assert doc["rounds"] == found.rounds and len(found.rounds) >= 1
     assert doc["comparisons"] == found.comparisons and list(doc["sensitivity"]) == sorted(sens.sensitivity)
     assert doc["sensitivity"] == sens.sensitivity and doc["probe"] == sens.probe.label
