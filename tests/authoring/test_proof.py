@@ -683,7 +683,7 @@ pytestmark = [pytest.mark.mlx_lever("model"), pytest.mark.mlx_kl(prompts=2, toke
 
 
 def test_drift(paired):
-    assert_kl_below(paired, mean=1e-6)
+    assert_kl_below(paired, mean=1e-3)  # far above any A/A floor: the file covers it by model, not by chance
 """
 
 
