@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..stats.topk import finite_number
+
 __all__ = ["INFO_ROUTE", "LOGPROBS_ROUTE", "PROTOCOL", "ProtocolError", "Row", "parse_info", "parse_rows"]
 
 PROTOCOL = 1
@@ -75,7 +77,7 @@ def parse_rows(doc: Any, *, positions: Sequence[int], top_k: int | None, vocab_s
         if not isinstance(row, Mapping) or row.get("position") != asked:
             raise ProtocolError(f"{where}: the row answers position {_get(row, 'position')!r}")
         logprobs, ids = row.get("logprobs"), row.get("ids")
-        if not isinstance(logprobs, list) or not all(_finite(v) and v <= 1e-6 for v in logprobs):
+        if not isinstance(logprobs, list) or not all(finite_number(v) and v <= 1e-6 for v in logprobs):
             raise ProtocolError(f"{where}: logprobs are not finite numbers at most 0")
         mass = math.fsum(math.exp(v) for v in logprobs)
         if top_k is None:
@@ -102,15 +104,6 @@ def parse_rows(doc: Any, *, positions: Sequence[int], top_k: int | None, vocab_s
 
 def _whole(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _finite(x: object) -> bool:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(x))
-    except OverflowError:
-        return False
 
 
 def _get(doc: object, key: str) -> object:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .divergence import RefDistributions, TokenScores
 
-__all__ = ["MASS_SLACK", "CoarseKL", "TopK", "TopKError", "TopKScores", "compare_topk", "topk_kl"]
+__all__ = ["MASS_SLACK", "finite_number", "CoarseKL", "TopK", "TopKError", "TopKScores", "compare_topk", "topk_kl"]
 
 #: A reference tail this small is the float64 rounding of 1 - (the listed mass): no mass at all.
 FLOAT_NOISE = 1e-12
@@ -37,7 +37,7 @@ MASS_SLACK = 1e-4
 MAX_TOKEN_ID = 2**31
 
 
-def _finite(x: object) -> bool:
+def finite_number(x: object) -> bool:
     """A finite real number (an integer too large for a float is not one)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return False
@@ -74,7 +74,7 @@ class TopK:
         for token, logprob in pairs:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < MAX_TOKEN_ID:
                 raise TopKError(f"{where}: token id {_short(token)} is not a whole number in [0, 2**31)")
-            if not _finite(logprob):
+            if not finite_number(logprob):
                 raise TopKError(f"{where}: token {token}'s log-probability {_short(logprob)} is not a finite number")
             value = float(logprob)  # type: ignore[arg-type]  # a finite int or float (`_finite`)
             if value > MASS_SLACK:
