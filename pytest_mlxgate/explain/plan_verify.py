@@ -34,6 +34,8 @@ __all__ = [
     "verify_plan",
 ]
 
+#: The characters of a failed verification's output kept in its record: enough for the traceback's end.
+OUTPUT_TAIL = 2000
 #: The long verification's length, as a multiple of the gate's tokens.
 LONG_FACTOR = 4
 
@@ -129,7 +131,7 @@ def _run_gate(
         "reason": None if verified else _unverdicted(silent, done.returncode, tests, verdicts),
         "checks": [c.to_json() for r in records for c in r.checks],
         "exit": done.returncode,
-        "output_tail": done.stdout[-2000:] if not verified else "",
+        "output_tail": done.stdout[-OUTPUT_TAIL:] if not verified else "",
     }
 
 

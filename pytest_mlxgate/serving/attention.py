@@ -46,7 +46,14 @@ def packed_width(parts: tuple[Any, Any, Any], group_size: int) -> int:
     """The bits per value of `mx.quantize`'s output `(packed, scales, biases)`: D values in groups of
     `group_size` leave D / group_size scales, and pack into D * bits / 32 words."""
     packed, scales = parts[0], parts[1]
-    return int(packed.shape[-1]) * 32 // (int(scales.shape[-1]) * group_size)
+    words, values = int(packed.shape[-1]) * 32, int(scales.shape[-1]) * group_size
+    if words % values or not 2 <= words // values <= 8:
+        raise LeverError(
+            f"quantized parts of {packed.shape[-1]} words and {scales.shape[-1]} scales at group size {group_size} "
+            f"hold {words / values:g} bits a value, which mx.quantize never makes (2 to 8): the "
+            "cache's keys or values were not made by mx.quantize at this group size"
+        )
+    return words // values
 
 
 def width_reading_attention(

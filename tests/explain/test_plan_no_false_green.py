@@ -344,6 +344,42 @@ def test_a_verification_whose_tests_left_no_record_is_not_verified_and_says_why(
     assert lines[0].startswith("  NOT verified") and lines[-1] == f"    why: {got['reason']}"
 
 
+def test_a_run_that_exits_non_zero_with_every_record_a_pass_is_not_verified(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's KL test passes, then something outside it fails the run (here the session's end): the pass
+    is no verification of the plan, and the reason says where to look; the output's tail comes back whole
+    (the last `OUTPUT_TAIL` characters, no more)."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import OUTPUT_TAIL, verify_plan
+
+    gate = _gate(tmp_path, "kv", PASSES)
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n\n@pytest.hookimpl(trylast=True)\ndef pytest_sessionfinish(session):\n"
+        f"    print('x' * {2 * OUTPUT_TAIL})\n    session.exitstatus = 3\n"
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    got = verify_plan(read_gate(gate), plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json", long=0)
+    assert got["verdicts"] == {f"{gate.name}::test_drift": "pass"} and got["exit"] == 3, got["output_tail"]
+    assert got["verified"] is False and got["reason"] == (
+        "every record passes, but the gate's run exited 3: an error outside its KL checks (its output)"
+    )
+    assert len(got["output_tail"]) == OUTPUT_TAIL and "x" * 100 in got["output_tail"]
+
+
+def test_the_reason_names_every_asked_test_in_pytest_s_own_k_syntax() -> None:
+    """`-k a or b` is what pytest ran (its keywords are lower case); a failing record is its own reason."""
+    from pytest_mlxgate.explain.plan_verify import _unverdicted
+
+    why = _unverdicted(["check", "check_long"], 5, ["check", "check_long"], {})
+    assert why is not None and "(exit 5: -k check or check_long)" in why and "check, check_long left no record" in why
+    assert _unverdicted([], 1, ["test_drift"], {"g.py::test_drift": "fail"}) is None
+    assert _unverdicted([], 0, ["test_drift"], {"g.py::test_drift": "pass"}) is None
+
+
 def test_a_round_and_a_check_read_in_words_with_what_they_measured_and_what_they_lack() -> None:
     """The summary lines a plan prints: a round with its long-context figure and verdict, a check whose value
     was not measured shown as '-', never a crash or a figure it does not have."""

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError, MlxgateUsageError
-from pytest_mlxgate.explain.plan_kv import PLAIN_OPTION, Option, greedy_plan
+from pytest_mlxgate.explain.plan_kv import PLAIN_OPTION, Option, greedy_plan, selection_verdict
 from pytest_mlxgate.levers.weights import WeightsSpec, parse_weights_value, quantization_block
 
 WEIGHTS_GATE = """
@@ -472,8 +473,22 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         )
         assert {p for p, _ in sens.errors} == set(arms.units) and all(e >= 0 for e in sens.errors.values())
         assert set(sens.sensitivity) == {p for p, u in arms.units.items() if u.allows(sens.probe)}
+        for u, o in zip(sens.uniform, arms.options, strict=True):  # each row the figures of its own measurement
+            stats = sens.uniform_stats[o]
+            assert u["mean"] == stats.mean and u["mean_ci"] == list(stats.mean_ci)
+            assert u["passes"] == (selection_verdict(stats, gate.limits) == "pass")
         found = choose_weights_plan(arms, sens, gate.limits)
         assert found.spec == weights_spec(found.plan, arms.units)
+        # against the uniform plans, each way: none passes, so the mixed plan stands on its own verdict...
+        failing = [{**u, "passes": False} for u in sens.uniform]
+        alone = choose_weights_plan(arms, replace(sens, uniform=failing), gate.limits)
+        assert alone.chosen == ("mixed" if alone.passed_selection else "none"), alone.notes
+        # ...and one that passes at fewer bytes than any plan is chosen whole: its plan, spec and bytes
+        cheap = [{**sens.uniform[0], "passes": True, "bytes": 0.0}, *failing[1:]]
+        uniform = choose_weights_plan(arms, replace(sens, uniform=cheap), gate.limits)
+        assert uniform.chosen == f"uniform {arms.options[0].label}" and uniform.passed_selection
+        assert uniform.plan == arms.uniform(arms.options[0]) and uniform.spec == weights_spec(uniform.plan, arms.units)
+        assert uniform.bytes == arms.plan_bytes(uniform.plan)
         strict = {"mean": 1e-30, "top1": 1.0}  # nothing passes: it says so, and what to do
         nothing = choose_weights_plan(arms, measure_weight_sensitivities(arms, strict), strict)
         assert nothing.chosen == "none" and nothing.notes[-1].startswith("no plan among 4-bit g64, 8-bit g64")

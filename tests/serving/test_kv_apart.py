@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from decode_kl import decode_kls, load
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from pytest_mlxgate.errors import LeverError
@@ -98,6 +98,8 @@ def test_the_width_is_read_back_from_the_packed_parts(bits: int, group: int, gro
 
     parts = mx.quantize(mx.random.normal((1, 2, 3, group * groups)), group_size=group, bits=bits)
     assert packed_width((parts[0], parts[1], parts[2]), group) == bits
+    with pytest.raises(LeverError, match="mx.quantize never makes"):  # the scales read as the packed words
+        packed_width((parts[1], parts[1], parts[2]), group)
 
 
 @settings(max_examples=30, deadline=None)
@@ -107,9 +109,12 @@ def test_the_width_is_read_back_from_the_packed_parts(bits: int, group: int, gro
     group=st.sampled_from([32, 64]),
     heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]),
     queries=st.integers(1, 5),
-    mask=st.sampled_from(["none", "causal", "bool", "additive"]),
+    mask=st.sampled_from(["none", "causal", "bool", "additive", "additive 3-D", "bool 4-D"]),
     v_dim=st.sampled_from([64, 128]),
 )
+@example(k_bits=8, v_bits=4, group=64, heads=(4, 2), queries=3, mask="additive 3-D", v_dim=64)
+@example(k_bits=4, v_bits=4, group=32, heads=(4, 2), queries=2, mask="additive 3-D", v_dim=64)
+@example(k_bits=8, v_bits=4, group=64, heads=(4, 1), queries=3, mask="bool 4-D", v_dim=128)
 def test_the_width_reading_attention_is_attention_over_what_each_half_holds(
     k_bits: int, v_bits: int, group: int, heads: tuple[int, int], queries: int, mask: str, v_dim: int
 ) -> None:
@@ -137,12 +142,20 @@ def test_the_width_reading_attention_is_attention_over_what_each_half_holds(
     }
     if mask == "bool":
         masks["bool"][:, 0] = True  # every query sees some key
+    # mlx_lm's quantized attention reads a 3-D mask per repeat of a key head (a 4-D one per batch row): the
+    # float reference gets the same mask laid out per query head
+    repeats = q_heads // kv_heads
+    masks["additive 3-D"] = mx.random.normal((repeats, queries, keys_n))
+    masks["bool 4-D"] = (mx.random.uniform(shape=(1, 1, queries, keys_n)) > 0.3) | (mx.arange(keys_n) == 0)
+    as_float = {"additive 3-D": mx.tile(masks["additive 3-D"], (kv_heads, 1, 1))[None]}
     # each call gets its own queries: mlx_lm's quantized attention scales them in place (`queries *= scale`)
     got = width_reading_attention(
         mx.array(q), tuple(qk), tuple(qv), scale=0.125, mask=masks[mask], group_size=group, bits=0
     )
     dk, dv = mx.dequantize(*qk, group_size=group, bits=k_bits), mx.dequantize(*qv, group_size=group, bits=v_bits)
-    want = base.scaled_dot_product_attention(mx.array(q), dk, dv, cache=None, scale=0.125, mask=masks[mask])
+    want = base.scaled_dot_product_attention(
+        mx.array(q), dk, dv, cache=None, scale=0.125, mask=as_float.get(mask, masks[mask])
+    )
     assert got.shape == want.shape == (1, q_heads, queries, v_dim)
     assert float(mx.abs(got - want).max()) < 1e-3
     if k_bits == v_bits:
