@@ -110,6 +110,7 @@ def known_bad_paired(paired: Paired, bad: object) -> _KnownBadPaired:
         speed_shape=None,
         counters=type(run.counters)(),
         server=None,  # the known-bad runs in process: under --mlx-cand-server, never the server asked again
+        ref_server=None,  # and against the reference in process, which it is measured beside
     )
     return _KnownBadPaired(bad_run, paired.item, paired.rerun)
 

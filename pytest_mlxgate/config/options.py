@@ -475,9 +475,25 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
     ),
     Option(
+        "--mlx-ref-server",
+        "the reference arm is the model served at URL (both arms may be servers): asked at each KL gate's "
+        "positions like --mlx-cand-server, never cached; scored against its top-k, the KL is a lower bound "
+        "(docs/server-arm.md)",
+        "gate",
+        metavar="URL",
+        type=server_url_arg,
+    ),
+    Option(
+        "--mlx-ref-server-key-env",
+        "the environment variable holding the --mlx-ref-server key: sent as a bearer header to that server's "
+        "origin alone, written nowhere",
+        "gate",
+        metavar="NAME",
+    ),
+    Option(
         "--mlx-server-top-k",
-        "how many log-probabilities per position to ask of --mlx-cand-server (1-11; mlx_lm.server's bound). "
-        "Default: 11",
+        "how many log-probabilities per position to ask of --mlx-cand-server and --mlx-ref-server (1-11; "
+        "mlx_lm.server's bound). Default: 11",
         "gate",
         metavar="K",
         type=top_k_arg,

@@ -140,6 +140,8 @@ class GateSettings:
     require_proof: bool = False  # --mlx-require-proof: limits unproven on the judged model are an error
     cand_server: str | None = None  # --mlx-cand-server URL: the candidate arm served over HTTP
     server_key_env: str | None = None  # --mlx-server-key-env NAME: where that server's key is
+    ref_server: str | None = None  # --mlx-ref-server URL: the reference arm served over HTTP
+    ref_server_key_env: str | None = None  # --mlx-ref-server-key-env NAME
     server_top_k: int = 11  # --mlx-server-top-k K
 
 
@@ -211,15 +213,20 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
             "--mlx-require-proof with --mlx-prove off: a proof is required but none may run; drop one of them "
             "(MLXGATE_PROVE=off counts as --mlx-prove off)"
         )
-    cand_server = cli["mlx_cand_server"] or _ini_server(config)
-    if cand_server and (aa or calibrate):
-        raise MlxgateUsageError(
-            f"--mlx-cand-server with {'--mlx-aa' if aa else '--mlx-calibrate'}: a calibration measures the lever's "
-            "arms in process; calibrate the gate as it is, then judge the server against its limits"
-        )
+    cand_server = cli["mlx_cand_server"] or _ini_server(config, "mlx_cand_server")
+    ref_server = cli["mlx_ref_server"] or _ini_server(config, "mlx_ref_server")
+    for flag, url in (("--mlx-cand-server", cand_server), ("--mlx-ref-server", ref_server)):
+        if url and (aa or calibrate):
+            raise MlxgateUsageError(
+                f"{flag} with {'--mlx-aa' if aa else '--mlx-calibrate'}: a calibration measures the lever's "
+                "arms in process; calibrate the gate as it is, then judge the server against its limits"
+            )
     server_key_env = cli["mlx_server_key_env"] or config.getini("mlx_server_key_env") or None
     if server_key_env and not cand_server:
         raise MlxgateUsageError("--mlx-server-key-env names a key for --mlx-cand-server, which is not given")
+    ref_server_key_env = cli["mlx_ref_server_key_env"] or config.getini("mlx_ref_server_key_env") or None
+    if ref_server_key_env and not ref_server:
+        raise MlxgateUsageError("--mlx-ref-server-key-env names a key for --mlx-ref-server, which is not given")
     return GateSettings(
         lever=lever,
         ref_value=ref_value,
@@ -263,6 +270,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
         require_proof=require_proof,
         cand_server=cand_server,
         server_key_env=server_key_env,
+        ref_server=ref_server,
+        ref_server_key_env=ref_server_key_env,
         server_top_k=cli["mlx_server_top_k"] or _ini_top_k(config),
         progress_interval=(
             cli["mlx_progress_interval"]
@@ -272,8 +281,8 @@ def read_gate_settings(config: pytest.Config) -> GateSettings:
     )
 
 
-def _ini_server(config: pytest.Config) -> str | None:
-    value = config.getini("mlx_cand_server")
+def _ini_server(config: pytest.Config, name: str) -> str | None:
+    value = config.getini(name)
     if not value:
         return None
     from ..common.server_endpoint import Endpoint

@@ -17,14 +17,6 @@ from ..common.refstore import store_or_warn
 from ..errors import ServerArmError, VocabularyMismatchError
 from ..levers.naming import source_digest
 from ..models.identity import model_identity
-from ..remote.arm import (
-    ServerCandidate,
-    ServerScores,
-    run_protocol_against,
-    run_server_against,
-    scored_positions,
-)
-from ..remote.client import ServerClient
 from ..serving.kv_plan import require_kv_difference
 from ..stats import divergence
 from ..stats.kl_profile import kl_profile
@@ -34,12 +26,14 @@ from .oracle import OracleArm, OracleDistances
 from .prompts import texts_of
 from .refcache import CACHE_FORMAT, ReferenceCache
 from .result import KLResult, aa_floors
+from .served import asked_only, logits_width, served_candidate, served_facts, served_reference_arm
 from .shape import ArmCounters, RunShape
 
 if TYPE_CHECKING:
     from ..common.watch import ArmWatch, Watcher
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
+    from ..remote.arm import ServedArm
     from ..stats.divergence import RefDistributions, TokenScores
     from .prompts import TokenSequence
 
@@ -63,15 +57,19 @@ def measure_kl(
     say: Callable[[str], None],
     watch: Watcher | None = None,
     oracle: LoadedModel | None = None,
-    server: ServerCandidate | None = None,
+    server: ServedArm | None = None,
+    ref_server: ServedArm | None = None,
 ) -> KLResult:
     """Run (or load) the reference arm, then the candidate arm (or the A/A runs), and summarize.
     `watch`: each arm's progress lines and time limit (none: silent, unlimited). `oracle`: the reference
     model computing in float32 (`kl.oracle`); both arms' distances from it come with the result. `server`:
-    the candidate arm is that server's, asked teacher-forced (`remote.arm`); its KL a lower bound."""
-    if server is not None:
+    the candidate arm is that server's, asked teacher-forced (`remote.arm`); its KL a lower bound. `ref_server`:
+    the reference arm is that server's, never cached (`kl.served`)."""
+    if server is not None or ref_server is not None:
         oracle = None  # the oracle's rules judge a kernel in process: a server's is out of reach
-    if lever.kind == "kv" and not aa and server is None:
+    if aa and ref_server is not None:
+        raise ServerArmError("--mlx-aa with --mlx-ref-server: the A/A floor runs the reference in process")
+    if lever.kind == "kv" and not aa and server is None and ref_server is None:
         require_kv_difference(
             lever.name,
             lever.kv_plan("reference"),
@@ -95,7 +93,15 @@ def measure_kl(
             say,
         )
     refs: list[RefDistributions] | None = None
-    if cache is not None and not refresh_reference:
+    served_ref = None
+    if ref_server is not None:
+        say(f"reference arm: the server at {ref_server.endpoint.url} (top-{ref_server.top_k}, teacher-forced)")
+        ref_watch = _arm_watch(watch, f"reference arm (server {ref_server.endpoint.url})", sequences, shape)
+        vocab = logits_width(candidate)
+        served_ref = served_reference_arm(ref_server, reference, sequences, shape, vocab, ref_watch)
+        _finish(ref_watch)
+        refs, source = list(served_ref[0].refs), "server"
+    if cache is not None and not refresh_reference and refs is None:
         refs = cache.load(key, len(sequences))
     if refs is None:
         with cache.computing(cache.digest(key)) if cache is not None else contextlib.nullcontext():
@@ -129,10 +135,16 @@ def measure_kl(
     elif server is not None:
         say(f"candidate arm: the server at {server.endpoint.url} (top-{server.top_k}, teacher-forced)")
         arm_watch = _arm_watch(watch, f"candidate arm (server {server.endpoint.url})", sequences, shape)
-        served = _served(server, candidate, sequences, shape, refs, arm_watch)
+        served = served_candidate(server, candidate, sequences, shape, refs, arm_watch)
         _finish(arm_watch)
         scores = [s.scores for s in served.sequences]
-        server_facts = served.facts(server)
+        if served_ref is not None:
+            scores = asked_only(scores, served_ref[0], shape)
+        server_facts = served_facts(
+            scores,
+            candidate=(server, served),
+            reference=(ref_server, *served_ref) if ref_server is not None and served_ref is not None else None,
+        )
     else:
         say(f"candidate arm ({lever.name}={lever.describe_value('candidate')})")
         arm_watch = _arm_watch(
@@ -146,6 +158,9 @@ def measure_kl(
         _finish(arm_watch)
         if judge is not None:
             distances = judge.distances(texts_of(sequences), scored[-1])
+        if ref_server is not None and served_ref is not None:
+            scores = asked_only(scores, served_ref[0], shape)
+            server_facts = served_facts(scores, candidate=None, reference=(ref_server, *served_ref))
     stats = summarize(scores, texts=texts_of(sequences))
     profile = {**kl_profile(scores), "worst_context": _worst_contexts(candidate.tokenizer, sequences, stats)}
     total_s = time.perf_counter() - started
@@ -170,68 +185,6 @@ def measure_kl(
         oracle=distances,
         server=server_facts,
     )
-
-
-def _served(
-    server: ServerCandidate,
-    candidate: LoadedModel,
-    sequences: Sequence[TokenSequence],
-    shape: RunShape,
-    refs: Sequence[RefDistributions],
-    arm_watch: ArmWatch | None,
-) -> ServerScores:
-    """The candidate arm asked of `server`: the model it says it serves checked first, then every sequence's
-    scored positions teacher-forced, scored against the reference rows."""
-    tokenizer = candidate.tokenizer
-    client = ServerClient(server.endpoint)
-    try:
-        try:
-            served: list[str] | None = client.served_models()
-        except ServerArmError:
-            served = None  # mlx_lm.server's listing breaks without a hub cache: the tokenizer check still runs
-        local = {str(v) for v in (candidate.snapshot.path, candidate.snapshot.repo_id, candidate.snapshot.name) if v}
-        if served and not local & set(served):
-            raise ServerArmError(
-                f"server {server.endpoint.url} serves {', '.join(served)}, not the candidate "
-                f"{', '.join(sorted(local))}: its answers would be another model's. Serve the same snapshot "
-                "(mlx_lm.server --model "
-                f"{candidate.snapshot.path}), or pass that model as --mlx-candidate"
-            )
-        info = client.protocol_info()
-        if info is not None and str(info["model"]) not in local:
-            raise ServerArmError(
-                f"server {server.endpoint.url} answers the mlxgate protocol for {info['model']}, not the candidate "
-                f"{', '.join(sorted(local))}: serve the same snapshot, or pass that model as --mlx-candidate"
-            )
-        if info is not None:
-            if info["vocab_size"] != refs[0].vocab_size:
-                raise ServerArmError(
-                    f"server {server.endpoint.url} has a vocabulary of {info['vocab_size']}, the candidate "
-                    f"{refs[0].vocab_size}: another model or tokenizer"
-                )
-            scored = run_protocol_against(
-                client,
-                [s.ids for s in sequences],
-                refs,
-                scored_positions(shape.tokens, shape.path, shape.decode),
-                vocab_size=int(info["vocab_size"]),
-                tick=(lambda _: arm_watch.advance(shape.tokens)) if arm_watch is not None else None,
-            )
-            return dataclasses.replace(scored, served=tuple(served) if served is not None else None)
-        scored = run_server_against(
-            client,
-            [s.ids for s in sequences],
-            refs,
-            scored_positions(shape.tokens, shape.path, shape.decode),
-            top_k=server.top_k,
-            encode=tokenizer.encode,
-            decode=lambda ids: str(tokenizer.decode(list(ids))),  # special tokens kept: they encode back
-            text_decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
-            tick=(lambda _: arm_watch.advance(shape.tokens)) if arm_watch is not None else None,  # one sequence done
-        )
-        return dataclasses.replace(scored, served=tuple(served) if served is not None else None)
-    finally:
-        client.close()
 
 
 def chunked_floor(

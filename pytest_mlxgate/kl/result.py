@@ -71,9 +71,12 @@ class KLResult:
         if self.counters.lever_calls:
             extra["lever_calls"] = dict(self.counters.lever_calls)
         lever = self.lever.to_json()
-        if self.server is not None:  # the candidate arm was the server, not the module's candidate value
+        if self.server is not None:  # an arm was a server, not the module's value for it
             extra["server"] = dict(self.server)
-            lever["cand"] = f"served at {self.server['url']}"
+            if self.server.get("url"):
+                lever["cand"] = f"served at {self.server['url']}"
+            if self.server.get("ref_url"):
+                lever["ref"] = f"served at {self.server['ref_url']}"
         return dict(
             candidate=self.candidate,
             reference_model=self.reference_model,

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..common.server_endpoint import Endpoint
 from ..errors import ServerArmError
-from ..stats.divergence import RefDistributions, compare
-from ..stats.topk import TopKScores, compare_topk
+from ..stats.divergence import RefDistributions, compact_reference, compare
+from ..stats.topk import TopKScores, compare_topk, served_reference
 from .client import ServerClient
 from .teacher import teacher_forced
 
@@ -26,13 +26,21 @@ from .teacher import teacher_forced
 #: refuses to give a figure.
 MAX_UNASKABLE = 0.1
 
-__all__ = ["ServerCandidate", "ServerScores", "run_protocol_against", "run_server_against", "scored_positions"]
+__all__ = [
+    "ServedArm",
+    "ServedReference",
+    "ServerScores",
+    "ask_reference",
+    "run_protocol_against",
+    "run_server_against",
+    "scored_positions",
+]
 
 
 @dataclass(frozen=True)
-class ServerCandidate:
-    """The candidate arm of a run served over HTTP (`--mlx-cand-server`): where, and how many log-probabilities
-    per position to ask for."""
+class ServedArm:
+    """An arm of a run served over HTTP (`--mlx-cand-server`, `--mlx-ref-server`): where, and how many
+    log-probabilities per position to ask for."""
 
     endpoint: Endpoint
     top_k: int = 11
@@ -58,24 +66,6 @@ class ServerScores:
     @property
     def next_unlisted(self) -> int:
         return sum(s.next_unlisted for s in self.sequences)
-
-    def facts(self, server: ServerCandidate) -> dict[str, object]:
-        """The record's `server` part (`results.record_server`): where, and what the KL rests on."""
-        ref_tail, cand_tail = self.mean_tails()
-        return {
-            "url": server.endpoint.url,
-            "top_k": server.top_k,
-            "k": self.k,
-            "bound": "exact" if self.exact else "lower",
-            "asked": sum(len(s.scores) + s.unaskable for s in self.sequences),
-            "unaskable": self.unaskable,
-            "next_unlisted": self.next_unlisted,
-            "chosen_disagreed": self.chosen_disagreed,
-            "ref_tail": round(ref_tail, 6),
-            "cand_tail": round(cand_tail, 6),
-            "served": list(self.served) if self.served is not None else None,
-            "max_kl": max((float(s.scores.kl.max()) for s in self.sequences if len(s.scores)), default=0.0),
-        }
 
     def mean_tails(self) -> tuple[float, float]:
         """The mean mass outside the shared tokens over every scored position: the reference's, the server's."""
@@ -149,11 +139,85 @@ def run_server_against(
     scores = ServerScores(tuple(out), disagreed)
     total = len(positions) * len(sequences)
     if scores.unaskable > MAX_UNASKABLE * total:
-        raise ServerArmError(
-            f"server {client.endpoint.url}: {scores.unaskable} of the gate's {total} positions cannot be asked: the "
-            "text of their prompt encodes to other tokens, so a server reading text would score another sequence. "
-            f"More than {MAX_UNASKABLE:.0%} left out is no measurement of the gate's prompts: serve the model by "
-            "the mlxgate protocol (docs/server-protocol.md), which takes token ids, or use prompts that survive "
-            "the round trip"
-        )
+        raise _unaskable(client, scores.unaskable, total)
     return scores
+
+
+@dataclass(frozen=True)
+class ServedReference:
+    """The reference arm asked of a server: each sequence's rows at the gate's positions (`served_reference`)
+    and which positions could be asked (a candidate's scores elsewhere are dropped, never read)."""
+
+    refs: tuple[RefDistributions, ...]
+    asked: tuple[np.ndarray, ...]
+    chosen_disagreed: int
+    k: int  # the fewest tokens a row gave (0: whole distributions, the protocol)
+    exact: bool
+
+    @property
+    def unaskable(self) -> int:
+        return sum(int((~a).sum()) for a in self.asked)
+
+    def mean_tail(self) -> float:
+        """The mean mass the server left outside its rows at the positions asked."""
+        tails = [np.exp(r.tail_logmass[a].astype(np.float64)) for r, a in zip(self.refs, self.asked, strict=True)]
+        joined = np.concatenate(tails) if tails else np.zeros(0)
+        return float(joined.mean()) if joined.size else 0.0
+
+
+def ask_reference(
+    client: ServerClient,
+    sequences: Sequence[Sequence[int]],
+    positions: np.ndarray,
+    *,
+    top_k: int,
+    vocab_size: int,
+    protocol: bool,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[Sequence[int]], str],
+    text_decode: Callable[[Sequence[int]], str] | None = None,
+    tick: Callable[[int], None] | None = None,
+) -> ServedReference:
+    """Each sequence's reference rows at `positions`, asked of the server: whole distributions by the mlxgate
+    protocol (`protocol`: the rows an in-process reference would give), else its top-k teacher-forced.
+    ServerArmError where more than `MAX_UNASKABLE` of the positions cannot be asked."""
+    refs, asked, disagreed, k = [], [], 0, top_k
+    for ids in sequences:
+        next_tokens = np.asarray([ids[p + 1] for p in positions], dtype=np.int32)
+        if protocol:
+            rows = client.logprobs_at(list(ids[:-1]), [int(p) for p in positions], top_k=None, vocab_size=vocab_size)
+            logits = np.array([row.logprobs for row in rows], dtype=np.float32)
+            refs.append(compact_reference(logits, next_tokens))
+            asked.append(np.ones(len(positions), dtype=bool))
+        else:
+            got = teacher_forced(
+                client,
+                ids,
+                [int(p) + 1 for p in positions],
+                top_k=top_k,
+                encode=encode,
+                decode=decode,
+                text_decode=text_decode,
+            )
+            rows_of, mask = served_reference(got.lists, next_tokens, vocab_size)
+            refs.append(rows_of)
+            asked.append(mask)
+            disagreed += got.chosen_disagreed
+            k = min([k, *(len(top.ids) for top in got.lists if top is not None)])
+        if tick is not None:
+            tick(len(positions))
+    found = ServedReference(tuple(refs), tuple(asked), disagreed, 0 if protocol else k, protocol)
+    total = len(positions) * len(sequences)
+    if found.unaskable > MAX_UNASKABLE * total:
+        raise _unaskable(client, found.unaskable, total)
+    return found
+
+
+def _unaskable(client: ServerClient, unaskable: int, total: int) -> ServerArmError:
+    return ServerArmError(
+        f"server {client.endpoint.url}: {unaskable} of the gate's {total} positions cannot be asked: the "
+        "text of their prompt encodes to other tokens, so a server reading text would score another sequence. "
+        f"More than {MAX_UNASKABLE:.0%} left out is no measurement of the gate's prompts: serve the model by "
+        "the mlxgate protocol (docs/server-protocol.md), which takes token ids, or use prompts that survive "
+        "the round trip"
+    )

@@ -277,6 +277,7 @@ _SAME_GATE_SETTINGS = (
     "prove",
     "require_proof",
     "cand_server",
+    "ref_server",
     "server_top_k",
 )
 

@@ -15,6 +15,7 @@ __all__ = ["NO_DIFFERENCE", "SERVER_KEYS", "ServerArm", "parse_server"]
 
 SERVER_KEYS = (
     "url",
+    "ref_url",
     "top_k",
     "k",
     "bound",
@@ -26,6 +27,7 @@ SERVER_KEYS = (
     "cand_tail",
     "max_kl",
     "served",
+    "ref_served",
 )
 #: A largest per-position KL at or below this: the server's lists match the reference arm's everywhere.
 NO_DIFFERENCE = 1e-5
@@ -36,7 +38,8 @@ class ServerArm:
     """The candidate served at `url`: `k` log-probabilities per position (of `top_k` asked), the mean mass
     outside the tokens both arms listed (`ref_tail`, `cand_tail`), positions asked and not askable."""
 
-    url: str | None = None
+    url: str | None = None  # the candidate's server (None: the candidate ran in process)
+    ref_url: str | None = None  # the reference's server (None: the reference ran in process)
     top_k: int | None = None
     k: int | None = None
     bound: str | None = None  # "lower": the KL figures are lower bounds of the full KL; "exact": whole rows
@@ -48,6 +51,7 @@ class ServerArm:
     cand_tail: float | None = None
     max_kl: float | None = None  # the largest per-position lower bound
     served: tuple[str, ...] | None = None  # the models it lists, checked against the candidate (None: unlisted)
+    ref_served: tuple[str, ...] | None = None  # the reference server's, checked against the reference model
     left_out: frozenset[str] = frozenset()
     more: Mapping[str, Any] = field(default_factory=dict)
 
@@ -58,19 +62,29 @@ class ServerArm:
     @property
     def words(self) -> str:
         """One line: `candidate served at URL: KL a lower bound from its top-11 (mass left out: reference
-        0.12, server 0.13); 2 of 96 positions not askable; its "chosen" entries disagreed at 40 (not believed)`."""
+        0.12, candidate 0.13); 2 of 96 positions not askable; its "chosen" entries disagreed at 40 (not
+        believed)`; a served reference is named first (`reference served at URL; candidate served at ...`)."""
+        where = "; ".join(
+            f"{arm} served at {url}" for arm, url in (("reference", self.ref_url), ("candidate", self.url)) if url
+        )
         if self.bound == "exact":
-            text = f"candidate served at {self.url}: whole distributions by the mlxgate protocol (KL exact)"
+            text = f"{where}: whole distributions by the mlxgate protocol (KL exact)"
         else:
-            tails = f"mass left out: reference {_f(self.ref_tail)}, server {_f(self.cand_tail)}"
-            text = f"candidate served at {self.url}: KL a lower bound from its top-{self.k} ({tails})"
+            tails = ", ".join(
+                f"{side} {_f(value)}"
+                for side, value in (("reference", self.ref_tail), ("candidate", self.cand_tail))
+                if value is not None
+            )
+            whose = "their" if self.url and self.ref_url else "its"
+            text = f"{where}: KL a lower bound from {whose} top-{self.k} (mass left out: {tails or '?'})"
         if self.max_kl is not None and self.max_kl <= NO_DIFFERENCE:
             text += (
                 f"; no difference from the reference arm at any position (max {_f(self.max_kl)}): whatever the "
                 "server was set to change, it changed nothing scored here"
             )
-        if self.served is None:
-            text += "; it could not list the models it serves (only its tokenizer was checked)"
+        for url, listed in ((self.ref_url, self.ref_served), (self.url, self.served)):
+            if url and listed is None:
+                text += f"; {url} could not list the models it serves (only its tokenizer was checked)"
         if self.unaskable:
             text += f"; {self.unaskable} of {self.asked} positions not askable (their text encodes otherwise)"
         if self.next_unlisted:
@@ -101,7 +115,9 @@ def parse_server(value: Any) -> ServerArm | None:
         ref_tail=real(part.get("ref_tail")),
         cand_tail=real(part.get("cand_tail")),
         max_kl=real(part.get("max_kl")),
+        ref_url=text(part.get("ref_url")) or None,
         served=tuple(str(m) for m in part["served"]) if isinstance(part.get("served"), list) else None,
+        ref_served=tuple(str(m) for m in part["ref_served"]) if isinstance(part.get("ref_served"), list) else None,
         left_out=absent(part, SERVER_KEYS),
         more=rest(part, SERVER_KEYS),
     )

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..kl.refcache import ReferenceCache
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
-    from ..remote.arm import ServerCandidate
+    from ..remote.arm import ServedArm
 
 __all__ = ["ModuleArms"]
 
@@ -42,7 +42,8 @@ class ModuleArms:
     counters: ArmCounters = field(default_factory=ArmCounters)
     phases: PhaseClock = field(default_factory=PhaseClock)  # where the module's time went (each record's share)
     oracle: LoadedModel | None = None  # the reference model in float32, when the module's gates ask for it
-    server: ServerCandidate | None = None  # --mlx-cand-server: the candidate arm served over HTTP
+    server: ServedArm | None = None  # --mlx-cand-server: the candidate arm served over HTTP
+    ref_server: ServedArm | None = None  # --mlx-ref-server: the reference arm served over HTTP
 
     def reference_model(self) -> LoadedModel:
         """The reference arm's model: the candidate's own (one-model levers) or the second model."""
@@ -58,12 +59,13 @@ class ModuleArms:
     def refuse_server(self, what: str) -> None:
         """A measurement the server arm cannot make yet: an error naming it, never one made in process and
         read as the server's."""
-        if self.server is not None:
-            raise ServerArmError(
-                f"{what} through --mlx-cand-server {self.server.endpoint.url}: not measured through a server yet "
-                "(only KL gates are); its in-process arms would not be the server's. Select the KL tests "
-                "(-k drift) or run this one without --mlx-cand-server"
-            )
+        for flag, server in (("--mlx-cand-server", self.server), ("--mlx-ref-server", self.ref_server)):
+            if server is not None:
+                raise ServerArmError(
+                    f"{what} through {flag} {server.endpoint.url}: not measured through a server yet (only KL "
+                    "gates are); its in-process arms would not be the server's. Select the KL tests (-k drift) "
+                    f"or run this one without {flag}"
+                )
 
     def say(self, text: str) -> None:
         if self.progress is not None:

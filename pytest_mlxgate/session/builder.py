@@ -153,7 +153,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
     from ..common.watch import Watcher, progress_interval
     from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
-    from ..remote.arm import ServerCandidate
+    from ..remote.arm import ServedArm
     from ..serving.caches import sliding_window
     from ..speed.load import wait_for_siblings
     from .paired_run import PairedRun
@@ -197,8 +197,13 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         reference=reference,
         oracle=oracle,
         server=(
-            ServerCandidate(Endpoint.parse(gate.cand_server, key_env=gate.server_key_env), gate.server_top_k)
+            ServedArm(Endpoint.parse(gate.cand_server, key_env=gate.server_key_env), gate.server_top_k)
             if gate.cand_server
+            else None
+        ),
+        ref_server=(
+            ServedArm(Endpoint.parse(gate.ref_server, key_env=gate.ref_server_key_env), gate.server_top_k)
+            if gate.ref_server
             else None
         ),
         machine=dict(ctx.machine),

@@ -72,8 +72,9 @@ class KLArms:
             watch=arms.watch,
             oracle=None if aa else arms.oracle,
             server=None if aa else arms.server,
+            ref_server=None if aa else arms.ref_server,
         )
-        if arms.oracle is not None and not aa and arms.server is None:
+        if arms.oracle is not None and not aa and arms.server is None and arms.ref_server is None:
             self._judge_sites(found)
         return found
 
@@ -108,7 +109,7 @@ class KLArms:
         Attribution is a by-product: an error in it becomes a note, never the gate's verdict."""
         if self._attribution is not None:  # the module's arms, explained once for all its KL tests
             return self._attribution
-        if self.arms.server is not None:  # layer by layer in process would explain the module's lever, not the server
+        if self.arms.server is not None or self.arms.ref_server is not None:  # in process: not the server's arms
             self._attribution = {
                 "version": 0,
                 "scopes": [],

@@ -18,13 +18,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .divergence import RefDistributions, TokenScores
+from .divergence import RefDistributions, TokenScores, dtype_resolution
 
-__all__ = ["MASS_SLACK", "finite_number", "CoarseKL", "TopK", "TopKError", "TopKScores", "compare_topk", "topk_kl"]
+__all__ = [
+    "MASS_SLACK",
+    "CoarseKL",
+    "TopK",
+    "TopKError",
+    "TopKScores",
+    "compare_topk",
+    "finite_number",
+    "kept_scores",
+    "served_reference",
+    "topk_kl",
+]
 
 #: A reference tail this small is the float64 rounding of 1 - (the listed mass): no mass at all.
 FLOAT_NOISE = 1e-12
@@ -279,3 +290,40 @@ def compare_topk(
     )
     k = min((len(top.ids) for top in lists if top is not None), default=0)
     return TopKScores(scores, k, ref_tail, cand_tail, len(lists) - len(kept), int(np.isnan(cand_next).sum()))
+
+
+def served_reference(
+    lists: Sequence[TopK | None], next_tokens: np.ndarray, vocab_size: int
+) -> tuple[RefDistributions, np.ndarray]:
+    """A reference arm served over HTTP as the compact rows an in-process reference gives (`compare` scores a
+    candidate against them exactly as against its own): each row a server's top-k, the rest one tail bin, so
+    every KL scored against it is a lower bound (grouping never raises KL). A position not asked (None) gets
+    a placeholder row and is False in the returned mask: its scores are dropped (`kept_scores`), never read.
+    The next token's log-probability is NaN where the list lacks it (ln PPL is then not measured); near ties
+    are read at float32's resolution (the strictest: a server's rounding may count a flip, never hide one)."""
+    nxt = np.asarray(next_tokens, dtype=np.int32)
+    if len(lists) != len(nxt):
+        raise ValueError(f"{len(lists)} lists for {len(nxt)} next tokens")
+    asked = np.array([top is not None for top in lists], dtype=bool)
+    rows = [top if top is not None else TopK((int(n),), (0.0,)) for top, n in zip(lists, nxt, strict=True)]
+    if any(max(top.ids) >= vocab_size for top in rows):
+        raise ValueError(f"a listed token id is outside the vocabulary of {vocab_size}")
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(top.ids) for top in rows])
+    ids = np.array([i for top in rows for i in top.ids], dtype=np.int32)
+    logprobs = np.array([v for top in rows for v in top.logprobs], dtype=np.float32)
+    listed = np.array([float(np.exp(np.array(top.logprobs, dtype=np.float64)).sum()) for top in rows])
+    rest = 1.0 - listed
+    with np.errstate(divide="ignore"):
+        tail = np.where(rest > FLOAT_NOISE, np.log(np.maximum(rest, FLOAT_NOISE)), -np.inf).astype(np.float32)
+    next_lp = np.array([top.logprob_of().get(int(n), np.nan) for top, n in zip(rows, nxt, strict=True)], np.float32)
+    eps = dtype_resolution("float32")
+    near = np.array(
+        [len(t.ids) >= 2 and t.logprobs[0] - t.logprobs[1] <= 2.0 * eps * max(1.0, abs(t.logprobs[0])) for t in rows]
+    )
+    return RefDistributions(offsets, ids, logprobs, tail, next_lp, near, vocab_size), asked
+
+
+def kept_scores(scores: TokenScores, keep: np.ndarray) -> TokenScores:
+    """`scores` at the positions `keep` marks: what a served reference arm could be asked about."""
+    return TokenScores(**{f.name: getattr(scores, f.name)[keep] for f in fields(scores)})

@@ -44,6 +44,7 @@ class _Run:
     counters: object = field(default_factory=_Counters)
     aa: bool = False
     server: object = "the server"  # --mlx-cand-server: the known-bad never runs on it
+    ref_server: object = "the reference server"  # --mlx-ref-server: nor against it
 
 
 @dataclass
@@ -61,7 +62,7 @@ class _Paired:
 
 def _arm_run(bad_paired: Any) -> dict[str, Any]:
     run = bad_paired.run
-    return {k: v for k, v in vars(run).items() if k not in ("counters", "server")}
+    return {k: v for k, v in vars(run).items() if k not in ("counters", "server", "ref_server")}
 
 
 def _fresh(paired: _Paired, bad_paired: Any) -> None:
@@ -69,6 +70,7 @@ def _fresh(paired: _Paired, bad_paired: Any) -> None:
     assert type(bad_paired).__name__ == "_KnownBadPaired"
     assert (bad_paired.item, bad_paired.rerun, bad_paired.nodeid) == (paired.item, RERUN, NODEID)
     assert bad_paired.run.server is None and paired.run.server == "the server"  # never the server asked again
+    assert bad_paired.run.ref_server is None and paired.run.ref_server == "the reference server"
     assert (bad_paired.verdicts, bad_paired.checks, bad_paired.published) == ([], [], False)
     assert isinstance(bad_paired.run.counters, _Counters) and bad_paired.run.counters is not paired.run.counters
     assert paired.run.lever in (ENV, WEIGHTS, BOTH_QUANTIZED, CONTEXT)  # the module's run is left as it was

@@ -154,7 +154,8 @@ def test_through_the_protocol_the_server_arm_is_the_in_process_statistic(
     position is what `compare` gives on that model's logits in process (to float32 rounding), not a bound."""
     import mlx.core as mx
 
-    from pytest_mlxgate.remote.arm import ServerCandidate, run_protocol_against
+    from pytest_mlxgate.kl.served import served_facts
+    from pytest_mlxgate.remote.arm import ServedArm, ask_reference, run_protocol_against
     from pytest_mlxgate.stats.divergence import compact_reference, compare
 
     model, vocab = tiny
@@ -166,7 +167,7 @@ def test_through_the_protocol_the_server_arm_is_the_in_process_statistic(
         rng = np.random.default_rng(0)
         sequences = [[int(t) for t in rng.integers(0, vocab, size=17)] for _ in range(2)]
         positions = np.arange(16, dtype=np.int32)
-        refs, expected = [], []
+        refs, expected, logits = [], [], []
         for ids in sequences:
             x = mx.array([ids[:16]])
             ref_logits = np.array(model(x)[0].astype(mx.float32))
@@ -175,13 +176,32 @@ def test_through_the_protocol_the_server_arm_is_the_in_process_statistic(
             ref = compact_reference(ref_logits, nxt)
             refs.append(ref)
             expected.append(compare(ref, cand_logits, nxt, positions))
+            logits.append((ref_logits, cand_logits, nxt))
         got = run_protocol_against(ServerClient(Endpoint.parse(url)), sequences, refs, positions, vocab_size=vocab)
-        facts = got.facts(ServerCandidate(Endpoint.parse(url)))
-        assert got.exact and facts["bound"] == "exact" and facts["unaskable"] == 0
+        facts = served_facts(
+            [s.scores for s in got.sequences], candidate=(ServedArm(Endpoint.parse(url)), got), reference=None
+        )
+        assert got.exact and facts["bound"] == "exact" and facts["unaskable"] == 0 and facts["k"] is None
         for mine, theirs in zip(got.sequences, expected, strict=True):
             np.testing.assert_allclose(mine.scores.kl, theirs.kl, rtol=1e-4, atol=1e-7)
             assert np.array_equal(mine.scores.cand_top1, theirs.cand_top1)
         assert float(np.mean([s.scores.kl.mean() for s in got.sequences])) > 1e-2  # two models: a real drift
+        # the served model as the reference arm: the rows an in-process reference of it would give
+        served = ask_reference(
+            ServerClient(Endpoint.parse(url)),
+            sequences,
+            positions,
+            top_k=11,
+            vocab_size=vocab,
+            protocol=True,
+            encode=lambda _: [],  # token ids travel as they are: no text round trip
+            decode=lambda _: "",
+        )
+        assert served.exact and served.k == 0 and served.unaskable == 0
+        for rows, (ref_logits, cand_logits, nxt) in zip(served.refs, logits, strict=True):
+            mine = compare(rows, ref_logits, nxt, positions)
+            theirs = compare(compact_reference(cand_logits, nxt), ref_logits, nxt, positions)
+            np.testing.assert_allclose(mine.kl, theirs.kl, rtol=1e-4, atol=1e-7)
         with pytest.raises(ServerArmError, match="answered HTTP 400: .*positions must be indices into tokens"):
             ServerClient(Endpoint.parse(url)).logprobs_at(sequences[0], [99], top_k=None, vocab_size=vocab)
     finally:

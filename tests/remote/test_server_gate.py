@@ -1,8 +1,9 @@
-"""`--mlx-cand-server`: a KL gate whose candidate arm is a real mlx_lm.server (issue 56), run as a user runs
-it. The KV gate's shape and mean limit (2e-3) on the embedded model: an 8-bit KV server passes, a 4-bit one
-fails (its lower bound beyond the limit: sound), a --kv-bits 4 server at mlx_lm's default start (it quantizes
-nothing here) passes only saying it differs in nothing; every record says the KL is a lower bound from the
-server's top-k, in the JSON, the summary and JUnit; a speed test under a server is an error, never a pass."""
+"""`--mlx-cand-server` and `--mlx-ref-server`: a KL gate whose arms are real mlx_lm.server processes (issue
+56), run as a user runs it. The KV gate's shape and mean limit (2e-3) on the embedded model: an 8-bit KV
+server passes, a 4-bit one fails (its lower bound beyond the limit: sound), with the reference in process or
+served; a --kv-bits 4 server at mlx_lm's default start (it quantizes nothing here) passes only saying it
+differs in nothing; every record says the KL is a lower bound from the servers' top-k, in the JSON, the
+summary and JUnit; a speed test under a server is an error, never a pass."""
 
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ def _hub(tmp: Path) -> dict[str, str]:
     return {"HF_HUB_CACHE": str(tmp / "hub")}
 
 
-def _session(pytester: pytest.Pytester, model: Path, url: str, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict]:
+def _session(
+    pytester: pytest.Pytester, model: Path, url: str | None, tmp: Path, *more: str
+) -> tuple[pytest.RunResult, dict]:
     report, xml = tmp / "r.json", tmp / "r.xml"
     result = pytester.runpytest_subprocess(
         f"--mlx-candidate={model}",
-        f"--mlx-cand-server={url}",
+        *([f"--mlx-cand-server={url}"] if url else []),
         "--mlx-db=off",
         f"--mlx-reference-cache={tmp / 'refcache'}",
         "--mlx-prove=off",
@@ -91,6 +94,52 @@ def test_the_kv_gate_through_a_server_reads_as_it_does_in_process(
     unchanged = "changed nothing scored here" in said
     assert unchanged == (args == ("--kv-bits", "4")), said  # the vacuous server setting is named as such
     assert memory["verdict"] == "error" and "not measured through a server yet" in memory["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("args", "verdict"),
+    [
+        (("--kv-bits", "8", "--quantized-kv-start", "0"), "pass"),
+        (("--kv-bits", "4", "--quantized-kv-start", "0"), "fail"),
+    ],
+)
+def test_both_arms_served_read_as_the_kv_gate_does_in_process(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, args: tuple[str, ...], verdict: str
+) -> None:
+    """A plain server as the reference, a KV-quantizing one as the candidate: the gate's verdict as in process,
+    each side's server named, the KL a lower bound from their top-11."""
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    with (
+        mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref,
+        mlx_server(embedded, tmp_path, *args, env=_hub(tmp_path)) as cand,
+    ):
+        result, got = _session(pytester, embedded, cand.url, tmp_path, f"--mlx-ref-server={ref.url}", "-k", "drift")
+    drift = got["records"]["test_drift"]
+    assert drift["verdict"] == verdict, drift.get("checks") or drift.get("error")
+    part = drift["server"]
+    assert (part["url"], part["ref_url"], part["bound"], part["k"]) == (cand.url, ref.url, "lower", 11)
+    assert drift["lever"]["ref"] == f"served at {ref.url}" and drift["lever"]["cand"] == f"served at {cand.url}"
+    said = " ".join(result.stdout.str().split())
+    assert f"reference served at {ref.url}; candidate served at {cand.url}: KL a lower bound from their top-11" in said
+
+
+def test_a_served_reference_judges_the_module_s_lever_in_process(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path
+) -> None:
+    """The reference a plain server, the candidate the module's own 8-bit KV lever in process: it passes as
+    it does with both arms in process; the reference is never cached (it is the server's, asked now)."""
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    with mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref:
+        result, got = _session(pytester, embedded, None, tmp_path, f"--mlx-ref-server={ref.url}", "-k", "drift")
+    drift = got["records"]["test_drift"]
+    assert drift["verdict"] == "pass", drift.get("checks") or drift.get("error")
+    assert drift["server"]["ref_url"] == ref.url and drift["server"]["url"] is None
+    assert drift["lever"]["ref"] == f"served at {ref.url}" and "8-bit" in drift["lever"]["cand"]
+    said = " ".join(result.stdout.str().split())
+    assert f"reference served at {ref.url}: KL a lower bound from its top-11 (mass left out: reference" in said
+    assert not list((tmp_path / "refcache").glob("**/*.npz"))
 
 
 def test_a_server_of_another_model_is_an_error_naming_both(

@@ -258,6 +258,11 @@ def test_a_gate_without_a_lever_says_how_to_declare_one(
         (["--mlx-lever", "X", "--mlx-ref-value", "1"], "*--mlx-lever X needs both values*"),
         (["--mlx-kl-prompts", "0"], "*--mlx-kl-prompts: must be at least 1, got 0*"),
         (["--mlx-prompts-file", "nope.jsonl"], "*--mlx-prompts-file: 'nope.jsonl' is not a file*"),
+        (["--mlx-server-key-env", "K"], "*--mlx-server-key-env names a key for --mlx-cand-server, which is not given*"),
+        (["--mlx-ref-server-key-env", "K"], "*--mlx-ref-server-key-env names a key for --mlx-ref-server, which*"),
+        (["--mlx-ref-server", "http://127.0.0.1:9", "--mlx-aa"], "*--mlx-ref-server with --mlx-aa: a calibration*"),
+        (["--mlx-cand-server", "http://127.0.0.1:9", "--mlx-calibrate"], "*--mlx-cand-server with --mlx-calibrate*"),
+        (["--mlx-ref-server", "http://u:pw@127.0.0.1:9"], "*--mlx-ref-server*password*"),
     ],
 )
 def test_option_mistakes_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:

@@ -179,3 +179,66 @@ def test_a_sequence_scored_on_top_k_lists_is_bounded_by_the_full_comparison_row_
     assert got.next_unlisted == int((~listed).sum())
     np.testing.assert_allclose(got.scores.cand_next_logprob[listed], full.cand_next_logprob[kept][listed], atol=1e-5)
     assert np.isnan(got.scores.cand_next_logprob[~listed]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(min_value=0, max_value=2**32 - 1),
+    k=st.integers(min_value=1, max_value=11),
+    drift=st.floats(min_value=0.0, max_value=2.0),
+    served_candidate=st.booleans(),
+)
+def test_a_served_reference_bounds_the_full_kl_against_a_candidate_in_process_or_served(
+    seed: int, k: int, drift: float, served_candidate: bool
+) -> None:
+    """`served_reference` rows (a server's top-k, the rest one tail bin) scored by `compare` against the
+    candidate's whole logits, or by `compare_topk` against its top-k: every row at most the full KL, top-1
+    exact, a row not asked marked and dropped by `kept_scores`, the reference's next token NaN where unlisted."""
+    from pytest_mlxgate.stats.divergence import compare, exact_kl
+    from pytest_mlxgate.stats.topk import compare_topk, kept_scores, served_reference
+
+    rng = np.random.default_rng(seed)
+    t, v = 8, 300
+    ref_logits = (rng.normal(size=(t, v)) * 3).astype(np.float32)
+    cand_logits = (ref_logits + rng.normal(size=(t, v)) * drift).astype(np.float32)
+    nxt = rng.integers(0, v, size=t)
+    positions = np.arange(t)
+    ref_rows = [_logsoftmax(r.astype(np.float64)) for r in ref_logits]
+    ref_lists: list[TopK | None] = [_topk(r, k) for r in ref_rows]
+    ref_lists[5] = None
+    ref, asked = served_reference(ref_lists, nxt, v)
+    assert list(asked) == [i != 5 for i in range(t)]
+    if served_candidate:
+        scores = compare_topk(ref, [_topk(_logsoftmax(r.astype(np.float64)), k) for r in cand_logits], nxt, positions)
+        got = kept_scores(scores.scores, asked)
+    else:
+        got = kept_scores(compare(ref, cand_logits, nxt, positions), asked)
+    kept = [i for i in range(t) if i != 5]
+    assert list(got.positions) == kept
+    full = exact_kl(ref_logits, cand_logits)[kept]
+    assert np.all(got.kl >= 0) and np.all(got.kl <= full + 1e-5)
+    assert np.array_equal(got.ref_top1, np.argmax(ref_logits, axis=1)[kept])
+    assert np.array_equal(got.cand_top1, np.argmax(cand_logits, axis=1)[kept])
+    listed = np.array([int(nxt[i]) in ref_lists[i].ids for i in kept])  # type: ignore[union-attr]
+    assert np.isnan(got.ref_next_logprob[~listed]).all()
+    np.testing.assert_allclose(got.ref_next_logprob[listed], np.array(ref_rows)[kept, nxt[kept]][listed], atol=1e-5)
+
+
+def test_a_served_reference_with_the_whole_vocabulary_is_the_in_process_statistic() -> None:
+    """With every token listed the tail is empty: the served rows score the full KL, at least what the
+    reference's own compact rows (a tail bin of their own) give."""
+    from pytest_mlxgate.stats.divergence import compact_reference, compare, exact_kl
+    from pytest_mlxgate.stats.topk import served_reference
+
+    rng = np.random.default_rng(3)
+    t, v = 6, 40
+    ref_logits = (rng.normal(size=(t, v)) * 2).astype(np.float32)
+    cand_logits = (ref_logits + rng.normal(size=(t, v)) * 0.5).astype(np.float32)
+    nxt, positions = rng.integers(0, v, size=t), np.arange(t)
+    whole = [TopK.read(enumerate(_logsoftmax(r.astype(np.float64)).tolist()), where="test") for r in ref_logits]
+    ref, asked = served_reference(whole, nxt, v)
+    assert asked.all() and np.all(np.isneginf(ref.tail_logmass))
+    got = compare(ref, cand_logits, nxt, positions)
+    np.testing.assert_allclose(got.kl, exact_kl(ref_logits, cand_logits), rtol=1e-4, atol=1e-6)
+    compacted = compare(compact_reference(ref_logits, nxt), cand_logits, nxt, positions).kl  # a tail bin: below
+    assert np.all(compacted <= got.kl + 1e-6)
