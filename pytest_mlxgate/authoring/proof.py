@@ -259,7 +259,8 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
     """The module's LimitsProof: which file covers it, whether a proof will run, and with what known-bad."""
     run, item = paired.run, paired.item
     module = Path(item.path)
-    described = dict(run.candidate.describe())
+    candidate = run.candidate.describe()
+    described = dict(candidate)
     backend = backend_of(run.machine.get("device", "cpu"))
     covering = covering_file(module, described, backend, run.machine)
     if covering is not None and run.lever.two_models and run.reference is not None:
@@ -268,8 +269,7 @@ def limits_proof(paired: Paired, *, prove: str, require: bool) -> LimitsProof:
         if doc_ref.get("commit") != ref.get("commit"):
             covering = None  # the file was measured against another reference model
     calibration = read_calibration(covering) if covering is not None else None
-    dtype = described.get("dtype")
-    path = covering or calibration_path(module, model_of(described), dtype if isinstance(dtype, str) else None)
+    path = covering or calibration_path(module, model_of(described), candidate.get("dtype"))
     root = item.config.rootpath
     shown = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
     shown_module = paired.nodeid.split("::")[0]

@@ -370,6 +370,38 @@ def test_a_run_that_exits_non_zero_with_every_record_a_pass_is_not_verified(
     assert len(got["output_tail"]) == OUTPUT_TAIL and "x" * 100 in got["output_tail"]
 
 
+def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged_does_not(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's KL test runs once per parameter (`test_drift[short]`): its record is the asked test's. Its
+    capability test is run too once the KL tests pass; one skipped before its assertion left no record, so
+    the plan is not verified, and the capability run says why."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import verify_plan
+
+    gate = _gate(
+        tmp_path,
+        "kv",
+        "from pytest_mlxgate import assert_capability_at_least\n\n\n"
+        "@pytest.mark.parametrize('n', ['short'])\ndef test_drift(paired, n):\n"
+        "    assert_kl_below(paired, mean=10.0)\n\n\n"
+        "def test_tasks(paired):\n    pytest.skip('no tasks today')\n"
+        "    assert_capability_at_least(paired, 'hashhop', max_drop=0.15, n=16)\n",
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    spec = read_gate(gate)
+    assert spec.kl_tests == ("test_drift",) and spec.capability_tests == ("test_tasks",)
+    got = verify_plan(spec, plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json")
+    assert got["verdicts"] == {f"{gate.name}::test_drift[short]": "pass"}, got["output_tail"]
+    tasks = got["capability"]
+    assert got["verified"] is False and tasks["verified"] is False and "-k test_tasks" in tasks["command"]
+    assert tasks["reason"].startswith("the gate's test_tasks left no record: skipped"), tasks["reason"]
+    assert f"--mlx-report={tmp_path / 'r.capability.json'}" in tasks["command"]  # a report of its own
+
+
 def test_the_reason_names_every_asked_test_in_pytest_s_own_k_syntax() -> None:
     """`-k a or b` is what pytest ran (its keywords are lower case); a failing record is its own reason."""
     from pytest_mlxgate.explain.plan_verify import _unverdicted

@@ -322,6 +322,7 @@ def test_mlx_lm_s_plans_are_priced_as_mlx_lm_makes_them(tiny_kv_model_dir: Path)
         (["--budget-bytes", "5"], "--budget-bytes picks a plan from the frontier: add --frontier"),
         (["--frontier", "--budget-bytes", "0"], "--budget-bytes 0: give the weight bytes a plan may take"),
         (["--bits", "5"], "--bits 5: 5 is not a choice mlx_lm loads weights at"),
+        (["--selection", "1"], "fewer than 2 give none; give 2 or more (default 8)"),  # the weights search's own
         (["--save", "{tmp}"], "--save {tmp}: it exists; give a new folder"),
     ],
 )

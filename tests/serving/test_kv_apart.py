@@ -112,6 +112,7 @@ def test_the_width_is_read_back_from_the_packed_parts(bits: int, group: int, gro
     mask=st.sampled_from(["none", "causal", "bool", "additive", "additive 3-D", "bool 4-D"]),
     v_dim=st.sampled_from([64, 128]),
 )
+@example(k_bits=8, v_bits=4, group=64, heads=(2, 2), queries=2, mask="causal", v_dim=64)  # a head per K/V head
 @example(k_bits=8, v_bits=4, group=64, heads=(4, 2), queries=3, mask="additive 3-D", v_dim=64)
 @example(k_bits=4, v_bits=4, group=32, heads=(4, 2), queries=2, mask="additive 3-D", v_dim=64)
 @example(k_bits=8, v_bits=4, group=64, heads=(4, 1), queries=3, mask="bool 4-D", v_dim=128)
