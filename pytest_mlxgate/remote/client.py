@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +158,26 @@ class ServerClient:
             model=doc.get("model") if isinstance(doc.get("model"), str) else None,
             prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
         )
+
+    def stream_lines(self, route: str, body: Mapping[str, Any]) -> Iterator[str]:
+        """The lines of a streamed POST (server-sent events), as they arrive; the request's faults as `_call`'s
+        (no retry: a stream half read cannot be asked again unseen), a stall or a cut connection mid-stream an
+        error naming the server. Every message scrubbed of the key."""
+        url, what = self.endpoint.api(route), f"POST /v1/{route} (streamed)"
+        try:
+            with self._http.stream("POST", url, json=body, headers=self.endpoint.headers_for(url)) as response:
+                if 300 <= response.status_code < 400:
+                    raise self._error(what, f"redirected ({response.status_code}): not followed; give the final URL")
+                if response.status_code >= 400:
+                    response.read()
+                    raise self._error(what, f"answered HTTP {response.status_code}: {_snippet(response.text)}")
+                yield from response.iter_lines()
+        except httpx.TimeoutException:
+            raise self._error(what, f"stalled: nothing within {self._http.timeout.read} s") from None
+        except httpx.TransportError as e:
+            raise self._error(what, f"cut off or unreachable ({type(e).__name__}: {e})") from None
+        except httpx.HTTPError as e:
+            raise self._error(what, f"could not be asked ({type(e).__name__}: {e})") from None
 
     # -- one request, its faults -----------------------------------------------------------------------
 

@@ -56,9 +56,19 @@ def context_text(ctx: Mapping[str, Any]) -> str:
 
 
 def speed_lines(speed: Mapping[str, Any]) -> list[str]:
-    """One line per context, then the weights when the arms' differ (two-model mode), then a warning
-    when other processes loaded the machine while the trials were timed."""
+    """One line per context, the servers and their concurrent context where both arms were served, then the
+    weights when the arms' differ (two-model mode), then a warning when other processes loaded the machine
+    while the trials were timed."""
     lines = [f"speed @{c}: {context_text(ctx)}" for c, ctx in (speed.get("contexts") or {}).items()]
+    served = speed.get("served")
+    if isinstance(served, Mapping):  # both arms served over HTTP (`speed.served`)
+        lines.append(f"served: {served.get('reference')} (reference) against {served.get('candidate')}, streamed")
+        concurrent = served.get("concurrent")
+        if isinstance(concurrent, Mapping):
+            lines.append(
+                f"speed @{concurrent.get('context')}, {concurrent.get('requests')} requests at once: "
+                f"{context_text(concurrent)}"
+            )
     weights = speed.get("weights_bytes") or {}
     ref_w, cand_w = _num(weights.get("reference")), _num(weights.get("candidate"))
     if ref_w is not None and cand_w is not None and ref_w != cand_w:

@@ -26,7 +26,7 @@ class Trial:
     prefill_s: float
     decode_s: float
     peak_bytes: int | None  # above what was in use at the trial's start; None: not measurable here
-    kv_bytes: int  # allocated: every array of every layer's cache (`speed.measure.cache_bytes`)
+    kv_bytes: int | None  # allocated: every array of every layer's cache (`cache_bytes`); None: not seen (a server)
     kv_held_bytes: int | None = None  # the positions holding a token (`cache_held_bytes`)
 
     def to_json(self) -> dict[str, Any]:
@@ -85,7 +85,9 @@ class ContextSpeed:
                 "prefill_tps": statistics.median(self.context / t.prefill_s for t in trials),
                 "decode_tps": statistics.median(self.decode_tokens / t.decode_s for t in trials),
                 "peak_bytes": int(statistics.median(peaks)) if peaks else None,
-                "kv_bytes": int(statistics.median(t.kv_bytes for t in trials)),
+                "kv_bytes": int(statistics.median(kv))
+                if (kv := [t.kv_bytes for t in trials if t.kv_bytes is not None])
+                else None,
                 "kv_held_bytes": int(statistics.median(held))
                 if (held := [t.kv_held_bytes for t in trials if t.kv_held_bytes is not None])
                 else None,
@@ -93,7 +95,7 @@ class ContextSpeed:
             }
 
         ref, cand = arm(self.reference), arm(self.candidate)
-        kv_ratio = cand["kv_bytes"] / ref["kv_bytes"] if ref["kv_bytes"] else None
+        kv_ratio = cand["kv_bytes"] / ref["kv_bytes"] if ref["kv_bytes"] and cand["kv_bytes"] is not None else None
         return {
             "context": self.context,
             "decode_tokens": self.decode_tokens,

@@ -1,7 +1,8 @@
 """Faults of a server arm, each a clear ServerArmError (or usage error), never a completion believed: a real
 HTTP server on loopback that answers what it is told to (500 and 429 with recovery and without, malformed
 and truncated JSON, fewer top-k than asked, lists and text that disagree, a redirect, a stall, a server that
-is down), and the key: sent to the server's own origin alone, never in a message."""
+is down, a stream cut off or without its end), and the key: sent to the server's own origin alone, never in a
+message."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class Script:
 
     answers: list[tuple[int, dict[str, str], bytes]] = field(default_factory=list)
     seen: list[dict[str, str]] = field(default_factory=list)  # each request's headers
+    bodies: list[bytes] = field(default_factory=list)  # and body
     stall: float = 0.0
 
 
@@ -54,14 +56,15 @@ def server() -> Iterator[tuple[str, Script]]:
         def _answer(self) -> None:
             script.seen.append(dict(self.headers))
             length = int(self.headers.get("content-length") or 0)
-            self.rfile.read(length)
+            script.bodies.append(self.rfile.read(length))
             if script.stall:
                 threading.Event().wait(script.stall)
             status, headers, body = script.answers.pop(0) if len(script.answers) > 1 else script.answers[0]
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)
-            self.send_header("content-length", str(len(body)))
+            if "content-length" not in headers:  # a script may claim more than it sends: a cut connection
+                self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
@@ -248,3 +251,74 @@ def test_server_check_with_its_key_unset_is_a_usage_error(
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     assert main(["server-check", url, "--key-env", "NO_SUCH_KEY"]) == 2
     assert "needs the key in $NO_SUCH_KEY" in capsys.readouterr().err
+
+
+def _events(*events: object, done: bool = True) -> bytes:
+    lines = [": keepalive 10/48"]  # mlx_lm.server's comment during a long prefill: not an event
+    lines += [f"data: {json.dumps(e) if not isinstance(e, str) else e}" for e in events]
+    return ("\n\n".join(lines + (["data: [DONE]"] if done else [])) + "\n\n").encode()
+
+
+def _chunk(text: str) -> dict[str, Any]:
+    return {"choices": [{"text": text, "finish_reason": None}]}
+
+
+USAGE = {
+    "choices": [],
+    "usage": {"prompt_tokens": 48, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 1}},
+}
+SSE = {"content-type": "text/event-stream"}
+
+
+def _timed(url: str, **kw: Any) -> Any:
+    from pytest_mlxgate.remote.stream import timed_completion
+
+    client = ServerClient(Endpoint.parse(url), **kw)
+    try:
+        return timed_completion(client, "p", max_tokens=3, never=[2, 0])
+    finally:
+        client.close()
+
+
+def test_a_stream_is_timed_with_the_server_s_own_counts_and_the_end_tokens_biased_off(
+    server: tuple[str, Script],
+) -> None:
+    url, script = server
+    script.answers = [(200, SSE, _events(_chunk("A"), _chunk(""), _chunk("B"), _chunk("C"), USAGE))]
+    got = _timed(url)
+    assert (got.tokens, got.prompt_tokens, got.cached_tokens) == (3, 48, 1)
+    assert got.first_s > 0 and got.rest_s >= 0
+    asked = json.loads(script.bodies[-1])
+    assert asked["stream"] is True and asked["stream_options"] == {"include_usage": True}
+    assert asked["logit_bias"] == {"2": -100.0, "0": -100.0} and asked["max_tokens"] == 3 and asked["temperature"] == 0
+    script.answers = [(200, SSE, _events(_chunk("A"), _chunk("B")))]  # no usage: the chunks of text are counted
+    assert _timed(url).tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        ((200, SSE, _events(_chunk("A"), _chunk("B"), done=False)), "ended without its [DONE] after 2 chunks"),
+        ((200, {**SSE, "content-length": "4000"}, _events(_chunk("A"), done=False)), "cut off or unreachable"),
+        ((200, SSE, _events("{not json", _chunk("A"))), "an event that is not JSON"),
+        ((200, SSE, _events([1, 2])), "an event that is not a JSON object"),
+        ((200, SSE, _events(USAGE)), "gave no text at all"),
+        (_json({"error": "boom"}, 500), "answered HTTP 500"),
+        ((307, {"location": "http://elsewhere.example/"}, b""), "redirected (307): not followed"),
+    ],
+)
+def test_a_stream_that_is_cut_or_malformed_is_an_error_never_a_trial(
+    server: tuple[str, Script], answer: tuple[int, dict[str, str], bytes], said: str
+) -> None:
+    url, script = server
+    script.answers = [answer]
+    with pytest.raises(ServerArmError) as e:
+        _timed(url)
+    assert said in str(e.value) and url in str(e.value), str(e.value)
+
+
+def test_a_stream_that_stalls_is_an_error_in_bounded_time(server: tuple[str, Script]) -> None:
+    url, script = server
+    script.answers, script.stall = [(200, SSE, _events(_chunk("A")))], 2.0
+    with pytest.raises(ServerArmError, match="stalled: nothing within 0.3 s"):
+        _timed(url, timeout=0.3)

@@ -206,3 +206,52 @@ def test_a_server_speaking_the_protocol_is_scored_exactly(
     said = " ".join(result.stdout.str().split())
     assert "whole distributions by the mlxgate protocol (KL exact)" in said
     assert "no difference from the reference arm at any position" in said
+
+
+SPEED_GATE = """
+import pytest
+from pytest_mlxgate import assert_faster, assert_kl_below, assert_smaller
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}),
+    pytest.mark.mlx_kl(prompts=2, tokens=32, decode=8),
+    pytest.mark.mlx_speed(contexts=(48,), decode=8, repetitions=3),
+]
+
+
+def test_speed(paired):
+    assert_faster(paired, decode=0.2)
+
+
+def test_memory(paired):
+    assert_smaller(paired, kv=0.5)
+"""
+
+
+def test_speed_between_two_servers_is_streamed_paired_and_never_reads_memory_it_cannot_see(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path
+) -> None:
+    """Both arms served: time to first token and decode tokens/s from streamed completions, paired (ABBA) at
+    the module's context and again with 4 requests at once; a KV-bytes goal cannot be seen through HTTP and
+    never reads pass. One server alone against an arm in process is an error naming both flags."""
+    pytester.makepyfile(test_kv=SPEED_GATE)
+    pytester.makeini("[pytest]\n")
+    with (
+        mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref,
+        mlx_server(embedded, tmp_path, "--kv-bits", "8", "--quantized-kv-start", "0", env=_hub(tmp_path)) as cand,
+    ):
+        result, got = _session(pytester, embedded, cand.url, tmp_path, f"--mlx-ref-server={ref.url}", "--mlx-speed=on")
+        _, alone = _session(pytester, embedded, cand.url, tmp_path / "alone", "-k", "speed", "--mlx-speed=on")
+    speed = got["records"]["test_speed"]
+    assert speed["verdict"] in ("pass", "fail", "inconclusive"), speed.get("error")
+    part = speed["speed"]
+    assert part["served"]["reference"] == ref.url and part["served"]["candidate"] == cand.url
+    at = part["contexts"]["48"]
+    assert at["decode"]["n"] >= 3 and at["reference"]["decode_tps"] > 0 and at["candidate"]["prefill_tps"] > 0
+    assert len(at["reference"]["trials"]) == len(at["candidate"]["trials"]) == at["decode"]["n"]
+    concurrent = part["served"]["concurrent"]
+    assert concurrent["requests"] == 4 and concurrent["context"] == 48 and concurrent["decode"]["n"] >= 3
+    assert got["records"]["test_memory"]["verdict"] != "pass", got["records"]["test_memory"].get("checks")
+    error = alone["records"]["test_speed"]
+    assert error["verdict"] == "error" and "--mlx-cand-server" in error["error"]["message"]
+    assert "--mlx-ref-server too" in error["error"]["message"]

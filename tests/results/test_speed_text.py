@@ -56,3 +56,30 @@ def test_a_speed_record_reads_line_for_line() -> None:
         speed_lines({"contexts": {}, "weights_bytes": {"reference": 5, "candidate": 5}, "load_seen": {"high": False}})
         == []
     )
+
+
+def test_a_served_speed_names_its_servers_and_its_concurrent_context() -> None:
+    """Both arms served: the servers and the context timed with 4 requests at once, after the contexts; the
+    KV bytes no server shows over HTTP read unknown, never 0."""
+    arm = {"prefill_tps": 300.0, "decode_tps": 20.0, "kv_bytes": None}
+    ctx = {
+        "reference": arm,
+        "candidate": {**arm, "decode_tps": 25.0},
+        "prefill": {"ratio": 1.0, "ratio_ci": [0.9, 1.1], "n": 3},
+        "decode": {"ratio": 1.25, "ratio_ci": [1.1, 1.4], "n": 3},
+        "stopped": "budget",
+    }
+    speed = {
+        "contexts": {"48": ctx},
+        "served": {
+            "reference": "http://127.0.0.1:8080",
+            "candidate": "http://127.0.0.1:8081",
+            "concurrent": {"requests": 4, "context": 48, **ctx},
+        },
+    }
+    body = "prefill ×1.00 [0.90, 1.10] (tok/s 300 → 300) · decode ×1.25 [1.10, 1.40] (tok/s 20.0 → 25.0) · KV ? → ?"
+    assert speed_lines(speed) == [
+        f"speed @48: {body} · 3 pairs (budget)",
+        "served: http://127.0.0.1:8080 (reference) against http://127.0.0.1:8081, streamed",
+        f"speed @48, 4 requests at once: {body} · 3 pairs (budget)",
+    ]
