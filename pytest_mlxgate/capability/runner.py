@@ -34,10 +34,12 @@ from .base import (
 from .generate import Progress, choice_logprobs_many, generate_greedy, prompt_length
 from .result import CapabilityRun
 from .sandbox import SandboxUnavailable
+from .served import served_outputs
 from .user_tasks import find_user_task, registered_names
 
 if TYPE_CHECKING:
     from ..levers.lever import Arm, Lever
+    from ..remote.arm import ServedArm
     from .base import Task
     from .refcache import CapabilityCache
 
@@ -93,11 +95,16 @@ def run_arm(
     batch_size: int = 16,
     progress: Progress | None = None,
     rendered: Mapping[str, str] | None = None,
+    server: ServedArm | None = None,
 ) -> tuple[list[ItemResult], dict[str, str]]:
     """Score every item on one arm: choice items by their choices' log-probabilities (a prefix the
-    items share prefilled once), the rest by greedy generation (batched), each output scored by the task."""
+    items share prefilled once), the rest by greedy generation (batched), each output scored by the task.
+    `server`: the arm is that server's (`capability.served`): its outputs, scored the same way."""
     rendered = dict(rendered) if rendered is not None else {it.id: task.render(it, tokenizer) for it in items}
     budget = _budget(task, max_new_tokens)
+    if server is not None:
+        served = served_outputs(task, items, rendered, server, tokenizer, budget=budget, progress=progress)
+        return [_stamp(task.score(it, served[it.id]), rendered[it.id]) for it in items], rendered
     if lever.kind == "kv" and arm == "candidate" and items:
         _require_kv_exercised(task, items, rendered, model, tokenizer, lever, budget)
     results: dict[str, ItemResult] = {}
@@ -189,6 +196,7 @@ class CapabilityArgs(TypedDict, total=False):
     reference_key: Mapping[str, Any] | None
     refresh_reference: bool
     items: Sequence[Item] | None
+    servers: Mapping[Arm, ServedArm]  # the arms served over HTTP (--mlx-cand-server, --mlx-ref-server)
 
 
 @dataclass(frozen=True)
@@ -225,6 +233,7 @@ class PreparedRun:
             batch_size=self.args.get("batch_size", 16),
             progress=meter,
             rendered=rendered,
+            server=(self.args.get("servers") or {}).get(which),
         )
         if meter is not None:
             meter.finish("scored")

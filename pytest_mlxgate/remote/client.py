@@ -159,6 +159,23 @@ class ServerClient:
             prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
         )
 
+    def generate(self, prompt: str, *, max_tokens: int) -> tuple[str, int | None]:
+        """The greedy continuation of `prompt` (`max_tokens` at most, the server's own end): its text and the
+        server's count of the prompt's tokens (None where it gives none)."""
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        doc = self._call("POST", "completions", body)
+        choices = doc.get("choices") if isinstance(doc, Mapping) else None
+        text = (
+            choices[0].get("text")
+            if isinstance(choices, list) and choices and isinstance(choices[0], Mapping)
+            else None
+        )
+        if not isinstance(text, str):
+            raise self._error("POST /v1/completions", "answered no text (choices[0].text)")
+        usage = doc.get("usage") if isinstance(doc.get("usage"), Mapping) else {}
+        count = usage.get("prompt_tokens")
+        return text, count if isinstance(count, int) and not isinstance(count, bool) else None
+
     def stream_lines(self, route: str, body: Mapping[str, Any]) -> Iterator[str]:
         """The lines of a streamed POST (server-sent events), as they arrive; the request's faults as `_call`'s
         (no retry: a stream half read cannot be asked again unseen), a stall or a cut connection mid-stream an

@@ -62,9 +62,8 @@ class ModuleArms:
         for flag, server in (("--mlx-cand-server", self.server), ("--mlx-ref-server", self.ref_server)):
             if server is not None:
                 raise ServerArmError(
-                    f"{what} through {flag} {server.endpoint.url}: not measured through a server yet (only KL "
-                    "gates are); its in-process arms would not be the server's. Select the KL tests (-k drift) "
-                    f"or run this one without {flag}"
+                    f"{what} through {flag} {server.endpoint.url}: not measured through a server; its in-process "
+                    f"arms would not be the server's. Run it without {flag}, or in one process"
                 )
 
     def say(self, text: str) -> None:

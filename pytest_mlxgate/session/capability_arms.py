@@ -46,7 +46,8 @@ class CapabilityArms:
         tier = tier or self.options.get("tier", "smoke")
         seq = tuple(sorted((sequential or {}).items())) if isinstance(n, Budget) else ()
         key = (task, str(tier), n, seq)
-        self.arms.refuse_server(f"capability task {task}")
+        if self.options.get("distributed") and (self.arms.server or self.arms.ref_server):
+            self.arms.refuse_server(f"capability task {task} split over mlx.launch ranks")
         if key not in self._runs:
             with self.arms.phases.timing("capability"):
                 self._runs[key] = self._run(task, tier, n, sequential)
@@ -71,6 +72,11 @@ class CapabilityArms:
             lever=self.arms.lever,
             max_new_tokens=opts.get("max_new_tokens"),
             allow_unsandboxed=bool(opts.get("allow_unsandboxed")),
+            servers={
+                arm: server
+                for arm, server in (("reference", self.arms.ref_server), ("candidate", self.arms.server))
+                if server is not None
+            },
             **self._cache(ref),
         )
         if isinstance(n, Budget):
@@ -110,7 +116,7 @@ class CapabilityArms:
     def _cache(self, reference: LoadedModel) -> dict[str, Any]:
         """The capability reference cache beside the KL one, with the model's and lever's part of its key."""
         arms = self.arms
-        if arms.cache is None:
+        if arms.cache is None or arms.ref_server is not None:  # a served reference is asked now, never cached
             return {}
         from ..capability.refcache import CapabilityCache
         from ..models.identity import model_identity

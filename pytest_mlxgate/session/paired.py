@@ -89,10 +89,14 @@ class Paired:
         the test's record, with the arms (model, lever, path) and the re-run command where the measurement
         does not give them, and the module's speed when it asks for it."""
         run = self.run
+        lever = self.lever.to_json()
+        for side, server in (("ref", run.ref_server), ("cand", run.server)):
+            if server is not None:  # that arm was the server's, whatever the module's value for it says
+                lever[side] = f"served at {server.endpoint.url}"
         arms: dict[str, Any] = {
             "candidate": run.candidate.describe(),
             "reference_model": run.reference.describe() if self.lever.two_models and run.reference else None,
-            "lever": self.lever.to_json(),
+            "lever": lever,
             "path": self.shape.path,
         }
         fields = {**arms, **conclusion.fields}

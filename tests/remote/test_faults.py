@@ -322,3 +322,50 @@ def test_a_stream_that_stalls_is_an_error_in_bounded_time(server: tuple[str, Scr
     script.answers, script.stall = [(200, SSE, _events(_chunk("A")))], 2.0
     with pytest.raises(ServerArmError, match="stalled: nothing within 0.3 s"):
         _timed(url, timeout=0.3)
+
+
+class _Chars:
+    """A tokenizer of one token a character: enough to count a prompt's tokens."""
+
+    bos_token = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def _served(url: str, items: list[Any]) -> dict[str, str]:
+    from types import SimpleNamespace
+
+    from pytest_mlxgate.capability.served import served_outputs
+    from pytest_mlxgate.remote.arm import ServedArm
+
+    rendered = {it.id: f"Q{it.id}?" for it in items}
+    task = SimpleNamespace(name="quiz")
+    return served_outputs(task, items, rendered, ServedArm(Endpoint.parse(url)), _Chars(), budget=4)  # type: ignore[arg-type]
+
+
+def test_a_served_capability_arm_checks_each_prompt_s_tokens_and_refuses_choice_items(
+    server: tuple[str, Script],
+) -> None:
+    """The server's answer is taken where it counts the prompt as the local tokenizer does; a prompt it
+    counts otherwise (another tokenizer, its own template) is an error naming the item; a task with choice
+    items is refused before anything is asked, never scored on the rest."""
+    from pytest_mlxgate.capability.base import Item
+
+    url, script = server
+    items = [Item(id="1", text="x"), Item(id="22", text="y")]
+    script.answers = [_json({"choices": [{"text": " Paris"}], "usage": {"prompt_tokens": 3}})]
+    script.answers.append(_json({"choices": [{"text": " Rome"}], "usage": {"prompt_tokens": 4}}))
+    assert _served(url, items) == {"1": " Paris", "22": " Rome"}
+    asked = json.loads(script.bodies[-1])
+    assert asked == {"prompt": "Q22?", "max_tokens": 4, "temperature": 0.0}
+    script.answers = [_json({"choices": [{"text": " Paris"}], "usage": {"prompt_tokens": 9}})]
+    with pytest.raises(ServerArmError, match="item 1 of quiz is 3 prompt tokens here and 9 there"):
+        _served(url, items)
+    seen = len(script.bodies)
+    with pytest.raises(ServerArmError, match="1 of its items are scored by the log-probabilities of given answers"):
+        _served(url, [*items, Item(id="c", text="z", kind="choice", choices=(" A", " B"))])
+    assert len(script.bodies) == seen  # nothing asked
+    script.answers = [_json({"choices": []})]
+    with pytest.raises(ServerArmError, match="answered no text"):
+        _served(url, items)

@@ -93,7 +93,7 @@ def test_the_kv_gate_through_a_server_reads_as_it_does_in_process(
     assert got["junit"]["test_kv.py::test_drift"]["mlxgate.server.bound"] == "lower"
     unchanged = "changed nothing scored here" in said
     assert unchanged == (args == ("--kv-bits", "4")), said  # the vacuous server setting is named as such
-    assert memory["verdict"] == "error" and "not measured through a server yet" in memory["error"]["message"]
+    assert memory["verdict"] == "error" and "alone: the other arm runs in process" in memory["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -255,3 +255,47 @@ def test_speed_between_two_servers_is_streamed_paired_and_never_reads_memory_it_
     error = alone["records"]["test_speed"]
     assert error["verdict"] == "error" and "--mlx-cand-server" in error["error"]["message"]
     assert "--mlx-ref-server too" in error["error"]["message"]
+
+
+TASK_GATE = """
+import pytest
+from pytest_mlxgate import assert_capability_at_least, jsonl_task
+
+pytestmark = [
+    pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}),
+    pytest.mark.mlx_kl(prompts=2, tokens=32, decode=8),
+]
+jsonl_task("capitals", "capitals.jsonl", max_new_tokens=6, scoring="regex")
+
+
+def test_capitals(paired):
+    assert_capability_at_least(paired, "capitals", max_drop=0.5)
+"""
+CAPITALS = [("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo"), ("Spain", "Madrid"), ("Egypt", "Cairo")]
+
+
+def test_a_generation_task_through_servers_answers_as_the_model_in_process(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path
+) -> None:
+    """A JSONL generation task, greedy through a plain server: the candidate served answers every item as the
+    reference in process does (the same prompt tokens, checked at each item), so no drop; with both arms
+    served, the same. Each run's reference is its own: a served one is never cached."""
+    pytester.makeini("[pytest]\n")
+    (pytester.path / "capitals.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"The capital of {c} is", "target": t}) + "\n" for c, t in CAPITALS)
+    )
+    pytester.makepyfile(test_tasks=TASK_GATE)
+    with mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as plain:
+        _, one = _session(pytester, embedded, plain.url, tmp_path / "one")
+        _, both = _session(pytester, embedded, plain.url, tmp_path / "both", f"--mlx-ref-server={plain.url}")
+    for got in (one, both):
+        record = got["records"]["test_capitals"]
+        assert record["verdict"] in ("pass", "inconclusive"), record.get("error") or record.get("checks")
+        task = record["tasks"]["capitals"]
+        assert task["n"] == len(CAPITALS) and task["ref_score"] == task["cand_score"] and not task["flipped"]["total"]
+        assert record["lever"]["cand"] == f"served at {plain.url}"
+    assert (
+        "ref" not in one["records"]["test_capitals"]["lever"]
+        or one["records"]["test_capitals"]["lever"]["ref"] == "plain"
+    )
+    assert both["records"]["test_capitals"]["lever"]["ref"] == f"served at {plain.url}"
