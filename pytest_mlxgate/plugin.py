@@ -37,6 +37,9 @@ MARKERS = (
     "overrides them); batched=False runs the serving path one sequence at a time",
     "mlx_speed(contexts=(600, 8192), decode=D, repetitions=N): measure the module's prefill and decode speed "
     "and memory, both arms interleaved (--mlx-speed on|off overrides)",
+    "mlx_server(ref=URL|None, cand=URL|None, key_env=NAME, ref_key_env=NAME, top_k=K): the module's arms served "
+    "over HTTP (None: in process; --mlx-ref-server/--mlx-cand-server override); the lever still says what the "
+    "served candidate changes, and runs in process for the limits proof",
     "mlx_calibrate(accept_broken='why'): --mlx-calibrate sizes limits for this module's lever even beyond the "
     "quality bounds (a lever that breaks the model), saying so in the suggestion and the record",
 )

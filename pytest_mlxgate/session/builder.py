@@ -12,7 +12,7 @@ import pytest
 
 from ..config.settings import GateSettings
 from ..errors import LeverError
-from .gate_request import check_context, gate_lever, gate_shape, gate_speed_shape
+from .gate_request import check_context, gate_lever, gate_shape, gate_speed_shape, served_arms
 
 if TYPE_CHECKING:
     from ..config.names import Role
@@ -149,11 +149,9 @@ class RunContext:
 
 def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedRun]) -> PairedRun:
     """The module's run, made once: gates of one module share their arms' results."""
-    from ..common.server_endpoint import Endpoint
     from ..common.watch import Watcher, progress_interval
     from ..kl.prompts import build_sequences, load_prompts_file, prompts_for, sequences_digest
     from ..kl.refcache import ReferenceCache
-    from ..remote.arm import ServedArm
     from ..serving.caches import sliding_window
     from ..speed.load import wait_for_siblings
     from .paired_run import PairedRun
@@ -161,6 +159,7 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
 
     gate = ctx.gate
     lever = gate_lever(item, gate)
+    served = served_arms(item, gate)
     shape, n_prompts = gate_shape(item, gate, lever)
     module = item.nodeid.split("::")[0]
     key = f"{module}|{lever.key('reference')}|{lever.key('candidate')}|{shape}|{n_prompts}"
@@ -196,16 +195,8 @@ def build_paired_run(ctx: RunContext, item: pytest.Item, runs: dict[str, PairedR
         candidate=candidate,
         reference=reference,
         oracle=oracle,
-        server=(
-            ServedArm(Endpoint.parse(gate.cand_server, key_env=gate.server_key_env), gate.server_top_k)
-            if gate.cand_server
-            else None
-        ),
-        ref_server=(
-            ServedArm(Endpoint.parse(gate.ref_server, key_env=gate.ref_server_key_env), gate.server_top_k)
-            if gate.ref_server
-            else None
-        ),
+        server=served[1],
+        ref_server=served[0],
         machine=dict(ctx.machine),
         cache=(
             ReferenceCache(ctx.cache_dir, max_bytes=gate.reference_cache_max, report=ctx.progress)

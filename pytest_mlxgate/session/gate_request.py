@@ -2,25 +2,28 @@
 sizes and prompt count, its speed contexts; and the check that the model serves those sizes.
 
 Precedence, lowest first: built-in defaults, the ini file, the module's `mlx_kl` marker, the
-command line. The lever comes from the module's `mlx_lever` marker; `--mlx-lever` overrides it.
+command line. The lever comes from the module's `mlx_lever` marker; `--mlx-lever` overrides it. The
+served arms from its `mlx_server` marker; `--mlx-ref-server`/`--mlx-cand-server` override them.
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..config.settings import DEFAULT_KL_DECODE, DEFAULT_KL_PROMPTS, DEFAULT_KL_TOKENS, GateSettings
-from ..errors import ContextLengthError, LeverError
+from ..errors import ContextLengthError, LeverError, MlxgateUsageError
 
 if TYPE_CHECKING:
     from ..kl.shape import RunShape
     from ..levers.lever import Lever
     from ..models.loaded import LoadedModel
+    from ..remote.arm import ServedArm
     from ..speed.shape import SpeedShape
 
-__all__ = ["check_context", "check_lever_override", "gate_lever", "gate_shape", "gate_speed_shape"]
+__all__ = ["check_context", "check_lever_override", "gate_lever", "gate_shape", "gate_speed_shape", "served_arms"]
 
 
 def gate_lever(item: pytest.Item, gate: GateSettings) -> Lever:
@@ -159,3 +162,45 @@ def check_context(model: LoadedModel, nodeid: str, tokens: int, speed: SpeedShap
             f"({longest + speed.decode} positions), but {served}; no arm was run. Fix: --mlx-speed-contexts with "
             f"lengths of at most {limit - speed.decode} (or fewer --mlx-speed-decode tokens)"
         )
+
+
+_SERVER_KWARGS = frozenset({"ref", "cand", "key_env", "ref_key_env", "top_k"})
+
+
+def served_arms(item: pytest.Item, gate: GateSettings) -> tuple[ServedArm | None, ServedArm | None]:
+    """(reference, candidate): each arm's server, from --mlx-ref-server/--mlx-cand-server, else the module's
+    `mlx_server(ref=, cand=)` marker (None: that arm runs in process). LeverError names the marker and the fix."""
+    from ..common.server_endpoint import Endpoint
+    from ..config.options import top_k_arg
+    from ..remote.arm import ServedArm
+
+    mark = item.get_closest_marker("mlx_server")
+    kwargs = dict(mark.kwargs) if mark is not None else {}
+    where = f"{item.nodeid.split('::')[0]}'s mlx_server marker"
+    if mark is not None and (mark.args or set(kwargs) - _SERVER_KWARGS or not kwargs.keys() & {"ref", "cand"}):
+        raise LeverError(
+            f"{where}: takes ref=, cand= (a server's URL, or None: in process), key_env=, ref_key_env= and "
+            f"top_k=, keywords only; got {mark.args or ''}{sorted(kwargs)}. E.g. "
+            "pytest.mark.mlx_server(cand='http://127.0.0.1:8081')"
+        )
+    try:
+        top_k = gate.server_top_k if "top_k" not in kwargs else top_k_arg(str(kwargs["top_k"]))
+    except (argparse.ArgumentTypeError, TypeError, ValueError) as e:  # argparse's words for a bad K
+        raise LeverError(f"{where}: top_k={kwargs['top_k']!r}: {e}") from None
+
+    def arm(flag: str | None, key: str | None, value: object, key_env: object) -> ServedArm | None:
+        if flag:
+            return ServedArm(Endpoint.parse(flag, key_env=key), gate.server_top_k)
+        if value is None:
+            return None
+        if not isinstance(value, str) or (key_env is not None and not isinstance(key_env, str)):
+            raise LeverError(f"{where}: a server is its URL as a string (and its key's variable name), got {value!r}")
+        try:
+            return ServedArm(Endpoint.parse(value, key_env=key_env), top_k)
+        except MlxgateUsageError as e:
+            raise LeverError(f"{where}: {e}") from None
+
+    return (
+        arm(gate.ref_server, gate.ref_server_key_env, kwargs.get("ref"), kwargs.get("ref_key_env")),
+        arm(gate.cand_server, gate.server_key_env, kwargs.get("cand"), kwargs.get("key_env")),
+    )

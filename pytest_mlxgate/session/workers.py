@@ -43,7 +43,7 @@ __all__ = [
 #: workerinput key of the run folder.
 RUN_DIR_KEY = "mlxgate_run_dir"
 #: An item is a gate when it uses `paired` or carries one of these markers.
-GATE_MARKERS = ("mlx_lever", "mlx_kl", "mlx_speed", "mlx_tier")
+GATE_MARKERS = ("mlx_lever", "mlx_kl", "mlx_speed", "mlx_tier", "mlx_server")
 #: The dist modes whose scheduler keeps gate modules whole (others are left as xdist makes them).
 GROUPED_DISTS = ("load", "loadscope", "loadgroup")
 

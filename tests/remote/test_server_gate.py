@@ -127,12 +127,14 @@ def test_both_arms_served_read_as_the_kv_gate_does_in_process(
 def test_a_served_reference_judges_the_module_s_lever_in_process(
     pytester: pytest.Pytester, embedded: Path, tmp_path: Path
 ) -> None:
-    """The reference a plain server, the candidate the module's own 8-bit KV lever in process: it passes as
-    it does with both arms in process; the reference is never cached (it is the server's, asked now)."""
-    pytester.makepyfile(test_kv=GATE)
+    """The reference a plain server the module names (`mlx_server(ref=URL)`), the candidate the module's own
+    8-bit KV lever in process: it passes as it does with both arms in process; the reference is never cached
+    (it is the server's, asked now)."""
     pytester.makeini("[pytest]\n")
     with mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref:
-        result, got = _session(pytester, embedded, None, tmp_path, f"--mlx-ref-server={ref.url}", "-k", "drift")
+        declared = f"    pytest.mark.mlx_server(ref={ref.url!r}),\n]"
+        pytester.makepyfile(test_kv=GATE.replace("\n]", "\n" + declared, 1))
+        result, got = _session(pytester, embedded, None, tmp_path, "-k", "drift")
     drift = got["records"]["test_drift"]
     assert drift["verdict"] == "pass", drift.get("checks") or drift.get("error")
     assert drift["server"]["ref_url"] == ref.url and drift["server"]["url"] is None
