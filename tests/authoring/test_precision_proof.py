@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pytest_mlxgate.common.format import figure
 from pytest_mlxgate.results.model import limits_from_words
 
 KNOWN_BAD_OPS = Path(__file__).resolve().parents[2] / "gates" / "known_bad_ops.py"
@@ -76,9 +77,12 @@ def test_a_float32_limit_below_bf16_s_own_rounding_is_inconclusive_and_never_pro
     assert {"mean", "p99"} <= set(limits["inside_precision"]) and "top1" not in limits["inside_precision"]
     assert limits["precision_floor"]["mean"] > 3e-7  # plain bf16 sits this far from the float32 oracle
     assert "own distance from float32" in limits["why"] and "relative=" in limits["why"]
+    shown = figure(limits["precision_floor"]["mean"])  # each says the figure it rests on
+    assert f"mean {shown}" in limits["why"]
     assert record["verdict"] == "inconclusive"  # the candidate's drift is bf16's rounding: never a fail on it
     mean = next(c for c in record["checks"] if c["key"] == "mean")
     assert mean["verdict"] == "inconclusive" and "own distance from float32" in mean["method"]
+    assert f"(the plain path's {mean['metric']} {shown})" in mean["method"]
     assert "inside bfloat16's own rounding" in limits_from_words(limits)
 
 

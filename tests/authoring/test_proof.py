@@ -797,3 +797,16 @@ def test_a_floor_that_is_no_number_is_no_floor() -> None:
     assert limits_not_shown({"aa_floor": {"mean": 1e-3}}, {"mean": 1e-3}, known_bad=False) == (
         "mean within 10x its A/A floor"
     )
+
+
+def test_a_known_bad_that_broke_the_model_shows_any_limit_and_no_measurement_shows_none() -> None:
+    """A known-bad whose logits went NaN or inf fails every limit (red whatever they are): the file shows
+    them; a file that holds no known-bad figures shows no limit of a module that declares one."""
+    from pytest_mlxgate.authoring.coverage import limits_not_shown
+
+    broke = {"aa_floor": {"mean": 1e-6}, "known_bad": {"non_finite": True}}
+    assert limits_not_shown(broke, {"mean": 1e-3}, known_bad=True) is None
+    assert limits_not_shown({"aa_floor": {"mean": 1e-6}, "known_bad": {}}, {"mean": 1e-3}, known_bad=True) == (
+        "it holds no measurement of the module's KNOWN_BAD"
+    )
+    assert limits_not_shown({"aa_floor": {"mean": 1e-6}}, {"mean": 1e-3}, known_bad=False) is None

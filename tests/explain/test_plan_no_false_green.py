@@ -385,6 +385,7 @@ def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged
         "from pytest_mlxgate import assert_capability_at_least\n\n\n"
         "@pytest.mark.parametrize('n', ['short'])\ndef test_drift(paired, n):\n"
         "    assert_kl_below(paired, mean=10.0)\n\n\n"
+        "def test_tail(paired):\n    assert_kl_below(paired, p99=50.0)\n\n\n"
         "def test_tasks(paired):\n    pytest.skip('no tasks today')\n"
         "    assert_capability_at_least(paired, 'hashhop', max_drop=0.15, n=16)\n",
     )
@@ -393,13 +394,41 @@ def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
     spec = read_gate(gate)
-    assert spec.kl_tests == ("test_drift",) and spec.capability_tests == ("test_tasks",)
+    assert spec.kl_tests == ("test_drift", "test_tail") and spec.capability_tests == ("test_tasks",)
     got = verify_plan(spec, plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json")
-    assert got["verdicts"] == {f"{gate.name}::test_drift[short]": "pass"}, got["output_tail"]
+    assert got["verdicts"] == {f"{gate.name}::test_drift[short]": "pass", f"{gate.name}::test_tail": "pass"}, got[
+        "output_tail"
+    ]
+    assert "-k test_drift or test_tail" in got["command"]
     tasks = got["capability"]
     assert got["verified"] is False and tasks["verified"] is False and "-k test_tasks" in tasks["command"]
     assert tasks["reason"].startswith("the gate's test_tasks left no record: skipped"), tasks["reason"]
     assert f"--mlx-report={tmp_path / 'r.capability.json'}" in tasks["command"]  # a report of its own
+
+
+def test_a_verification_reads_in_words_with_its_capability_and_long_runs() -> None:
+    """Verified with its capability tests passed, or not run; not verified at the long context whose run
+    carries no checks (it says so, never a traceback)."""
+    from pytest_mlxgate.explain.plan_verify import verification_lines
+
+    kl = {"g.py::test_drift": "pass"}
+    verified = {"verified": True, "tokens": 8, "verdicts": kl, "long": {"tokens": 32, "verdicts": kl}}
+    tasks = {"verified": True, "verdicts": {"g.py::test_tasks": "pass"}}
+    [line] = verification_lines({**verified, "capability": tasks})
+    assert line == (
+        "  VERIFIED: passes the gate on its own (held-out) prompts at 8 tokens: {'g.py::test_drift': 'pass'}; "
+        "and at 32 tokens: {'g.py::test_drift': 'pass'}; and its capability tests: {'g.py::test_tasks': 'pass'}"
+    )
+    [line] = verification_lines({**verified, "capability": "not run"})
+    assert line.endswith("; its capability tests were not run (--no-capability): KL only")
+    short = {"verified": False, "tokens": 8, "verdicts": kl, "checks": []}
+    lines = verification_lines({**short, "long": {"tokens": 32, "verdicts": {"g.py::test_drift": "fail"}}})
+    assert lines[:3] == [
+        "  NOT verified: passes the gate at 8 tokens but not at 32 tokens: a plan for short contexts only, not "
+        "returned",
+        "    at 8 tokens: no checks",
+        "    at 32 tokens: no checks",
+    ]
 
 
 def test_the_reason_names_every_asked_test_in_pytest_s_own_k_syntax() -> None:

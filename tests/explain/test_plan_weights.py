@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -490,11 +491,69 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         assert uniform.chosen == f"uniform {arms.options[0].label}" and uniform.passed_selection
         assert uniform.plan == arms.uniform(arms.options[0]) and uniform.spec == weights_spec(uniform.plan, arms.units)
         assert uniform.bytes == arms.plan_bytes(uniform.plan)
+        assert uniform.notes[-1] == f"no mixed plan found costs fewer bytes than {uniform.chosen}, which passes"
         strict = {"mean": 1e-30, "top1": 1.0}  # nothing passes: it says so, and what to do
         nothing = choose_weights_plan(arms, measure_weight_sensitivities(arms, strict), strict)
         assert nothing.chosen == "none" and nothing.notes[-1].startswith("no plan among 4-bit g64, 8-bit g64")
         assert nothing.notes[-1].endswith("keep the weights as loaded, or widen the options (--bits, --group-sizes)")
     doc = found.to_json()
     assert doc["rounds"] == found.rounds and len(found.rounds) >= 1
+    assert (doc["bytes"], doc["plain_bytes"]) == (found.bytes, found.plain_bytes) and found.bytes < found.plain_bytes
     assert doc["comparisons"] == found.comparisons and list(doc["sensitivity"]) == sorted(sens.sensitivity)
     assert doc["sensitivity"] == sens.sensitivity and doc["probe"] == sens.probe.label
+
+
+def test_mlx_lm_s_plans_stand_beside_ours_each_with_its_own_figures(tiny_kv_model_dir: Path) -> None:
+    """The search with its comparisons on the tiny llama, small (the fast lane's reach into
+    plan_weights_compare): mlx_lm's uniform, recipe and dynamic_quant plans each measured on the selection
+    and on the gate's prompts, ours at each one's bytes (the dearest plan on our path that fits), the
+    summary counting every module once; the frontier through the same sensitivities."""
+    import mlx_lm
+    from plan_gates import weights_gate_spec
+
+    from pytest_mlxgate.explain.plan_weights_compare import (
+        search_weights_frontier,
+        search_weights_plan,
+        weights_summary,
+    )
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    gate = weights_gate_spec(tiny_kv_model_dir.parent)
+    said: list[str] = []
+    found = search_weights_plan(model, tokenizer, gate, bits=(4, 8), groups=(64,), selection=2, say=said.append)
+    assert [r["name"] for r in found.comparisons] == [
+        "uniform 4-bit g64",
+        "uniform 8-bit g64",
+        "mlx_lm mixed_3_6",
+        "mlx_lm mixed_4_6",
+        "mlx_lm dynamic_quant 4/8",
+    ]
+    assert any("mlx_lm dynamic_quant 4->8 bits within" in s for s in said)
+    for row in found.comparisons:
+        assert row["bytes"] > 0 and set(row) <= {"name", "bytes", "selection", "held_out", "ours"}
+        for part in (row["selection"], row["held_out"], *((row["ours"]["held_out"],) if "ours" in row else ())):
+            lo, hi = part["mean_ci"]
+            assert isinstance(lo, float) and lo <= part["mean"] <= hi and part["mean"] >= 0
+        if "ours" in row:
+            assert row["ours"]["bytes"] <= row["bytes"]
+    assert "ours" in found.comparisons[1]  # every plan on our path fits within uniform 8-bit's bytes
+    summary = weights_summary(found)
+    counted = re.findall(r"(\d+) modules ", summary[0])
+    assert summary[0].startswith(f"plan ({found.chosen}): ") and sum(map(int, counted)) == len(found.plan)
+    assert "  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):" in summary
+    frontier = search_weights_frontier(model, tokenizer, gate, bits=(4, 8), groups=(64,), selection=2, points=2)
+    assert frontier.points and frontier.selection == 2 and frontier.seconds > 0
+
+
+@pytest.mark.parametrize(
+    ("ours", "word"),
+    [(0.5, "(0.50x, lower)"), (2.0, "(2.00x, higher)"), (1.02, "(1.02x, the same (a tie))"), (None, "ours: no plan")],
+)
+def test_a_comparison_reads_ours_against_theirs_in_words(ours: float | None, word: str) -> None:
+    from pytest_mlxgate.explain.plan_weights_compare import comparison_lines
+
+    row: dict[str, Any] = {"name": "mlx_lm mixed_4_6", "bytes": 1000.0, "held_out": {"mean": 0.01}}
+    if ours is not None:
+        row["ours"] = {"bytes": 900.0, "held_out": {"mean": 0.01 * ours}}
+    [line] = comparison_lines([row])
+    assert line.startswith("  mlx_lm mixed_4_6: 1,000 B, mean KL 0.01 on the gate's prompts · ") and word in line
