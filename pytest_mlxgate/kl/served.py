@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from ..common.commits import is_commit
 from ..errors import ServerArmError
 from ..remote.arm import (
     ServedArm,
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from .prompts import TokenSequence
     from .shape import RunShape
 
-__all__ = ["asked_only", "logits_width", "served_candidate", "served_facts", "served_reference_arm"]
+__all__ = ["asked_only", "logits_width", "names_the_model", "served_candidate", "served_facts", "served_reference_arm"]
 
 
 def _checked(client: ServerClient, arm: str, model: LoadedModel, vocab_size: int) -> tuple[list[str] | None, Any]:
@@ -49,7 +50,7 @@ def _checked(client: ServerClient, arm: str, model: LoadedModel, vocab_size: int
         served = None  # mlx_lm.server's listing breaks without a hub cache: the tokenizer check still runs
     local = {str(v) for v in (model.snapshot.path, model.snapshot.repo_id, model.snapshot.name) if v}
     flag = "--mlx-candidate" if arm == "candidate" else "--mlx-candidate (the reference arm's model)"
-    if served and not local & set(served):
+    if served and not any(names_the_model(m, local, model.snapshot.commit) for m in served):
         raise ServerArmError(
             f"server {url} serves {', '.join(served)}, not the {arm} {', '.join(sorted(local))}: its answers "
             f"would be another model's. Serve the same snapshot (mlx_lm.server --model {model.snapshot.path}), "
@@ -66,6 +67,14 @@ def _checked(client: ServerClient, arm: str, model: LoadedModel, vocab_size: int
             f"server {url} has a vocabulary of {info['vocab_size']}, the {arm} {vocab_size}: another model or tokenizer"
         )
     return served, info
+
+
+def names_the_model(served: str, local: set[str], commit: str | None) -> bool:
+    """Whether a model id a server lists is the local model: one of its names or paths, or a hub snapshot
+    folder of the same commit wherever its cache is (`.../snapshots/<commit>`: the same files, pinned)."""
+    if served in local:
+        return True
+    return is_commit(commit) and served.rstrip("/").endswith(f"/snapshots/{commit}")
 
 
 def logits_width(model: LoadedModel) -> int:

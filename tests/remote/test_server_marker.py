@@ -70,3 +70,19 @@ def test_the_command_line_server_stands_over_the_module_s(pytester: pytest.Pytes
     )
     [record] = json.loads(report.read_text())["gates"]
     assert record["verdict"] == "error" and theirs in record["error"]["message"] and mine not in json.dumps(record)
+
+
+def test_a_served_model_is_the_local_one_by_name_path_or_pinned_snapshot() -> None:
+    """A server lists paths or ids: the local model's names and path count, and so does a hub snapshot folder
+    of the same commit in another cache (the same files); another commit, a prefix or a bare commit do not."""
+    from pytest_mlxgate.kl.served import names_the_model
+
+    commit = "0f70a44e690d1c68c83c15e245c0edd74de65805"
+    local = {f"/a/hub/models--o--m/snapshots/{commit}", "o/m", "smollm2-135m"}
+    assert names_the_model("o/m", local, commit) and names_the_model(
+        f"/a/hub/models--o--m/snapshots/{commit}", local, commit
+    )
+    assert names_the_model(f"/root/.cache/hub/models--o--m/snapshots/{commit}/", local, commit)
+    assert not names_the_model(f"/b/snapshots/{'1' * 40}", local, commit)
+    assert not names_the_model(f"/b/snapshots/{commit}x", local, commit) and not names_the_model(commit, local, commit)
+    assert not names_the_model("/b/snapshots/local", local, "local")  # a local folder pins no commit
