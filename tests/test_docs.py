@@ -121,7 +121,10 @@ def _gate_modules() -> list[tuple[str, str]]:
         (f"{_named(page)} example {i}", block)
         for page in USAGE
         for i, block in enumerate(_blocks(page, "python"), 1)
-        if "pytestmark" in block and "def test_" in block and "import pytest" in block
+        if "pytestmark" in block
+        and "def test_" in block
+        and "import pytest" in block
+        and "mlx_server(" not in block  # a server's gate needs its server: tests/remote/test_server_gate.py
     ]
 
 

@@ -333,7 +333,7 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
             preview = kl.previews[i] if i < len(kl.previews) else ""
             lines.append(
                 f"  worst: prompt {i} ({preview!r}), position {w['position']}, next token {kl.token(w['token_id'])!r}: "
-                f"KL {_fmt(w['kl'])}, p {w['p_ref']:.3g} → {w['p_cand']:.3g}; top-1 {kl.token(w['ref_top1'])!r} → "
+                f"KL {_fmt(w['kl'])}, p {_p(w['p_ref'])} → {_p(w['p_cand'])}; top-1 {kl.token(w['ref_top1'])!r} → "
                 f"{kl.token(w['cand_top1'])!r}"
             )
     lever = kl.lever
@@ -350,6 +350,11 @@ def failure_report(kl: KLResult, checks: Sequence[Check], *, nodeid: str, rerun:
     if rerun:
         lines.append(f"  re-run: {rerun}")
     return "\n".join(lines)
+
+
+def _p(x: float | None) -> str:
+    """A next token's probability; "?" where an arm's list did not hold it (a server's top-k)."""
+    return "?" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
 def _fmt(x: float | None) -> str:

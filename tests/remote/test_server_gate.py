@@ -301,3 +301,28 @@ def test_a_generation_task_through_servers_answers_as_the_model_in_process(
         or one["records"]["test_capitals"]["lever"]["ref"] == "plain"
     )
     assert both["records"]["test_capitals"]["lever"]["ref"] == f"served at {plain.url}"
+
+
+def test_the_docs_gate_module_gates_a_real_server(
+    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/server-arm.md's gate module, as written, with its URL pointed at a real --kv-bits 8 server: its
+    candidate is the server's, behind the key the module names (sizes lowered to the test's)."""
+    import re
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "server-arm.md").read_text()
+    [source] = [b for b in re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M) if "mlx_server(" in b]
+    monkeypatch.setenv("MY_SERVER_KEY", "sk-docs-example")
+    pytester.makeini("[pytest]\n")
+    with mlx_server(embedded, tmp_path, "--kv-bits", "8", "--quantized-kv-start", "0", env=_hub(tmp_path)) as server:
+        pytester.makepyfile(test_served=source.replace("http://127.0.0.1:8081", server.url))
+        result, got = _session(
+            pytester, embedded, None, tmp_path, "--mlx-kl-prompts=4", "--mlx-kl-tokens=48", "--mlx-kl-decode=16"
+        )
+    drift = got["records"]["test_drift"]
+    checks = {c["key"]: c["verdict"] for c in drift.get("checks", [])}
+    # the mean shown under its limit; top-1 at 90% needs the module's own 16 prompts (a test's 4: inconclusive)
+    assert checks.get("mean") == "pass" and drift["verdict"] in ("pass", "inconclusive"), drift.get("error")
+    assert drift["lever"]["cand"] == f"served at {server.url}" and drift["server"]["url"] == server.url
+    # its words for a position whose next token the server did not list ("p 0.4 → ?"), never a traceback
+    assert "Traceback" not in result.stdout.str() and "TypeError" not in result.stdout.str()
