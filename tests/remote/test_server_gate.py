@@ -163,8 +163,9 @@ def test_the_key_reaches_no_record_report_log_or_database(
     value is in none of what the run writes, the history DB included."""
     import sqlite3
 
-    key = "sk-mlxgate-test-7f3a9c"
+    key, ref_key = "sk-mlxgate-test-7f3a9c", "sk-mlxgate-ref-91b2e4"
     monkeypatch.setenv("MY_SERVER_KEY", key)
+    monkeypatch.setenv("MY_REF_KEY", ref_key)  # the reference served too, behind a key of its own
     pytester.makepyfile(test_kv=GATE)
     pytester.makeini("[pytest]\n")
     db, html = tmp_path / "history.sqlite", tmp_path / "r.html"
@@ -174,6 +175,8 @@ def test_the_key_reaches_no_record_report_log_or_database(
             f"--mlx-candidate={embedded}",
             f"--mlx-cand-server={server.url}",
             "--mlx-server-key-env=MY_SERVER_KEY",
+            f"--mlx-ref-server={server.url}",
+            "--mlx-ref-server-key-env=MY_REF_KEY",
             f"--mlx-db={db}",
             f"--mlx-html={html}",
             f"--mlx-reference-cache={tmp_path / 'refcache'}",
@@ -188,7 +191,7 @@ def test_the_key_reaches_no_record_report_log_or_database(
     with sqlite3.connect(db) as conn:
         written += [repr(row) for table in ("quality_runs",) for row in conn.execute(f"SELECT * FROM {table}")]
     written += [p.read_text(errors="replace") for p in tmp_path.glob("*.log")]
-    assert all(key not in text for text in written)
+    assert all(key not in text and ref_key not in text for text in written)
     assert "MY_SERVER_KEY" in report.read_text()  # the variable's name is said; its value nowhere
 
 
