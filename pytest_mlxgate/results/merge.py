@@ -359,12 +359,11 @@ def _check_plans_cover(shards: Sequence[tuple[Report, Shard]]) -> None:
         return  # no shard says how many the plan holds: each one's list is all there is to check
     if len(totals) > 1:
         raise MergeError(f"the shards disagree on how many modules the plan holds ({sorted(map(str, totals))})")
-    (total,) = totals
-    if total != len(seen):
+    (total,) = totals  # a number: None alone returned above, None beside a number disagrees
+    if total is not None and total != len(seen):
         raise MergeError(
-            f"the plan holds {total} modules, but the shards list {len(seen)}: "
-            f"{total - len(seen) if isinstance(total, int) else '?'} planned module(s) are in no shard's list, so "
-            "their records could vanish unseen. Re-run every shard on one plan"
+            f"the plan holds {total} modules, but the shards list {len(seen)}: {total - len(seen)} planned "
+            "module(s) are in no shard's list, so their records could vanish unseen. Re-run every shard on one plan"
         )
 
 

@@ -464,6 +464,7 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         weight_arms,
         weights_spec,
     )
+    from pytest_mlxgate.explain.plan_weights_compare import compare_with_recipes
 
     model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
     gate = weights_gate_spec(tiny_kv_model_dir.parent)
@@ -492,6 +493,16 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         assert uniform.plan == arms.uniform(arms.options[0]) and uniform.spec == weights_spec(uniform.plan, arms.units)
         assert uniform.bytes == arms.plan_bytes(uniform.plan)
         assert uniform.notes[-1] == f"no mixed plan found costs fewer bytes than {uniform.chosen}, which passes"
+        # mlx_lm's dynamic_quant is given the mixed plan's bytes; beside a uniform answer (one of its own
+        # plans), halfway between uniform 6- and 8-bit
+        halfway = sum(arms.plan_bytes(arms.uniform(Option(b, 64))) for b in (6, 8)) / 2
+        for result, budget in ((uniform, halfway), *(((alone, alone.bytes),) if alone.chosen == "mixed" else ())):
+            rows = {r["name"]: r for r in compare_with_recipes(arms, sens, result)}
+            assert rows["mlx_lm dynamic_quant 4/8"]["bytes"] <= budget
+            if result is uniform:  # halfway to 8-bit is room to upgrade modules past 4-bit
+                assert rows["mlx_lm dynamic_quant 4/8"]["bytes"] > arms.plan_bytes(arms.uniform(Option(4, 64)))
+            assert set(rows) >= {"uniform 4-bit g64", "uniform 8-bit g64", "mlx_lm mixed_4_6"}
+        assert uniform.comparisons == []  # compare_with_recipes returns its rows: the caller keeps them
         strict = {"mean": 1e-30, "top1": 1.0}  # nothing passes: it says so, and what to do
         nothing = choose_weights_plan(arms, measure_weight_sensitivities(arms, strict), strict)
         assert nothing.chosen == "none" and nothing.notes[-1].startswith("no plan among 4-bit g64, 8-bit g64")
@@ -499,6 +510,7 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
     doc = found.to_json()
     assert doc["rounds"] == found.rounds and len(found.rounds) >= 1
     assert (doc["bytes"], doc["plain_bytes"]) == (found.bytes, found.plain_bytes) and found.bytes < found.plain_bytes
+    assert doc["quantization"] == found.config() == quantization_block(found.spec)
     assert doc["comparisons"] == found.comparisons and list(doc["sensitivity"]) == sorted(sens.sensitivity)
     assert doc["sensitivity"] == sens.sensitivity and doc["probe"] == sens.probe.label
 
