@@ -464,7 +464,7 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         weight_arms,
         weights_spec,
     )
-    from pytest_mlxgate.explain.plan_weights_compare import compare_with_recipes
+    from pytest_mlxgate.explain.plan_weights_compare import compare_with_recipes, dynamic_quant_plan
 
     model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
     gate = weights_gate_spec(tiny_kv_model_dir.parent)
@@ -503,6 +503,10 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
                 assert rows["mlx_lm dynamic_quant 4/8"]["bytes"] > arms.plan_bytes(arms.uniform(Option(4, 64)))
             assert set(rows) >= {"uniform 4-bit g64", "uniform 8-bit g64", "mlx_lm mixed_4_6"}
         assert uniform.comparisons == []  # compare_with_recipes returns its rows: the caller keeps them
+        # its rule spends the budget to the byte: at uniform 8-bit's bytes every module that may takes 8 bits
+        eight = arms.plan_bytes(arms.uniform(Option(8, 64)))
+        dynamic, _ = dynamic_quant_plan(arms, 4, 8, eight)
+        assert arms.plan_bytes(dynamic) == eight and dynamic == arms.uniform(Option(8, 64))
         strict = {"mean": 1e-30, "top1": 1.0}  # nothing passes: it says so, and what to do
         nothing = choose_weights_plan(arms, measure_weight_sensitivities(arms, strict), strict)
         assert nothing.chosen == "none" and nothing.notes[-1].startswith("no plan among 4-bit g64, 8-bit g64")
