@@ -810,3 +810,20 @@ def test_a_known_bad_that_broke_the_model_shows_any_limit_and_no_measurement_sho
         "it holds no measurement of the module's KNOWN_BAD"
     )
     assert limits_not_shown({"aa_floor": {"mean": 1e-6}}, {"mean": 1e-3}, known_bad=False) is None
+
+
+def test_a_gpu_calibration_without_its_chip_or_tf32_says_which_fact_is_missing_where() -> None:
+    """On a GPU a file covers only the chip and MLX_ENABLE_TF32 setting it was measured with: a fact the file
+    lacks reads "unrecorded", one this run lacks "unknown"; a CPU run needs neither."""
+    from pytest_mlxgate.authoring.coverage import covers_precision
+
+    f32 = {"dtype": "float32"}
+    assert covers_precision(f32, {}, f32, "metal", {"chip": "M3 Max"}) == (
+        "measured with chip unrecorded, this run has M3 Max"
+    )
+    assert covers_precision(f32, {"chip": "M2"}, f32, "metal", {}) == "measured with chip M2, this run has unknown"
+    assert covers_precision(f32, {"chip": "M2", "tf32": "0"}, f32, "cuda", {"chip": "M2", "tf32": "1"}) == (
+        "measured with tf32 0, this run has 1"
+    )
+    assert covers_precision(f32, {"chip": "M2", "tf32": "0"}, f32, "metal", {"chip": "M2", "tf32": "0"}) is None
+    assert covers_precision(f32, {}, f32, "cpu", {}) is None

@@ -431,6 +431,34 @@ def test_a_verification_reads_in_words_with_its_capability_and_long_runs() -> No
     ]
 
 
+def test_a_plan_that_fails_the_kl_tests_never_reaches_the_capability_tests(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capability tests run only after the KL tests pass, at the gate's length and the long one: a plan
+    that fails either is not verified by anything after them (no capability run at all)."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import verify_plan
+
+    gate = _gate(
+        tmp_path,
+        "kv",
+        "from pytest_mlxgate import assert_capability_at_least\n\n\n"
+        "def test_drift(paired, request):\n    assert_kl_below(paired, mean=10.0)\n"
+        "    if request.config.getoption('mlx_kl_tokens'):  # the long run: the plan fails there\n"
+        "        raise AssertionError('fails at the long context')\n\n\n"
+        "def test_tasks(paired):\n    assert_capability_at_least(paired, 'hashhop', max_drop=0.15, n=16)\n",
+    )
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    spec = read_gate(gate)
+    assert spec.capability_tests == ("test_tasks",)
+    got = verify_plan(spec, plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json", long=32)
+    assert got["verdicts"] == {f"{gate.name}::test_drift": "pass"} and got["long"]["verified"] is False
+    assert got["verified"] is False and "capability" not in got
+
+
 def test_the_reason_names_every_asked_test_in_pytest_s_own_k_syntax() -> None:
     """`-k a or b` is what pytest ran (its keywords are lower case); a failing record is its own reason."""
     from pytest_mlxgate.explain.plan_verify import _unverdicted
