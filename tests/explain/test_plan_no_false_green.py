@@ -421,7 +421,7 @@ def test_a_verification_reads_in_words_with_its_capability_and_long_runs() -> No
     )
     [line] = verification_lines({**verified, "capability": "not run"})
     assert line.endswith("; its capability tests were not run (--no-capability): KL only")
-    short = {"verified": False, "tokens": 8, "verdicts": kl, "checks": []}
+    short = {"verified": False, "tokens": 8, "verdicts": kl}  # no checks recorded: said, never a traceback
     lines = verification_lines({**short, "long": {"tokens": 32, "verdicts": {"g.py::test_drift": "fail"}}})
     assert lines[:3] == [
         "  NOT verified: passes the gate at 8 tokens but not at 32 tokens: a plan for short contexts only, not "

@@ -509,8 +509,13 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         assert arms.plan_bytes(dynamic) == eight and dynamic == arms.uniform(Option(8, 64))
         strict = {"mean": 1e-30, "top1": 1.0}  # nothing passes: it says so, and what to do
         nothing = choose_weights_plan(arms, measure_weight_sensitivities(arms, strict), strict)
-        assert nothing.chosen == "none" and nothing.notes[-1].startswith("no plan among 4-bit g64, 8-bit g64")
-        assert nothing.notes[-1].endswith("keep the weights as loaded, or widen the options (--bits, --group-sizes)")
+        assert nothing.chosen == "none" and nothing.notes[-1] == (
+            "no plan among 4-bit g64, 8-bit g64 per module passed the gate's limits on the selection sequences"
+            f"{' but every module as loaded' if nothing.passed_selection else ''}; keep the weights as loaded, or "
+            "widen the options (--bits, --group-sizes)"
+        )
+        plain = weights_spec({p: PLAIN_OPTION for p in arms.units}, arms.units)  # nothing quantized: 8-bit g64
+        assert (plain.bits, plain.group_size) == (8, 64) and all(entry is None for _, entry in plain.layers)
     doc = found.to_json()
     assert doc["rounds"] == found.rounds and len(found.rounds) >= 1
     assert (doc["bytes"], doc["plain_bytes"]) == (found.bytes, found.plain_bytes) and found.bytes < found.plain_bytes
@@ -553,23 +558,35 @@ def test_mlx_lm_s_plans_stand_beside_ours_each_with_its_own_figures(tiny_kv_mode
         if "ours" in row:
             assert row["ours"]["bytes"] <= row["bytes"]
     assert "ours" in found.comparisons[1]  # every plan on our path fits within uniform 8-bit's bytes
+    assert "ours" in found.comparisons[0]  # and our path starts at each module's cheapest: within 4-bit's too
     summary = weights_summary(found)
-    counted = re.findall(r"(\d+) modules ", summary[0])
-    assert summary[0].startswith(f"plan ({found.chosen}): ") and sum(map(int, counted)) == len(found.plan)
+    counted = [int(n) for n in re.findall(r"(\d+) modules ", summary[0])]
+    assert summary[0].startswith(f"plan ({found.chosen}): ") and sum(counted) == len(found.plan)
+    assert counted == sorted(counted, reverse=True)  # the most common option first
     assert "  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):" in summary
+    assert any(line.startswith("    uniform 4-bit g64: ") for line in summary)  # each comparison indented under it
     frontier = search_weights_frontier(model, tokenizer, gate, bits=(4, 8), groups=(64,), selection=2, points=2)
     assert frontier.points and frontier.selection == 2 and frontier.seconds > 0
 
 
 @pytest.mark.parametrize(
     ("ours", "word"),
-    [(0.5, "(0.50x, lower)"), (2.0, "(2.00x, higher)"), (1.02, "(1.02x, the same (a tie))"), (None, "ours: no plan")],
+    [
+        (0.5, "(0.50x, lower)"),
+        (2.0, "(2.00x, higher)"),
+        (1.02, "(1.02x, the same (a tie))"),
+        (None, "ours: no plan"),
+        (0.0, "(nanx, the same (a tie))"),  # theirs drifted nothing: no ratio to read
+    ],
 )
 def test_a_comparison_reads_ours_against_theirs_in_words(ours: float | None, word: str) -> None:
     from pytest_mlxgate.explain.plan_weights_compare import comparison_lines
 
-    row: dict[str, Any] = {"name": "mlx_lm mixed_4_6", "bytes": 1000.0, "held_out": {"mean": 0.01}}
+    theirs = 0.0 if ours == 0.0 else 0.01
+    row: dict[str, Any] = {"name": "mlx_lm mixed_4_6", "bytes": 1000.0, "held_out": {"mean": theirs}}
     if ours is not None:
         row["ours"] = {"bytes": 900.0, "held_out": {"mean": 0.01 * ours}}
     [line] = comparison_lines([row])
-    assert line.startswith("  mlx_lm mixed_4_6: 1,000 B, mean KL 0.01 on the gate's prompts · ") and word in line
+    assert (
+        line.startswith(f"  mlx_lm mixed_4_6: 1,000 B, mean KL {theirs:.3g} on the gate's prompts · ") and word in line
+    )
