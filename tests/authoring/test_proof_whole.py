@@ -1036,3 +1036,14 @@ def test_a_low_precision_run_names_the_file_its_calibration_would_write(tmp_path
     made = limits_proof(paired, prove="auto", require=False)  # type: ignore[arg-type]
     assert made.shown_file == "gates/calibration/test_gate.bfloat16.json"
     assert made.calibrate_command.endswith("--mlx-dtype bfloat16 --mlx-calibrate")
+
+
+def test_a_stored_proof_reads_back_with_its_precision(tmp_path: Path) -> None:
+    """What a low-precision run's proof stores (the plain path's distance from float32) is what it reads."""
+    cache = _Cache(tmp_path)
+    key = {"k": 2}
+    data = _data(precision={"mean": 5.8e-5, "p99": 1e-3})
+    cache.files.stored[proof_measure._path(cache, key)] = json.dumps({"key": key, "data": data}).encode()
+    loaded = proof_measure._load(cache, key)
+    assert loaded is not None and loaded.precision == {"mean": 5.8e-5, "p99": 1e-3}
+    assert loaded.to_json() == data

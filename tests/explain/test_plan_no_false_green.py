@@ -400,6 +400,7 @@ def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged
         "output_tail"
     ]
     assert "-k test_drift or test_tail" in got["command"]
+    assert "--mlx-reference-cache" not in got["command"]  # none given: pytest's own, where the gate runs
     tasks = got["capability"]
     assert got["verified"] is False and tasks["verified"] is False and "-k test_tasks" in tasks["command"]
     assert tasks["reason"].startswith("the gate's test_tasks left no record: skipped"), tasks["reason"]

@@ -430,3 +430,13 @@ def test_the_merged_command_is_each_shard_s_without_its_shard_option_and_nothing
 
     kept = [a for i, a in enumerate(argv) if not a.startswith("--mlx-shard") and argv[i - 1] != "--mlx-shard"]
     assert _without_shard(argv) == kept and all("shard" not in a for a in kept)
+
+
+def test_a_report_whose_run_is_cut_short_names_what_it_lacks(tmp_path: Path) -> None:
+    from pytest_mlxgate.results.json_report import REPORT_VERSION
+
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({"mlxgate_report": REPORT_VERSION, "run": {"started": "2026-12-07"}, "gates": []}))
+    with pytest.raises(MergeError) as e:
+        read_report(cut)
+    assert str(e.value) == f"{cut}: its run lacks 'run_id'; is it cut short?"
