@@ -70,6 +70,21 @@ def width_reading_attention(
     k_bits, v_bits = packed_width(q_keys, group_size), packed_width(q_values, group_size)
     if k_bits == v_bits:
         return _ONE_WIDTH(queries, q_keys, q_values, scale=scale, mask=mask, group_size=group_size, bits=k_bits)
+    return _attention_apart(queries, q_keys, q_values, scale, mask, group_size, k_bits, v_bits)
+
+
+def _attention_apart(
+    queries: Any,
+    q_keys: tuple[Any, Any, Any],
+    q_values: tuple[Any, Any, Any],
+    scale: float,
+    mask: Any,
+    group_size: int,
+    k_bits: int,
+    v_bits: int,
+) -> Any:
+    """mlx_lm's quantized attention step by step (scores and softmax in its precision), each half read at
+    its own width: at one width, exactly what mlx_lm computes."""
     batch, q_heads, length, dim = queries.shape
     kv_heads = q_keys[0].shape[-3]
     repeats = q_heads // kv_heads

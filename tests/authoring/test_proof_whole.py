@@ -1047,3 +1047,20 @@ def test_a_stored_proof_reads_back_with_its_precision(tmp_path: Path) -> None:
     loaded = proof_measure._load(cache, key)
     assert loaded is not None and loaded.precision == {"mean": 5.8e-5, "p99": 1e-3}
     assert loaded.to_json() == data
+
+
+def test_a_stored_proof_reads_back_with_its_known_bad_s_oracle_distances_and_site(tmp_path: Path) -> None:
+    """A bfloat16 proof keeps its known-bad's distances from the float32 oracle and its site's calls: read
+    back, they are the same."""
+    from pytest_mlxgate.kl.oracle import OracleDistances
+
+    sums = {"plain_sums": (1e-4, 2e-4), "candidate_sums": (0.3, 0.5), "counts": (8, 8)}
+    oracle = OracleDistances("bfloat16", False, ("a", "b"), **sums, plain_figures={"mean": 1e-5})
+    cache = _Cache(tmp_path)
+    key = {"k": 3}
+    site = {"sequences": 2, "calls": [["attention", 0, 1, [0.5, 0.25], [0.5, 0.5], None, 0.1, 0.2, 1.0]]}
+    data = _data(known_bad_oracle=oracle.state(), known_bad_site=site)
+    cache.files.stored[proof_measure._path(cache, key)] = json.dumps({"key": key, "data": data}).encode()
+    loaded = proof_measure._load(cache, key)
+    assert loaded is not None and loaded.known_bad_oracle == oracle.state() and loaded.known_bad_site == site
+    assert loaded.to_json() == data

@@ -770,32 +770,47 @@ def test_tasks(paired):
 """
 
 
-@pytest.mark.slow  # the gate under pytest: its KL test, then its capability test (HashHop, 4 items), 3 times
-def test_a_plan_is_verified_on_the_gate_s_capability_tests_too_and_refused_where_they_do_not_pass(
-    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Item 4 of issue 43: where the gate asks for capability tasks (HashHop), a plan that passes its KL
-    tests runs them too, and is verified only when they pass; `capability=False` says they were not run."""
-    from pytest_mlxgate.explain.plan_gate import read_gate
-    from pytest_mlxgate.explain.plan_verify import verification_lines, verify_plan
-
+def _capability_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str = "") -> tuple[Path, Path]:
+    """A KV gate with a KL test and a HashHop test (`body` after its assertion), an 8-bit plan beside it."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
-    model = str(tiny_kv_model_dir)
     path = tmp_path / "test_kv_gate.py"
-    path.write_text(WITH_CAPABILITY % "")
+    path.write_text(WITH_CAPABILITY % body)
+    return path, plan
+
+
+def test_a_plan_that_passes_the_gate_s_capability_tests_too_is_verified(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4 of issue 43: where the gate asks for capability tasks (HashHop), a plan that passes its KL
+    tests runs them too, each run with its own -k and report, and is verified when they pass."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import verification_lines, verify_plan
+
+    path, plan = _capability_gate(tmp_path, monkeypatch)
     gate = read_gate(path)
     assert gate.kl_tests == ("test_drift",) and gate.capability_tests == ("test_tasks",)
-    got = verify_plan(gate, plan, candidate=model, report=tmp_path / "r.json")
+    got = verify_plan(gate, plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json")
     assert got["verified"] is True, got["capability"]["output_tail"]
     assert got["verdicts"] == {f"{path.name}::test_drift": "pass"}
     assert got["capability"]["verdicts"] == {f"{path.name}::test_tasks": "pass"}
     assert "-k test_tasks" in got["capability"]["command"] and "-k test_drift" in got["command"]
     assert verification_lines(got)[0].endswith(f"and its capability tests: {{'{path.name}::test_tasks': 'pass'}}")
 
+
+@pytest.mark.slow  # the gate under pytest: its KL test, then its capability test (HashHop, 4 items), twice
+def test_a_plan_is_refused_where_the_gate_s_capability_tests_do_not_pass_or_says_they_were_not_run(
+    tiny_kv_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`capability=False` says the capability tests were not run; a plan that fails them is not verified."""
+    from pytest_mlxgate.explain.plan_gate import read_gate
+    from pytest_mlxgate.explain.plan_verify import verification_lines, verify_plan
+
+    path, plan = _capability_gate(tmp_path, monkeypatch)
+    gate, model = read_gate(path), str(tiny_kv_model_dir)
     skipped = verify_plan(gate, plan, candidate=model, report=tmp_path / "s.json", capability=False)
     assert skipped["verified"] is True and skipped["capability"] == "not run"
     assert "capability tests were not run (--no-capability): KL only" in verification_lines(skipped)[0]

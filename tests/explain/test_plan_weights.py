@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -590,3 +591,27 @@ def test_a_comparison_reads_ours_against_theirs_in_words(ours: float | None, wor
     assert (
         line.startswith(f"  mlx_lm mixed_4_6: 1,000 B, mean KL {theirs:.3g} on the gate's prompts · ") and word in line
     )
+
+
+def test_ours_at_their_bytes_starts_from_each_module_s_cheapest_option_it_may_take(tiny_kv_model_dir: Path) -> None:
+    """At group 128 the tiny llama's modules reading its 64-wide hidden state take no option (they stay
+    float): our path starts there, so a recipe cheaper than that start has no plan of ours beside it, and
+    none of ours is ever a plan with a module at an option it refuses (cheaper, and not what mlx_lm makes)."""
+    import mlx_lm
+    from plan_gates import weights_gate_spec
+
+    from pytest_mlxgate.explain.plan_weights import measure_weight_sensitivities, start_plan, weight_arms
+    from pytest_mlxgate.explain.plan_weights_compare import compare_with_recipes
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    gate = weights_gate_spec(tiny_kv_model_dir.parent)
+    with weight_arms(model, tokenizer, gate, bits=(4, 8), groups=(128,), selection=2, say=lambda _: None) as arms:
+        refusing = {p for p, u in arms.units.items() if not u.allows(Option(4, 128))}
+        assert refusing and refusing != set(arms.units)  # some modules stay float, some quantize
+        start = arms.plan_bytes(start_plan(arms))
+        result = SimpleNamespace(bytes=start, chosen="none", notes=[])
+        rows = compare_with_recipes(arms, measure_weight_sensitivities(arms, gate.limits), result)  # type: ignore[arg-type]
+    assert [r["name"] for r in rows] == ["mlx_lm mixed_3_6", "mlx_lm mixed_4_6"]  # no g64 option: no uniform rows
+    for row in rows:
+        assert ("ours" in row) == (row["bytes"] >= start), (row["name"], row["bytes"], start)
+        assert "ours" not in row or start <= row["ours"]["bytes"] <= row["bytes"]

@@ -164,6 +164,35 @@ def test_the_width_reading_attention_is_attention_over_what_each_half_holds(
         assert bool(mx.array_equal(got, theirs))
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    bits=st.sampled_from(KV_BITS),
+    dtype=st.sampled_from(["bfloat16", "float16", "float32"]),
+    heads=st.sampled_from([(2, 2), (4, 2)]),
+    mask=st.sampled_from([None, "causal"]),
+)
+@example(bits=8, dtype="bfloat16", heads=(4, 2), mask="causal")
+def test_the_attention_apart_at_one_width_is_mlx_lms_own_in_every_precision(
+    bits: int, dtype: str, heads: tuple[int, int], mask: str | None
+) -> None:
+    """Its steps are mlx_lm's (scale, scores, mask, a softmax computed in float32 whatever the inputs'
+    precision, values): given one width, the same bits as mlx_lm's own attention, in bfloat16 and float16
+    too, where a softmax in the inputs' precision would round otherwise."""
+    import mlx.core as mx
+
+    from pytest_mlxgate.serving.attention import _ONE_WIDTH, _attention_apart
+
+    mx.random.seed(bits)
+    kind = getattr(mx, dtype)
+    q = mx.random.normal((1, heads[0], 3, 64)).astype(kind)
+    k = (mx.random.normal((1, heads[1], 10, 64)) * 3).astype(kind)
+    v = mx.random.normal((1, heads[1], 10, 64)).astype(kind)
+    qk, qv = mx.quantize(k, group_size=64, bits=bits), mx.quantize(v, group_size=64, bits=bits)
+    ours = _attention_apart(mx.array(q), tuple(qk), tuple(qv), 0.125, mask, 64, bits, bits)
+    theirs = _ONE_WIDTH(mx.array(q), qk, qv, scale=0.125, mask=mask, group_size=64, bits=bits)
+    assert ours.dtype == theirs.dtype == kind and bool(mx.array_equal(ours, theirs))
+
+
 def test_a_foreign_quantized_attention_is_refused_not_read_at_one_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """Something else in mlx_lm's place (a lever's own kernel) would read both halves at one width: a
     cache apart refuses to be made, naming the function."""
