@@ -173,22 +173,23 @@ def rope(
     """
     import mlx.core as mx
 
+    how = dict(traditional=traditional, base=base, scale=scale, freqs=freqs)
     if stream is not None:
         with mx.stream(stream):
-            return _rope(mx, a, dims, traditional, base, scale, offset, freqs)
-    return _rope(mx, a, dims, traditional, base, scale, offset, freqs)
+            return _rope(mx, a, dims, offset, **how)
+    return _rope(mx, a, dims, offset, **how)
 
 
 def _rope(
     mx: Any,
     a: Any,
     dims: int,
+    offset: Any,
+    *,
     traditional: bool,
     base: float | None,
     scale: float,
-    offset: Any,
     freqs: Any,
-    *,
     low: bool = False,
 ) -> Any:
     if (base is None) == (freqs is None):
@@ -288,7 +289,7 @@ def _rope_low(
 ) -> Any:
     import mlx.core as mx
 
-    return _rope(mx, a, dims, traditional, base, scale, offset, freqs, low=True)
+    return _rope(mx, a, dims, offset, traditional=traditional, base=base, scale=scale, freqs=freqs, low=True)
 
 
 _LOW_PRECISION: dict[Any, Any] = {

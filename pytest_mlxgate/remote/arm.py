@@ -20,7 +20,7 @@ from ..errors import ServerArmError
 from ..stats.divergence import RefDistributions, compact_reference, compare
 from ..stats.topk import TopKScores, compare_topk, served_reference
 from .client import ServerClient
-from .teacher import teacher_forced
+from .teacher import TeacherForced, teacher_forced
 
 #: The share of a gate's positions that may be left unasked (their text does not encode back) before the arm
 #: refuses to give a figure.
@@ -123,15 +123,7 @@ def run_server_against(
     out, disagreed = [], 0
     for ids, ref in zip(sequences, refs, strict=True):
         next_tokens = np.asarray([ids[p + 1] for p in positions], dtype=np.int32)
-        asked = teacher_forced(
-            client,
-            ids,
-            [int(p) + 1 for p in positions],
-            top_k=top_k,
-            encode=encode,
-            decode=decode,
-            text_decode=text_decode,
-        )
+        asked = _asked_after(client, ids, positions, top_k, encode, decode, text_decode)
         out.append(compare_topk(ref, asked.lists, next_tokens, positions))
         disagreed += asked.chosen_disagreed
         if tick is not None:
@@ -190,15 +182,7 @@ def ask_reference(
             refs.append(compact_reference(logits, next_tokens))
             asked.append(np.ones(len(positions), dtype=bool))
         else:
-            got = teacher_forced(
-                client,
-                ids,
-                [int(p) + 1 for p in positions],
-                top_k=top_k,
-                encode=encode,
-                decode=decode,
-                text_decode=text_decode,
-            )
+            got = _asked_after(client, ids, positions, top_k, encode, decode, text_decode)
             rows_of, mask = served_reference(got.lists, next_tokens, vocab_size)
             refs.append(rows_of)
             asked.append(mask)
@@ -220,4 +204,19 @@ def _unaskable(client: ServerClient, unaskable: int, total: int) -> ServerArmErr
         f"More than {MAX_UNASKABLE:.0%} left out is no measurement of the gate's prompts: serve the model by "
         "the mlxgate protocol (docs/server-protocol.md), which takes token ids, or use prompts that survive "
         "the round trip"
+    )
+
+
+def _asked_after(
+    client: ServerClient,
+    ids: Sequence[int],
+    positions: np.ndarray,
+    top_k: int,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[Sequence[int]], str],
+    text_decode: Callable[[Sequence[int]], str] | None,
+) -> TeacherForced:
+    """The server's top-k after each of `positions` of `ids`, the sequence's own tokens fed in before it."""
+    return teacher_forced(
+        client, ids, [int(p) + 1 for p in positions], top_k=top_k, encode=encode, decode=decode, text_decode=text_decode
     )

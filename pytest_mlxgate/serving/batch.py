@@ -160,9 +160,7 @@ class BatchQuantizedRotatingKVCache(QuantizedWindow, _BatchRotatingBase):  # typ
         self, max_size: int, left_padding: list[int], *, group_size: int, bits: int, value_bits: int | None = None
     ) -> None:
         super().__init__(max_size, left_padding)
-        self.group_size = group_size
-        self.bits = bits
-        self.value_bits = value_width(bits, value_bits)
+        self._store_at(group_size, bits, value_bits)
 
     @classmethod
     def from_cache(

@@ -220,6 +220,10 @@ class QuantizedWindow:
     max_size: int
     _idx: int
 
+    def _store_at(self, group_size: int, bits: int, value_bits: int | None) -> None:
+        """The widths the window stores at (`value_width`: the values' defaults to the keys')."""
+        self.group_size, self.bits, self.value_bits = group_size, bits, value_width(bits, value_bits)
+
     def _quantize(self, keys: Any, values: Any) -> tuple[Parts, Parts]:
         return quantize_pair(keys, values, group_size=self.group_size, bits=self.bits, value_bits=self.value_bits)
 
@@ -261,9 +265,7 @@ class QuantizedRotatingKVCache(QuantizedWindow, _RotatingBase):  # type: ignore[
         self, max_size: int, keep: int = 0, *, group_size: int = 64, bits: int = 8, value_bits: int | None = None
     ) -> None:
         super().__init__(max_size, keep)
-        self.group_size = group_size
-        self.bits = bits
-        self.value_bits = value_width(bits, value_bits)
+        self._store_at(group_size, bits, value_bits)
 
     @classmethod
     def from_cache(

@@ -653,9 +653,9 @@ def plain_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     for name in FUSED:
         inner = getattr(ro, f"_{name}")
 
-        def counting(*args: Any, _name: str = name, _inner: Any = inner) -> Any:
+        def counting(*args: Any, _name: str = name, _inner: Any = inner, **kwargs: Any) -> Any:
             counts[_name] += 1
-            return _inner(*args)
+            return _inner(*args, **kwargs)
 
         monkeypatch.setattr(ro, f"_{name}", counting)
     return counts
