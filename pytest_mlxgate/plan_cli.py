@@ -167,7 +167,7 @@ def _expected(e: Exception) -> bool:
 
 
 def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
-    from .explain.plan_frontier import DEFAULT_POINTS, frontier_page, frontier_table, search_frontier
+    from .explain.plan_frontier import DEFAULT_POINTS, Reach, frontier_page, frontier_table, search_frontier
     from .explain.plan_gate import read_gate
     from .explain.plan_kv import check_search_options, plan_summary, search_kv_plan
     from .explain.plan_verify import long_context
@@ -188,8 +188,7 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
             model,
             tokenizer,
             gate,
-            points=DEFAULT_POINTS if args.points is None else args.points,
-            budget_bytes=args.budget_bytes,
+            Reach(DEFAULT_POINTS if args.points is None else args.points, args.budget_bytes),
             say=_say,
             **asked,
         )
@@ -209,7 +208,7 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
 
 
 def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
-    from .explain.plan_frontier import DEFAULT_POINTS, frontier_page, frontier_table
+    from .explain.plan_frontier import DEFAULT_POINTS, Reach, frontier_page, frontier_table
     from .explain.plan_gate import read_gate
     from .explain.plan_verify import long_context
     from .explain.plan_weights import check_weight_options
@@ -231,8 +230,7 @@ def plan_weights(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[
             model,
             tokenizer,
             gate,
-            points=DEFAULT_POINTS if args.points is None else args.points,
-            budget_bytes=args.budget_bytes,
+            Reach(DEFAULT_POINTS if args.points is None else args.points, args.budget_bytes),
             **asked,
         )
         if args.frontier

@@ -25,14 +25,13 @@ from ..results.html_parts import figure
 from ..results.html_report import html_page
 from ..results.svg import Figure, esc, message
 from ..stats.kl_stats import KLStats
-from .plan_cache import SearchCache
 from .plan_gate import GateSpec
 from .plan_kv import (
     PLAIN_OPTION,
-    SELECTION_SEQUENCES,
     Measure,
     MeasureMany,
     Option,
+    SearchSpace,
     _bytes,
     greedy_plan,
     measure_sensitivities,
@@ -47,6 +46,7 @@ __all__ = [
     "Frontier",
     "FrontierPoint",
     "PlanWords",
+    "Reach",
     "frontier_levels",
     "frontier_page",
     "frontier_table",
@@ -60,6 +60,19 @@ __all__ = [
 DEFAULT_POINTS = 8
 #: The path is sampled down to this share of its cheapest plan's predicted drift.
 DEEPEST = 1e-3
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far a frontier search goes: `points` plans along the path, and with `budget_bytes` the answer is
+    the least drift within that size (`plan kv/weights --frontier --points --budget-bytes`)."""
+
+    points: int = DEFAULT_POINTS
+    budget_bytes: float | None = None
+
+
+#: `--frontier` alone.
+FULL_REACH = Reach()
 
 
 def _kv_config(layers: Mapping[Any, Option]) -> dict[str, Any]:
@@ -222,21 +235,9 @@ def on_frontier(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
     return out
 
 
-def search_frontier(
-    model: Any,
-    tokenizer: Any,
-    gate: GateSpec,
-    *,
-    bits: Sequence[int] = (4, 6, 8),
-    groups: Sequence[int] = (32, 64),
-    selection: int = SELECTION_SEQUENCES,
-    apart: bool = False,
-    points: int = DEFAULT_POINTS,
-    budget_bytes: float | None = None,
-    say: Callable[[str], None] = lambda _: None,
-    cache: SearchCache | None = None,
-) -> Frontier:
-    """`trace` on `model`, each plan measured on the selection sequences (`plan_kv.selection_arms`)."""
+def search_frontier(model: Any, tokenizer: Any, gate: GateSpec, reach: Reach = FULL_REACH, **asked: Any) -> Frontier:
+    """`trace` on `model`, each plan measured on the selection sequences (`asked`: `plan_kv.selection_arms`'
+    options)."""
     return timed_search(
         model,
         tokenizer,
@@ -247,16 +248,11 @@ def search_frontier(
             space.itemsize,
             gate.limits,
             measure,
-            points=points,
-            budget_bytes=budget_bytes,
+            points=reach.points,
+            budget_bytes=reach.budget_bytes,
             many=space.measure_many,
         ),
-        bits=bits,
-        groups=groups,
-        selection=selection,
-        apart=apart,
-        say=say,
-        cache=cache,
+        **asked,
     )
 
 
@@ -272,7 +268,7 @@ def trace(
     many: MeasureMany | None = None,
 ) -> Frontier:
     """A KV plan's frontier: the sensitivities (`plan_kv.measure_sensitivities`), then `trace_path`."""
-    sens = measure_sensitivities(sizes, options, itemsize, limits, measure, many)
+    sens = measure_sensitivities(SearchSpace(sizes, itemsize, options, 0, many), limits, measure)
     return trace_path(
         sizes,
         options,

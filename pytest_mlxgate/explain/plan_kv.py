@@ -231,21 +231,10 @@ def check_search_options(
         )
 
 
-def search_kv_plan(
-    model: Any,
-    tokenizer: Any,
-    gate: GateSpec,
-    *,
-    bits: Sequence[int] = (4, 6, 8),
-    groups: Sequence[int] = (32, 64),
-    selection: int = SELECTION_SEQUENCES,
-    apart: bool = False,
-    say: Callable[[str], None] = lambda _: None,
-    cache: SearchCache | None = None,
-) -> PlanSearch:
+def search_kv_plan(model: Any, tokenizer: Any, gate: GateSpec, **asked: Any) -> PlanSearch:
     """The search on `model`: its layers' sizes, the selection sequences and their reference arm, then
-    `choose_plan` with a measurement of each plan on those sequences (`apart`: keys and values may take
-    widths of their own, `search_options`)."""
+    `choose_plan` with a measurement of each plan on those sequences. `asked`: `selection_arms`' options
+    (`apart`: keys and values may take widths of their own, `search_options`)."""
     return timed_search(
         model,
         tokenizer,
@@ -253,12 +242,7 @@ def search_kv_plan(
         lambda space, measure: choose_plan(
             space.sizes, space.options, space.itemsize, gate.limits, measure, space.measure_many
         ),
-        bits=bits,
-        groups=groups,
-        selection=selection,
-        apart=apart,
-        say=say,
-        cache=cache,
+        **asked,
     )
 
 
@@ -273,23 +257,12 @@ S = TypeVar("S", bound=Searched)
 
 
 def timed_search(
-    model: Any,
-    tokenizer: Any,
-    gate: GateSpec,
-    search: Callable[[SearchSpace, Measure], S],
-    *,
-    bits: Sequence[int],
-    groups: Sequence[int],
-    selection: int,
-    apart: bool,
-    say: Callable[[str], None],
-    cache: SearchCache | None = None,
+    model: Any, tokenizer: Any, gate: GateSpec, search: Callable[[SearchSpace, Measure], S], **asked: Any
 ) -> S:
-    """`search(space, measure)` inside `selection_arms`, its selection count and seconds (setup included) set."""
+    """`search(space, measure)` inside `selection_arms` (`asked`: its options), its selection count and
+    seconds (setup included) set."""
     started = time.perf_counter()
-    with selection_arms(
-        model, tokenizer, gate, bits=bits, groups=groups, selection=selection, apart=apart, say=say, cache=cache
-    ) as arms:
+    with selection_arms(model, tokenizer, gate, **asked) as arms:
         result = search(*arms)
         result.selection = arms[0].selection
     result.seconds = time.perf_counter() - started
@@ -320,11 +293,11 @@ def selection_arms(
     tokenizer: Any,
     gate: GateSpec,
     *,
-    bits: Sequence[int],
-    groups: Sequence[int],
-    selection: int,
-    apart: bool,
-    say: Callable[[str], None],
+    bits: Sequence[int] = (4, 6, 8),
+    groups: Sequence[int] = (32, 64),
+    selection: int = SELECTION_SEQUENCES,
+    apart: bool = False,
+    say: Callable[[str], None] = lambda _: None,
     cache: SearchCache | None = None,
 ) -> Iterator[tuple[SearchSpace, Measure]]:
     """The search space on `model`, and a measurement of any plan on selection sequences the gate's own
@@ -375,16 +348,10 @@ class Sensitivities:
         return self.sensitivity[i] * mean / cheapest
 
 
-def measure_sensitivities(
-    sizes: Mapping[int, float],
-    options: Sequence[Option],
-    itemsize: int,
-    limits: Mapping[str, float],
-    measure: Measure,
-    many: MeasureMany | None = None,
-) -> Sensitivities:
-    """Every option uniform, then every layer alone at the cheapest option (step 2): with `many`, the layers
-    side by side (a prediction: the rounds measure the real plan)."""
+def measure_sensitivities(space: SearchSpace, limits: Mapping[str, float], measure: Measure) -> Sensitivities:
+    """Every option uniform, then every layer alone at the cheapest option (step 2): with the space's
+    `measure_many`, the layers side by side (a prediction: the rounds measure the real plan)."""
+    sizes, options, itemsize, many = space.sizes, space.options, space.itemsize, space.measure_many
     cheapest = min(options, key=lambda o: o.bytes_per_value(itemsize))
     uniform: list[dict[str, Any]] = []
     stats_of: dict[Option, KLStats] = {}
@@ -417,7 +384,7 @@ def choose_plan(
 ) -> PlanSearch:
     """Steps 2-5: sensitivities, the greedy with its measured back-off, and the comparison with the
     uniform plans; `measure(plan, what)` is the plan's statistics on the selection sequences."""
-    sens = measure_sensitivities(sizes, options, itemsize, limits, measure, many)
+    sens = measure_sensitivities(SearchSpace(sizes, itemsize, options, 0, many), limits, measure)
     uniform = sens.uniform
     plan, rounds, passed = measured_rounds(sizes, options, sens.drift, itemsize, limits, measure)
     result = PlanSearch(
@@ -436,18 +403,28 @@ def choose_plan(
     if o is not None:
         result.layers = {i: o for i in sizes}
         result.bytes_per_token = o.bytes_per_value(itemsize) * sum(sizes.values())
+    settle(
+        result,
+        verdict,
+        o,
+        f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
+        f"sequences in {len(rounds)} measured round{'s' * (len(rounds) != 1)}"
+        f"{' but every layer plain' if passed else ''}; keep the plain cache, or widen the options (--bits, "
+        "--group-sizes)",
+    )
+    return result
+
+
+def settle(result: Any, verdict: str, uniform: Option | None, nothing_passed: str) -> None:
+    """`against_uniform`'s verdict and option on a search's result (whose plan the caller has set to the
+    `uniform` one where that won): chosen, passed where a uniform plan passed, and the note that says why."""
+    if uniform is not None:
         result.chosen = verdict
         result.passed_selection = True
         result.notes.append(f"no mixed plan found costs fewer bytes than {verdict}, which passes")
     elif verdict == "none":
         result.chosen = "none"
-        result.notes.append(
-            f"no plan among {', '.join(o.label for o in options)} per layer passed the gate's limits on the selection "
-            f"sequences in {len(rounds)} measured round{'s' * (len(rounds) != 1)}"
-            f"{' but every layer plain' if passed else ''}; keep the plain cache, or widen the options (--bits, "
-            "--group-sizes)"
-        )
-    return result
+        result.notes.append(nothing_passed)
 
 
 def against_uniform(

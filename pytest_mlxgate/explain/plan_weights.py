@@ -44,6 +44,7 @@ from .plan_kv import (
     check_search_options,
     measured_rounds,
     selection_verdict,
+    settle,
 )
 
 __all__ = [
@@ -185,11 +186,11 @@ def weight_arms(
     tokenizer: Any,
     gate: GateSpec,
     *,
-    bits: Sequence[int],
-    groups: Sequence[int],
-    selection: int,
+    bits: Sequence[int] = WEIGHT_BITS,
+    groups: Sequence[int] = WEIGHT_GROUPS,
+    selection: int = WEIGHT_SELECTION,
     long: int | None = None,
-    say: Callable[[str], None],
+    say: Callable[[str], None] = lambda _: None,
     cache: SearchCache | None = None,
 ) -> Iterator[WeightArms]:
     """The reference arm on the selection sequences and on the gate's own prompts (run once, here), and
@@ -432,14 +433,12 @@ def choose_weights_plan(arms: WeightArms, sens: WeightSensitivities, limits: Map
         result.plan = arms.uniform(o)
         result.spec = weights_spec(result.plan, arms.units)
         result.bytes = arms.plan_bytes(result.plan)
-        result.chosen = verdict
-        result.passed_selection = True
-        result.notes.append(f"no mixed plan found costs fewer bytes than {verdict}, which passes")
-    elif verdict == "none":
-        result.chosen = "none"
-        result.notes.append(
-            f"no plan among {', '.join(o.label for o in arms.options)} per module passed the gate's limits on the "
-            f"selection sequences{' but every module as loaded' if passed else ''}; keep the weights as loaded, or "
-            "widen the options (--bits, --group-sizes)"
-        )
+    settle(
+        result,
+        verdict,
+        o,
+        f"no plan among {', '.join(o.label for o in arms.options)} per module passed the gate's limits on the "
+        f"selection sequences{' but every module as loaded' if passed else ''}; keep the weights as loaded, or "
+        "widen the options (--bits, --group-sizes)",
+    )
     return result

@@ -15,7 +15,7 @@ import contextlib
 import io
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from mlx_lm.convert import mixed_quant_predicate_builder
@@ -23,15 +23,11 @@ from mlx_lm.quant.dynamic_quant import estimate_sensitivities
 
 from ..levers.weights import quantization_block
 from ..stats.kl_stats import KLStats
-from .plan_cache import SearchCache
-from .plan_frontier import DEFAULT_POINTS, Frontier, PlanWords, trace_path
+from .plan_frontier import FULL_REACH, Frontier, PlanWords, Reach, trace_path
 from .plan_gate import GateSpec
 from .plan_kv import PLAIN_OPTION, Option, greedy_plan
 from .plan_verify import round_lines, uniform_lines, verdict_lines
 from .plan_weights import (
-    WEIGHT_BITS,
-    WEIGHT_GROUPS,
-    WEIGHT_SELECTION,
     WeightArms,
     WeightSensitivities,
     WeightsPlanSearch,
@@ -68,16 +64,12 @@ def search_weights_plan(
     tokenizer: Any,
     gate: GateSpec,
     *,
-    bits: Sequence[int] = WEIGHT_BITS,
-    groups: Sequence[int] = WEIGHT_GROUPS,
-    selection: int = WEIGHT_SELECTION,
-    long: int | None = None,
     compare: bool = True,
     say: Callable[[str], None] = lambda _: None,
-    cache: SearchCache | None = None,
+    **asked: Any,
 ) -> WeightsPlanSearch:
-    """The search on `model` (`plan_weights`); with `long`, each round's plan is measured at that length too;
-    with `compare`, mlx_lm's plans beside it."""
+    """The search on `model` (`plan_weights`; `asked`: `weight_arms`' options: with `long`, each round's
+    plan is measured at that length too); with `compare`, mlx_lm's plans beside it."""
 
     def search(arms: WeightArms, sens: WeightSensitivities) -> WeightsPlanSearch:
         result = choose_weights_plan(arms, sens, gate.limits)
@@ -85,30 +77,18 @@ def search_weights_plan(
             result.comparisons = compare_with_recipes(arms, sens, result, say=say)
         return result
 
-    return _timed(
-        model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say, cache=cache
-    )
+    return _timed(model, tokenizer, gate, search, say=say, **asked)
 
 
 R = TypeVar("R", WeightsPlanSearch, Frontier)
 
 
 def _timed(
-    model: Any,
-    tokenizer: Any,
-    gate: GateSpec,
-    search: Callable[[WeightArms, WeightSensitivities], R],
-    *,
-    bits: Sequence[int],
-    groups: Sequence[int],
-    selection: int,
-    long: int | None,
-    say: Callable[[str], None],
-    cache: SearchCache | None = None,
+    model: Any, tokenizer: Any, gate: GateSpec, search: Callable[[WeightArms, WeightSensitivities], R], **asked: Any
 ) -> R:
-    """`search(arms, sensitivities)` inside `weight_arms`, its selection count and seconds (setup included) set."""
+    """`search(arms, sensitivities)` inside `weight_arms` (`asked`: its options), its selection count and
+    seconds (setup included) set."""
     started = time.perf_counter()
-    asked: dict[str, Any] = dict(bits=bits, groups=groups, selection=selection, long=long, say=say, cache=cache)
     with weight_arms(model, tokenizer, gate, **asked) as arms:
         result = search(arms, measure_weight_sensitivities(arms, gate.limits))
         result.selection = arms.selection
@@ -127,18 +107,7 @@ WEIGHT_WORDS = PlanWords(
 
 
 def search_weights_frontier(
-    model: Any,
-    tokenizer: Any,
-    gate: GateSpec,
-    *,
-    bits: Sequence[int] = WEIGHT_BITS,
-    groups: Sequence[int] = WEIGHT_GROUPS,
-    selection: int = WEIGHT_SELECTION,
-    long: int | None = None,
-    points: int = DEFAULT_POINTS,
-    budget_bytes: float | None = None,
-    say: Callable[[str], None] = lambda _: None,
-    cache: SearchCache | None = None,
+    model: Any, tokenizer: Any, gate: GateSpec, reach: Reach = FULL_REACH, **asked: Any
 ) -> Frontier:
     """`plan weights --frontier`: the sensitivities, then `plan_frontier.trace_path` over the modules, every
     plan priced in the model's weight bytes; the answer is the cheapest that passes on the selection (or the
@@ -157,14 +126,12 @@ def search_weights_frontier(
             price=arms.plan_bytes,
             plain=arms.plan_bytes({p: PLAIN_OPTION for p in arms.units}),
             sensitivity=sens.sensitivity,
-            points=points,
-            budget_bytes=budget_bytes,
+            points=reach.points,
+            budget_bytes=reach.budget_bytes,
             words=WEIGHT_WORDS,
         )
 
-    return _timed(
-        model, tokenizer, gate, search, bits=bits, groups=groups, selection=selection, long=long, say=say, cache=cache
-    )
+    return _timed(model, tokenizer, gate, search, **asked)
 
 
 def recipe_plan(arms: WeightArms, recipe: str, group_size: int = 64) -> dict[str, Option]:

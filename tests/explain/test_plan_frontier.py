@@ -197,7 +197,7 @@ def test_drift(paired):
 def test_a_frontier_on_a_real_model_measures_plans_apart_and_alike(tiny_kv_model_dir: Path, tmp_path: Path) -> None:
     import mlx_lm
 
-    from pytest_mlxgate.explain.plan_frontier import search_frontier
+    from pytest_mlxgate.explain.plan_frontier import Reach, search_frontier
     from pytest_mlxgate.explain.plan_gate import read_gate
 
     model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
@@ -205,7 +205,7 @@ def test_a_frontier_on_a_real_model_measures_plans_apart_and_alike(tiny_kv_model
     path.write_text(GATE)
     said: list[str] = []
     frontier = search_frontier(
-        model, tokenizer, read_gate(path), bits=(2, 8), groups=(64,), selection=2, apart=True, points=8, say=said.append
+        model, tokenizer, read_gate(path), Reach(8), bits=(2, 8), groups=(64,), selection=2, apart=True, say=said.append
     )
     assert frontier.selection == 2 and frontier.seconds > 0
     assert {"uniform 2-bit g64", "uniform 8-bit g64", "uniform K8/V2 g64"} <= {p.source for p in frontier.points}

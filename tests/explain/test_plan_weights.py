@@ -533,6 +533,7 @@ def test_mlx_lm_s_plans_stand_beside_ours_each_with_its_own_figures(tiny_kv_mode
     import mlx_lm
     from plan_gates import weights_gate_spec
 
+    from pytest_mlxgate.explain.plan_frontier import Reach
     from pytest_mlxgate.explain.plan_weights_compare import (
         search_weights_frontier,
         search_weights_plan,
@@ -566,7 +567,7 @@ def test_mlx_lm_s_plans_stand_beside_ours_each_with_its_own_figures(tiny_kv_mode
     assert counted == sorted(counted, reverse=True)  # the most common option first
     assert "  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):" in summary
     assert any(line.startswith("    uniform 4-bit g64: ") for line in summary)  # each comparison indented under it
-    frontier = search_weights_frontier(model, tokenizer, gate, bits=(4, 8), groups=(64,), selection=2, points=2)
+    frontier = search_weights_frontier(model, tokenizer, gate, Reach(2), bits=(4, 8), groups=(64,), selection=2)
     assert frontier.points and frontier.selection == 2 and frontier.seconds > 0
 
 
