@@ -17,9 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
-#: A page of records, not of usage: its text quotes mutants and old commands as they were.
-RECORDS = {"mutation-testing.md"}
-USAGE = [p for p in PAGES if p.name not in RECORDS]
 
 
 def _blocks(page: Path, language: str) -> list[str]:
@@ -39,7 +36,7 @@ def test_the_readme_lists_every_docs_page_and_each_one_exists() -> None:
 
 def test_every_link_between_pages_reaches_a_page_and_its_heading() -> None:
     missing = []
-    for page in USAGE:
+    for page in PAGES:
         for target, anchor in re.findall(r"\]\(((?:docs/)?[\w-]+\.md)(?:#([\w-]+))?\)", page.read_text()):
             path = (ROOT / target) if target.startswith("docs/") else (page.parent / target)
             if not path.exists():
@@ -59,7 +56,7 @@ def test_every_mlx_option_the_pages_name_exists() -> None:
     flags = {o.flag for o in OPTIONS}
     unknown = {
         f"{_named(page)}: {flag}"
-        for page in USAGE
+        for page in PAGES
         for flag in re.findall(r"(?<![\w-])--mlx-[a-z0-9-]*[a-z0-9]", page.read_text())
         if flag not in flags
     }
@@ -79,7 +76,7 @@ def test_every_mlxgate_command_the_pages_show_exists_with_its_flags() -> None:
     from pytest_mlxgate.cli import _parser
 
     shown, wrong = 0, []
-    for page in USAGE:
+    for page in PAGES:
         for block in _blocks(page, "bash"):
             for line in block.splitlines():
                 if not line.startswith("mlxgate "):
@@ -102,7 +99,7 @@ def test_every_marker_and_package_name_the_examples_use_exists() -> None:
     from pytest_mlxgate.plugin import MARKERS
 
     markers = {line.split("(")[0].split(":")[0] for line in MARKERS}
-    examples = [(page, block) for page in USAGE for block in _blocks(page, "python")]
+    examples = [(page, block) for page in PAGES for block in _blocks(page, "python")]
     assert len(examples) >= 4
     for page, block in examples:
         tree = ast.parse(block, filename=_named(page))  # every example parses
@@ -119,7 +116,7 @@ def test_every_marker_and_package_name_the_examples_use_exists() -> None:
 def _gate_modules() -> list[tuple[str, str]]:
     return [
         (f"{_named(page)} example {i}", block)
-        for page in USAGE
+        for page in PAGES
         for i, block in enumerate(_blocks(page, "python"), 1)
         if "pytestmark" in block
         and "def test_" in block

@@ -1,5 +1,5 @@
 """Every mutant of one function against the tests you name, for `./dev mutate --function FUNC TESTS...`:
-how the verdict folders' tests are written to a kill rate (docs/mutation-testing.md). A sampled
+how the verdict folders' tests are written to a kill rate (benchmarks/mutation-log.md). A sampled
 survivor is one mutant of a function; the tests that kill the rest of its function are found by
 running them all, which takes minutes, not the sample's hour.
 

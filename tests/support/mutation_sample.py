@@ -13,7 +13,7 @@ module size beside it.
                                                                # when its lower bound is under the bar
 
 The mutation score leaves out the equivalent mutants (no input tells them from the code): DOC (by
-default docs/mutation-testing.md) names them, one triage line each, `NAME`: E: the reason. The report
+default benchmarks/mutation-log.md) names them, one triage line each, `NAME`: E: the reason. The report
 gives the raw share of the sample beside the score, so what the triage removed stays in view.
 """
 
@@ -32,7 +32,7 @@ from mutmut.stats import status_by_exit_code
 from pytest_mlxgate.stats.intervals import wilson_lower
 
 MUTANTS = Path("mutants")
-TRIAGE = Path("docs/mutation-testing.md")
+TRIAGE = Path("benchmarks/mutation-log.md")
 #: A triage line that calls a mutant equivalent: the name in backticks (the package prefix may be left
 #: out), then `E:` and a reason.
 _EQUIVALENT = re.compile(r"`(?:pytest_mlxgate\.)?([^`\s]+__mutmut_\d+)`: E(?: in practice)?: \S")
