@@ -562,7 +562,7 @@ def test_mlx_lm_s_plans_stand_beside_ours_each_with_its_own_figures(tiny_kv_mode
     assert "ours" in found.comparisons[1]  # every plan on our path fits within uniform 8-bit's bytes
     assert "ours" in found.comparisons[0]  # and our path starts at each module's cheapest: within 4-bit's too
     summary = weights_summary(found)
-    counted = [int(n) for n in re.findall(r"(\d+) modules ", summary[0])]
+    counted = [int(n) for n in re.findall(r"(\d+) modules? ", summary[0])]
     assert summary[0].startswith(f"plan ({found.chosen}): ") and sum(counted) == len(found.plan)
     assert counted == sorted(counted, reverse=True)  # the most common option first
     assert "  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):" in summary
@@ -616,3 +616,144 @@ def test_ours_at_their_bytes_starts_from_each_module_s_cheapest_option_it_may_ta
     for row in rows:
         assert ("ours" in row) == (row["bytes"] >= start), (row["name"], row["bytes"], start)
         assert "ours" not in row or start <= row["ours"]["bytes"] <= row["bytes"]
+
+
+def _hand_made_search() -> Any:
+    """A weights search as a reader meets it: a mixed plan (a module as loaded, one 4-bit, two 8-bit), two
+    uniform plans, two rounds (the second passing at the long context too), one comparison, a note, verified."""
+    from pytest_mlxgate.explain.plan_weights import WeightsPlanSearch, weights_spec
+
+    plan = {
+        "model.embed_tokens": PLAIN_OPTION,
+        "model.layers.0.mlp.down_proj": Option(4, 64),
+        "model.layers.0.self_attn.q_proj": Option(8, 64),
+        "model.layers.1.self_attn.q_proj": Option(8, 64),
+    }
+    return WeightsPlanSearch(
+        plan=plan,
+        spec=weights_spec(plan, plan),
+        bytes=1.5e6,
+        plain_bytes=6e6,
+        uniform=[
+            {"option": "4-bit g64", "mean": 0.031, "mean_ci": [0.02, 0.04], "passes": False, "bytes": 1.2e6},
+            {"option": "8-bit g64", "mean": 2e-4, "mean_ci": [1e-4, 3e-4], "passes": True, "bytes": 1.8e6},
+        ],
+        rounds=[
+            {
+                "target": 1e-3,
+                "predicted": 9e-4,
+                "mean": 1.2e-3,
+                "mean_ci": [8e-4, 1.6e-3],
+                "verdict": "fail",
+                "checks": {"mean": "fail", "top1": "pass"},
+                "bytes": 1.4e6,
+            },
+            {
+                "target": 5e-4,
+                "predicted": 4e-4,
+                "mean": 4e-4,
+                "mean_ci": [3e-4, 5e-4],
+                "verdict": "pass",
+                "checks": {"mean": "pass"},
+                "bytes": 1.5e6,
+                "long": {"mean": 6e-4, "mean_ci": [4e-4, 8e-4], "verdict": "pass"},
+            },
+        ],
+        probe="4-bit g64",
+        passed_selection=True,
+        chosen="mixed",
+        selection=4,
+        seconds=61.4,
+        comparisons=[
+            {
+                "name": "mlx_lm mixed_4_6",
+                "bytes": 1.6e6,
+                "held_out": {"mean": 8e-4},
+                "ours": {"bytes": 1.5e6, "held_out": {"mean": 4e-4}},
+            }
+        ],
+        sensitivity={"model.layers.0.self_attn.q_proj": 2e-4, "model.layers.0.mlp.down_proj": 1e-3},
+        verification={
+            "verified": True,
+            "tokens": 16,
+            "verdicts": {"g.py::test_drift": "pass"},
+            "long": {"tokens": 64, "verdicts": {"g.py::test_drift": "pass"}},
+        },  # fmt: skip
+        notes=["a note"],
+    )
+
+
+def test_a_weights_search_reads_whole_in_its_json() -> None:
+    """Every field under its own name, the plan as mlx_lm's quantization block (an as-loaded module `False`),
+    the sensitivities sorted by module."""
+    found = _hand_made_search()
+    assert found.to_json() == {
+        "quantization": {
+            "bits": 8,
+            "group_size": 64,
+            "mode": "affine",
+            "model.embed_tokens": False,
+            "model.layers.0.mlp.down_proj": {"bits": 4, "group_size": 64, "mode": "affine"},
+            "model.layers.0.self_attn.q_proj": {"bits": 8, "group_size": 64, "mode": "affine"},
+            "model.layers.1.self_attn.q_proj": {"bits": 8, "group_size": 64, "mode": "affine"},
+        },
+        "bytes": 1.5e6,
+        "plain_bytes": 6e6,
+        "chosen": "mixed",
+        "probe": "4-bit g64",
+        "uniform": found.uniform,
+        "rounds": found.rounds,
+        "comparisons": found.comparisons,
+        "passed_selection": True,
+        "selection_sequences": 4,
+        "sensitivity": {"model.layers.0.mlp.down_proj": 1e-3, "model.layers.0.self_attn.q_proj": 2e-4},
+        "seconds": 61.4,
+        "verification": found.verification,
+        "notes": ["a note"],
+    }
+    assert list(found.to_json()["sensitivity"]) == sorted(found.sensitivity)
+
+
+def test_a_weights_search_reads_whole_in_words() -> None:
+    """The summary a user reads, line by line: the plan counted by option (most common first, one module
+    said as one), its share of the weights as loaded, the uniform plans, the rounds, mlx_lm's plan beside
+    ours, the note, the verification and the time."""
+    from pytest_mlxgate.explain.plan_weights_compare import weights_summary
+
+    assert weights_summary(_hand_made_search()) == [
+        "plan (mixed): 2 modules 8-bit g64, 1 module as loaded, 1 module 4-bit g64 · 1,500,000 weight bytes "
+        "(25.0% of the weights as loaded)",
+        "  sensitivities: each module alone at 4-bit g64, scaled by its own quantization error per option",
+        "  uniform 4-bit g64: mean KL 0.031 on the selection, does not pass · 0.800x the plan's bytes",
+        "  uniform 8-bit g64: mean KL 0.0002 on the selection, passes · 1.200x the plan's bytes",
+        "  round 1: predicted 0.0009 <= target 0.001; measured mean KL 0.0012 [0.0008, 0.0016] (mean fail) -> fail "
+        "on 4 selection sequences",
+        "  round 2: predicted 0.0004 <= target 0.0005; measured mean KL 0.0004 [0.0003, 0.0005], at the long "
+        "context 0.0006 (pass) -> pass on 4 selection sequences",
+        "  beside mlx_lm's plans, at their bytes (mean KL on the gate's own prompts):",
+        "    mlx_lm mixed_4_6: 1,600,000 B, mean KL 0.0008 on the gate's prompts · ours within its bytes: "
+        "1,500,000 B, 0.0004 (0.50x, lower)",
+        "  note: a note",
+        "  VERIFIED: passes the gate on its own (held-out) prompts at 16 tokens: {'g.py::test_drift': 'pass'}; and "
+        "at 64 tokens: {'g.py::test_drift': 'pass'}",
+        "  took 61 s",
+    ]
+
+
+def test_a_weights_search_asked_for_a_long_context_measures_each_passing_round_there(
+    tiny_kv_model_dir: Path,
+) -> None:
+    """`long`: the round whose plan passes on the selection is measured again at that many tokens, and the
+    round says so with its figure; without it, no round has one."""
+    import mlx_lm
+    from plan_gates import weights_gate_spec
+
+    from pytest_mlxgate.explain.plan_weights_compare import search_weights_plan
+
+    model, tokenizer = mlx_lm.load(str(tiny_kv_model_dir))[:2]
+    gate = weights_gate_spec(tiny_kv_model_dir.parent)
+    asked: dict[str, Any] = dict(bits=(4, 8), groups=(64,), selection=2, compare=False)
+    longer = search_weights_plan(model, tokenizer, gate, long=24, **asked)
+    passing = [r for r in longer.rounds if r["verdict"] == "pass" or "long" in r]
+    assert passing and all(set(r["long"]) == {"mean", "mean_ci", "verdict"} for r in passing), longer.rounds
+    assert all("long" not in r for r in search_weights_plan(model, tokenizer, gate, **asked).rounds)
