@@ -508,3 +508,80 @@ def test_a_plan_that_fails_only_its_capability_tests_says_so_with_their_figures(
     assert lines[1] == "    gsm8k 0.4 [bound 0.3 vs 0.5] fail"
     short = verification_lines({"tokens": 128, "long": None, "capability": tasks, "verified": False})
     assert "at 128 tokens but not its capability tests" in short[0]
+
+
+_MEAN = {"key": "mean", "value": 1.05e-3, "upper": 1.57e-3, "lower": 8e-4, "direction": "max", "limit": 2e-3}
+_TOP1 = {"key": "top1", "value": 0.91, "lower": 0.9, "upper": 0.93, "direction": "min", "limit": 0.95}
+_PASS, _FAIL = {"g.py::test_drift": "pass"}, {"g.py::test_drift": "fail"}
+_TASKS = {"g.py::test_tasks": "pass"}
+_TOP1_FAILS = {**_TOP1, "verdict": "fail"}
+
+
+@pytest.mark.parametrize(
+    ("verification", "lines"),
+    [
+        (
+            {"verified": False, "tokens": 16, "verdicts": _PASS, "long": {"tokens": 64, "verdicts": _PASS},
+             "capability": {"verified": False, "verdicts": {}, "checks": [_TOP1_FAILS], "reason": "r"}},
+            ["  NOT verified: passes the gate's KL tests at 16 tokens and at 64 tokens but not its capability tests: "
+             "no verdict", "    top1 0.91 [bound 0.9 vs 0.95] fail", "    why: r"],
+        ),
+        (
+            {"verified": False, "tokens": 16, "verdicts": _PASS, "long": None,
+             "capability": {"verified": False, "verdicts": {"g.py::test_tasks": "fail"}}},
+            ["  NOT verified: passes the gate's KL tests at 16 tokens but not its capability tests: "
+             "{'g.py::test_tasks': 'fail'}", "    no checks"],
+        ),
+        (
+            {"verified": True, "tokens": 16, "verdicts": _PASS, "long": None},
+            ["  VERIFIED: passes the gate on its own (held-out) prompts at 16 tokens: {'g.py::test_drift': 'pass'} "
+             "(not checked at a long context: --long-tokens 0)"],
+        ),
+        (
+            {"verified": True, "tokens": 16, "verdicts": _PASS, "long": {"tokens": 64, "verdicts": _PASS},
+             "capability": {"verified": True, "verdicts": _TASKS}},
+            ["  VERIFIED: passes the gate on its own (held-out) prompts at 16 tokens: {'g.py::test_drift': 'pass'}; "
+             "and at 64 tokens: {'g.py::test_drift': 'pass'}; and its capability tests: {'g.py::test_tasks': 'pass'}"],
+        ),
+        (
+            {"verified": False, "tokens": 16, "verdicts": _FAIL, "reason": "r",
+             "checks": [{**_MEAN, "verdict": "pass"}, {**_TOP1, "verdict": "fail"}]},
+            ["  NOT verified: does not pass the gate on its own (held-out) prompts at 16 tokens: "
+             "{'g.py::test_drift': 'fail'}",
+             "    mean 0.00105 [bound 0.00157 vs 0.002] pass; top1 0.91 [bound 0.9 vs 0.95] fail", "    why: r"],
+        ),
+        (
+            {"verified": False, "verdicts": _FAIL},
+            ["  NOT verified: does not pass the gate on its own (held-out) prompts: {'g.py::test_drift': 'fail'}",
+             "    no checks"],
+        ),
+        (
+            {"verified": False, "tokens": 16, "verdicts": _PASS, "checks": [{**_MEAN, "verdict": "pass"}],
+             "long": {"tokens": 64, "verdicts": _FAIL, "checks": [{**_TOP1, "verdict": "fail"}], "reason": "r"}},
+            ["  NOT verified: passes the gate at 16 tokens but not at 64 tokens: a plan for short contexts only, not "
+             "returned", "    at 16 tokens: mean 0.00105 [bound 0.00157 vs 0.002] pass",
+             "    at 64 tokens: top1 0.91 [bound 0.9 vs 0.95] fail", "    why: r"],
+        ),
+    ],
+    ids=["tasks-fail-long", "tasks-fail", "verified-short", "verified-all", "short-fails", "no-tokens", "long-fails"],
+)  # fmt: skip
+def test_every_verification_reads_whole_in_words(verification: dict[str, Any], lines: list[str]) -> None:
+    """Each way a verification ends, line by line: which runs passed, the figures of the one that did not
+    (the bound a check compares: the upper for a maximum, the lower for a minimum) and why it is no verdict."""
+    from pytest_mlxgate.explain.plan_verify import verification_lines
+
+    assert verification_lines(verification) == lines
+
+
+def test_a_search_s_closing_lines_say_what_was_verified_and_what_it_took() -> None:
+    """Not asked to verify: said, with what to do (never where nothing was chosen); a check without a figure
+    or a bound reads "-"; the time in whole seconds."""
+    from pytest_mlxgate.explain.plan_verify import check_figures, verdict_lines
+
+    assert verdict_lines(None, "mixed", 3.4) == [
+        "  not verified (--no-verify): passed on the selection only; run the gate on it before use",
+        "  took 3 s",
+    ]
+    assert verdict_lines(None, "none", 0.6) == ["  took 1 s"]
+    unseen = {"key": "p99", "value": None, "direction": "max", "limit": 50, "verdict": "inconclusive"}
+    assert check_figures([unseen]) == "p99 - [bound - vs 50] inconclusive"

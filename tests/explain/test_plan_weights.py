@@ -757,3 +757,14 @@ def test_a_weights_search_asked_for_a_long_context_measures_each_passing_round_t
     passing = [r for r in longer.rounds if r["verdict"] == "pass" or "long" in r]
     assert passing and all(set(r["long"]) == {"mean", "mean_ci", "verdict"} for r in passing), longer.rounds
     assert all("long" not in r for r in search_weights_plan(model, tokenizer, gate, **asked).rounds)
+
+
+def test_a_weights_frontier_point_is_written_as_mlx_lm_s_quantization_block() -> None:
+    """A point on `plan weights --frontier` is written as the search's plan is: the most common option the
+    default, every module its own entry, one kept as loaded `False`."""
+    from pytest_mlxgate.explain.plan_weights import WeightsPlanSearch
+    from pytest_mlxgate.explain.plan_weights_compare import WEIGHT_WORDS
+
+    found: WeightsPlanSearch = _hand_made_search()
+    assert WEIGHT_WORDS.config_key == "quantization"
+    assert WEIGHT_WORDS.config_of(found.plan) == found.config() == found.to_json()["quantization"]
