@@ -498,8 +498,10 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
         # plans), halfway between uniform 6- and 8-bit
         halfway = sum(arms.plan_bytes(arms.uniform(Option(b, 64))) for b in (6, 8)) / 2
         for result, budget in ((uniform, halfway), *(((alone, alone.bytes),) if alone.chosen == "mixed" else ())):
-            rows = {r["name"]: r for r in compare_with_recipes(arms, sens, result)}
+            said: list[str] = []
+            rows = {r["name"]: r for r in compare_with_recipes(arms, sens, result, say=said.append)}
             assert rows["mlx_lm dynamic_quant 4/8"]["bytes"] <= budget
+            assert said == [f"plan weights: mlx_lm dynamic_quant 4->8 bits within {budget:,.0f} bytes"]
             if result is uniform:  # halfway to 8-bit is room to upgrade modules past 4-bit
                 assert rows["mlx_lm dynamic_quant 4/8"]["bytes"] > arms.plan_bytes(arms.uniform(Option(4, 64)))
             assert set(rows) >= {"uniform 4-bit g64", "uniform 8-bit g64", "mlx_lm mixed_4_6"}
@@ -552,6 +554,10 @@ def test_mlx_lm_s_plans_stand_beside_ours_each_with_its_own_figures(tiny_kv_mode
         "mlx_lm dynamic_quant 4/8",
     ]
     assert any("mlx_lm dynamic_quant 4->8 bits within" in s for s in said)
+    for row in found.comparisons:  # each plan measured under its own name, ours under the name of theirs
+        named = [f"plan weights: compare: {row['name']} (selection)"]
+        named += [f"plan weights: compare: ours within {row['name']}'s bytes (selection)"] if "ours" in row else []
+        assert all(any(s.startswith(n) for s in said) for n in named), (named, said)
     for row in found.comparisons:
         assert row["bytes"] > 0 and set(row) <= {"name", "bytes", "selection", "held_out", "ours"}
         for part in (row["selection"], row["held_out"], *((row["ours"]["held_out"],) if "ours" in row else ())):
@@ -768,3 +774,33 @@ def test_a_weights_frontier_point_is_written_as_mlx_lm_s_quantization_block() ->
     found: WeightsPlanSearch = _hand_made_search()
     assert WEIGHT_WORDS.config_key == "quantization"
     assert WEIGHT_WORDS.config_of(found.plan) == found.config() == found.to_json()["quantization"]
+
+
+def test_on_a_model_without_down_proj_mlx_lm_s_recipes_are_named_not_measured(tmp_path: Path) -> None:
+    """A tiny random GPT-2 (mlx_lm's own class: its MLP is c_fc/c_proj): the search plans its modules, its
+    uniform and dynamic_quant comparisons stand, and each mixed recipe, which needs down_proj, is said not
+    measured with mlx_lm's reason; never a traceback."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import gpt2
+    from plan_gates import weights_gate_spec
+    from tinymodel import write_snapshot
+
+    from pytest_mlxgate.explain.plan_weights_compare import search_weights_plan
+
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_ctx": 256, "n_positions": 256,
+              "n_embd": 64, "n_head": 4, "n_layer": 2, "layer_norm_epsilon": 1e-5, "vocab_size": 49152,
+              "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32"}  # fmt: skip
+    mx.random.seed(0)
+    built = gpt2.Model(gpt2.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    folder = write_snapshot(tmp_path / "gpt2", config, dict(tree_flatten(built.parameters())))
+    model, tokenizer = mlx_lm.load(str(folder))[:2]
+    found = search_weights_plan(model, tokenizer, weights_gate_spec(tmp_path), bits=(4, 8), groups=(64,), selection=2)
+    assert not any("down_proj" in p for p in found.plan) and any("c_fc" in p for p in found.plan)
+    names = [r["name"] for r in found.comparisons]
+    assert names == ["uniform 4-bit g64", "uniform 8-bit g64", "mlx_lm dynamic_quant 4/8"]
+    assert [n for n in found.notes if n.startswith("mlx_lm mixed")] == [
+        f"mlx_lm {recipe}: not measured (Model does not have expected keys for mixed quant.)"
+        for recipe in ("mixed_3_6", "mixed_4_6")
+    ]
