@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -55,6 +55,7 @@ __all__ = [
     "WeightArms",
     "WeightsPlanSearch",
     "check_weight_options",
+    "probe_option",
     "quantizable_units",
     "weights_spec",
 ]
@@ -327,16 +328,25 @@ def measure_weight_sensitivities(arms: WeightArms, limits: Mapping[str, float]) 
         for o in arms.options:
             if u.allows(o):
                 errors[(p, o)] = float(mx.sum(mx.square(w - _qdq(w, o))))
-    whole = [o for o in arms.options if all(u.allows(o) for u in arms.units.values())] or arms.options
-    calm = [o for o in whole if stats_of[o].mean <= PROBE_MEAN]
-    price = lambda o: o.bytes_per_value(arms.itemsize)  # noqa: E731
-    probe = min(calm, key=price) if calm else max(whole, key=price)  # none calm: the least drift there is
+    probe = probe_option(arms.options, arms.units.values(), {o: s.mean for o, s in stats_of.items()}, arms.itemsize)
     sensitivity = {
         p: arms.measure({p: probe}, f"module {k + 1}/{len(arms.units)} alone at {probe.label}: {p}").mean
         for k, p in enumerate(arms.units)
         if arms.units[p].allows(probe)
     }
     return WeightSensitivities(probe, uniform, stats_of, sensitivity, errors)
+
+
+def probe_option(
+    options: Sequence[Option], units: Collection[Unit], means: Mapping[Option, float], itemsize: int
+) -> Option:
+    """The option each module is measured alone at: the cheapest whose uniform plan's mean KL is at most
+    `PROBE_MEAN`, among those every module may take (any, where none is); none that calm, the dearest (the
+    least drift there is)."""
+    whole = [o for o in options if all(u.allows(o) for u in units)] or list(options)
+    calm = [o for o in whole if means[o] <= PROBE_MEAN]
+    price = lambda o: o.bytes_per_value(itemsize)  # noqa: E731
+    return min(calm, key=price) if calm else max(whole, key=price)
 
 
 @dataclass

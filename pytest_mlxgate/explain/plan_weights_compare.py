@@ -253,9 +253,7 @@ def weights_summary(result: WeightsPlanSearch) -> list[str]:
     share = result.bytes / result.plain_bytes if result.plain_bytes else math.nan
     lines = [
         f"plan ({result.chosen}): "
-        + ", ".join(
-            f"{n} module{'s' * (n != 1)} {label}" for label, n in sorted(counts.items(), key=lambda kv: -kv[1])
-        )
+        + ", ".join(f"{n} module{'s' * (n != 1)} {label}" for label, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         + f" · {result.bytes:,.0f} weight bytes ({share:.1%} of the weights as loaded)",
         f"  sensitivities: each module alone at {result.probe}, scaled by its own quantization error per option",
     ]

@@ -804,3 +804,30 @@ def test_on_a_model_without_down_proj_mlx_lm_s_recipes_are_named_not_measured(tm
         f"mlx_lm {recipe}: not measured (Model does not have expected keys for mixed quant.)"
         for recipe in ("mixed_3_6", "mixed_4_6")
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    means=st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=3, max_size=3),
+    width=st.sampled_from([64, 96, 128]),
+)
+def test_the_probe_is_the_cheapest_calm_option_every_module_takes_or_else_the_dearest(
+    means: list[float], width: int
+) -> None:
+    """Whatever the uniform means: the probe is an option every module may take; the cheapest of those whose
+    mean is at most PROBE_MEAN; with none that calm, the dearest of them (the least drift there is)."""
+    from pytest_mlxgate.explain.plan_weights import PROBE_MEAN, Unit, probe_option
+
+    options = [Option(2, 64), Option(4, 128), Option(8, 32)]
+    units = [Unit("a", (8, 64)), Unit("b", (8, width))]
+    by_option = dict(zip(options, means, strict=True))
+    probe = probe_option(options, units, by_option, 4)
+    # a 64-wide module takes no group of 128, a 96-wide one none of 64 either
+    whole = [Option(8, 32)] if width == 96 else [Option(2, 64), Option(8, 32)]
+    price = {o: o.bytes_per_value(4) for o in options}
+    calm = [o for o in whole if by_option[o] <= PROBE_MEAN]
+    assert probe in whole
+    if calm:
+        assert by_option[probe] <= PROBE_MEAN and all(price[probe] <= price[o] for o in calm)
+    else:
+        assert all(price[probe] >= price[o] for o in whole)
