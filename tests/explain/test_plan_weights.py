@@ -243,20 +243,27 @@ def test_the_drift_model_scales_by_each_module_s_own_error_and_never_buys_what_i
 
 
 def test_the_model_s_own_quant_predicate_keeps_its_float_modules_out_of_the_plan(tiny_kv_model_dir: Path) -> None:
+    """The modules a plan covers are exactly those mlx_lm's converter quantizes (`quantize_model`, the oracle)
+    where the model's own predicate keeps some float: its embedding and one projection mid-model."""
+    from mlx.utils import tree_flatten
     from mlx_lm.models import llama
+    from mlx_lm.utils import quantize_model
 
     from pytest_mlxgate.explain.plan_weights import quantizable_units
 
-    class KeepsItsEmbedding(llama.Model):  # type: ignore[misc]
+    class KeepsSomeFloat(llama.Model):  # type: ignore[misc]
         @property
         def quant_predicate(self) -> Any:
-            return lambda path, _m: "embed_tokens" not in path
+            return lambda path, _m: "embed_tokens" not in path and path != "model.layers.1.mlp.down_proj"
 
     config = json.loads((tiny_kv_model_dir / "config.json").read_text())
-    model = KeepsItsEmbedding(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    model = KeepsSomeFloat(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
     units, _, fixed = quantizable_units(model)
-    assert "model.embed_tokens" not in units and "model.layers.0.mlp.up_proj" in units
+    assert "model.embed_tokens" not in units and "model.layers.1.mlp.down_proj" not in units
     assert fixed >= model.model.embed_tokens.weight.nbytes
+    quantized, _ = quantize_model(model, {}, 64, 8)
+    scaled = {p.rsplit(".", 1)[0] for p, _ in tree_flatten(quantized.parameters()) if p.endswith(".scales")}
+    assert set(units) == scaled
     assert "model.embed_tokens" in quantizable_units(llama.Model(llama.ModelArgs.from_dict(config)))[0]  # type: ignore[no-untyped-call]
 
 
