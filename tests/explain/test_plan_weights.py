@@ -838,3 +838,13 @@ def test_the_probe_is_the_cheapest_calm_option_every_module_takes_or_else_the_de
         assert by_option[probe] <= PROBE_MEAN and all(price[probe] <= price[o] for o in calm)
     else:
         assert all(price[probe] >= price[o] for o in whole)
+
+
+def test_a_module_takes_a_group_size_that_divides_its_rows_whatever_its_rank() -> None:
+    """mlx_lm quantizes along the last axis: a 2-D projection's inputs, and an MoE layer's stacked experts
+    (experts, outputs, inputs) too."""
+    from pytest_mlxgate.explain.plan_weights import Unit
+
+    experts = Unit("model.layers.0.mlp.switch_mlp.down_proj", (8, 64, 96))
+    assert [experts.allows(Option(4, g)) for g in (32, 64, 128)] == [True, False, False]
+    assert experts.allows(PLAIN_OPTION) and Unit("p", (96, 128)).allows(Option(4, 128))
