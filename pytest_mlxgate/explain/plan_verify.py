@@ -27,6 +27,7 @@ from .plan_gate import GateSpec
 __all__ = [
     "LONG_FACTOR",
     "long_context",
+    "report_beside",
     "round_lines",
     "uniform_lines",
     "verdict_lines",
@@ -70,14 +71,14 @@ def verify_plan(
         return short
     result = short
     if long is not None:
-        at_length = report.with_name(f"{report.stem}.long{report.suffix or '.json'}")
+        at_length = report_beside(report, "long")
         longer = _run_gate(gate, plan_file, report=at_length, tokens=long, tests=gate.kl_tests, **runs)
         result = {**short, "verified": bool(longer["verified"]), "long": {**longer, "tokens": long}}
     if not result["verified"] or not gate.capability_tests:
         return result
     if not capability:
         return {**result, "capability": "not run"}
-    tasks = report.with_name(f"{report.stem}.capability{report.suffix or '.json'}")
+    tasks = report_beside(report, "capability")
     ran = _run_gate(gate, plan_file, report=tasks, tokens=None, tests=gate.capability_tests, **runs)
     return {**result, "verified": bool(ran["verified"]), "capability": ran}
 
@@ -159,6 +160,12 @@ def _report_records(report: Path) -> list[Record]:
         return read_report(report).gates
     except MergeError:
         return []
+
+
+def report_beside(report: Path, run: str) -> Path:
+    """Where a verification's second run (`long`, `capability`) writes its report: beside the first, named
+    for the run (`r.json` -> `r.long.json`; a name without a suffix gets `.json`)."""
+    return report.with_name(f"{report.stem}.{run}{report.suffix or '.json'}")
 
 
 def check_figures(checks: Sequence[Mapping[str, Any]]) -> str:

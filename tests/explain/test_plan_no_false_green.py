@@ -585,3 +585,18 @@ def test_a_search_s_closing_lines_say_what_was_verified_and_what_it_took() -> No
     assert verdict_lines(None, "none", 0.6) == ["  took 1 s"]
     unseen = {"key": "p99", "value": None, "direction": "max", "limit": 50, "verdict": "inconclusive"}
     assert check_figures([unseen]) == "p99 - [bound - vs 50] inconclusive"
+
+
+@pytest.mark.parametrize(
+    ("report", "run", "beside"),
+    [
+        ("out/r.json", "long", "out/r.long.json"),
+        ("r.out", "capability", "r.capability.out"),
+        ("r", "long", "r.long.json"),
+    ],
+)
+def test_a_verification_s_second_run_reports_beside_the_first(report: str, run: str, beside: str) -> None:
+    """Never over the first run's report: beside it, named for the run, a name without a suffix made JSON."""
+    from pytest_mlxgate.explain.plan_verify import report_beside
+
+    assert report_beside(Path(report), run) == Path(beside)
