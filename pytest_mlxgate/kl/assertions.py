@@ -20,6 +20,7 @@ from ..common.format import percent
 from ..config.names import DEFAULT_CANDIDATE, model_keys
 from ..errors import OracleNotMeasuredError
 from ..results.attribution_text import attribution_lines
+from ..results.record_speed import parse_speed
 from ..results.speed_text import speed_lines
 from ..results.verdicts import Direction, overall_verdict
 from ..results.wire import Check
@@ -190,7 +191,7 @@ def assert_kl_below(
         if attribution is not None:
             text += "".join(f"\n  {line}" for line in attribution_lines(attribution))
         if speed:
-            text += "".join(f"\n  {line}" for line in speed_lines(speed))
+            text += "".join(f"\n  {line}" for line in speed_lines(parse_speed(speed)))
         return text
 
     conclude(subject, conclusion, message)

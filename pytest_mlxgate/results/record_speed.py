@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fields import Flat, Interval, absent, integer, interval, jsonable, mapping, real, rest, text, written
+from .fields import Flat, Interval, absent, integer, interval, mapping, real, rest, text, written
 
-__all__ = ["Ratio", "Speed", "SpeedArm", "SpeedContext", "parse_speed"]
+__all__ = ["LoadSeen", "Ratio", "ServedSpeed", "Speed", "SpeedArm", "SpeedContext", "parse_context", "parse_speed"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,35 @@ class SpeedContext:
 
 
 @dataclass(frozen=True)
+class LoadSeen(Flat):
+    """Other processes' CPU use while the trials were timed (`speed.load.load_seen`); `high` from a quarter
+    of the cores (None: not measured)."""
+
+    cores: int | None = None
+    other_cores: float | None = None
+    share: float | None = None
+    high: bool | None = None
+    left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+
+@dataclass(frozen=True)
+class ServedSpeed:
+    """Both arms served over HTTP (`speed.served`): the servers, and the shortest context timed again with
+    `requests` at once (None: not measured)."""
+
+    reference: str | None = None
+    candidate: str | None = None
+    concurrent: SpeedContext | None = None
+    requests: int | None = None
+    more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
+
+    def to_json(self) -> dict[str, Any]:
+        concurrent = None if self.concurrent is None else {"requests": self.requests, **self.concurrent.to_json()}
+        return {"reference": self.reference, "candidate": self.candidate, "concurrent": concurrent, **self.more}
+
+
+@dataclass(frozen=True)
 class Speed:
     """Speed and memory of both arms (`speed/result.py`), contexts shortest first."""
 
@@ -90,7 +119,8 @@ class Speed:
     weights_candidate: int | None = None
     memory_method: str | None = None
     duration_s: float | None = None
-    load_seen: Mapping[str, Any] | None = None  # other processes' load while the trials were timed
+    load_seen: LoadSeen | None = None  # other processes' load while the trials were timed
+    served: ServedSpeed | None = None  # both arms served: the servers and their concurrent context
     shape_more: Mapping[str, Any] = field(default_factory=dict)  # the shape's untyped keys, as written
     left_out: frozenset[str] = frozenset()  # typed keys its wire form did not hold (`fields.absent`)
     more: Mapping[str, Any] = field(default_factory=dict)  # its untyped keys, as written (`fields.rest`)
@@ -104,44 +134,10 @@ class Speed:
             "weights_bytes": {"reference": self.weights_reference, "candidate": self.weights_candidate},
             "memory_method": self.memory_method,
             "duration_s": self.duration_s,
-            "load_seen": jsonable(self.load_seen),
+            "load_seen": None if self.load_seen is None else self.load_seen.to_json(),
+            "served": None if self.served is None else self.served.to_json(),
         }
         return written(typed, self.left_out, self.more)
-
-    @property
-    def as_json(self) -> dict[str, Any]:
-        """The measurement in its JSON shape, from what was read (well-formed whatever the record held): for
-        `results.speed_text`, the one wording of speed figures, which the assertion messages share."""
-
-        def arm(a: SpeedArm) -> dict[str, Any]:
-            return {
-                "prefill_tps": a.prefill_tps,
-                "decode_tps": a.decode_tps,
-                "peak_bytes": a.peak_bytes,
-                "kv_bytes": a.kv_bytes,
-                "kv_held_bytes": a.kv_held_bytes,
-            }
-
-        def ratio(r: Ratio | None) -> dict[str, Any] | None:
-            return None if r is None else {"ratio": r.ratio, "ratio_ci": list(r.ci), "n": r.n}
-
-        return {
-            "contexts": {
-                str(c.length): {
-                    "context": c.length,
-                    "reference": arm(c.reference),
-                    "candidate": arm(c.candidate),
-                    "prefill": ratio(c.prefill),
-                    "decode": ratio(c.decode),
-                    "peak": ratio(c.peak),
-                    "kv": ratio(c.kv),
-                    "stopped": c.stopped,
-                }
-                for c in self.contexts
-            },
-            "weights_bytes": {"reference": self.weights_reference, "candidate": self.weights_candidate},
-            "load_seen": self.load_seen,
-        }
 
     @property
     def longest(self) -> SpeedContext | None:
@@ -184,7 +180,9 @@ def _arm(a: Mapping[str, Any]) -> SpeedArm:
 
 ARM_KEYS = ("prefill_tps", "decode_tps", "peak_bytes", "kv_bytes", "kv_held_bytes")
 CONTEXT_KEYS = ("context", "reference", "candidate", "prefill", "decode", "peak", "kv", "stopped")
-SPEED_KEYS = ("id", "shape", "contexts", "weights_bytes", "memory_method", "duration_s", "load_seen")
+SPEED_KEYS = ("id", "shape", "contexts", "weights_bytes", "memory_method", "duration_s", "load_seen", "served")
+LOAD_KEYS = ("cores", "other_cores", "share", "high")
+SERVED_KEYS = ("reference", "candidate", "concurrent")
 
 
 def _context(length: int, c: Mapping[str, Any]) -> SpeedContext:
@@ -202,6 +200,41 @@ def _context(length: int, c: Mapping[str, Any]) -> SpeedContext:
     )
 
 
+def parse_context(c: Mapping[str, Any]) -> SpeedContext:
+    """One context's JSON (`ContextSpeed.to_json()`), its length read from its own `context`."""
+    return _context(integer(c.get("context")) or 0, c)
+
+
+def _load(value: Any) -> LoadSeen | None:
+    seen = mapping(value)
+    if not seen:
+        return None
+    high = seen.get("high")
+    return LoadSeen(
+        cores=integer(seen.get("cores")),
+        other_cores=real(seen.get("other_cores")),
+        share=real(seen.get("share")),
+        high=high if isinstance(high, bool) else None,
+        left_out=absent(seen, LOAD_KEYS),
+        more=rest(seen, LOAD_KEYS),
+    )
+
+
+def _served(value: Any) -> ServedSpeed | None:
+    served = mapping(value)
+    if not served:
+        return None
+    concurrent = mapping(served.get("concurrent"))  # its context's figures, and how many requests at once
+    context = {k: v for k, v in concurrent.items() if k != "requests"}
+    return ServedSpeed(
+        reference=text(served.get("reference")) or None,
+        candidate=text(served.get("candidate")) or None,
+        concurrent=parse_context(context) if concurrent else None,
+        requests=integer(concurrent.get("requests")),
+        more=rest(served, SERVED_KEYS),
+    )
+
+
 def parse_speed(s: Mapping[str, Any]) -> Speed:
     contexts = mapping(s.get("contexts"))
     lengths = sorted((str(c) for c in contexts if str(c).isdigit()), key=int)  # JSON keys: the length as text
@@ -215,7 +248,8 @@ def parse_speed(s: Mapping[str, Any]) -> Speed:
         weights_candidate=integer(weights.get("candidate")),
         memory_method=text(s.get("memory_method")) or None,
         duration_s=real(s.get("duration_s")),
-        load_seen=s.get("load_seen") if isinstance(s.get("load_seen"), Mapping) else None,
+        load_seen=_load(s.get("load_seen")),
+        served=_served(s.get("served")),
         shape_more=rest(shape, ("repetitions", "decode")),
         left_out=absent(s, SPEED_KEYS),
         more=rest(s, SPEED_KEYS),

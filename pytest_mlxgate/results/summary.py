@@ -217,7 +217,7 @@ def speed_parts(record: Record, shown: set[str]) -> list[str]:
     if ident in shown:
         return []
     shown.add(ident)
-    return speed_lines(speed.as_json)
+    return speed_lines(speed)
 
 
 def _error_parts(record: Record) -> list[str]:

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from ..results.record_speed import parse_speed
 from ..results.speed_text import context_text
 from ..results.verdicts import Direction
 from ..results.wire import Check
@@ -271,8 +272,8 @@ def speed_failure(speed: Mapping[str, Any], checks: Sequence[Check], *, nodeid: 
                 else c.get("method", "")
             )
             lines.append(f"    {need}")
-    for context, ctx in (speed.get("contexts") or {}).items():
-        lines.append(f"  @{context} tokens: {context_text(ctx)}")
+    for ctx in parse_speed(speed).contexts:
+        lines.append(f"  @{ctx.length} tokens: {context_text(ctx)}")
     shape = speed.get("shape") or {}
     lines.append(
         f"  measured: {shape.get('repetitions')} interleaved pairs per context after "

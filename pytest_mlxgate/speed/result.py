@@ -1,8 +1,8 @@
 """What a speed measurement found: every trial, and per context the paired ratios.
 
 `to_json` is what records carry (every repetition is kept, as llama-bench's JSON does); the text
-of a result is `results.speed_text`'s, which reads that JSON, so the controller's summary and a failure
-message word it the same way.
+of a result is `results.speed_text`'s, which reads that JSON's parse (`results.record_speed`), so the
+controller's summary and a failure message word it the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..results.record_speed import parse_context, parse_speed
 from ..results.speed_text import context_text, speed_lines
 from ..stats.ratios import RatioEstimate, look_confidence, paired_ratio
 from .shape import SpeedShape
@@ -109,7 +110,7 @@ class ContextSpeed:
         }
 
     def short_text(self) -> str:
-        return context_text(self.to_json())
+        return context_text(parse_context(self.to_json()))
 
 
 @dataclass(frozen=True)
@@ -136,4 +137,4 @@ class SpeedResult:
         }
 
     def lines(self) -> list[str]:
-        return speed_lines(self.to_json())
+        return speed_lines(parse_speed(self.to_json()))

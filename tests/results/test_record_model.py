@@ -678,10 +678,8 @@ def test_a_record_of_the_wrong_types_reads_as_dashes_and_never_raises(tmp_path: 
 
 #: Where a dict's keys may be read in results/: the read model's parse (model.py and its parts) and the wire
 #: form's migration (wire.py); `verdicts.check_verdict` reads a check as the assertions build it
-#: (before any record), and `speed_text` words a speed measurement's JSON (`SpeedResult.to_json()`) as
-#: the assertions and the summary both show it (the speed part of a record is that JSON, kept whole).
+#: (before any record).
 _READERS_ALLOWED = {
-    "speed_text.py": {"ratio_text", "context_text", "speed_lines", "load_warning", "_num", "_tps", "mib"},
     "model.py": None,
     "record_checks.py": None,
     "record_kl.py": None,

@@ -36,7 +36,7 @@ from pytest_mlxgate.results.record_kl import (
     WorstContext,
     WorstToken,
 )
-from pytest_mlxgate.results.record_speed import Ratio, Speed, SpeedArm, SpeedContext
+from pytest_mlxgate.results.record_speed import LoadSeen, Ratio, ServedSpeed, Speed, SpeedArm, SpeedContext
 from pytest_mlxgate.results.verdicts import VERDICTS
 from pytest_mlxgate.results.wire import RECORD_VERSION, migrate_record
 
@@ -239,6 +239,36 @@ arms = flat(
 ratios = st.none() | st.builds(Ratio, ratio=opt_real, ci=intervals, n=opt_int, more=kept(("ratio", "ratio_ci", "n")))
 
 
+def _context(draw: st.DrawFn, length: int) -> SpeedContext:
+    return SpeedContext(
+        length=length,
+        reference=draw(arms),
+        candidate=draw(arms),
+        prefill=draw(ratios),
+        decode=draw(ratios),
+        peak=draw(ratios),
+        kv=draw(ratios),
+        stopped=draw(opt_some_text),
+    )
+
+
+loads = st.none() | flat(LoadSeen, cores=opt_int, other_cores=opt_real, share=opt_real, high=st.none() | st.booleans())
+
+
+@st.composite
+def served_speeds(draw: st.DrawFn) -> ServedSpeed | None:
+    if not draw(st.booleans()):
+        return None
+    concurrent = _context(draw, draw(st.integers(1, 10**6))) if draw(st.booleans()) else None
+    return ServedSpeed(
+        reference=draw(opt_some_text),
+        candidate=draw(opt_some_text),
+        concurrent=concurrent,
+        requests=draw(opt_int) if concurrent is not None else None,
+        more=draw(kept(("reference", "candidate", "concurrent"))),
+    )
+
+
 @st.composite
 def speeds(draw: st.DrawFn) -> Speed:
     lengths = sorted(draw(st.lists(st.integers(1, 10**6), max_size=3, unique=True)))
@@ -246,24 +276,13 @@ def speeds(draw: st.DrawFn) -> Speed:
         id=draw(opt_some_text),
         repetitions=draw(opt_int),
         decode_tokens=draw(opt_int),
-        contexts=tuple(
-            SpeedContext(
-                length=n,
-                reference=draw(arms),
-                candidate=draw(arms),
-                prefill=draw(ratios),
-                decode=draw(ratios),
-                peak=draw(ratios),
-                kv=draw(ratios),
-                stopped=draw(opt_some_text),
-            )
-            for n in lengths
-        ),
+        contexts=tuple(_context(draw, n) for n in lengths),
         weights_reference=draw(opt_int),
         weights_candidate=draw(opt_int),
         memory_method=draw(opt_some_text),
         duration_s=draw(opt_real),
-        load_seen=draw(st.none() | st.dictionaries(words, json_values, max_size=2)),
+        load_seen=draw(loads),
+        served=draw(served_speeds()),
         shape_more=draw(kept(("repetitions", "decode"))),
     )
 

@@ -4,7 +4,7 @@ growth and the pairs timed; the weights when the arms differ; a warning when the
 
 from __future__ import annotations
 
-from pytest_mlxgate.results.speed_text import speed_lines
+from speed_words import speed_lines
 
 MIB = 2**20
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from speed_words import context_text, load_warning, ratio_text, speed_lines
 
-from pytest_mlxgate.results.speed_text import context_text, load_warning, mib, ratio_text, speed_lines
+from pytest_mlxgate.results.speed_text import mib
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -169,9 +170,9 @@ def test_a_record_reads_context_by_context_then_weights_then_the_warning() -> No
         "weights_bytes": {"reference": 2 * GIB, "candidate": 600 * MIB},
         "load_seen": {"high": True, "other_cores": 1.0, "cores": 2, "share": 0.5},
     }
-    assert speed_lines(speed) == [
-        f"speed @8192: {context_text(full())}",
+    assert speed_lines(speed) == [  # shortest context first, however the record ordered them
         "speed @600: prefill ×1.00 [0.90, 1.10] (tok/s ? → ?) · decode ×? (tok/s ? → ?) · KV ? → ?",
+        f"speed @8192: {context_text(full())}",
         "weights 2.00 GiB → 600.0 MiB",
         WARNING.format(busy="1.0 of 2 cores busy (50%)"),
     ]

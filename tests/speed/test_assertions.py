@@ -204,7 +204,7 @@ def test_a_speed_conclusion_carries_the_measurement_its_duration_and_its_mode() 
 
 
 def test_a_context_s_line_says_both_ratios_tokens_per_second_bytes_and_pairs() -> None:
-    from pytest_mlxgate.results.speed_text import context_text
+    from speed_words import context_text
 
     ctx = {
         "prefill": {"ratio": 1.2, "ratio_ci": [1.1, 1.3]},

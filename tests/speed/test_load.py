@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from speed_words import load_warning, speed_lines
 
-from pytest_mlxgate.results.speed_text import load_warning, speed_lines
 from pytest_mlxgate.speed.load import SIBLING_WINDOW_S, CpuSample, load_seen, sample, wait_for_siblings
 
 

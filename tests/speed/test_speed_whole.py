@@ -8,9 +8,9 @@ import warnings
 from typing import Any
 
 import pytest
+from speed_words import context_text
 
 from pytest_mlxgate import assert_faster, assert_smaller
-from pytest_mlxgate.results.speed_text import context_text
 from pytest_mlxgate.speed.assertions import speed_checks, speed_failure
 from pytest_mlxgate.speed.result import Trial
 from pytest_mlxgate.speed.shape import SpeedGoal, SpeedShape
@@ -239,7 +239,10 @@ def _message(verdict: str, checks: list[dict[str, Any]], *, nodeid: str = "gates
 def _tail(speed: dict[str, Any]) -> list[str]:
     """What every failure message ends with: each context's figures, the measurement's shape, the re-run."""
     return [
-        *(f"  @{c} tokens: {context_text(ctx)}" for c, ctx in speed["contexts"].items()),
+        *(
+            f"  @{c} tokens: {context_text(ctx)}"
+            for c, ctx in sorted(speed["contexts"].items(), key=lambda kv: int(kv[0]))
+        ),
         "  measured: 9 interleaved pairs per context after 2 warm-up, 16 decoded tokens per trial; "
         "memory: mlx allocator peak (mx.get_peak_memory)",
         "  re-run: pytest gates/test_kv.py::test_fast",
