@@ -191,3 +191,20 @@ def test_a_record_reads_context_by_context_then_weights_then_the_warning() -> No
 def test_weights_are_said_only_when_both_are_known_and_differ(weights: Any) -> None:
     assert speed_lines({"contexts": None, "weights_bytes": weights, "load_seen": {"high": False}}) == []
     assert speed_lines({"weights_bytes": weights}) == []
+
+
+def test_a_served_speed_names_both_servers_and_its_concurrent_context() -> None:
+    """Both arms served (`speed.served`): after the contexts, the servers, then the shortest context timed
+    with several requests at once, worded as any context is (the summary reads the same typed parse)."""
+    served = {
+        "reference": "http://127.0.0.1:8080",
+        "candidate": "http://127.0.0.1:8081",
+        "method": "streamed /v1/completions",
+        "concurrent": {"requests": 4, "context": 48, **full()},
+    }
+    speed = {"contexts": {"48": full()}, "served": served}
+    assert speed_lines(speed) == [
+        f"speed @48: {context_text(full())}",
+        "served: http://127.0.0.1:8080 (reference) against http://127.0.0.1:8081, streamed",
+        f"speed @48, 4 requests at once: {context_text(full())}",
+    ]
