@@ -393,6 +393,7 @@ def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged
     plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # the verification sets it itself
     spec = read_gate(gate)
     assert spec.kl_tests == ("test_drift", "test_tail") and spec.capability_tests == ("test_tasks",)
     got = verify_plan(spec, plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json")
@@ -400,11 +401,13 @@ def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged
         "output_tail"
     ]
     assert "-k test_drift or test_tail" in got["command"]
+    assert got["command"].startswith(f"pytest {gate} -q -p no:randomly --mlx-lever=")  # what a reader re-runs
     assert "--mlx-reference-cache" not in got["command"]  # none given: pytest's own, where the gate runs
     tasks = got["capability"]
     assert got["verified"] is False and tasks["verified"] is False and "-k test_tasks" in tasks["command"]
     assert tasks["reason"].startswith("the gate's test_tasks left no record: skipped"), tasks["reason"]
     assert f"--mlx-report={tmp_path / 'r.capability.json'}" in tasks["command"]  # a report of its own
+    assert not list(tmp_path.rglob("__pycache__"))  # the verification leaves no bytecode beside the user's gate
 
 
 def test_a_verification_reads_in_words_with_its_capability_and_long_runs() -> None:
