@@ -30,7 +30,8 @@ from ..common.atomic import atomic_write_bytes
 from ..common.format import DASH, figure
 from ..common.gate_calls import NOT_LITERAL, DeclaredLimit, call_name, declared_limits, literal
 from ..config.names import BUILT_MODELS, DEFAULT_CANDIDATE, model_keys
-from ..verdicts.calibration import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal, known_bad_text
+from ..verdicts.calibration import AGREEMENT_METRICS, CHECK_RULE, check_kl_limit, check_speed_goal
+from ..verdicts.known_bad_step import known_bad_text
 from .serving_code import assigned_name, serving_code, source_digest
 
 __all__ = [

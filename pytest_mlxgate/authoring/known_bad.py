@@ -38,7 +38,7 @@ from ..errors import MlxgateError, MlxgateUsageError, NonFiniteLogitsError
 from ..levers.parsing import lever_from_marker
 from ..levers.weights import quantized_copy
 from ..session.paired import Paired
-from ..verdicts.calibration import known_bad_step, known_bad_text
+from ..verdicts.known_bad_step import known_bad_step, known_bad_text
 
 if TYPE_CHECKING:
     from ..kl.result import KLResult

@@ -349,7 +349,7 @@ def render_gate(spec: GateSpec, *, shown_path: str) -> str:
         plant_note = f"BROKEN: a value of {spec.target} that selects the broken variant"
     plant = f"pytest {shlex.quote(shown_path)} --mlx-lever {spec.name}"
     plant_args = f"--mlx-ref-value {shlex.quote(plant_values[0])} --mlx-cand-value {shlex.quote(plant_values[1])}"
-    from ..verdicts.calibration import known_bad_step
+    from ..verdicts.known_bad_step import known_bad_step
 
     known_bad = known_bad_step(
         shown_path, {"kind": spec.kind, "name": spec.name, "target": spec.target, "ref": spec.ref}

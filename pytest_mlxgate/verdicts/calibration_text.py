@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .calibration import ACCEPT_MARKER, KL_METRICS, known_bad_text, metric_text
+from .calibration import ACCEPT_MARKER, KL_METRICS, metric_text
+from .known_bad_step import known_bad_text
 
 __all__ = ["calibration_lines", "known_bad_lines"]
 

@@ -25,11 +25,11 @@ from pytest_mlxgate.verdicts.calibration import (
     QUALITY_BOUNDS,
     accept_broken_reason,
     beyond_quality_bounds,
-    known_bad_step,
     nice_ceil,
     suggest_limits,
 )
 from pytest_mlxgate.verdicts.calibration_text import calibration_lines
+from pytest_mlxgate.verdicts.known_bad_step import known_bad_step
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ import pytest
 from pytest_mlxgate.authoring.known_bad import _bad_lever, known_bad_shown
 from pytest_mlxgate.errors import MlxgateUsageError
 from pytest_mlxgate.levers.lever import Lever
-from pytest_mlxgate.verdicts.calibration import known_bad_text
+from pytest_mlxgate.verdicts.known_bad_step import known_bad_text
 
 BROKEN_KERNELS = '''
 import mlx.core as mx

@@ -18,8 +18,8 @@ from pytest_mlxgate.authoring.known_bad import assert_known_bad_fails, known_bad
 from pytest_mlxgate.errors import LeverError, MlxgateUsageError, NonFiniteLogitsError
 from pytest_mlxgate.levers.lever import Lever
 from pytest_mlxgate.levers.weights import WeightsSpec
-from pytest_mlxgate.verdicts.calibration import known_bad_step
 from pytest_mlxgate.verdicts.conclude import Conclusion
+from pytest_mlxgate.verdicts.known_bad_step import known_bad_step
 
 NODEID, RERUN = "gates/test_g.py::test_known_bad", "pytest gates/test_g.py::test_known_bad"
 ENV = Lever("flag", "env", "MLXGATE_FLAG", "0", "1")

@@ -8,7 +8,7 @@ with the tests named copied in first, one pytest process per mutant (`MUTANT_UND
 selects one); prints the survivors with their diffs against the original function.
 
     python tests/support/mutation_kill.py FUNC [-j N] [--only 3,7] TESTS...
-    FUNC: mutmut's name of the function, e.g. pytest_mlxgate.verdicts.calibration.x_known_bad_step
+    FUNC: mutmut's name of the function, e.g. pytest_mlxgate.verdicts.known_bad_step.x_known_bad_step
           (a method: pytest_mlxgate.speed.result.xǁTrialǁto_json)
 """
 

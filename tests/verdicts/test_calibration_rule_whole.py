@@ -20,13 +20,12 @@ from pytest_mlxgate.verdicts.calibration import (
     beyond_quality_bounds,
     check_kl_limit,
     check_speed_goal,
-    known_bad_step,
-    known_bad_text,
     least_kl_limit,
     metric_text,
     nice_ceil,
     suggest_limits,
 )
+from pytest_mlxgate.verdicts.known_bad_step import known_bad_step, known_bad_text
 
 ACCEPT_HOW = (
     'add pytest.mark.mlx_calibrate(accept_broken="why this much change is what you mean to ship") to the '
