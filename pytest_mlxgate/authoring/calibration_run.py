@@ -25,15 +25,14 @@ from ..errors import CalibrationError, MlxgateError, NonFiniteLogitsError, Stale
 from ..results.git import git_state
 from ..session.paired import Paired
 from ..verdicts.calibration import CHECK_RULE
+from .calibration_check import known_bad_verdict, module_findings
 from .calibration_file import (
     FORMAT,
     GateSource,
     calibration_model,
     calibration_path,
     compact_drift,
-    known_bad_verdict,
     machine_versions,
-    module_findings,
     unusable,
     write_calibration,
 )

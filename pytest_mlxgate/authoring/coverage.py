@@ -20,14 +20,8 @@ from ..config.dtypes import ORACLE_DTYPE
 from ..config.names import BUILT_MODELS
 from ..models.device import backend_of
 from ..verdicts.calibration import AGREEMENT_METRICS, FLOOR_FACTOR
-from .calibration_file import (
-    KL_ASSERTION,
-    GateSource,
-    calibration_model,
-    calibration_path,
-    known_bad_verdict,
-    read_calibration,
-)
+from .calibration_check import known_bad_verdict
+from .calibration_file import KL_ASSERTION, GateSource, calibration_model, calibration_path, read_calibration
 
 __all__ = [
     "covering_file",

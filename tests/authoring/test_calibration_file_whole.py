@@ -17,15 +17,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_mlxgate.authoring import calibration_check as cc
 from pytest_mlxgate.authoring import calibration_file as cf
+from pytest_mlxgate.authoring.calibration_check import Findings, module_findings
 from pytest_mlxgate.authoring.calibration_file import (
     FORMAT,
-    Findings,
     GateSource,
     Limit,
     compact_drift,
     machine_versions,
-    module_findings,
     read_calibration,
     render,
     schema_problems,
@@ -64,7 +64,7 @@ def serving_code() -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def _this_serving_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cf, "serving_code", serving_code)
+    monkeypatch.setattr(cc, "serving_code", serving_code)
 
 
 NOTE = "not checked (not a literal): test_drift: assert_kl_below(p99=LIMIT)"
@@ -393,7 +393,7 @@ def _fresh(**over: Any) -> dict[str, Any]:
 
 
 def test_a_file_measured_on_this_code_is_not_stale() -> None:
-    assert cf._stale(_fresh(), _gate_source({"pytestmark": "a", "KNOWN_BAD": "b"})) == []
+    assert cc._stale(_fresh(), _gate_source({"pytestmark": "a", "KNOWN_BAD": "b"})) == []
 
 
 def test_every_reason_a_file_is_stale_is_said_in_order() -> None:
@@ -410,7 +410,7 @@ def test_every_reason_a_file_is_stale_is_said_in_order() -> None:
         versions={"mlx": "0.0.1", "mlx_lm": "0.0.2"},
     )
     gate = _gate_source({"pytestmark": "a", "KNOWN_BAD": "b", "mine.py": "y"})
-    assert cf._stale(doc, gate) == [
+    assert cc._stale(doc, gate) == [
         f"written in calibration format 0, this code reads {FORMAT}",
         f"the serving code changed since it was measured ({first}, {second}, zz_gone.py; serving code digest "
         f"abcdef012345 then, {now['digest'][:12]} now)",
@@ -423,7 +423,7 @@ def test_every_reason_a_file_is_stale_is_said_in_order() -> None:
 def test_a_file_without_serving_code_gate_or_versions_is_stale_for_each_file_and_declaration() -> None:
     now = serving_code()
     gate = _gate_source({"pytestmark": "a"})
-    assert cf._stale({"calibration_format": FORMAT}, gate) == [
+    assert cc._stale({"calibration_format": FORMAT}, gate) == [
         f"the serving code changed since it was measured ({', '.join(sorted(now['files']))}; serving code digest "
         f"None then, {now['digest'][:12]} now)",
         "the gate's own declarations changed since (pytestmark)",
@@ -433,7 +433,7 @@ def test_a_file_without_serving_code_gate_or_versions_is_stale_for_each_file_and
 @pytest.mark.parametrize("then", ["", None])
 def test_a_version_not_recorded_is_no_reason(then: str | None) -> None:
     doc = _fresh(versions={"mlx": then, "mlx_lm": then})
-    assert cf._stale(doc, _gate_source({"pytestmark": "a", "KNOWN_BAD": "b"})) == []
+    assert cc._stale(doc, _gate_source({"pytestmark": "a", "KNOWN_BAD": "b"})) == []
 
 
 def test_a_distribution_not_installed_here_is_no_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -442,9 +442,9 @@ def test_a_distribution_not_installed_here_is_no_reason(monkeypatch: pytest.Monk
             return "9.9"
         raise PackageNotFoundError(dist)
 
-    monkeypatch.setattr(cf, "version", only_mlx)
+    monkeypatch.setattr(cc, "version", only_mlx)
     doc = _fresh(versions={"mlx": "1.0", "mlx_lm": "1.0"})
-    assert cf._stale(doc, _gate_source({"pytestmark": "a", "KNOWN_BAD": "b"})) == [
+    assert cc._stale(doc, _gate_source({"pytestmark": "a", "KNOWN_BAD": "b"})) == [
         "measured with mlx 1.0, installed here: 9.9"
     ]
 
@@ -531,7 +531,7 @@ SPEED = {
     ids=repr,
 )
 def test_a_speed_goal_against_the_file_s_speed(limit: Limit, expected: list[str]) -> None:
-    assert cf._speed_problems(limit, SPEED) == expected
+    assert cc._speed_problems(limit, SPEED) == expected
 
 
 @pytest.mark.parametrize(
@@ -577,7 +577,7 @@ def test_a_speed_goal_against_the_file_s_speed(limit: Limit, expected: list[str]
 def test_a_speed_goal_the_file_cannot_check_says_what_is_missing(
     limit: Limit, speed: dict[str, Any], expected: list[str]
 ) -> None:
-    assert cf._speed_problems(limit, speed) == expected
+    assert cc._speed_problems(limit, speed) == expected
 
 
 # -- _known_bad_problems --------------------------------------------------------------------------------
@@ -647,14 +647,14 @@ MISSED = {"metrics": {"mean": _row(6e-3, 5e-3, 8e-3), "top1": _row(0.95, 0.93, 0
 def test_the_known_bad_s_measurement_against_the_gate_s_kl_limits(
     known_bad: Any, gate: GateSource, expected: list[str]
 ) -> None:
-    assert cf._known_bad_problems({"known_bad": known_bad}, gate) == expected
+    assert cc._known_bad_problems({"known_bad": known_bad}, gate) == expected
 
 
 def test_the_known_bad_is_checked_against_the_model_s_own_limits() -> None:
     limits = [Limit("t", "assert_kl_below", "mean", 0.01), Limit("t", "assert_kl_below", "mean", 1.0, model="m")]
     doc = {"known_bad": {"declared": True, "value": "B", "drift": CAUGHT}}
-    assert cf._known_bad_problems(doc, _known_bad_gate(limits)) == []
-    assert cf._known_bad_problems(doc, _known_bad_gate(limits), "m") == [
+    assert cc._known_bad_problems(doc, _known_bad_gate(limits)) == []
+    assert cc._known_bad_problems(doc, _known_bad_gate(limits), "m") == [
         "KNOWN_BAD = 'B' is not shown to fail the gate's KL limits (pass: mean [0.5, 0.7] vs limit 1): limits "
         "that pass a broken variant may pass a broken kernel"
     ]
@@ -1060,14 +1060,14 @@ BAD = {"metrics": {"mean": _row(0.1, 0.05, 0.2), "top1": _row(0.8, 0.7, 0.9)}}
     ],
 )
 def test_a_known_bad_s_interval_against_one_limit(key: str, limit: float, verdict: str, text: str) -> None:
-    assert cf.known_bad_verdict(BAD, [Limit("t", "assert_kl_below", key, limit)]) == (verdict, [text])
+    assert cc.known_bad_verdict(BAD, [Limit("t", "assert_kl_below", key, limit)]) == (verdict, [text])
 
 
 def test_one_crossed_limit_fails_and_is_all_that_is_shown() -> None:
     limits = [Limit("t", "assert_kl_below", k, v) for k, v in (("mean", 0.5), ("top1", 0.9), ("mean", 0.01))]
-    assert cf.known_bad_verdict(BAD, limits) == ("fail", ["mean [0.05, 0.2] vs limit 0.01"])
+    assert cc.known_bad_verdict(BAD, limits) == ("fail", ["mean [0.05, 0.2] vs limit 0.01"])
     both = [*limits, Limit("t", "assert_kl_below", "top1", 0.95)]
-    assert cf.known_bad_verdict(BAD, both) == (
+    assert cc.known_bad_verdict(BAD, both) == (
         "fail",
         ["mean [0.05, 0.2] vs limit 0.01", "top1 [0.7, 0.9] vs limit 0.95"],
     )
@@ -1076,12 +1076,12 @@ def test_one_crossed_limit_fails_and_is_all_that_is_shown() -> None:
 def test_unclear_limits_come_before_passed_ones() -> None:
     limits = [Limit("t", "assert_kl_below", k, v) for k, v in (("mean", 0.5), ("top1", 0.9), ("same_top", 1e-4))]
     drift = {"metrics": {**BAD["metrics"], "same_top": {"lower": None, "upper": 0.5}}}
-    assert cf.known_bad_verdict(drift, limits) == (
+    assert cc.known_bad_verdict(drift, limits) == (
         "inconclusive",
         ["top1 [0.7, 0.9] vs limit 0.9", "same_top [—, 0.5] vs limit 0.0001", "mean [0.05, 0.2] vs limit 0.5"],
     )
-    assert cf.known_bad_verdict({"metrics": None}, limits[:1]) == ("inconclusive", ["mean [—, —] vs limit 0.5"])
-    assert cf.known_bad_verdict({}, []) == ("pass", [])
+    assert cc.known_bad_verdict({"metrics": None}, limits[:1]) == ("inconclusive", ["mean [—, —] vs limit 0.5"])
+    assert cc.known_bad_verdict({}, []) == ("pass", [])
 
 
 # -- unusable -------------------------------------------------------------------------------------------

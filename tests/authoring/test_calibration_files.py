@@ -20,14 +20,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_mlxgate.authoring.calibration_check import known_bad_verdict, module_findings
 from pytest_mlxgate.authoring.calibration_file import (
     FORMAT,
     GateSource,
     Limit,
     calibration_model,
     calibration_path,
-    known_bad_verdict,
-    module_findings,
     read_calibration,
     render,
     write_calibration,
@@ -870,7 +869,7 @@ def test_every_calibration_file_belongs_to_a_gate_module_here() -> None:
 
 def test_a_speed_goal_without_a_context_is_checked_at_the_longest_one_by_number_not_by_text() -> None:
     """ "1024" sorts before "768" as text: the goal with no `at` belongs to 1024 tokens."""
-    from pytest_mlxgate.authoring.calibration_file import _speed_problems
+    from pytest_mlxgate.authoring.calibration_check import _speed_problems
 
     speed = {
         "contexts": {

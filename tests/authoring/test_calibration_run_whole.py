@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_mlxgate.authoring import calibration_run as run_module
-from pytest_mlxgate.authoring.calibration_file import FORMAT, Findings, GateSource, Limit, compact_drift
+from pytest_mlxgate.authoring.calibration_check import Findings
+from pytest_mlxgate.authoring.calibration_file import FORMAT, GateSource, Limit, compact_drift
 from pytest_mlxgate.authoring.calibration_run import calibration_document, check_before_aa, keep_calibration
 from pytest_mlxgate.errors import CalibrationError, LeverError, NonFiniteLogitsError, StaleCalibrationWarning
 from pytest_mlxgate.levers.lever import Lever
