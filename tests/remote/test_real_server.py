@@ -9,13 +9,13 @@ server matches the model in process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from mlx_server import mlx_server
+from mlx_server import KV4, KV8, RunningServer, mlx_server
 
 from pytest_mlxgate.common.server_endpoint import Endpoint
 from pytest_mlxgate.remote.client import ServerClient
@@ -27,23 +27,15 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def embedded() -> Path:
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    return Path(ensure_embedded_snapshot())
-
-
-@pytest.fixture(scope="module")
 def loaded(embedded: Path) -> Any:
     from mlx_lm import load
 
     return load(str(embedded))
 
 
-@pytest.fixture(scope="module")
-def plain_server(embedded: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with mlx_server(embedded, tmp_path_factory.mktemp("logs")) as server:
-        yield server.url
+@pytest.fixture
+def plain_server(served: Callable[..., RunningServer]) -> str:
+    return served().url
 
 
 def _client(url: str) -> ServerClient:
@@ -79,7 +71,7 @@ def test_the_token_scored_is_the_one_generated_not_the_server_s_chosen_entry(pla
 
 
 def test_at_every_position_the_top_k_bound_is_at_most_the_full_kl_in_process(
-    embedded: Path, loaded: Any, tmp_path: Path
+    loaded: Any, served: Callable[..., RunningServer]
 ) -> None:
     """A 4-bit KV cache from token 0, served (`--kv-bits 4 --quantized-kv-start 0`) and in process through
     mlx_lm's own generate_step with the same settings: the server's top-k KL from the plain model is a lower
@@ -89,8 +81,7 @@ def test_at_every_position_the_top_k_bound_is_at_most_the_full_kl_in_process(
 
     model, tokenizer = loaded
     prompt = tokenizer.encode(PROMPT)
-    with mlx_server(embedded, tmp_path, "--kv-bits", "4", "--quantized-kv-start", "0") as server:
-        got = _client(server.url).complete(PROMPT, max_tokens=12, top_k=11, decode=tokenizer.decode)
+    got = _client(served(*KV4).url).complete(PROMPT, max_tokens=12, top_k=11, decode=tokenizer.decode)
     steps = list(
         generate_step(mx.array(prompt), model, max_tokens=12, kv_bits=4, kv_group_size=64, quantized_kv_start=0)
     )
@@ -119,7 +110,7 @@ def _sequences(tokenizer: Any, n: int, tokens: int) -> list[list[int]]:
 
 
 def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_mean_limit(
-    embedded: Path, loaded: Any, tmp_path: Path
+    loaded: Any, served: Callable[..., RunningServer]
 ) -> None:
     """The KV gate's mean limit (2e-3, gates/test_kv_cache.py) through servers, teacher-forced on fixed token
     sequences and scored against the model in process as the gate's reference arm keeps it (compact rows): a
@@ -132,7 +123,7 @@ def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_me
     from pytest_mlxgate.stats.kl_stats import summarize
 
     model, tokenizer = loaded
-    tokens, decode_n = 40, 16
+    tokens, decode_n = 40, 8
     sequences = [ids[: tokens + 1] for ids in _sequences(tokenizer, 3, tokens + 1)]
     positions = scored_positions(tokens, "serving", decode_n)
     refs = [
@@ -147,13 +138,12 @@ def test_through_the_server_arm_8_bit_kv_passes_and_4_bit_fails_the_kv_gate_s_me
     for name, args in {
         "plain": (),
         "4-bit, default start": ("--kv-bits", "4"),
-        "8-bit": ("--kv-bits", "8", "--quantized-kv-start", "0"),
-        "4-bit": ("--kv-bits", "4", "--quantized-kv-start", "0"),
+        "8-bit": KV8,
+        "4-bit": KV4,
     }.items():
-        with mlx_server(embedded, tmp_path, *args) as server:
-            got = run_server_against(
-                _client(server.url), sequences, refs, positions, top_k=11, encode=tokenizer.encode, decode=decode
-            )
+        got = run_server_against(
+            _client(served(*args).url), sequences, refs, positions, top_k=11, encode=tokenizer.encode, decode=decode
+        )
         assert got.k == 11 and got.unaskable <= len(positions) * len(sequences) // 4, (name, got.unaskable)
         assert got.chosen_disagreed > 0  # mlx_lm.server's chosen entries: counted, never believed
         stats = summarize([s.scores for s in got.sequences])

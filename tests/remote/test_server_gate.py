@@ -8,10 +8,12 @@ summary and JUnit; a speed test under a server is an error, never a pass."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from mlx_server import mlx_server
+from mlx_server import KV4, KV8, RunningServer, hub_env, mlx_server
 from report_records import junit_gate_properties
 
 pytestmark = pytest.mark.slow  # mlx_lm.server processes and pytester sessions on the embedded model
@@ -22,7 +24,7 @@ from pytest_mlxgate import assert_kl_below, assert_smaller
 
 pytestmark = [
     pytest.mark.mlx_lever("kv_cache", kv=True, ref="plain", cand={"bits": 8, "group_size": 64, "start": 0}),
-    pytest.mark.mlx_kl(prompts=4, tokens=48, decode=16),
+    pytest.mark.mlx_kl(prompts=4, tokens=48, decode=8),
 ]
 
 
@@ -33,19 +35,6 @@ def test_drift(paired):
 def test_memory(paired):
     assert_smaller(paired, kv=0.5)
 """
-
-
-@pytest.fixture(scope="module")
-def embedded() -> Path:
-    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
-
-    return Path(ensure_embedded_snapshot())
-
-
-def _hub(tmp: Path) -> dict[str, str]:
-    """A hub cache folder for the server's /v1/models to scan (the test's HOME has none)."""
-    (tmp / "hub").mkdir(exist_ok=True)
-    return {"HF_HUB_CACHE": str(tmp / "hub")}
 
 
 def _session(
@@ -68,21 +57,31 @@ def _session(
     return result, {"records": records, "junit": junit_gate_properties(xml)}
 
 
+#: `session(candidate server URL or None, *more pytest args)`: (the run, {"records": by test, "junit": ...}).
+Session = Callable[..., tuple[pytest.RunResult, dict[str, Any]]]
+
+
+@pytest.fixture
+def kv_gate(pytester: pytest.Pytester, embedded: Path, tmp_path: Path) -> Session:
+    """The KV gate module (`GATE`) in a pytester folder, run against a candidate server."""
+    pytester.makepyfile(test_kv=GATE)
+    pytester.makeini("[pytest]\n")
+    return lambda url, *more: _session(pytester, embedded, url, tmp_path, *more)
+
+
 @pytest.mark.parametrize(
     ("args", "verdict"),
     [
-        (("--kv-bits", "8", "--quantized-kv-start", "0"), "pass"),
-        (("--kv-bits", "4", "--quantized-kv-start", "0"), "fail"),
+        (KV8, "pass"),
+        (KV4, "fail"),
         (("--kv-bits", "4"), "pass"),  # quantizes from token 5000: nothing here, and it says so
     ],
 )
 def test_the_kv_gate_through_a_server_reads_as_it_does_in_process(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, args: tuple[str, ...], verdict: str
+    kv_gate: Session, served: Callable[..., RunningServer], args: tuple[str, ...], verdict: str
 ) -> None:
-    pytester.makepyfile(test_kv=GATE)
-    pytester.makeini("[pytest]\n")
-    with mlx_server(embedded, tmp_path, *args, env=_hub(tmp_path)) as server:
-        result, got = _session(pytester, embedded, server.url, tmp_path)
+    server = served(*args)
+    result, got = kv_gate(server.url)
     drift, memory = got["records"]["test_drift"], got["records"]["test_memory"]
     assert drift["verdict"] == verdict, drift.get("checks")
     part = drift["server"]
@@ -99,22 +98,18 @@ def test_the_kv_gate_through_a_server_reads_as_it_does_in_process(
 @pytest.mark.parametrize(
     ("args", "verdict"),
     [
-        (("--kv-bits", "8", "--quantized-kv-start", "0"), "pass"),
-        (("--kv-bits", "4", "--quantized-kv-start", "0"), "fail"),
+        (KV8, "pass"),
+        (KV4, "fail"),
     ],
 )
 def test_both_arms_served_read_as_the_kv_gate_does_in_process(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, args: tuple[str, ...], verdict: str
+    kv_gate: Session, served: Callable[..., RunningServer], args: tuple[str, ...], verdict: str
 ) -> None:
     """A plain server as the reference, a KV-quantizing one as the candidate: the gate's verdict as in process,
-    each side's server named, the KL a lower bound from their top-11."""
-    pytester.makepyfile(test_kv=GATE)
-    pytester.makeini("[pytest]\n")
-    with (
-        mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref,
-        mlx_server(embedded, tmp_path, *args, env=_hub(tmp_path)) as cand,
-    ):
-        result, got = _session(pytester, embedded, cand.url, tmp_path, f"--mlx-ref-server={ref.url}", "-k", "drift")
+    each side's server named, the KL a lower bound from their top-11. Twice the module's positions: a bound
+    from two servers' top-k leaves more out than one (at 4 x 8, 4-bit's fail reads inconclusive)."""
+    ref, cand = served(), served(*args)
+    result, got = kv_gate(cand.url, f"--mlx-ref-server={ref.url}", "-k", "drift", "--mlx-kl-decode=16")
     drift = got["records"]["test_drift"]
     assert drift["verdict"] == verdict, drift.get("checks") or drift.get("error")
     part = drift["server"]
@@ -125,16 +120,16 @@ def test_both_arms_served_read_as_the_kv_gate_does_in_process(
 
 
 def test_a_served_reference_judges_the_module_s_lever_in_process(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path
+    pytester: pytest.Pytester, embedded: Path, served: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     """The reference a plain server the module names (`mlx_server(ref=URL)`), the candidate the module's own
     8-bit KV lever in process: it passes as it does with both arms in process; the reference is never cached
     (it is the server's, asked now)."""
     pytester.makeini("[pytest]\n")
-    with mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref:
-        declared = f"    pytest.mark.mlx_server(ref={ref.url!r}),\n]"
-        pytester.makepyfile(test_kv=GATE.replace("\n]", "\n" + declared, 1))
-        result, got = _session(pytester, embedded, None, tmp_path, "-k", "drift")
+    ref = served()
+    declared = f"    pytest.mark.mlx_server(ref={ref.url!r}),\n]"
+    pytester.makepyfile(test_kv=GATE.replace("\n]", "\n" + declared, 1))
+    result, got = _session(pytester, embedded, None, tmp_path, "-k", "drift")
     drift = got["records"]["test_drift"]
     assert drift["verdict"] == "pass", drift.get("checks") or drift.get("error")
     assert drift["server"]["ref_url"] == ref.url and drift["server"]["url"] is None
@@ -149,7 +144,7 @@ def test_a_server_of_another_model_is_an_error_naming_both(
 ) -> None:
     pytester.makepyfile(test_kv=GATE)
     pytester.makeini("[pytest]\n")
-    with mlx_server(tiny_model_dir, tmp_path, env=_hub(tmp_path)) as server:
+    with mlx_server(tiny_model_dir, tmp_path, env=hub_env(tmp_path)) as server:
         _, got = _session(pytester, embedded, server.url, tmp_path, "-k", "drift")
     drift = got["records"]["test_drift"]
     assert drift["verdict"] == "error"
@@ -157,7 +152,11 @@ def test_a_server_of_another_model_is_an_error_naming_both(
 
 
 def test_the_key_reaches_no_record_report_log_or_database(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    embedded: Path,
+    served: Callable[..., RunningServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A server behind a key (mlx_lm.server ignores it; the bearer header is sent all the same): the key's
     value is in none of what the run writes, the history DB included."""
@@ -169,28 +168,28 @@ def test_the_key_reaches_no_record_report_log_or_database(
     pytester.makepyfile(test_kv=GATE)
     pytester.makeini("[pytest]\n")
     db, html = tmp_path / "history.sqlite", tmp_path / "r.html"
-    with mlx_server(embedded, tmp_path, "--kv-bits", "8", "--quantized-kv-start", "0", env=_hub(tmp_path)) as server:
-        report, xml = tmp_path / "r.json", tmp_path / "r.xml"
-        result = pytester.runpytest_subprocess(
-            f"--mlx-candidate={embedded}",
-            f"--mlx-cand-server={server.url}",
-            "--mlx-server-key-env=MY_SERVER_KEY",
-            f"--mlx-ref-server={server.url}",
-            "--mlx-ref-server-key-env=MY_REF_KEY",
-            f"--mlx-db={db}",
-            f"--mlx-html={html}",
-            f"--mlx-reference-cache={tmp_path / 'refcache'}",
-            "--mlx-prove=off",
-            f"--mlx-report={report}",
-            f"--junit-xml={xml}",
-            "-k",
-            "drift",
-        )
+    server = served(*KV8)
+    report, xml = tmp_path / "r.json", tmp_path / "r.xml"
+    result = pytester.runpytest_subprocess(
+        f"--mlx-candidate={embedded}",
+        f"--mlx-cand-server={server.url}",
+        "--mlx-server-key-env=MY_SERVER_KEY",
+        f"--mlx-ref-server={server.url}",
+        "--mlx-ref-server-key-env=MY_REF_KEY",
+        f"--mlx-db={db}",
+        f"--mlx-html={html}",
+        f"--mlx-reference-cache={tmp_path / 'refcache'}",
+        "--mlx-prove=off",
+        f"--mlx-report={report}",
+        f"--junit-xml={xml}",
+        "-k",
+        "drift",
+    )
     assert json.loads(report.read_text())["gates"][0]["verdict"] == "pass"
     written = [report.read_text(), xml.read_text(), html.read_text(), result.stdout.str(), result.stderr.str()]
     with sqlite3.connect(db) as conn:
         written += [repr(row) for table in ("quality_runs",) for row in conn.execute(f"SELECT * FROM {table}")]
-    written += [p.read_text(errors="replace") for p in tmp_path.glob("*.log")]
+    written.append(server.log.read_text(errors="replace"))  # the server's own log too
     assert all(key not in text and ref_key not in text for text in written)
     assert "MY_SERVER_KEY" in report.read_text()  # the variable's name is said; its value nowhere
 
@@ -234,19 +233,16 @@ def test_memory(paired):
 
 
 def test_speed_between_two_servers_is_streamed_paired_and_never_reads_memory_it_cannot_see(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path
+    pytester: pytest.Pytester, embedded: Path, served: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     """Both arms served: time to first token and decode tokens/s from streamed completions, paired (ABBA) at
     the module's context and again with 4 requests at once; a KV-bytes goal cannot be seen through HTTP and
     never reads pass. One server alone against an arm in process is an error naming both flags."""
     pytester.makepyfile(test_kv=SPEED_GATE)
     pytester.makeini("[pytest]\n")
-    with (
-        mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as ref,
-        mlx_server(embedded, tmp_path, "--kv-bits", "8", "--quantized-kv-start", "0", env=_hub(tmp_path)) as cand,
-    ):
-        result, got = _session(pytester, embedded, cand.url, tmp_path, f"--mlx-ref-server={ref.url}", "--mlx-speed=on")
-        _, alone = _session(pytester, embedded, cand.url, tmp_path / "alone", "-k", "speed", "--mlx-speed=on")
+    ref, cand = served(), served(*KV8)
+    result, got = _session(pytester, embedded, cand.url, tmp_path, f"--mlx-ref-server={ref.url}", "--mlx-speed=on")
+    _, alone = _session(pytester, embedded, cand.url, tmp_path / "alone", "-k", "speed", "--mlx-speed=on")
     speed = got["records"]["test_speed"]
     assert speed["verdict"] in ("pass", "fail", "inconclusive"), speed.get("error")
     part = speed["speed"]
@@ -280,7 +276,7 @@ CAPITALS = [("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo"), ("Spain"
 
 
 def test_a_generation_task_through_servers_answers_as_the_model_in_process(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path
+    pytester: pytest.Pytester, embedded: Path, served: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     """A JSONL generation task, greedy through a plain server: the candidate served answers every item as the
     reference in process does (the same prompt tokens, checked at each item), so no drop; with both arms
@@ -290,9 +286,9 @@ def test_a_generation_task_through_servers_answers_as_the_model_in_process(
         "".join(json.dumps({"prompt": f"The capital of {c} is", "target": t}) + "\n" for c, t in CAPITALS)
     )
     pytester.makepyfile(test_tasks=TASK_GATE)
-    with mlx_server(embedded, tmp_path, env=_hub(tmp_path)) as plain:
-        _, one = _session(pytester, embedded, plain.url, tmp_path / "one")
-        _, both = _session(pytester, embedded, plain.url, tmp_path / "both", f"--mlx-ref-server={plain.url}")
+    plain = served()
+    _, one = _session(pytester, embedded, plain.url, tmp_path / "one")
+    _, both = _session(pytester, embedded, plain.url, tmp_path / "both", f"--mlx-ref-server={plain.url}")
     for got in (one, both):
         record = got["records"]["test_capitals"]
         assert record["verdict"] in ("pass", "inconclusive"), record.get("error") or record.get("checks")
@@ -307,7 +303,11 @@ def test_a_generation_task_through_servers_answers_as_the_model_in_process(
 
 
 def test_the_docs_gate_module_gates_a_real_server(
-    pytester: pytest.Pytester, embedded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    embedded: Path,
+    served: Callable[..., RunningServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """docs/server-arm.md's gate module, as written, with its URL pointed at a real --kv-bits 8 server: its
     candidate is the server's, behind the key the module names (sizes lowered to the test's)."""
@@ -317,11 +317,11 @@ def test_the_docs_gate_module_gates_a_real_server(
     [source] = [b for b in re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M) if "mlx_server(" in b]
     monkeypatch.setenv("MY_SERVER_KEY", "sk-docs-example")
     pytester.makeini("[pytest]\n")
-    with mlx_server(embedded, tmp_path, "--kv-bits", "8", "--quantized-kv-start", "0", env=_hub(tmp_path)) as server:
-        pytester.makepyfile(test_served=source.replace("http://127.0.0.1:8081", server.url))
-        result, got = _session(
-            pytester, embedded, None, tmp_path, "--mlx-kl-prompts=4", "--mlx-kl-tokens=48", "--mlx-kl-decode=16"
-        )
+    server = served(*KV8)
+    pytester.makepyfile(test_served=source.replace("http://127.0.0.1:8081", server.url))
+    result, got = _session(
+        pytester, embedded, None, tmp_path, "--mlx-kl-prompts=4", "--mlx-kl-tokens=48", "--mlx-kl-decode=8"
+    )
     drift = got["records"]["test_drift"]
     checks = {c["key"]: c["verdict"] for c in drift.get("checks", [])}
     # the mean shown under its limit; top-1 at 90% needs the module's own 16 prompts (a test's 4: inconclusive)

@@ -73,3 +73,15 @@ def mlx_server(model: Path, log_dir: Path, *args: str, env: dict[str, str] | Non
 
 def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-2000:]
+
+
+#: mlx_lm.server's 8- and 4-bit KV caches from the first token (its default start, 5000, quantizes nothing
+#: at a test's lengths).
+KV8 = ("--kv-bits", "8", "--quantized-kv-start", "0")
+KV4 = ("--kv-bits", "4", "--quantized-kv-start", "0")
+
+
+def hub_env(folder: Path) -> dict[str, str]:
+    """A hub cache folder for a server's /v1/models to scan (a test's HOME has none)."""
+    (folder / "hub").mkdir(exist_ok=True)
+    return {"HF_HUB_CACHE": str(folder / "hub")}

@@ -1,0 +1,34 @@
+"""The embedded model behind real mlx_lm.server processes, shared by the server tests of a worker."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from mlx_server import RunningServer, hub_env, mlx_server
+
+
+@pytest.fixture(scope="package")
+def embedded() -> Path:
+    from pytest_mlxgate.models.embedded import ensure_embedded_snapshot
+
+    return Path(ensure_embedded_snapshot())
+
+
+@pytest.fixture(scope="package")
+def served(embedded: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RunningServer]]:
+    """`served(*ARGS)`: the embedded model behind `mlx_lm server ARGS`, started on first ask (~10 s) and kept
+    until this folder's tests are done: one process a setting, whichever tests ask it, as a user's server
+    serves request after request. A test that stops its server starts its own (`mlx_server`)."""
+    logs = tmp_path_factory.mktemp("servers")
+    started: dict[tuple[str, ...], RunningServer] = {}
+    with contextlib.ExitStack() as stack:
+
+        def serve(*args: str) -> RunningServer:
+            if args not in started:
+                started[args] = stack.enter_context(mlx_server(embedded, logs, *args, env=hub_env(logs)))
+            return started[args]
+
+        yield serve
