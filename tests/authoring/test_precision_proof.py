@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gate_folder import gate_folder
 
 from pytest_mlxgate.common.format import figure
 from pytest_mlxgate.results.model import limits_from_words
@@ -38,10 +39,7 @@ def test_drift(paired):
 
 @pytest.fixture
 def gates(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(known_bad_ops=KNOWN_BAD_OPS.read_text())
-    pytester.syspathinsert()
-    pytester.makeini("[pytest]\n")
-    return pytester
+    return gate_folder(pytester, known_bad_ops=KNOWN_BAD_OPS.read_text())
 
 
 def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict[str, Any]]:

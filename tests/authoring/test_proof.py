@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gate_folder import gate_folder
 from hypothesis import given
 from hypothesis import strategies as st
 from report_records import junit_gate_properties
@@ -379,10 +380,7 @@ def test_drift(paired):
 
 @pytest.fixture
 def gates(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(kernels=KERNELS)
-    pytester.syspathinsert()
-    pytester.makeini("[pytest]\n")
-    return pytester
+    return gate_folder(pytester, kernels=KERNELS)
 
 
 def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> pytest.RunResult:

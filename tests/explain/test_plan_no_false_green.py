@@ -36,6 +36,15 @@ def _gate(tmp_path: Path, kind: str, body: str, *, sizes: str = "prompts=2, toke
     return path
 
 
+def _verifying_in(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A verification run from `folder` (pytest's rootdir, untrained models allowed): its 8-bit plan file."""
+    plan = folder / "plan.json"
+    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    return plan
+
+
 PASSES = "def test_drift(paired):\n    assert_kl_below(paired, mean=10.0)\n"
 #: Its KL assertion passes on the selection as on its own prompts, then it fails: the gate's verdict is "error".
 FAILS_ON_ITS_OWN_PROMPTS = (
@@ -332,10 +341,7 @@ def test_a_verification_whose_tests_left_no_record_is_not_verified_and_says_why(
     from pytest_mlxgate.explain.plan_verify import verification_lines, verify_plan
 
     gate = _gate(tmp_path, "kv", body)
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    plan = _verifying_in(tmp_path, monkeypatch)
     got = verify_plan(read_gate(gate), plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json", long=32)
     assert got["exit"] == code and got["verdicts"] == {}, got["output_tail"]
     assert got["verified"] is False and "long" not in got  # nothing judged: no long run either
@@ -358,10 +364,7 @@ def test_a_run_that_exits_non_zero_with_every_record_a_pass_is_not_verified(
         "import pytest\n\n\n@pytest.hookimpl(trylast=True)\ndef pytest_sessionfinish(session):\n"
         f"    print('x' * {2 * OUTPUT_TAIL})\n    session.exitstatus = 3\n"
     )
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    plan = _verifying_in(tmp_path, monkeypatch)
     got = verify_plan(read_gate(gate), plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json", long=0)
     assert got["verdicts"] == {f"{gate.name}::test_drift": "pass"} and got["exit"] == 3, got["output_tail"]
     assert got["verified"] is False and got["reason"] == (
@@ -389,10 +392,7 @@ def test_a_parametrized_kl_test_verifies_and_a_capability_test_that_never_judged
         "def test_tasks(paired):\n    pytest.skip('no tasks today')\n"
         "    assert_capability_at_least(paired, 'hashhop', max_drop=0.15, n=16)\n",
     )
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    plan = _verifying_in(tmp_path, monkeypatch)
     monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)  # the verification sets it itself
     spec = read_gate(gate)
     assert spec.kl_tests == ("test_drift", "test_tail") and spec.capability_tests == ("test_tasks",)
@@ -452,10 +452,7 @@ def test_a_plan_that_fails_the_kl_tests_never_reaches_the_capability_tests(
         "        raise AssertionError('fails at the long context')\n\n\n"
         "def test_tasks(paired):\n    assert_capability_at_least(paired, 'hashhop', max_drop=0.15, n=16)\n",
     )
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"default": {"bits": 8, "group_size": 64}}))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLXGATE_ALLOW_UNTRAINED", "1")
+    plan = _verifying_in(tmp_path, monkeypatch)
     spec = read_gate(gate)
     assert spec.capability_tests == ("test_tasks",)
     got = verify_plan(spec, plan, candidate=str(tiny_kv_model_dir), report=tmp_path / "r.json", long=32)

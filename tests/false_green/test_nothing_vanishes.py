@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gate_folder import gate_folder
 from report_records import junit_gate_properties
 
 from pytest_mlxgate.cli import main
@@ -66,10 +67,7 @@ CTRL_C = PASSING_GATE.replace("    assert_kl_below(paired, mean=1.0)", "    rais
 
 @pytest.fixture
 def gates(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(kernels=KERNELS)
-    pytester.syspathinsert()
-    pytester.makeini("[pytest]\n")
-    return pytester
+    return gate_folder(pytester, kernels=KERNELS)
 
 
 def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str, db: str | None = None) -> pytest.RunResult:

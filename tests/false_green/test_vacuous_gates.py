@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from gate_folder import gate_folder
 
 pytestmark = pytest.mark.slow  # pytester gate sessions in subprocesses
 
@@ -86,10 +87,7 @@ def test_drift(paired):
 
 @pytest.fixture
 def gates(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(kernels=KERNELS)
-    pytester.syspathinsert()
-    pytester.makeini("[pytest]\n")
-    return pytester
+    return gate_folder(pytester, kernels=KERNELS)
 
 
 def _run(pytester: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gate_folder import gate_folder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,10 +122,7 @@ def eps_x100_rms_norm(x, weight, eps):
 
 @pytest.fixture
 def gates(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makepyfile(kernels=KERNELS)
-    pytester.syspathinsert()
-    pytester.makeini("[pytest]\n")
-    return pytester
+    return gate_folder(pytester, kernels=KERNELS)
 
 
 def _run(p: pytest.Pytester, model: Path, tmp: Path, *more: str) -> tuple[pytest.RunResult, dict[str, Any]]:

@@ -143,6 +143,15 @@ def test_a_list_is_sorted_here_most_likely_first() -> None:
     assert read.ids == (2, 5, 9) and read.logprobs == (-0.7, -1.5, -3.0) and read.top == 2
 
 
+def _drifted(seed: int, drift: float, t: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A sequence of `t` rows over `v` tokens: reference logits, the candidate's (`drift` of noise on them),
+    and the next tokens."""
+    rng = np.random.default_rng(seed)
+    ref_logits = (rng.normal(size=(t, v)) * 3).astype(np.float32)
+    cand_logits = (ref_logits + rng.normal(size=(t, v)) * drift).astype(np.float32)
+    return ref_logits, cand_logits, rng.integers(0, v, size=t)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(min_value=0, max_value=2**32 - 1),
@@ -158,11 +167,8 @@ def test_a_sequence_scored_on_top_k_lists_is_bounded_by_the_full_comparison_row_
     from pytest_mlxgate.stats.divergence import compact_reference, compare
     from pytest_mlxgate.stats.topk import compare_topk
 
-    rng = np.random.default_rng(seed)
     t, v = 8, 300
-    ref_logits = (rng.normal(size=(t, v)) * 3).astype(np.float32)
-    cand_logits = (ref_logits + rng.normal(size=(t, v)) * drift).astype(np.float32)
-    nxt = rng.integers(0, v, size=t)
+    ref_logits, cand_logits, nxt = _drifted(seed, drift, t, v)
     positions = np.arange(t)
     ref = compact_reference(ref_logits, nxt)
     full = compare(ref, cand_logits, nxt, positions)
@@ -197,11 +203,8 @@ def test_a_served_reference_bounds_the_full_kl_against_a_candidate_in_process_or
     from pytest_mlxgate.stats.divergence import compare, exact_kl
     from pytest_mlxgate.stats.topk import compare_topk, kept_scores, served_reference
 
-    rng = np.random.default_rng(seed)
     t, v = 8, 300
-    ref_logits = (rng.normal(size=(t, v)) * 3).astype(np.float32)
-    cand_logits = (ref_logits + rng.normal(size=(t, v)) * drift).astype(np.float32)
-    nxt = rng.integers(0, v, size=t)
+    ref_logits, cand_logits, nxt = _drifted(seed, drift, t, v)
     positions = np.arange(t)
     ref_rows = [_logsoftmax(r.astype(np.float64)) for r in ref_logits]
     ref_lists: list[TopK | None] = [_topk(r, k) for r in ref_rows]
