@@ -490,6 +490,9 @@ def test_the_sensitivities_and_the_plan_say_what_they_measured(tiny_kv_model_dir
             assert u["passes"] == (selection_verdict(stats, gate.limits) == "pass")
         found = choose_weights_plan(arms, sens, gate.limits)
         assert found.spec == weights_spec(found.plan, arms.units)
+        # each round priced in the model's bytes (its planned modules' and every other parameter's)
+        assert all(set(r) >= {"bytes"} and "bytes_per_token" not in r for r in found.rounds), found.rounds
+        assert all(arms.fixed_bytes < r["bytes"] <= found.plain_bytes for r in found.rounds)
         # against the uniform plans, each way: none passes, so the mixed plan stands on its own verdict...
         failing = [{**u, "passes": False} for u in sens.uniform]
         alone = choose_weights_plan(arms, replace(sens, uniform=failing), gate.limits)

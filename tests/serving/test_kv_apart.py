@@ -4,6 +4,7 @@ plans against the same plan in float (fake-quant), on gemma-4 (sliding, full, KV
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,10 @@ def test_a_foreign_quantized_attention_is_refused_not_read_at_one_width(monkeypa
     with pytest.raises(LeverError, match="custom_kernel.*k_bits != v_bits"):
         QuantizedApartKVCache(64, 8, 4)
     QuantizedApartKVCache(64, 8, 8)  # one width: nothing to read, nothing refused
+    # a kernel that is no function (a partial, a callable object): named by what it is, never an AttributeError
+    monkeypatch.setattr(base, "quantized_scaled_dot_product_attention", functools.partial(custom_kernel, 1))
+    with pytest.raises(LeverError, match=r"functools.partial\(<function .*custom_kernel.*k_bits != v_bits"):
+        QuantizedApartKVCache(64, 8, 4)
 
 
 def _rounded(x: Any, group: int, bits: int) -> Any:
