@@ -81,6 +81,19 @@ KV8 = ("--kv-bits", "8", "--quantized-kv-start", "0")
 KV4 = ("--kv-bits", "4", "--quantized-kv-start", "0")
 
 
+def answers_by_its_cache(args: tuple[str, ...]) -> bool:
+    """Whether a server started with ARGS answers a prompt according to what it has cached, not the prompt
+    alone: a KV cache quantized from a token within a test's prompts. mlx_lm.server reuses the nearest cached
+    prefix; a prompt computed on a reused quantized cache attends to quantized keys where a fresh one computes
+    its prefill in full precision. Measured on the embedded model (4 prompts x 16 positions asked after a 4 x 8
+    session): at 8 bits one prompt's top-k log-probabilities moved up to 0.15; at 4 bits its top lists
+    changed and the gate's mean KL went 0.076 -> 0.115, its interval [0.052, 0.100] -> [0, 0.237]."""
+    if "--kv-bits" not in args:
+        return False
+    start = args[args.index("--quantized-kv-start") + 1] if "--quantized-kv-start" in args else "5000"
+    return int(start) < 5000
+
+
 def hub_env(folder: Path) -> dict[str, str]:
     """A hub cache folder for a server's /v1/models to scan (a test's HOME has none)."""
     (folder / "hub").mkdir(exist_ok=True)
