@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .config.names import CandidateSpec, find_pyproject, load_aliases, parse_name
-from .config.options import cache_dir_arg, endpoint_arg
+from .config.option_values import cache_dir_arg, endpoint_arg
 from .errors import MlxgateUsageError
 
 __all__ = ["main"]

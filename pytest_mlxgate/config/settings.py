@@ -19,7 +19,8 @@ from ..common.atomic import unwritable
 from ..common.refstore import DEFAULT_CACHE_MAX_BYTES
 from ..errors import MlxgateUsageError
 from .names import DEFAULT_CANDIDATE, check_name_syntax, read_tool_table
-from .options import OPTIONS, check_endpoint, contexts_arg, count_arg, seconds_arg, timeout_arg, times_arg
+from .option_values import check_endpoint, contexts_arg, count_arg, seconds_arg, timeout_arg, times_arg
+from .options import OPTIONS
 from .shards import Shard, parse_shard
 
 __all__ = [
@@ -294,7 +295,7 @@ def _ini_top_k(config: pytest.Config) -> int:
     value = config.getini("mlx_server_top_k")
     if value in (None, ""):
         return 11
-    from .options import top_k_arg
+    from .option_values import top_k_arg
 
     try:
         return top_k_arg(str(value))

@@ -32,14 +32,13 @@ from .record_kl import (
     AA,
     Attribution,
     KLProfile,
-    Oracle,
     Stats,
     parse_aa,
     parse_attribution,
-    parse_oracle,
     parse_profile,
     parse_stats,
 )
+from .record_oracle import Oracle, parse_oracle
 from .record_server import ServerArm, parse_server
 from .record_speed import Speed, parse_speed
 from .wire import RECORD_VERSION, migrate_record

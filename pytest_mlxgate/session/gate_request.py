@@ -171,7 +171,7 @@ def served_arms(item: pytest.Item, gate: GateSettings) -> tuple[ServedArm | None
     """(reference, candidate): each arm's server, from --mlx-ref-server/--mlx-cand-server, else the module's
     `mlx_server(ref=, cand=)` marker (None: that arm runs in process). LeverError names the marker and the fix."""
     from ..common.server_endpoint import Endpoint
-    from ..config.options import top_k_arg
+    from ..config.option_values import top_k_arg
     from ..remote.arm import ServedArm
 
     mark = item.get_closest_marker("mlx_server")

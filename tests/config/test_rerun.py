@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from pytest_mlxgate.config.options import check_endpoint, endpoint_arg
+from pytest_mlxgate.config.option_values import check_endpoint, endpoint_arg
 from pytest_mlxgate.config.rerun import rerun_command
 from pytest_mlxgate.errors import MlxgateUsageError
 

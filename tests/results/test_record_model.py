@@ -683,6 +683,7 @@ _READERS_ALLOWED = {
     "model.py": None,
     "record_checks.py": None,
     "record_kl.py": None,
+    "record_oracle.py": None,
     "record_capability.py": None,
     "record_speed.py": None,
     "record_server.py": None,
