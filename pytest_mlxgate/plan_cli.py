@@ -169,19 +169,20 @@ def _expected(e: Exception) -> bool:
 def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, ...]) -> int:
     from .explain.plan_frontier import DEFAULT_POINTS, Reach, frontier_page, frontier_table, search_frontier
     from .explain.plan_gate import read_gate
-    from .explain.plan_kv import check_search_options, plan_summary, search_kv_plan
+    from .explain.plan_kv import SelectionAsk, check_search_options, plan_summary, search_kv_plan
     from .explain.plan_verify import long_context
     from .serving.caches import sliding_window
 
     check_search_options(bits, groups, args.selection)  # before the gate and the model load
     gate = read_gate(args.gate.resolve(), model=args.model)
     model, tokenizer, snap = _load(args)
-    asked: dict[str, Any] = dict(
+    asked = SelectionAsk(
         bits=bits,
         groups=groups,
         selection=args.selection,
         apart=args.apart,
         cache=_search_cache(args, model, tokenizer, snap),
+        say=_say,
     )
     result: Any = (
         search_frontier(
@@ -189,11 +190,10 @@ def plan_kv(args: argparse.Namespace, bits: tuple[int, ...], groups: tuple[int, 
             tokenizer,
             gate,
             Reach(DEFAULT_POINTS if args.points is None else args.points, args.budget_bytes),
-            say=_say,
             **asked,
         )
         if args.frontier
-        else search_kv_plan(model, tokenizer, gate, say=_say, **asked)
+        else search_kv_plan(model, tokenizer, gate, **asked)
     )
     found = result.answer is not None if args.frontier else result.chosen != "none"
     long = args.long_tokens if args.long_tokens is not None else long_context(gate, sliding_window(model))

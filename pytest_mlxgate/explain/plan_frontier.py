@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from ..results.html_parts import figure
 from ..results.html_report import html_page
@@ -32,6 +32,7 @@ from .plan_kv import (
     MeasureMany,
     Option,
     SearchSpace,
+    SelectionAsk,
     _bytes,
     greedy_plan,
     measure_sensitivities,
@@ -235,7 +236,9 @@ def on_frontier(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
     return out
 
 
-def search_frontier(model: Any, tokenizer: Any, gate: GateSpec, reach: Reach = FULL_REACH, **asked: Any) -> Frontier:
+def search_frontier(
+    model: Any, tokenizer: Any, gate: GateSpec, reach: Reach = FULL_REACH, **asked: Unpack[SelectionAsk]
+) -> Frontier:
     """`trace` on `model`, each plan measured on the selection sequences (`asked`: `plan_kv.selection_arms`'
     options)."""
     return timed_search(

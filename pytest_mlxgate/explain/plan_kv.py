@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -51,6 +51,8 @@ __all__ = [
     "SELECTION_SEQUENCES",
     "Option",
     "PlanSearch",
+    "SelectionAsk",
+    "Settled",
     "greedy_plan",
     "measured_rounds",
     "search_kv_plan",
@@ -231,7 +233,18 @@ def check_search_options(
         )
 
 
-def search_kv_plan(model: Any, tokenizer: Any, gate: GateSpec, **asked: Any) -> PlanSearch:
+class SelectionAsk(TypedDict, total=False):
+    """`selection_arms`' options as a search passes them on (each with `selection_arms`' default)."""
+
+    bits: Sequence[int]
+    groups: Sequence[int]
+    selection: int
+    apart: bool
+    say: Callable[[str], None]
+    cache: SearchCache | None
+
+
+def search_kv_plan(model: Any, tokenizer: Any, gate: GateSpec, **asked: Unpack[SelectionAsk]) -> PlanSearch:
     """The search on `model`: its layers' sizes, the selection sequences and their reference arm, then
     `choose_plan` with a measurement of each plan on those sequences. `asked`: `selection_arms`' options
     (`apart`: keys and values may take widths of their own, `search_options`)."""
@@ -257,7 +270,11 @@ S = TypeVar("S", bound=Searched)
 
 
 def timed_search(
-    model: Any, tokenizer: Any, gate: GateSpec, search: Callable[[SearchSpace, Measure], S], **asked: Any
+    model: Any,
+    tokenizer: Any,
+    gate: GateSpec,
+    search: Callable[[SearchSpace, Measure], S],
+    **asked: Unpack[SelectionAsk],
 ) -> S:
     """`search(space, measure)` inside `selection_arms` (`asked`: its options), its selection count and
     seconds (setup included) set."""
@@ -415,7 +432,16 @@ def choose_plan(
     return result
 
 
-def settle(result: Any, verdict: str, uniform: Option | None, nothing_passed: str) -> None:
+class Settled(Protocol):
+    """What `settle` writes on (`PlanSearch`, `plan_weights.WeightsPlanSearch`): the choice, whether the
+    selection passed it, and the notes that say why."""
+
+    chosen: str
+    passed_selection: bool
+    notes: list[str]
+
+
+def settle(result: Settled, verdict: str, uniform: Option | None, nothing_passed: str) -> None:
     """`against_uniform`'s verdict and option on a search's result (whose plan the caller has set to the
     `uniform` one where that won): chosen, passed where a uniform plan passed, and the note that says why."""
     if uniform is not None:
