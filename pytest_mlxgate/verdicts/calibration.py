@@ -515,9 +515,11 @@ def metric_text(key: str, x: Any) -> str:
 
 
 def _sci(x: float) -> str:
-    """4.2e-4 rather than 0.00042 or 4.2e-04: KL figures span ten decades."""
-    if x == 0 or 1e-2 <= abs(x) < 1e2:
-        return f"{x:.2g}"
+    """4.2e-4 rather than 0.00042 or 4.2e-04: KL figures span ten decades. Two digits from 0.01 to 100 (a
+    figure that rounds to 100, 99.5 say, is 1.0e2, never Python's 1e+02)."""
+    short = f"{x:.2g}"
+    if x == 0 or (abs(x) >= 1e-2 and "e" not in short):  # .2g turns to 1e+02 from 99.5 up
+        return short
     mantissa, exponent = f"{x:.1e}".split("e")
     return f"{mantissa}e{int(exponent)}"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_mlxgate.verdicts.calibration_text import _kept_lines, calibration_lines, known_bad_lines
 
@@ -250,3 +252,35 @@ def test_a_declared_known_bad_replaces_the_step_and_follows_the_suggestion() -> 
     assert calibration["suggested"]["known_bad"] == STEP  # the record itself is left as it was
     undeclared = {**calibration, "known_bad_result": {"declared": False}}
     assert calibration_lines(undeclared) == [*TABLE, *PASTE, *STEP_LINES, "  calibration file: f.json not written"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(min_value=-1e12, max_value=1e12, allow_nan=False) | st.sampled_from([100.0, 100.5, 0.01, 99.9]))
+def test_a_kl_figure_reads_in_two_digits_or_short_scientific(x: float) -> None:
+    """`_sci`: two significant digits between 0.01 and 100, else a mantissa and an unpadded exponent (4.2e-4):
+    never Python's `1e+02` or `4.2e-04`, and the number read back is the figure to its two digits."""
+    from pytest_mlxgate.verdicts.calibration import _sci
+
+    said = _sci(x)
+    assert "e+" not in said and "e-0" not in said and "E" not in said, said
+    if x != 0 and not 1e-2 <= abs(x) < 1e2:
+        assert "e" in said, said
+    assert float(said) == pytest.approx(x, rel=0.06, abs=0), said
+
+
+@pytest.mark.parametrize(
+    ("x", "said"),
+    [
+        (0.01, "0.01"),
+        (0.0099, "9.9e-3"),
+        (99.4, "99"),
+        (99.5, "1.0e2"),
+        (100.0, "1.0e2"),
+        (4.2e-4, "4.2e-4"),
+        (0.0, "0"),
+    ],
+)
+def test_a_kl_figure_s_words_at_the_edges(x: float, said: str) -> None:
+    from pytest_mlxgate.verdicts.calibration import _sci
+
+    assert _sci(x) == said
