@@ -998,6 +998,7 @@ def _data(**edit: Any) -> dict[str, Any]:
         ({"floors": {"mean": "x"}}, "floors.mean 'x' is no figure in range"),
         ({"floors": {"top1": 1.2}}, "floors.top1 1.2 is no figure in range"),
         ({"floors": None}, "floors is NoneType, not an object"),
+        ({"floors": [0.1]}, "floors is list, not an object"),
         ({"precision": {"mean": -1}}, "precision.mean -1 is no figure in range"),
         ({"non_finite": 3}, "non_finite is not text"),
         ({"known_bad_oracle": {"x": 1}}, "known_bad_oracle does not read back"),

@@ -223,6 +223,8 @@ def test_an_attribution_is_cached_beside_the_reference_and_read_back_without_a_f
     assert second["scopes"] == first["scopes"] and second["cost"] == first["cost"]
     seconds = first["cost"]["seconds"]
     assert isinstance(seconds, float) and seconds == round(seconds, 2) and first["cost"]["sequence_arms"] > 0
+    gate = first["cost"]["gate_seconds"]  # what the gate's own arms took: the budget is in time
+    assert isinstance(gate, float) and gate > 0 and gate == round(gate, 2), first["cost"]
     # the second run's forwards are its own gate's (a cached reference: the candidate arm only), none for attribution
     assert len(calls) == 8 * len(decoder_layers(tiny.model))
 
@@ -238,7 +240,10 @@ def test_a_setting_lever_no_scope_sees_is_said_to_be_read_outside_the_layers(kin
     runner = _ScopeRunner(lever, RunShape("prefill", 8, 2), [], [], None, None, Path("."), lambda _: None)  # type: ignore[arg-type]
     zeros = [{"mean": 0.0}, {"mean": None}]
     (note,) = runner.notes(zeros)
-    assert note.startswith("no scope shows any drift: the setting is read outside the layers' forwards")
+    assert note == (
+        "no scope shows any drift: the setting is read outside the layers' forwards (at load time, or by code "
+        "around them), so this lever cannot be scoped by layer"
+    )
     assert runner.notes([*zeros, {"mean": 1e-4}]) == [] and runner.notes([]) == []
     patch = Lever("p", "patch", "mlx.core.fast.rms_norm", None, "m:f")
     assert _ScopeRunner(patch, RunShape("prefill", 8, 2), [], [], None, None, Path("."), print).notes(zeros) == []  # type: ignore[arg-type]
@@ -373,3 +378,35 @@ def test_a_kv_lever_s_output_error_enters_where_the_cache_is_first_read_back(tin
     assert all(e["rel_error"] > 0 and e["ci"][0] is not None for e in found["layers"])
     plain = Lever("kv", "kv", None, "plain", "plain", path="serving")
     assert all(e["rel_error"] == 0 for e in residual_error(plain, shape, seqs, tiny_kv, tiny_kv)["layers"])
+
+
+def test_every_layer_s_attention_type_is_the_model_s_own_even_where_it_keeps_no_cache(gemma4: LoadedModel) -> None:
+    """gemma-4's KV-shared layers keep no cache of their own, so their type is read from the model's declared
+    `layer_types`, never guessed from the prompt cache (which has no entry for them)."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from tinygemma import LAYER_TYPES
+
+    from pytest_mlxgate.explain.layers import attention_types
+
+    got = attention_types(gemma4.model)
+    assert got == list(LAYER_TYPES) and len(make_prompt_cache(gemma4.model)) < len(got)
+
+
+def test_a_scope_s_plan_gives_each_cached_layer_its_own_attention_type_s_spec(
+    gemma4: LoadedModel, tmp_path: Path
+) -> None:
+    """A candidate plan by attention type (`"types"`: sliding 4 bits, full 8): every layer the scope holds gets
+    the spec of its own type, read from its cache (a plan read by layer index alone would give them none)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from pytest_mlxgate.serving.caches import attention_type, quantized_form
+
+    config = tmp_path / "by_type.json"
+    config.write_text(json.dumps({"default": None, "types": {"sliding": {"bits": 4}, "full": {"bits": 8}}}))
+    lever = Lever("kv", "kv", None, None, str(config), path="serving")
+    cached = [i for i, c in enumerate(make_prompt_cache(gemma4.model)) if quantized_form(c) is not None]
+    plan = kv_scoped_plan(lever, gemma4.model, cached)
+    types = {i: attention_type(c) for i, c in enumerate(make_prompt_cache(gemma4.model))}
+    assert {t for t in types.values()} == {"sliding_attention", "full_attention"}
+    for i in cached:
+        assert plan["layers"][str(i)]["bits"] == (4 if types[i] == "sliding_attention" else 8), (i, plan)

@@ -291,3 +291,19 @@ def test_a_wrapped_window_holds_its_window_and_the_default_contexts_reach_past_i
             assert speed["contexts"][str(context)][arm]["kv_held_bytes"] == held, (context, arm)
     past = speed["contexts"]["12"]
     assert past["reference"]["kv_held_bytes"] < past["reference"]["kv_bytes"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the RSS probe reads Linux's /proc")
+def test_the_rss_probe_counts_what_the_trial_grew_by_not_what_the_process_held() -> None:
+    """Reset, then 32 MiB touched: the probe's peak is about those 32 MiB above the level at the reset, never the
+    process's whole resident set (python, pytest, numpy and mlx already hold far more than the slack)."""
+    import numpy as np
+
+    from pytest_mlxgate.speed.measure import _LinuxRSSProbe
+
+    probe = _LinuxRSSProbe()
+    probe.reset()
+    grown = np.ones(32 * 2**20, dtype=np.uint8)  # written, so resident
+    peak = probe.peak()
+    assert int(grown.sum()) == 32 * 2**20
+    assert 30 * 2**20 <= peak <= 48 * 2**20, peak

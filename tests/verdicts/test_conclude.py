@@ -242,3 +242,7 @@ def test_a_limit_is_a_finite_number_for_every_assertion_or_an_error(bad: float) 
             assertion(*args, **limits)
         said = str(raised.value)
         assert "=" in said and ("not a finite number" in said or "[0, 1]" in said), said
+        if "not a finite number" in said:  # the fix in the same words for every assertion
+            assert said.endswith(
+                "so nothing could cross it; give the largest (or, for a rate, the smallest) value you accept"
+            ), said
