@@ -75,8 +75,10 @@ def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-2000:]
 
 
-#: mlx_lm.server's 8- and 4-bit KV caches from the first token (its default start, 5000, quantizes nothing
-#: at a test's lengths).
+#: mlx_lm.server's `--quantized-kv-start` when none is given: no test's prompt reaches it.
+MLX_LM_KV_START = 5000
+#: mlx_lm.server's 8- and 4-bit KV caches from the first token (its default start quantizes nothing at a
+#: test's lengths).
 KV8 = ("--kv-bits", "8", "--quantized-kv-start", "0")
 KV4 = ("--kv-bits", "4", "--quantized-kv-start", "0")
 
@@ -90,8 +92,8 @@ def answers_by_its_cache(args: tuple[str, ...]) -> bool:
     changed and the gate's mean KL went 0.076 -> 0.115, its interval [0.052, 0.100] -> [0, 0.237]."""
     if "--kv-bits" not in args:
         return False
-    start = args[args.index("--quantized-kv-start") + 1] if "--quantized-kv-start" in args else "5000"
-    return int(start) < 5000
+    start = int(args[args.index("--quantized-kv-start") + 1]) if "--quantized-kv-start" in args else MLX_LM_KV_START
+    return start < MLX_LM_KV_START
 
 
 def hub_env(folder: Path) -> dict[str, str]:
